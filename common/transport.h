@@ -1,0 +1,90 @@
+// Message transport between PS clients and shard servers, behind an interface so tests
+// and replays can swap the network for memory (and, later, for a fault injector).
+//
+// Endpoint schemes:
+//   tcp://HOST:PORT, ipc://PATH, inproc://NAME  -> ZeroMQ (ROUTER server, DEALER client)
+//   mem://NAME                                   -> in-process queues, no ZeroMQ at all
+// A server endpoint with port 0 (tcp://127.0.0.1:0) binds an ephemeral port; Start()
+// returns the endpoint actually bound.
+#ifndef ONLINEPS_COMMON_TRANSPORT_H_
+#define ONLINEPS_COMMON_TRANSPORT_H_
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/frame.h"
+#include "common/status.h"
+
+namespace onlineps {
+
+struct TransportOptions {
+  // Server: handler threads. Requests from one peer always go to the same thread, so
+  // each peer's requests are handled in the order sent.
+  int handler_threads = 2;
+  // Server: requests waiting for a handler thread, per thread. When full, the request
+  // is answered by the transport's overflow callback (RESOURCE_EXHAUSTED) or dropped.
+  size_t max_queue_per_thread = 8192;
+  // Hard cap on one incoming message (all frames). ZeroMQ disconnects a peer that sends
+  // more (ZMQ_MAXMSGSIZE applies per frame); servers check the soft limit themselves.
+  size_t max_message_bytes = size_t{1} << 30;
+  // ZeroMQ high-water marks (messages) on sockets that face the network.
+  int send_hwm = 10000;
+  int recv_hwm = 10000;
+  // Client: how long Close() waits to flush unsent messages (ZMQ_LINGER).
+  std::chrono::milliseconds linger{0};
+};
+
+// An incoming request on a server: the opaque identity of the peer that sent it plus
+// its frames (header first). Replies go back with Send(peer, ...).
+struct Incoming {
+  std::string peer;
+  Frames frames;
+};
+
+// REQUIRES for every implementation: Send is thread-safe; Handler may be called
+// concurrently from different handler threads (never concurrently for one peer).
+class ServerTransport {
+ public:
+  using Handler = std::function<void(Incoming&&)>;
+  virtual ~ServerTransport() = default;
+
+  // Binds `endpoint` and starts the I/O and handler threads. Returns the bound endpoint.
+  virtual StatusOr<std::string> Start(const std::string& endpoint, Handler handler) = 0;
+  // Queues a reply to `peer`. Never blocks on the network. Fails with kUnavailable
+  // after Stop().
+  virtual Status Send(const std::string& peer, Frames frames) = 0;
+  // Stops receiving, lets handler threads finish what is queued, flushes replies, joins.
+  // Idempotent.
+  virtual void Stop() = 0;
+};
+
+// A client connected to a fixed list of servers (shards), addressed by index.
+class ClientTransport {
+ public:
+  // Called on the transport's I/O thread for every message received from `server`.
+  // Must not block for long.
+  using Handler = std::function<void(size_t server, Frames&&)>;
+  virtual ~ClientTransport() = default;
+
+  // Connects to every endpoint (ZeroMQ connects lazily: an absent server is not an error
+  // here; calls to it time out). Starts the I/O thread.
+  virtual Status Connect(const std::vector<std::string>& endpoints, Handler handler) = 0;
+  // Queues `frames` for server `index`. Thread-safe; never blocks on the network.
+  virtual Status Send(size_t index, Frames frames) = 0;
+  // Stops the I/O thread and closes sockets. Idempotent.
+  virtual void Close() = 0;
+};
+
+// Factories choose the implementation from the endpoint scheme (see above).
+std::unique_ptr<ServerTransport> NewServerTransport(const std::string& endpoint,
+                                                    const TransportOptions& options = {});
+std::unique_ptr<ClientTransport> NewClientTransport(const std::vector<std::string>& endpoints,
+                                                    const TransportOptions& options = {});
+
+}  // namespace onlineps
+
+#endif  // ONLINEPS_COMMON_TRANSPORT_H_

@@ -1,0 +1,76 @@
+// Wire protocol v1: every message is a multipart ZeroMQ message
+//   [header: msgpack map] [payload frame 0] [payload frame 1] ...
+// Payload frames are raw little-endian arrays (uint64 keys, float32 values), never
+// re-encoded. docs/protocol.md is the normative description of every field and op.
+#ifndef ONLINEPS_COMMON_WIRE_H_
+#define ONLINEPS_COMMON_WIRE_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace onlineps {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+
+// Op codes (stable numbers; append only).
+enum class Op : uint8_t {
+  kPing = 0,         // liveness/readiness probe; reply carries shard info
+  kCreateTable = 1,  // header.spec holds the TableSpec; idempotent for an equal spec
+  kPullDense = 2,    // reply frames: [values]; reply.version
+  kPushDense = 3,    // frames: [values]; reply.version, reply.tau
+  kPullSparse = 4,   // frames: [keys]; reply frames: [values]
+  kPushSparse = 5,   // frames: [keys, values]
+  kCheckpoint = 6,   // write a checkpoint now; reply.msg holds the path
+  kTableInfo = 7,    // reply.info holds per-table stats
+  kReply = 8,        // every reply uses this op; code != 0 means error
+};
+
+std::string_view OpName(Op op);
+
+// Header flag bits.
+inline constexpr uint32_t kFlagDelta = 1u << 0;  // push carries a parameter delta, not a gradient
+inline constexpr uint32_t kFlagAveraged = 1u << 1;  // pull the Polyak-averaged copy
+inline constexpr uint32_t kFlagNoBackup = 1u << 2;  // pull without recording a DC-ASGD backup
+
+// A decoded header. Fields not meaningful for an op keep their defaults and are
+// omitted on encode. Keys on the wire are the short names in the comments.
+struct Header {
+  uint32_t protocol = kProtocolVersion;  // "v"
+  Op op = Op::kPing;                     // "op"
+  uint32_t request_id = 0;               // "rid": echoed in the reply
+  uint64_t sender = 0;                   // "sid": stable id of the client process
+  uint64_t seq = 0;                      // "seq": per-sender push sequence (exactly-once)
+  std::string table;                     // "tbl"
+  std::vector<uint64_t> shape;           // "shape": element counts of payload frames
+  uint64_t base_version = 0;             // "base": version the gradient was computed from
+  uint32_t flags = 0;                    // "flags"
+  // Reply-only fields.
+  StatusCode code = StatusCode::kOk;  // "code"
+  std::string message;                // "msg"
+  uint64_t version = 0;               // "ver": table version at this shard after the op
+  uint64_t tau = 0;                   // "tau": staleness of the applied push
+  bool queued = false;                // "queued": push accumulated, not yet applied
+  // Free-form maps: table spec on create, stats on info (string -> string).
+  std::map<std::string, std::string> spec;  // "spec"
+};
+
+// Encodes `h` as a msgpack map. Never fails.
+std::string EncodeHeader(const Header& h);
+
+// Decodes a header frame. Errors: kMalformed (not a map, wrong types, missing "v" or
+// "op"), kUnsupportedVersion, kUnknownOp. Never throws.
+StatusOr<Header> DecodeHeader(const void* data, size_t size);
+
+// Reply header for `req` with status `st` (request id and op echoed).
+Header MakeReply(const Header& req, const Status& st);
+
+// Status carried by a reply header.
+Status ReplyStatus(const Header& reply);
+
+}  // namespace onlineps
+
+#endif  // ONLINEPS_COMMON_WIRE_H_

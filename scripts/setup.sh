@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs every Debian package onlineps needs to build, test and run.
+# Idempotent: when everything is already installed it returns in about a second.
+# Usage: scripts/setup.sh            (as root, or with sudo available)
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config git ca-certificates curl
+  libtorch-dev
+  cppzmq-dev libzmq3-dev
+  libmsgpack-cxx-dev
+  libspdlog-dev libfmt-dev
+  libgtest-dev libgmock-dev
+  nlohmann-json3-dev
+  libcpp-httplib-dev
+  libcli11-dev
+  prometheus-cpp-dev
+  libbenchmark-dev
+  clang-format
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "setup: installing ${#missing[@]} packages: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: done"

@@ -1,0 +1,137 @@
+#include "common/wire.h"
+
+#include <gtest/gtest.h>
+
+#include <msgpack.hpp>
+
+#include "common/partition.h"
+
+namespace onlineps {
+namespace {
+
+TEST(WireTest, RequestRoundTripsEveryField) {
+  Header h;
+  h.op = Op::kPushSparse;
+  h.request_id = 4000000000u;
+  h.sender = 0xdeadbeefcafef00dULL;
+  h.seq = 77;
+  h.table = "emb";
+  h.shape = {3, 48};
+  h.base_version = 12;
+  h.flags = kFlagDelta;
+  h.spec = {{"optimizer", "adam"}, {"dim", "16"}};
+  std::string bytes = EncodeHeader(h);
+  auto d = DecodeHeader(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->op, Op::kPushSparse);
+  EXPECT_EQ(d->request_id, 4000000000u);
+  EXPECT_EQ(d->sender, h.sender);
+  EXPECT_EQ(d->seq, 77u);
+  EXPECT_EQ(d->table, "emb");
+  EXPECT_EQ(d->shape, (std::vector<uint64_t>{3, 48}));
+  EXPECT_EQ(d->base_version, 12u);
+  EXPECT_EQ(d->flags, kFlagDelta);
+  EXPECT_EQ(d->spec, h.spec);
+}
+
+TEST(WireTest, ReplyRoundTripsStatusVersionTau) {
+  Header req;
+  req.op = Op::kPushDense;
+  req.request_id = 9;
+  req.table = "w";
+  Header r = MakeReply(req, Status(StatusCode::kStale, "tau 9 > bound 4"));
+  r.version = 100;
+  r.tau = 9;
+  std::string bytes = EncodeHeader(r);
+  auto d = DecodeHeader(bytes.data(), bytes.size());
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->op, Op::kReply);
+  EXPECT_EQ(d->request_id, 9u);
+  EXPECT_EQ(d->version, 100u);
+  EXPECT_EQ(d->tau, 9u);
+  Status st = ReplyStatus(*d);
+  EXPECT_EQ(st.code(), StatusCode::kStale);
+  EXPECT_EQ(st.message(), "tau 9 > bound 4");
+}
+
+TEST(WireTest, GarbageIsMalformedNotACrash) {
+  const char junk[] = "\xc1\xff\x00garbage";
+  auto d = DecodeHeader(junk, sizeof(junk));
+  EXPECT_EQ(d.status().code(), StatusCode::kMalformed);
+  auto e = DecodeHeader("", 0);
+  EXPECT_EQ(e.status().code(), StatusCode::kMalformed);
+}
+
+std::string PackMap(const std::map<std::string, msgpack::type::variant>& m) {
+  msgpack::sbuffer b;
+  msgpack::pack(b, m);
+  return std::string(b.data(), b.size());
+}
+
+TEST(WireTest, WrongVersionIsRefusedWithBothVersionsNamed) {
+  std::string b = PackMap({{"v", uint64_t{99}}, {"op", uint64_t{0}}});
+  auto d = DecodeHeader(b.data(), b.size());
+  EXPECT_EQ(d.status().code(), StatusCode::kUnsupportedVersion);
+  EXPECT_NE(d.status().message().find("99"), std::string::npos);
+}
+
+TEST(WireTest, UnknownOpAndWrongTypesAreNamed) {
+  std::string b = PackMap({{"v", uint64_t{1}}, {"op", uint64_t{200}}});
+  EXPECT_EQ(DecodeHeader(b.data(), b.size()).status().code(), StatusCode::kUnknownOp);
+  std::string c = PackMap({{"v", uint64_t{1}}, {"op", uint64_t{2}}, {"tbl", uint64_t{5}}});
+  auto d = DecodeHeader(c.data(), c.size());
+  EXPECT_EQ(d.status().code(), StatusCode::kMalformed);
+  EXPECT_NE(d.status().message().find("'tbl'"), std::string::npos);
+  std::string e = PackMap({{"op", uint64_t{2}}});
+  EXPECT_EQ(DecodeHeader(e.data(), e.size()).status().code(), StatusCode::kMalformed);
+}
+
+TEST(PartitionTest, KeySpaceEdgesLandOnExactlyOneValidShard) {
+  for (uint32_t n : {1u, 2u, 3u, 7u, 64u, 1000u}) {
+    for (uint64_t k : {uint64_t{0}, uint64_t{1}, uint64_t{1} << 63, (uint64_t{1} << 63) - 1,
+                       UINT64_MAX - 1, UINT64_MAX}) {
+      uint32_t s = ShardOfKey(k, n);
+      EXPECT_LT(s, n) << "key " << k;
+      EXPECT_EQ(s, ShardOfKey(k, n)) << "not deterministic for key " << k;
+    }
+  }
+}
+
+TEST(PartitionTest, SequentialKeysSpreadEvenly) {
+  const uint32_t n = 8;
+  std::vector<int> count(n, 0);
+  const int keys = 80000;
+  for (int k = 0; k < keys; ++k) count[ShardOfKey(k, n)]++;
+  // Also the top of the key space, where range partitioning loses keys.
+  for (int k = 0; k < keys; ++k) count[ShardOfKey(UINT64_MAX - k, n)]++;
+  for (int c : count) {
+    EXPECT_GT(c, 2 * keys / n * 0.95);
+    EXPECT_LT(c, 2 * keys / n * 1.05);
+  }
+}
+
+TEST(PartitionTest, DenseSlicesCoverTensorExactlyOnceAndUseEveryShard) {
+  for (uint64_t total : {1ull, 5ull, 1000ull, 1048576ull + 3}) {
+    for (uint32_t n : {1u, 2u, 3u, 5u}) {
+      DenseLayout layout("w", total, n, 1024);
+      uint64_t next = 0, sum = 0;
+      for (const auto& s : layout.slices()) {
+        EXPECT_EQ(s.offset, next);
+        EXPECT_GT(s.length, 0u);
+        EXPECT_LT(s.shard, n);
+        next += s.length;
+      }
+      EXPECT_EQ(next, total);
+      for (uint32_t i = 0; i < n; ++i) {
+        sum += layout.ElemsOf(i);
+        if (total >= n) {
+          EXPECT_GT(layout.ElemsOf(i), 0u) << "shard " << i << " unused";
+        }
+      }
+      EXPECT_EQ(sum, total);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace onlineps
