@@ -1,0 +1,340 @@
+#include "common/config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string_view>
+#include <vector>
+
+namespace onlineps {
+namespace {
+
+constexpr char kEnvPrefix[] = "ONLINEPS_";
+constexpr char kConfigFlag[] = "--config";
+constexpr char kPrintConfigFlag[] = "--print-config";
+
+struct FileEntry {
+  std::string key;  // as written in the file
+  std::string value;
+  int line = 0;
+};
+
+std::string_view Trim(std::string_view s) {
+  const char* ws = " \t\r\n";
+  size_t b = s.find_first_not_of(ws);
+  if (b == std::string_view::npos) return {};
+  return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
+std::string Replace(std::string s, char from, char to) {
+  std::replace(s.begin(), s.end(), from, to);
+  return s;
+}
+
+// Parses a "..." (with TOML basic escapes) or '...' (literal) string at the start of
+// `rest`; anything after the closing quote must be a comment.
+std::optional<std::string> ParseQuoted(std::string_view rest) {
+  const char quote = rest[0];
+  std::string value;
+  size_t i = 1;
+  for (; i < rest.size() && rest[i] != quote; ++i) {
+    if (quote == '"' && rest[i] == '\\' && i + 1 < rest.size()) {
+      const char c = rest[++i];
+      const char* from = "nrt\"\\";
+      const char* to = "\n\r\t\"\\";
+      const char* hit = c != '\0' ? std::strchr(from, c) : nullptr;
+      if (hit == nullptr) return std::nullopt;
+      value += to[hit - from];
+    } else {
+      value += rest[i];
+    }
+  }
+  if (i >= rest.size()) return std::nullopt;  // unterminated
+  std::string_view tail = Trim(rest.substr(i + 1));
+  if (!tail.empty() && tail[0] != '#') return std::nullopt;
+  return value;
+}
+
+// TOML arrays `["a", "b"]` become CLI11's vector default syntax `[a,b]`.
+std::string NormalizeArray(std::string_view bare) {
+  std::string out = "[";
+  std::string_view items = bare.substr(1, bare.size() - 2);
+  while (!items.empty()) {
+    size_t comma = items.find(',');
+    std::string_view item = Trim(items.substr(0, comma));
+    if (item.size() >= 2 && (item[0] == '"' || item[0] == '\'') && item.back() == item[0]) {
+      item = item.substr(1, item.size() - 2);
+    }
+    if (!item.empty()) out += (out.size() > 1 ? "," : "") + std::string(item);
+    items = comma == std::string_view::npos ? std::string_view() : items.substr(comma + 1);
+  }
+  return out + "]";
+}
+
+// Returns the value of `rest` (the text after '='), or an error message.
+StatusOr<std::string> ParseValue(std::string_view rest) {
+  if (rest.empty() || rest[0] == '#') return InvalidArgument("missing value after '='");
+  if (rest[0] == '"' || rest[0] == '\'') {
+    std::optional<std::string> quoted = ParseQuoted(rest);
+    if (!quoted) return InvalidArgument("bad quoted value: " + std::string(rest));
+    return *quoted;
+  }
+  std::string_view bare = Trim(rest.substr(0, rest.find('#')));
+  if (bare.size() >= 2 && bare.front() == '[' && bare.back() == ']') return NormalizeArray(bare);
+  return std::string(bare);
+}
+
+bool IsKey(std::string_view key) {
+  return !key.empty() && std::all_of(key.begin(), key.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '-' || c == '_';
+  });
+}
+
+// One line of the file: nullopt for blank and comment lines.
+StatusOr<std::optional<FileEntry>> ParseLine(std::string_view raw, int line_no) {
+  std::string_view line = Trim(raw);
+  if (line.empty() || line[0] == '#') return std::optional<FileEntry>();
+  if (line[0] == '[') {
+    return InvalidArgument("[section] headers are not supported; write flat `key = value` lines");
+  }
+  size_t eq = line.find('=');
+  if (eq == std::string_view::npos) {
+    return InvalidArgument("expected `key = value`, got '" + std::string(line) + "'");
+  }
+  std::string_view key = Trim(line.substr(0, eq));
+  if (!IsKey(key)) return InvalidArgument("bad key '" + std::string(key) + "'");
+  StatusOr<std::string> value = ParseValue(Trim(line.substr(eq + 1)));
+  if (!value.ok()) return value.status();
+  return std::optional<FileEntry>(FileEntry{std::string(key), std::move(value).value(), line_no});
+}
+
+StatusOr<std::vector<FileEntry>> ReadConfigFile(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    return NotFound("config file '" + path + "' not found");
+  }
+  std::ifstream in(path);
+  if (!in) return InvalidArgument("cannot read config file '" + path + "'");
+  std::vector<FileEntry> entries;
+  std::string raw;
+  for (int line_no = 1; std::getline(in, raw); ++line_no) {
+    StatusOr<std::optional<FileEntry>> entry = ParseLine(raw, line_no);
+    if (!entry.ok()) return entry.status().WithContext(path + ":" + std::to_string(line_no));
+    if (entry.value()) entries.push_back(std::move(*entry.value()));
+  }
+  return entries;
+}
+
+// Options the user may not set from a file or env: they control parsing itself.
+bool IsBuiltin(const CLI::App& app, const CLI::Option* opt) {
+  return opt == app.get_help_ptr() || opt == app.get_help_all_ptr() ||
+         opt->check_name(kConfigFlag) || opt->check_name(kPrintConfigFlag);
+}
+
+// Long options are usually kebab-case but may be snake_case; accept either spelling.
+CLI::Option* FindFileOption(CLI::App& app, const std::string& key) {
+  for (const std::string& name : {Replace(key, '_', '-'), Replace(key, '-', '_')}) {
+    CLI::Option* opt = app.get_option_no_throw("--" + name);
+    if (opt != nullptr && !IsBuiltin(app, opt)) return opt;
+  }
+  return nullptr;
+}
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// " (did you mean 'num-shards'?)" for the closest long option within 2 edits.
+std::string Suggestion(const CLI::App& app, const std::string& key) {
+  const std::string wanted = Replace(key, '_', '-');
+  std::string best;
+  size_t best_distance = 3;
+  for (const CLI::Option* opt : app.get_options()) {
+    if (IsBuiltin(app, opt) || opt->get_lnames().empty()) continue;
+    const std::string name = Replace(opt->get_lnames()[0], '_', '-');
+    size_t d = EditDistance(wanted, name);
+    if (d < best_distance) {
+      best_distance = d;
+      best = name;
+    }
+  }
+  return best.empty() ? "" : " (did you mean '" + best + "'?)";
+}
+
+// The file value becomes the option's default, so env and argv still override it.
+Status ApplyEntry(CLI::App& app, const FileEntry& entry, const std::string& path) {
+  const std::string where = path + ":" + std::to_string(entry.line);
+  CLI::Option* opt = FindFileOption(app, entry.key);
+  if (opt == nullptr) {
+    return InvalidArgument(where + ": unknown key '" + entry.key + "'" +
+                           Suggestion(app, entry.key));
+  }
+  try {
+    opt->default_val(entry.value);
+  } catch (const CLI::Error& e) {
+    return InvalidArgument(where + ": bad value for '" + entry.key + "': " + e.what());
+  }
+  // Options without a bound variable only see a default through a forced callback;
+  // a value from the file satisfies `required`.
+  if (!opt->get_run_callback_for_default()) opt->force_callback();
+  opt->required(false);
+  return Status::Ok();
+}
+
+Status ApplyConfigFile(CLI::App& app, const std::string& path) {
+  ONLINEPS_ASSIGN_OR_RETURN(std::vector<FileEntry> entries, ReadConfigFile(path));
+  std::map<const CLI::Option*, int> first_line;  // TOML forbids setting a key twice
+  for (const FileEntry& entry : entries) {
+    ONLINEPS_RETURN_IF_ERROR(ApplyEntry(app, entry, path));
+    auto [it, inserted] = first_line.emplace(FindFileOption(app, entry.key), entry.line);
+    if (!inserted) {
+      return InvalidArgument(path + ":" + std::to_string(entry.line) + ": duplicate key '" +
+                             entry.key + "' (first set on line " + std::to_string(it->second) +
+                             ")");
+    }
+  }
+  return Status::Ok();
+}
+
+void AddBuiltinOptions(CLI::App& app) {
+  if (app.get_option_no_throw(kConfigFlag) == nullptr) {
+    app.add_option(kConfigFlag, "Config file of `key = value` lines (flags and env override it)")
+        ->envname("ONLINEPS_CONFIG")
+        ->type_name("FILE");
+  }
+  if (app.get_option_no_throw(kPrintConfigFlag) == nullptr) {
+    app.add_flag(kPrintConfigFlag, "Print the effective configuration and exit");
+  }
+}
+
+// Also captures defaults from bound variables so --help and EffectiveConfig show them.
+void PrepareOptions(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options()) {
+    if (IsBuiltin(app, opt) || opt->get_lnames().empty()) continue;
+    if (opt->get_envname().empty()) opt->envname(EnvNameForFlag(opt->get_lnames()[0]));
+    if (opt->get_default_str().empty()) opt->capture_default_str();
+  }
+}
+
+// The file must be known before CLI11 parses argv, so look for --config by hand;
+// CLI11 still parses it later and rejects a malformed use.
+std::string FindConfigPath(int argc, const char* const* argv) {
+  std::string path;
+  const std::string prefix = std::string(kConfigFlag) + "=";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;
+    if (arg == kConfigFlag && i + 1 < argc) path = argv[++i];
+    if (arg.rfind(prefix, 0) == 0) path = arg.substr(prefix.size());
+  }
+  if (path.empty()) {
+    const char* env = std::getenv("ONLINEPS_CONFIG");
+    if (env != nullptr) path = env;
+  }
+  return path;
+}
+
+std::string SuccessText(const CLI::App& app, const CLI::Success& e) {
+  if (dynamic_cast<const CLI::CallForHelp*>(&e) != nullptr) return app.help();
+  if (dynamic_cast<const CLI::CallForAllHelp*>(&e) != nullptr) {
+    return app.help("", CLI::AppFormatMode::All);
+  }
+  return std::string(e.what()) + "\n";  // --version
+}
+
+std::string QuoteIfNeeded(const std::string& v) {
+  bool bare = !v.empty() && std::all_of(v.begin(), v.end(), [](unsigned char c) {
+    return std::isalnum(c) || (c != '\0' && std::strchr("._-+:/@,[]", c) != nullptr);
+  });
+  if (bare) return v;
+  std::string out = "\"";
+  for (char c : v) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string EffectiveValue(const CLI::Option& opt) {
+  if (opt.count() == 0) {
+    std::string def = opt.get_default_str();
+    return def.empty() && opt.get_expected_max() == 0 ? "false" : def;
+  }
+  CLI::results_t results = opt.reduced_results();
+  if (results.size() == 1) return results[0];
+  std::string joined;
+  for (const std::string& r : results) joined += (joined.empty() ? "" : ",") + r;
+  return "[" + joined + "]";
+}
+
+}  // namespace
+
+std::string EnvNameForFlag(const std::string& long_name) {
+  std::string env = kEnvPrefix;
+  for (unsigned char c : long_name) env += c == '-' ? '_' : static_cast<char>(std::toupper(c));
+  return env;
+}
+
+std::string EffectiveConfig(const CLI::App& app) {
+  std::ostringstream out;
+  const CLI::Option* config = app.get_option_no_throw(kConfigFlag);
+  if (config != nullptr && config->count() > 0) {
+    out << "# config file: " << config->as<std::string>() << "\n";
+  }
+  for (const CLI::Option* opt : app.get_options()) {
+    if (IsBuiltin(app, opt) || opt->get_lnames().empty()) continue;
+    out << opt->get_lnames()[0] << " = " << QuoteIfNeeded(EffectiveValue(*opt)) << "\n";
+  }
+  return out.str();
+}
+
+StatusOr<ParseResult> ParseFlags(CLI::App& app, int argc, const char* const* argv,
+                                 std::ostream& out) {
+  ParseResult result;
+  Status file_status;
+  try {
+    AddBuiltinOptions(app);
+    PrepareOptions(app);
+    result.config_file = FindConfigPath(argc, argv);
+    if (!result.config_file.empty()) file_status = ApplyConfigFile(app, result.config_file);
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {  // help wins over every error, as in any CLI
+    out << SuccessText(app, e);
+    result.exit_now = true;
+    return result;
+  } catch (const CLI::ParseError& e) {
+    if (!file_status.ok()) return file_status;
+    return InvalidArgument(e.what());
+  } catch (const std::exception& e) {  // CLI::ConstructionError: the caller's options clash
+    return Internal(std::string("command-line setup: ") + e.what());
+  }
+  if (!file_status.ok()) return file_status;
+  if (app.get_option(kPrintConfigFlag)->count() > 0) {
+    out << EffectiveConfig(app);
+    result.exit_now = true;
+  }
+  return result;
+}
+
+}  // namespace onlineps

@@ -1,0 +1,44 @@
+// Command-line, environment and config-file configuration on top of CLI11.
+// Precedence, highest first: command-line flag > ONLINEPS_* environment variable >
+// config file (--config / ONLINEPS_CONFIG) > built-in default. See docs/configuration.md.
+// Not thread-safe: call from main() before starting threads.
+#ifndef ONLINEPS_COMMON_CONFIG_H_
+#define ONLINEPS_COMMON_CONFIG_H_
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <string>
+
+#include "common/status.h"
+
+namespace onlineps {
+
+struct ParseResult {
+  // --help, --help-all or --print-config was handled and its text written: the
+  // caller should exit with status 0 without doing anything else.
+  bool exit_now = false;
+  // The config file that was read; empty when none was given.
+  std::string config_file;
+};
+
+// Parses argv into the options the caller already added to `app`.
+// Adds --config FILE and --print-config, names every long option's environment
+// variable (--num-shards -> ONLINEPS_NUM_SHARDS) unless it has one, loads the config
+// file as option defaults, then lets CLI11 apply env and argv. Help and
+// --print-config text goes to `out`. Never exits the process. Errors:
+// kInvalidArgument (bad flag, value or file line, naming it), kNotFound (no file).
+// Top-level options only; subcommand options get env names from CLI11 as usual.
+StatusOr<ParseResult> ParseFlags(CLI::App& app, int argc, const char* const* argv,
+                                 std::ostream& out = std::cout);
+
+// The effective value of every long option after ParseFlags, one `key = value` per
+// line in config-file syntax (the output can be fed back with --config).
+std::string EffectiveConfig(const CLI::App& app);
+
+// The environment variable ParseFlags gives a long option: "num-shards" ->
+// "ONLINEPS_NUM_SHARDS".
+std::string EnvNameForFlag(const std::string& long_name);
+
+}  // namespace onlineps
+
+#endif  // ONLINEPS_COMMON_CONFIG_H_

@@ -1,0 +1,424 @@
+#include "common/zmq_transport.h"
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <utility>
+
+namespace onlineps {
+namespace {
+
+// Messages moved per socket per poll round, so a flood on one socket cannot starve
+// the other direction.
+constexpr int kBatch = 256;
+// Poll wakes at least this often, even if a wake-up message was lost (it never should
+// be: see WakeIo).
+constexpr std::chrono::milliseconds kPollFallback{200};
+
+// One context for the whole process, so inproc:// endpoints connect across transports.
+// Never destroyed: zmq_ctx_term would block exit on any socket still open.
+zmq::context_t& SharedContext() {
+  static auto* context = new zmq::context_t(1);
+  return *context;
+}
+
+std::string NextPipeName(const char* kind) {
+  static std::atomic<uint64_t> counter{0};
+  return std::string("inproc://onlineps-") + kind + "-" + std::to_string(counter.fetch_add(1));
+}
+
+void LogError(const char* where, const std::exception& e) {
+  std::fprintf(stderr, "onlineps: zmq transport: %s: %s\n", where, e.what());
+}
+
+Status FromZmqError(const std::string& what, const zmq::error_t& e) {
+  std::string message = what + ": " + e.what();
+  switch (e.num()) {
+    case EINVAL:
+    case EPROTONOSUPPORT:
+    case ENOCOMPATPROTO:
+      return InvalidArgument(std::move(message));
+    case EADDRINUSE:
+      return Status(StatusCode::kAlreadyExists, std::move(message));
+    default:
+      return Unavailable(std::move(message));
+  }
+}
+
+void FreeHolder(void* /*data*/, void* hint) {
+  delete static_cast<std::shared_ptr<const void>*>(hint);
+}
+
+// Hands the frame's bytes to ZeroMQ without copying; ZeroMQ keeps the holder alive
+// until the bytes are written (FreeHolder runs on whichever thread lets go last).
+zmq::message_t ToMessage(const Frame& frame) {
+  if (frame.empty()) return zmq::message_t();
+  auto hint = std::make_unique<std::shared_ptr<const void>>(frame.holder());
+  zmq::message_t message(const_cast<char*>(frame.data()), frame.size(), &FreeHolder, hint.get());
+  hint.release();  // owned by `message` now
+  return message;
+}
+
+Frame AlignedCopy(const void* data, size_t size) {
+  auto words = std::make_shared<std::vector<uint64_t>>((size + 7) / 8);
+  std::memcpy(words->data(), data, size);
+  return Frame(words, reinterpret_cast<const char*>(words->data()), size);
+}
+
+// Wraps a received message without copying, except when the decoder left it at an
+// unaligned offset of its batch buffer: Frame::As<T> promises 8-byte alignment.
+Frame ToFrame(zmq::message_t&& message) {
+  if (message.size() == 0) return Frame();
+  auto holder = std::make_shared<zmq::message_t>(std::move(message));
+  if (reinterpret_cast<uintptr_t>(holder->data()) % 8 != 0) {
+    return AlignedCopy(holder->data(), holder->size());
+  }
+  return Frame(holder, holder->data<char>(), holder->size());
+}
+
+// Receives one whole multipart message without blocking; false when none is waiting.
+bool RecvMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>* parts) {
+  parts->clear();
+  do {
+    zmq::message_t part;
+    if (!socket.recv(part, zmq::recv_flags::dontwait)) return !parts->empty();
+    parts->push_back(std::move(part));
+  } while (parts->back().more());
+  return true;
+}
+
+// Sends parts[first..] as one message without blocking; false when the socket is at
+// its high-water mark. Only the first part can hit it (ZeroMQ counts whole messages).
+bool SendParts(zmq::socket_t& socket, std::vector<zmq::message_t>* parts, size_t first) {
+  for (size_t i = first; i < parts->size(); ++i) {
+    auto flags = zmq::send_flags::dontwait;
+    if (i + 1 < parts->size()) flags = flags | zmq::send_flags::sndmore;
+    if (!socket.send((*parts)[i], flags)) return false;
+  }
+  return true;
+}
+
+// REQUIRES: the caller holds the mutex guarding `push`.
+Status PushParts(zmq::socket_t& push, std::vector<zmq::message_t>* parts) {
+  try {
+    if (SendParts(push, parts, 0)) return Status::Ok();
+    return ResourceExhausted("transport send queue full (send_hwm reached)");
+  } catch (const zmq::error_t& e) {
+    return FromZmqError("send", e);
+  }
+}
+
+// A one-part message: never a real request or reply (those have two parts or more),
+// so the I/O thread just wakes up and rereads its flags. If the pipe is full the I/O
+// thread is awake anyway, so failure is harmless.
+void WakeIo(zmq::socket_t& push) {
+  try {
+    zmq::message_t wake;
+    (void)push.send(wake, zmq::send_flags::dontwait);
+  } catch (const zmq::error_t&) {
+  }
+}
+
+void ApplyNetworkOptions(zmq::socket_t& socket, const TransportOptions& options) {
+  socket.set(zmq::sockopt::sndhwm, options.send_hwm);
+  socket.set(zmq::sockopt::rcvhwm, options.recv_hwm);
+  socket.set(zmq::sockopt::linger, static_cast<int>(options.linger.count()));
+  const bool fits = options.max_message_bytes <= uint64_t{std::numeric_limits<int64_t>::max()};
+  socket.set(zmq::sockopt::maxmsgsize, fits ? static_cast<int64_t>(options.max_message_bytes) : -1);
+}
+
+// The pipe that carries Send() calls to the I/O thread. Throws zmq::error_t.
+void OpenPipe(const char* kind, int hwm, zmq::socket_t* pull, zmq::socket_t* push) {
+  const std::string name = NextPipeName(kind);
+  *pull = zmq::socket_t(SharedContext(), zmq::socket_type::pull);
+  pull->set(zmq::sockopt::linger, 0);
+  pull->set(zmq::sockopt::rcvhwm, hwm);
+  pull->bind(name);
+  *push = zmq::socket_t(SharedContext(), zmq::socket_type::push);
+  push->set(zmq::sockopt::linger, 0);
+  push->set(zmq::sockopt::sndhwm, hwm);
+  push->connect(name);
+}
+
+void CloseQuietly(zmq::socket_t* socket) {
+  try {
+    socket->close();
+  } catch (const zmq::error_t& e) {
+    LogError("close", e);
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- server
+
+ZmqServerTransport::ZmqServerTransport(const TransportOptions& options) : options_(options) {}
+
+ZmqServerTransport::~ZmqServerTransport() { Stop(); }
+
+uint64_t ZmqServerTransport::dropped() const { return pool_ ? pool_->dropped() : 0; }
+
+StatusOr<std::string> ZmqServerTransport::Start(const std::string& endpoint, Handler handler) {
+  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  if (state_ != State::kNew) return FailedPrecondition("server transport already started");
+  if (!handler) return InvalidArgument("server transport needs a handler");
+  // Binding on the caller's thread reports bind errors directly; the sockets then move
+  // to the I/O thread (thread creation is the memory barrier ZeroMQ asks for).
+  StatusOr<std::string> bound = BindSockets(endpoint);
+  if (!bound.ok()) return bound.status();
+  pool_ = std::make_unique<HandlerPool<Incoming>>(
+      "zmq server", options_.handler_threads, options_.max_queue_per_thread, std::move(handler));
+  {
+    std::lock_guard<std::mutex> send_lock(send_mu_);
+    open_ = true;
+  }
+  io_thread_ = std::thread(&ZmqServerTransport::IoLoop, this);
+  state_ = State::kRunning;
+  return bound;
+}
+
+StatusOr<std::string> ZmqServerTransport::BindSockets(const std::string& endpoint) {
+  try {
+    router_ = zmq::socket_t(SharedContext(), zmq::socket_type::router);
+    ApplyNetworkOptions(router_, options_);
+    router_.set(zmq::sockopt::router_mandatory, 0);
+    router_.bind(endpoint);
+  } catch (const zmq::error_t& e) {
+    CloseQuietly(&router_);
+    return FromZmqError("bind " + endpoint, e);
+  }
+  try {
+    OpenPipe("server", options_.send_hwm, &pull_, &push_);
+    return router_.get(zmq::sockopt::last_endpoint);
+  } catch (const zmq::error_t& e) {
+    CloseQuietly(&router_);
+    CloseQuietly(&pull_);
+    CloseQuietly(&push_);
+    return FromZmqError("server pipe for " + endpoint, e);
+  }
+}
+
+Status ZmqServerTransport::Send(const std::string& peer, Frames frames) {
+  if (peer.empty()) return InvalidArgument("Send: empty peer identity");
+  if (frames.empty()) return InvalidArgument("Send: no frames");
+  try {
+    std::vector<zmq::message_t> parts;
+    parts.reserve(frames.size() + 1);
+    parts.emplace_back(peer.data(), peer.size());
+    for (const Frame& frame : frames) parts.push_back(ToMessage(frame));
+    std::lock_guard<std::mutex> lock(send_mu_);
+    if (!open_) return Unavailable("server transport is stopped");
+    return PushParts(push_, &parts);
+  } catch (const zmq::error_t& e) {
+    return FromZmqError("Send", e);
+  }
+}
+
+void ZmqServerTransport::Stop() {
+  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  const bool running = state_ == State::kRunning;
+  state_ = State::kStopped;
+  if (!running) return;
+  {
+    std::lock_guard<std::mutex> send_lock(send_mu_);
+    receiving_.store(false, std::memory_order_release);
+    WakeIo(push_);
+  }
+  pool_->Close();  // handlers finish their queues; their replies still flow
+  {
+    std::lock_guard<std::mutex> send_lock(send_mu_);
+    open_ = false;
+    exit_.store(true, std::memory_order_release);
+    WakeIo(push_);
+  }
+  io_thread_.join();
+  std::lock_guard<std::mutex> send_lock(send_mu_);
+  CloseQuietly(&push_);
+}
+
+void ZmqServerTransport::IoLoop() {
+  zmq::pollitem_t items[] = {{pull_.handle(), 0, ZMQ_POLLIN, 0},
+                             {router_.handle(), 0, ZMQ_POLLIN, 0}};
+  while (true) {
+    // exit_ is read before draining: every Send it covers is already in the pipe.
+    const bool exiting = exit_.load(std::memory_order_acquire);
+    const bool receiving = receiving_.load(std::memory_order_acquire);
+    try {
+      items[0].revents = items[1].revents = 0;
+      if (!exiting) zmq::poll(items, receiving ? 2 : 1, kPollFallback);
+      if (exiting || (items[0].revents & ZMQ_POLLIN)) ForwardReplies(exiting);
+      if (exiting) break;
+      if (receiving && (items[1].revents & ZMQ_POLLIN)) DispatchRequests();
+    } catch (const zmq::error_t& e) {
+      LogError("server I/O thread", e);
+      if (exiting || e.num() == ETERM) break;
+    } catch (const std::exception& e) {  // e.g. bad_alloc: keep serving, never unwind
+      LogError("server I/O thread", e);
+      if (exiting) break;
+    }
+  }
+  // With linger > 0 the shared context keeps flushing the ROUTER in the background.
+  CloseQuietly(&router_);
+  CloseQuietly(&pull_);
+}
+
+void ZmqServerTransport::ForwardReplies(bool drain) {
+  std::vector<zmq::message_t> parts;
+  for (int i = 0; (drain || i < kBatch) && RecvMultipart(pull_, &parts); ++i) {
+    if (parts.size() < 2) continue;  // a wake-up
+    SendParts(router_, &parts, 0);   // the ROUTER drops what it cannot route
+  }
+}
+
+void ZmqServerTransport::DispatchRequests() {
+  std::vector<zmq::message_t> parts;
+  for (int i = 0; i < kBatch && RecvMultipart(router_, &parts); ++i) {
+    if (parts.size() < 2) continue;  // identity without a body: nothing to handle
+    Incoming in;
+    in.peer.assign(parts[0].data<char>(), parts[0].size());
+    in.frames.reserve(parts.size() - 1);
+    for (size_t j = 1; j < parts.size(); ++j) in.frames.push_back(ToFrame(std::move(parts[j])));
+    const size_t key = std::hash<std::string>{}(in.peer);
+    pool_->Submit(key, std::move(in));  // when full, dropped and counted by the pool
+  }
+}
+
+// ---------------------------------------------------------------------------- client
+
+ZmqClientTransport::ZmqClientTransport(const TransportOptions& options) : options_(options) {}
+
+ZmqClientTransport::~ZmqClientTransport() { Close(); }
+
+Status ZmqClientTransport::Connect(const std::vector<std::string>& endpoints, Handler handler) {
+  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  if (state_ != State::kNew) return FailedPrecondition("client transport already connected");
+  if (!handler) return InvalidArgument("client transport needs a handler");
+  ONLINEPS_RETURN_IF_ERROR(ConnectSockets(endpoints));
+  handler_ = std::move(handler);
+  {
+    std::lock_guard<std::mutex> send_lock(send_mu_);
+    open_ = true;
+    num_servers_ = endpoints.size();
+  }
+  io_thread_ = std::thread(&ZmqClientTransport::IoLoop, this);
+  state_ = State::kRunning;
+  return Status::Ok();
+}
+
+Status ZmqClientTransport::ConnectSockets(const std::vector<std::string>& endpoints) {
+  std::string current = "client pipe";
+  try {
+    OpenPipe("client", options_.send_hwm, &pull_, &push_);
+    for (const std::string& endpoint : endpoints) {
+      current = "connect " + endpoint;
+      // No ZMQ_IMMEDIATE: requests to a server that is not up yet wait for it.
+      dealers_.emplace_back(SharedContext(), zmq::socket_type::dealer);
+      ApplyNetworkOptions(dealers_.back(), options_);
+      dealers_.back().connect(endpoint);
+    }
+    return Status::Ok();
+  } catch (const zmq::error_t& e) {
+    for (auto& dealer : dealers_) CloseQuietly(&dealer);
+    dealers_.clear();
+    CloseQuietly(&pull_);
+    CloseQuietly(&push_);
+    return FromZmqError(current, e);
+  }
+}
+
+Status ZmqClientTransport::Send(size_t index, Frames frames) {
+  if (frames.empty()) return InvalidArgument("Send: no frames");
+  try {
+    const uint64_t index64 = index;
+    std::vector<zmq::message_t> parts;
+    parts.reserve(frames.size() + 1);
+    parts.emplace_back(&index64, sizeof(index64));
+    for (const Frame& frame : frames) parts.push_back(ToMessage(frame));
+    std::lock_guard<std::mutex> lock(send_mu_);
+    if (!open_) return Unavailable("client transport is closed");
+    if (index >= num_servers_) {
+      return InvalidArgument("Send: server index " + std::to_string(index) + " out of range (" +
+                             std::to_string(num_servers_) + " servers)");
+    }
+    return PushParts(push_, &parts);
+  } catch (const zmq::error_t& e) {
+    return FromZmqError("Send", e);
+  }
+}
+
+void ZmqClientTransport::Close() {
+  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  const bool running = state_ == State::kRunning;
+  state_ = State::kClosed;
+  if (!running) return;
+  {
+    std::lock_guard<std::mutex> send_lock(send_mu_);
+    open_ = false;
+    exit_.store(true, std::memory_order_release);
+    WakeIo(push_);
+  }
+  io_thread_.join();
+  std::lock_guard<std::mutex> send_lock(send_mu_);
+  CloseQuietly(&push_);
+}
+
+void ZmqClientTransport::IoLoop() {
+  std::vector<zmq::pollitem_t> items;
+  items.push_back({pull_.handle(), 0, ZMQ_POLLIN, 0});
+  for (auto& dealer : dealers_) items.push_back({dealer.handle(), 0, ZMQ_POLLIN, 0});
+  while (true) {
+    const bool exiting = exit_.load(std::memory_order_acquire);
+    try {
+      for (auto& item : items) item.revents = 0;
+      if (!exiting) zmq::poll(items.data(), items.size(), kPollFallback);
+      if (exiting || (items[0].revents & ZMQ_POLLIN)) ForwardRequests(exiting);
+      if (exiting) break;
+      for (size_t i = 0; i < dealers_.size(); ++i) {
+        if (items[i + 1].revents & ZMQ_POLLIN) DeliverReplies(i);
+      }
+    } catch (const zmq::error_t& e) {
+      LogError("client I/O thread", e);
+      if (exiting || e.num() == ETERM) break;
+    } catch (const std::exception& e) {  // e.g. bad_alloc: keep serving, never unwind
+      LogError("client I/O thread", e);
+      if (exiting) break;
+    }
+  }
+  // With linger > 0 the shared context keeps flushing the DEALERs in the background.
+  for (auto& dealer : dealers_) CloseQuietly(&dealer);
+  CloseQuietly(&pull_);
+}
+
+void ZmqClientTransport::ForwardRequests(bool drain) {
+  std::vector<zmq::message_t> parts;
+  for (int i = 0; (drain || i < kBatch) && RecvMultipart(pull_, &parts); ++i) {
+    if (parts.size() < 2 || parts[0].size() != sizeof(uint64_t)) continue;  // a wake-up
+    uint64_t index;
+    std::memcpy(&index, parts[0].data(), sizeof(index));
+    if (index >= dealers_.size()) continue;  // Send checked; cannot happen
+    if (!SendParts(dealers_[index], &parts, 1)) dropped_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void ZmqClientTransport::DeliverReplies(size_t index) {
+  std::vector<zmq::message_t> parts;
+  for (int i = 0; i < kBatch && RecvMultipart(dealers_[index], &parts); ++i) {
+    Frames frames;
+    frames.reserve(parts.size());
+    for (auto& part : parts) frames.push_back(ToFrame(std::move(part)));
+    try {
+      handler_(index, std::move(frames));
+    } catch (const std::exception& e) {
+      LogError("client handler threw", e);
+    } catch (...) {
+      std::fprintf(stderr, "onlineps: zmq transport: client handler threw\n");
+    }
+  }
+}
+
+}  // namespace onlineps

@@ -1,0 +1,147 @@
+#include "ps/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "common/bytes.h"
+#include "common/partition.h"
+
+namespace onlineps::ps {
+
+namespace {
+
+constexpr char kMagic[8] = {'O', 'N', 'L', 'P', 'S', 'C', 'K', '1'};
+constexpr uint32_t kFormat = 1;
+
+Status WriteAll(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Unavailable("cannot create " + tmp + ": " + std::strerror(errno));
+  size_t off = 0;
+  while (off < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      std::string err = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return Unavailable("cannot write " + tmp + ": " + err);
+    }
+    off += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    return Unavailable("cannot flush " + tmp + ": " + std::strerror(errno));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return Unavailable("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+Status ReadTable(ByteReader* r, const ShardIdentity& id, const std::string& path,
+                 std::map<std::string, std::shared_ptr<Table>>* out) {
+  uint64_t fields = 0;
+  ONLINEPS_RETURN_IF_ERROR(r->Get(&fields, "table spec size"));
+  std::map<std::string, std::string> spec_map;
+  for (uint64_t i = 0; i < fields; ++i) {
+    std::string k, v;
+    ONLINEPS_RETURN_IF_ERROR(r->GetString(&k, "table spec key"));
+    ONLINEPS_RETURN_IF_ERROR(r->GetString(&v, "table spec value"));
+    spec_map[k] = v;
+  }
+  auto spec = DecodeSpec(spec_map);
+  if (!spec.ok()) return DataLoss(path + ": bad table spec: " + spec.status().message());
+  auto table = Table::Create(*spec, id.shard, id.num_shards);
+  if (!table.ok()) return DataLoss(path + ": " + table.status().message());
+  Status st = (*table)->Load(r);
+  if (!st.ok()) return st.WithContext(path + ": table '" + spec->name + "'");
+  (*out)[spec->name] = std::shared_ptr<Table>(std::move(table).value());
+  return Status::Ok();
+}
+
+}  // namespace
+
+uint64_t Checksum64(const void* data, size_t size) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  // Four interleaved FNV-1a lanes: ~4x faster than one on large files.
+  uint64_t h[4] = {0xcbf29ce484222325ULL, 0x84222325cbf29ce4ULL, 0x100000001b3ULL, 0x1b3ULL};
+  size_t i = 0;
+  for (; i + 4 <= size; i += 4) {
+    for (int l = 0; l < 4; ++l) h[l] = (h[l] ^ p[i + l]) * 0x100000001b3ULL;
+  }
+  for (; i < size; ++i) h[0] = (h[0] ^ p[i]) * 0x100000001b3ULL;
+  return Mix64(h[0] ^ Mix64(h[1] ^ Mix64(h[2] ^ Mix64(h[3] ^ size))));
+}
+
+StatusOr<uint64_t> WriteCheckpoint(const std::string& path, const ShardIdentity& id,
+                                   const std::map<std::string, std::shared_ptr<Table>>& tables,
+                                   const Dedup& dedup) {
+  ByteWriter w;
+  w.Append(kMagic, sizeof(kMagic));
+  w.Put<uint32_t>(kFormat);
+  w.Put<uint32_t>(id.shard);
+  w.Put<uint32_t>(id.num_shards);
+  w.Put<uint64_t>(tables.size());
+  for (const auto& [name, table] : tables) {
+    auto spec = EncodeSpec(table->spec());
+    w.Put<uint64_t>(spec.size());
+    for (const auto& [k, v] : spec) {
+      w.PutString(k);
+      w.PutString(v);
+    }
+    table->Save(&w);
+  }
+  dedup.Save(&w);
+  w.Put<uint64_t>(Checksum64(w.buffer().data(), w.buffer().size()));
+  ONLINEPS_RETURN_IF_ERROR(WriteAll(path, w.buffer()));
+  return static_cast<uint64_t>(w.buffer().size());
+}
+
+StatusOr<std::map<std::string, std::shared_ptr<Table>>> ReadCheckpoint(const std::string& path,
+                                                                       const ShardIdentity& id,
+                                                                       Dedup* dedup) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound("no checkpoint at " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string bytes = ss.str();
+  if (bytes.size() < sizeof(kMagic) + 8 || std::memcmp(bytes.data(), kMagic, sizeof(kMagic))) {
+    return DataLoss(path + " is not an onlineps checkpoint (bad magic or too short)");
+  }
+  uint64_t stored = 0;
+  std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
+  if (Checksum64(bytes.data(), bytes.size() - 8) != stored) {
+    return DataLoss(path + ": checksum mismatch; the file is corrupt or truncated");
+  }
+  ByteReader r(bytes.data() + sizeof(kMagic), bytes.size() - sizeof(kMagic) - 8);
+  uint32_t format = 0, shard = 0, num_shards = 0;
+  uint64_t count = 0;
+  ONLINEPS_RETURN_IF_ERROR(r.Get(&format, "format"));
+  if (format != kFormat) return DataLoss(path + ": unknown format " + std::to_string(format));
+  ONLINEPS_RETURN_IF_ERROR(r.Get(&shard, "shard"));
+  ONLINEPS_RETURN_IF_ERROR(r.Get(&num_shards, "shard count"));
+  if (shard != id.shard || num_shards != id.num_shards) {
+    return FailedPrecondition(path + " belongs to shard " + std::to_string(shard) + " of " +
+                              std::to_string(num_shards) + ", this is shard " +
+                              std::to_string(id.shard) + " of " + std::to_string(id.num_shards));
+  }
+  ONLINEPS_RETURN_IF_ERROR(r.Get(&count, "table count"));
+  std::map<std::string, std::shared_ptr<Table>> tables;
+  for (uint64_t i = 0; i < count; ++i) ONLINEPS_RETURN_IF_ERROR(ReadTable(&r, id, path, &tables));
+  Dedup loaded;
+  ONLINEPS_RETURN_IF_ERROR(loaded.Load(&r));
+  ByteWriter tmp;
+  loaded.Save(&tmp);
+  ByteReader again(tmp.buffer().data(), tmp.buffer().size());
+  ONLINEPS_RETURN_IF_ERROR(dedup->Load(&again));
+  return tables;
+}
+
+}  // namespace onlineps::ps

@@ -1,0 +1,42 @@
+// Shard checkpoints. A file holds every table of one shard (spec, version, parameters,
+// optimizer and policy state) and the exactly-once dedup windows, followed by a 64-bit
+// checksum of everything before it. Written to PATH.tmp, fsynced, then renamed over
+// PATH, so a crash leaves either the old or the new file, never a torn one.
+// Format: docs/protocol.md#checkpoints. Functions are thread-safe (tables lock).
+#ifndef ONLINEPS_PS_CHECKPOINT_H_
+#define ONLINEPS_PS_CHECKPOINT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "ps/dedup.h"
+#include "ps/table.h"
+
+namespace onlineps::ps {
+
+struct ShardIdentity {
+  uint32_t shard = 0;
+  uint32_t num_shards = 1;
+};
+
+// Writes tables and dedup state atomically to `path`. Returns bytes written.
+StatusOr<uint64_t> WriteCheckpoint(const std::string& path, const ShardIdentity& id,
+                                   const std::map<std::string, std::shared_ptr<Table>>& tables,
+                                   const Dedup& dedup);
+
+// Reads `path` into fresh tables and `dedup`. Errors: kNotFound (no file), kDataLoss
+// (bad magic, checksum mismatch, truncation), kFailedPrecondition (written by another
+// shard index or shard count). On error nothing is returned and `dedup` is unchanged.
+StatusOr<std::map<std::string, std::shared_ptr<Table>>> ReadCheckpoint(const std::string& path,
+                                                                       const ShardIdentity& id,
+                                                                       Dedup* dedup);
+
+// 64-bit FNV-1a, mixed: the checkpoint checksum.
+uint64_t Checksum64(const void* data, size_t size);
+
+}  // namespace onlineps::ps
+
+#endif  // ONLINEPS_PS_CHECKPOINT_H_

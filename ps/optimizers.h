@@ -1,0 +1,162 @@
+// The server-side optimizers behind CreateOptimizer: Sgd, Adagrad, Ftrl, Adam. Each is
+// immutable after construction and thread-safe. REQUIRES of every Apply: w, each state
+// slot and g are distinct, non-overlapping arrays of n floats. Construct them through
+// CreateOptimizer, which validates the options; direct construction trusts them.
+#ifndef ONLINEPS_PS_OPTIMIZERS_H_
+#define ONLINEPS_PS_OPTIMIZERS_H_
+
+#include <cmath>
+#include <cstddef>
+#include <string_view>
+#include <type_traits>
+
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
+#include "ps/update_rule.h"
+
+namespace onlineps::ps {
+
+// w -= lr * lr_scale * g. No state.
+struct SgdOptions {
+  double lr = 0.01;
+};
+
+class Sgd final : public Optimizer {
+ public:
+  explicit Sgd(const SgdOptions& options) : options_(options) {}
+  std::string_view name() const override { return "sgd"; }
+  int state_slots() const override { return 0; }
+  void Apply(float* w, float* const* state, const float* g, size_t n,
+             const ApplyArgs& args) const override;
+  double lr() const override { return options_.lr; }
+
+ private:
+  const SgdOptions options_;
+};
+
+// G += g*g; w -= lr * lr_scale * g / (sqrt(G) + eps). Slot 0: G, starting at
+// initial_accumulator.
+struct AdagradOptions {
+  double lr = 0.01;
+  double eps = 1e-10;
+  double initial_accumulator = 0.0;
+};
+
+class Adagrad final : public Optimizer {
+ public:
+  explicit Adagrad(const AdagradOptions& options) : options_(options) {}
+  std::string_view name() const override { return "adagrad"; }
+  int state_slots() const override { return 1; }
+  float InitialState(int slot) const override;
+  void Apply(float* w, float* const* state, const float* g, size_t n,
+             const ApplyArgs& args) const override;
+  double lr() const override { return options_.lr; }
+
+ private:
+  const AdagradOptions options_;
+};
+
+// FTRL-Proximal (McMahan et al. 2013), per coordinate. Slot 0: z, slot 1: n. A step
+// with lr_scale s runs with alpha * s in place of alpha (both in sigma and in the new
+// w); s <= 0 (or NaN) leaves w, z and n untouched. lr() is alpha.
+struct FtrlOptions {
+  double alpha = 0.1;
+  double beta = 1.0;
+  double l1 = 0.0;
+  double l2 = 0.0;
+};
+
+class Ftrl final : public Optimizer {
+ public:
+  explicit Ftrl(const FtrlOptions& options) : options_(options) {}
+  std::string_view name() const override { return "ftrl"; }
+  int state_slots() const override { return 2; }
+  void Apply(float* w, float* const* state, const float* g, size_t n,
+             const ApplyArgs& args) const override;
+  double lr() const override { return options_.alpha; }
+
+ private:
+  const FtrlOptions options_;
+};
+
+// Adam with bias correction at t = args.step (0 is treated as 1). Slot 0: m, slot 1: v.
+struct AdamOptions {
+  double lr = 0.001;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+};
+
+class Adam final : public Optimizer {
+ public:
+  explicit Adam(const AdamOptions& options) : options_(options) {}
+  std::string_view name() const override { return "adam"; }
+  int state_slots() const override { return 2; }
+  void Apply(float* w, float* const* state, const float* g, size_t n,
+             const ApplyArgs& args) const override;
+  double lr() const override { return options_.lr; }
+
+ private:
+  const AdamOptions options_;
+};
+
+// Loop helpers shared by optimizers.cc and staleness_policies.cc; not part of the
+// update-rule API.
+namespace internal {
+
+// Elements per kernel block. GCC -O2 (very-cheap cost model) vectorizes only loops
+// whose trip count is a known multiple of the vector width, hence fixed-size blocks.
+inline constexpr size_t kBlock = 8;
+
+// out[j] = sqrt(in[j]) for one block. std::sqrt may set errno, which keeps GCC from
+// vectorizing it without -fno-math-errno; the SSE intrinsic has no such path.
+inline void SqrtBlock(const float* __restrict in, float* __restrict out) {
+#if defined(__SSE__)
+  _mm_storeu_ps(out, _mm_sqrt_ps(_mm_loadu_ps(in)));
+  _mm_storeu_ps(out + 4, _mm_sqrt_ps(_mm_loadu_ps(in + 4)));
+#else
+  for (size_t j = 0; j < kBlock; ++j) out[j] = std::sqrt(in[j]);
+#endif
+}
+
+// A zero-padded block-sized copy of the last rest (< kBlock) elements of an array;
+// written back on destruction unless the array is const.
+template <typename T>
+class PaddedTail {
+ public:
+  PaddedTail(T* src, size_t rest) : src_(src), rest_(rest) {
+    for (size_t j = 0; j < rest; ++j) buf_[j] = src[j];
+  }
+  ~PaddedTail() {
+    if constexpr (!std::is_const_v<T>) {
+      for (size_t j = 0; j < rest_; ++j) src_[j] = buf_[j];
+    }
+  }
+  PaddedTail(const PaddedTail&) = delete;
+  PaddedTail& operator=(const PaddedTail&) = delete;
+  float* data() { return buf_; }
+
+ private:
+  T* const src_;
+  const size_t rest_;
+  float buf_[kBlock] = {};
+};
+
+// Runs block(p + i...) for each full block of n elements, then once on zero-padded
+// copies of the tail, so every element goes through the same (vectorized) block code.
+// block must be correct for any element independently; padded lanes are discarded.
+template <typename Block, typename... T>
+void ForEachBlock(size_t n, const Block& block, T*... arrays) {
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) block((arrays + i)...);
+  if (i == n) return;
+  auto run_padded = [&block](auto&&... tails) { block(tails.data()...); };
+  run_padded(PaddedTail<T>(arrays + i, n - i)...);
+}
+
+}  // namespace internal
+}  // namespace onlineps::ps
+
+#endif  // ONLINEPS_PS_OPTIMIZERS_H_

@@ -1,0 +1,607 @@
+#include "ps/ps_client.h"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <queue>
+#include <random>
+#include <thread>
+
+#include "common/partition.h"
+#include "common/request_ids.h"
+#include "common/wire.h"
+
+namespace onlineps::ps {
+
+using Clock = std::chrono::steady_clock;
+
+struct Ticket::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  int remaining = 0;    // guarded by mu
+  bool done = false;    // guarded by mu
+  Status status;        // guarded by mu; first error wins
+  PsClient::Callback callback;
+
+  // One part of the call finished with `st`.
+  void Complete(const Status& st) {
+    PsClient::Callback cb;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!st.ok() && status.ok()) status = st;
+      if (--remaining > 0) return;
+      done = true;
+      cb = std::move(callback);
+    }
+    cv.notify_all();
+    if (cb) cb(status);
+  }
+};
+
+Status Ticket::Wait() const {
+  if (!state_) return Internal("Wait() on an empty Ticket");
+  std::unique_lock<std::mutex> lock(state_->mu);
+  state_->cv.wait(lock, [this] { return state_->done; });
+  return state_->status;
+}
+
+bool Ticket::Ready() const {
+  if (!state_) return false;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->done;
+}
+
+namespace {
+
+// A per-shard part of a call, kept until its reply arrives or its deadline passes.
+struct Pending {
+  std::shared_ptr<Ticket::State> call;
+  size_t shard = 0;
+  Header header;
+  Frames payload;
+  std::function<Status(const Header&, const Frames&)> on_reply;
+  Clock::time_point attempt_deadline, call_deadline;
+  int attempts = 0;
+};
+
+struct TableMeta {
+  TableSpec spec;
+  std::unique_ptr<DenseLayout> layout;  // dense only
+  std::vector<bool> contiguous;         // dense: shard's slices form one range
+};
+
+// Frame over caller memory that stays valid until the ticket completes (REQUIRES).
+Frame Borrow(const void* p, size_t bytes) {
+  return Frame(nullptr, static_cast<const char*>(p), bytes);
+}
+
+class PsClientImpl : public PsClient {
+ public:
+  explicit PsClientImpl(PsClientOptions o) : options_(std::move(o)), seq_(options_.shards.size()) {
+    if (options_.sender_id == 0) {
+      std::random_device rd;
+      options_.sender_id = (uint64_t{rd()} << 32) ^ rd() ^ 1;
+    }
+    for (auto& s : seq_) s.store(0);
+  }
+  ~PsClientImpl() override { Shutdown(); }
+
+  Status Start();
+  uint64_t sender_id() const override { return options_.sender_id; }
+  size_t num_shards() const override { return options_.shards.size(); }
+
+  Status CreateTable(const TableSpec& spec) override;
+  StatusOr<TableSpec> OpenTable(const std::string& name) override;
+  Status WaitForShards(std::chrono::milliseconds timeout) override;
+  Status Checkpoint() override;
+  Ticket PullDense(const std::string& table, float* out, VersionVector* versions,
+                   PullOptions opts, Callback done) override;
+  Ticket PushDense(const std::string& table, const float* values, const VersionVector& base,
+                   PushReply* reply, PushOptions opts, Callback done) override;
+  Ticket PullSparse(const std::string& table, const uint64_t* keys, size_t n, float* out,
+                    VersionVector* versions, PullOptions opts, Callback done) override;
+  Ticket PushSparse(const std::string& table, const uint64_t* keys, size_t n,
+                    const float* values, const VersionVector& base, PushReply* reply,
+                    PushOptions opts, Callback done) override;
+
+ private:
+  std::shared_ptr<Ticket::State> NewCall(int parts, Callback done);
+  Header NewHeader(Op op, const std::string& table) const;
+  void Send(std::unique_ptr<Pending> p);
+  void OnReply(size_t shard, Frames&& frames);
+  void TimerLoop();
+  void Retry(std::unique_ptr<Pending> p, Clock::time_point now, const Status& why);
+  void Shutdown();
+  StatusOr<std::shared_ptr<const TableMeta>> Meta(const std::string& table);
+  void CacheMeta(const TableSpec& spec);
+  Status Broadcast(Op op, const Header& h);
+  Ticket Failed(const Status& st, Callback done);
+  void FillPushReply(PushReply* r, size_t shard, const Header& h);
+
+  PsClientOptions options_;
+  std::unique_ptr<ClientTransport> transport_;
+  std::vector<std::atomic<uint64_t>> seq_;  // per shard push sequence
+
+  std::mutex mu_;
+  RequestIdPool ids_;                                       // guarded by mu_
+  std::vector<std::unique_ptr<Pending>> slots_;             // guarded by mu_
+  using Deadline = std::pair<Clock::time_point, uint32_t>;  // (attempt deadline, id)
+  std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> deadlines_;  // mu_
+  std::vector<std::pair<Clock::time_point, std::unique_ptr<Pending>>> delayed_;      // mu_
+  bool stop_ = false;                                                                 // mu_
+  std::condition_variable timer_cv_;
+  std::thread timer_;
+
+  std::mutex meta_mu_;
+  std::map<std::string, std::shared_ptr<const TableMeta>> meta_;  // guarded by meta_mu_
+  std::mutex reply_mu_;  // serializes PushReply updates from different shards
+};
+
+Status PsClientImpl::Start() {
+  if (options_.shards.empty()) return InvalidArgument("PsClient needs at least one shard endpoint");
+  slots_.resize(ids_.capacity());
+  transport_ = NewClientTransport(options_.shards, options_.transport);
+  ONLINEPS_RETURN_IF_ERROR(transport_->Connect(
+      options_.shards, [this](size_t shard, Frames&& f) { OnReply(shard, std::move(f)); }));
+  timer_ = std::thread([this] { TimerLoop(); });
+  return Status::Ok();
+}
+
+void PsClientImpl::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  timer_cv_.notify_all();
+  if (timer_.joinable()) timer_.join();
+  if (transport_) transport_->Close();
+  std::vector<std::unique_ptr<Pending>> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& p : slots_) if (p) left.push_back(std::move(p));
+    for (auto& d : delayed_) left.push_back(std::move(d.second));
+    delayed_.clear();
+  }
+  for (auto& p : left) p->call->Complete(Status(StatusCode::kCancelled, "client shut down"));
+}
+
+std::shared_ptr<Ticket::State> PsClientImpl::NewCall(int parts, Callback done) {
+  auto s = std::make_shared<Ticket::State>();
+  s->remaining = parts;
+  s->callback = std::move(done);
+  return s;
+}
+
+Ticket PsClientImpl::Failed(const Status& st, Callback done) {
+  auto call = NewCall(1, std::move(done));
+  call->Complete(st);
+  return Ticket(call);
+}
+
+Header PsClientImpl::NewHeader(Op op, const std::string& table) const {
+  Header h;
+  h.op = op;
+  h.sender = options_.sender_id;
+  h.table = table;
+  return h;
+}
+
+void PsClientImpl::Send(std::unique_ptr<Pending> p) {
+  const auto now = Clock::now();
+  p->attempts++;
+  p->attempt_deadline = std::min(now + options_.attempt_timeout, p->call_deadline);
+  Frames frames;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) {
+      p->call->Complete(Status(StatusCode::kCancelled, "client shut down"));
+      return;
+    }
+    auto id = ids_.Acquire();
+    if (!id) {
+      p->call->Complete(ResourceExhausted("more than 65536 requests in flight"));
+      return;
+    }
+    p->header.request_id = *id;
+    frames.reserve(1 + p->payload.size());
+    frames.push_back(Frame::FromString(EncodeHeader(p->header)));
+    for (const Frame& f : p->payload) frames.push_back(f);
+    deadlines_.emplace(p->attempt_deadline, *id);
+    const size_t shard = p->shard;
+    slots_[*id & 0xffff] = std::move(p);
+    if (deadlines_.size() == 1) timer_cv_.notify_one();
+    Status st = transport_->Send(shard, std::move(frames));
+    if (!st.ok()) spdlog::debug("send to shard {} failed: {}", shard, st.ToString());
+  }
+}
+
+void PsClientImpl::OnReply(size_t shard, Frames&& frames) {
+  if (frames.empty()) return;
+  auto h = DecodeHeader(frames[0].data(), frames[0].size());
+  if (!h.ok()) {
+    spdlog::warn("undecodable reply from shard {}: {}", shard, h.status().ToString());
+    return;
+  }
+  std::unique_ptr<Pending> p;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto slot = ids_.SlotOf(h->request_id);
+    if (!slot || !slots_[*slot] || slots_[*slot]->shard != shard) return;  // late or foreign
+    p = std::move(slots_[*slot]);
+    ids_.Release(h->request_id);
+  }
+  Status st = ReplyStatus(*h);
+  if (st.code() == StatusCode::kUnavailable) return Retry(std::move(p), Clock::now(), st);
+  if (st.ok()) st = p->on_reply(*h, frames);
+  if (!st.ok()) st = st.WithContext(std::string(OpName(p->header.op)) + " on shard " +
+                                    std::to_string(shard));
+  p->call->Complete(st);
+}
+
+void PsClientImpl::Retry(std::unique_ptr<Pending> p, Clock::time_point now, const Status& why) {
+  if (now >= p->call_deadline) {
+    p->call->Complete(DeadlineExceeded(
+        std::string(OpName(p->header.op)) + " '" + p->header.table + "' on shard " +
+        std::to_string(p->shard) + " (" + options_.shards[p->shard] + ") got no answer in " +
+        std::to_string(options_.timeout.count()) + " ms after " + std::to_string(p->attempts) +
+        " attempt(s); last: " + why.message()));
+    return;
+  }
+  // A refused attempt (draining, in progress) waits a little; a lost one resends now.
+  auto when = why.code() == StatusCode::kUnavailable ? now + std::chrono::milliseconds(20) : now;
+  std::lock_guard<std::mutex> lock(mu_);
+  delayed_.emplace_back(when, std::move(p));
+  timer_cv_.notify_one();
+}
+
+void PsClientImpl::TimerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    auto wake = Clock::now() + std::chrono::milliseconds(50);
+    if (!deadlines_.empty()) wake = std::min(wake, deadlines_.top().first);
+    for (const auto& d : delayed_) wake = std::min(wake, d.first);
+    timer_cv_.wait_until(lock, wake);
+    const auto now = Clock::now();
+    std::vector<std::unique_ptr<Pending>> expired, due;
+    while (!deadlines_.empty() && deadlines_.top().first <= now) {
+      const uint32_t id = deadlines_.top().second;
+      deadlines_.pop();
+      auto slot = ids_.SlotOf(id);
+      if (!slot || !slots_[*slot]) continue;  // answered already
+      expired.push_back(std::move(slots_[*slot]));
+      ids_.Release(id);
+    }
+    for (size_t i = 0; i < delayed_.size();) {
+      if (delayed_[i].first <= now) {
+        due.push_back(std::move(delayed_[i].second));
+        delayed_[i] = std::move(delayed_.back());
+        delayed_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    lock.unlock();
+    for (auto& p : expired) Retry(std::move(p), now, DeadlineExceeded("attempt timed out"));
+    for (auto& p : due) Send(std::move(p));
+    lock.lock();
+  }
+}
+
+}  // namespace
+
+namespace {
+
+StatusOr<std::shared_ptr<const TableMeta>> PsClientImpl::Meta(const std::string& table) {
+  {
+    std::lock_guard<std::mutex> lock(meta_mu_);
+    auto it = meta_.find(table);
+    if (it != meta_.end()) return it->second;
+  }
+  auto spec = OpenTable(table);
+  if (!spec.ok()) return spec.status();
+  std::lock_guard<std::mutex> lock(meta_mu_);
+  return meta_.at(table);
+}
+
+void PsClientImpl::CacheMeta(const TableSpec& spec) {
+  auto m = std::make_shared<TableMeta>();
+  m->spec = spec;
+  if (spec.kind == TableKind::kDense) {
+    const uint32_t n = static_cast<uint32_t>(num_shards());
+    m->layout = std::make_unique<DenseLayout>(spec.name, spec.size(), n);
+    for (uint32_t s = 0; s < n; ++s) {
+      const auto& sl = m->layout->SlicesOf(s);
+      bool contiguous = true;
+      for (size_t i = 1; i < sl.size(); ++i) {
+        contiguous &= sl[i].offset == sl[i - 1].offset + sl[i - 1].length;
+      }
+      m->contiguous.push_back(contiguous);
+    }
+  }
+  std::lock_guard<std::mutex> lock(meta_mu_);
+  meta_[spec.name] = std::move(m);
+}
+
+Status PsClientImpl::Broadcast(Op op, const Header& h) {
+  auto call = NewCall(static_cast<int>(num_shards()), nullptr);
+  for (size_t s = 0; s < num_shards(); ++s) {
+    auto p = std::make_unique<Pending>();
+    p->call = call;
+    p->shard = s;
+    p->header = h;
+    p->header.op = op;
+    p->call_deadline = Clock::now() + options_.timeout;
+    p->on_reply = [](const Header&, const Frames&) { return Status::Ok(); };
+    Send(std::move(p));
+  }
+  return Ticket(call).Wait();
+}
+
+Status PsClientImpl::CreateTable(const TableSpec& spec) {
+  Header h = NewHeader(Op::kCreateTable, spec.name);
+  h.spec = EncodeSpec(spec);
+  auto decoded = DecodeSpec(h.spec);  // validate locally first: a clearer error, no traffic
+  if (!decoded.ok()) return decoded.status();
+  ONLINEPS_RETURN_IF_ERROR(Broadcast(Op::kCreateTable, h));
+  CacheMeta(*decoded);
+  return Status::Ok();
+}
+
+StatusOr<TableSpec> PsClientImpl::OpenTable(const std::string& name) {
+  auto call = NewCall(1, nullptr);
+  auto spec_map = std::make_shared<std::map<std::string, std::string>>();
+  auto p = std::make_unique<Pending>();
+  p->call = call;
+  p->header = NewHeader(Op::kTableInfo, name);
+  p->call_deadline = Clock::now() + options_.timeout;
+  p->on_reply = [spec_map](const Header& h, const Frames&) {
+    for (const auto& [k, v] : h.spec) {
+      if (k.rfind("stat.", 0) != 0) (*spec_map)[k] = v;
+    }
+    return Status::Ok();
+  };
+  Send(std::move(p));
+  ONLINEPS_RETURN_IF_ERROR(Ticket(call).Wait());
+  auto spec = DecodeSpec(*spec_map);
+  if (!spec.ok()) return spec.status();
+  CacheMeta(*spec);
+  return spec;
+}
+
+Status PsClientImpl::WaitForShards(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  Status last;
+  while (Clock::now() < deadline) {
+    last = Broadcast(Op::kPing, NewHeader(Op::kPing, ""));
+    if (last.ok()) return last;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return last.ok() ? DeadlineExceeded("shards did not answer") : last;
+}
+
+Status PsClientImpl::Checkpoint() { return Broadcast(Op::kCheckpoint, NewHeader(Op::kCheckpoint, "")); }
+
+void PsClientImpl::FillPushReply(PushReply* r, size_t shard, const Header& h) {
+  if (r == nullptr) return;
+  std::lock_guard<std::mutex> lock(reply_mu_);
+  r->versions[shard] = h.version;
+  r->taus[shard] = h.tau;
+  r->max_tau = std::max(r->max_tau, h.tau);
+  r->max_version = std::max(r->max_version, h.version);
+  r->queued |= h.queued;
+  r->duplicate |= h.message.rfind("duplicate", 0) == 0;
+}
+
+Ticket PsClientImpl::PullDense(const std::string& table, float* out, VersionVector* versions,
+                               PullOptions opts, Callback done) {
+  auto meta = Meta(table);
+  if (!meta.ok()) return Failed(meta.status(), std::move(done));
+  if ((*meta)->spec.kind != TableKind::kDense) {
+    return Failed(InvalidArgument("table '" + table + "' is sparse"), std::move(done));
+  }
+  if (versions) versions->assign(num_shards(), 0);
+  const uint32_t n = static_cast<uint32_t>(num_shards());
+  auto call = NewCall(static_cast<int>(n), std::move(done));
+  for (uint32_t s = 0; s < n; ++s) {
+    auto p = std::make_unique<Pending>();
+    p->call = call;
+    p->shard = s;
+    p->header = NewHeader(Op::kPullDense, table);
+    p->header.flags = (opts.averaged ? kFlagAveraged : 0) | (opts.record_backup ? 0 : kFlagNoBackup);
+    p->call_deadline = Clock::now() + options_.timeout;
+    std::shared_ptr<const TableMeta> m = *meta;
+    p->on_reply = [m, s, out, versions](const Header& h, const Frames& f) -> Status {
+      const uint64_t want = m->layout->ElemsOf(s);
+      if (f.size() < 2 || f[1].CountOf<float>() != static_cast<int64_t>(want)) {
+        return ShapeMismatch("expected " + std::to_string(want) + " floats in the reply");
+      }
+      const float* src = f[1].As<float>();
+      for (const DenseSlice& sl : m->layout->SlicesOf(s)) {
+        std::memcpy(out + sl.offset, src, sl.length * sizeof(float));
+        src += sl.length;
+      }
+      if (versions) (*versions)[s] = h.version;
+      return Status::Ok();
+    };
+    Send(std::move(p));
+  }
+  return Ticket(call);
+}
+
+Ticket PsClientImpl::PushDense(const std::string& table, const float* values,
+                               const VersionVector& base, PushReply* reply, PushOptions opts,
+                               Callback done) {
+  auto meta = Meta(table);
+  if (!meta.ok()) return Failed(meta.status(), std::move(done));
+  const auto& m = **meta;
+  if (m.spec.kind != TableKind::kDense) {
+    return Failed(InvalidArgument("table '" + table + "' is sparse"), std::move(done));
+  }
+  const uint32_t n = static_cast<uint32_t>(num_shards());
+  if (reply) *reply = PushReply{std::vector<uint64_t>(n), std::vector<uint64_t>(n)};
+  auto call = NewCall(static_cast<int>(n), std::move(done));
+  for (uint32_t s = 0; s < n; ++s) {
+    auto p = std::make_unique<Pending>();
+    p->call = call;
+    p->shard = s;
+    p->header = NewHeader(Op::kPushDense, table);
+    p->header.seq = ++seq_[s];
+    p->header.base_version = s < base.size() ? base[s] : 0;
+    p->header.flags = opts.delta ? kFlagDelta : 0;
+    p->header.shape = {m.layout->ElemsOf(s)};
+    const auto& slices = m.layout->SlicesOf(s);
+    if (slices.empty()) {
+      p->payload.push_back(Frame());
+    } else if (m.contiguous[s]) {  // zero copy: the shard's part is one range
+      p->payload.push_back(
+          Borrow(values + slices[0].offset, m.layout->ElemsOf(s) * sizeof(float)));
+    } else {
+      std::vector<float> gathered;
+      gathered.reserve(m.layout->ElemsOf(s));
+      for (const DenseSlice& sl : slices) {
+        gathered.insert(gathered.end(), values + sl.offset, values + sl.offset + sl.length);
+      }
+      p->payload.push_back(Frame::FromVector(std::move(gathered)));
+    }
+    p->call_deadline = Clock::now() + options_.timeout;
+    p->on_reply = [this, reply, s](const Header& h, const Frames&) {
+      FillPushReply(reply, s, h);
+      return Status::Ok();
+    };
+    Send(std::move(p));
+  }
+  return Ticket(call);
+}
+
+}  // namespace
+
+namespace {
+
+// Keys of one call grouped by shard, remembering each key's position in the call.
+struct ShardGroups {
+  std::vector<std::vector<uint64_t>> keys;
+  std::vector<std::vector<uint32_t>> pos;
+};
+
+ShardGroups GroupKeys(const uint64_t* keys, size_t n, uint32_t shards) {
+  ShardGroups g;
+  g.keys.resize(shards);
+  g.pos.resize(shards);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t s = ShardOfKey(keys[i], shards);
+    g.keys[s].push_back(keys[i]);
+    g.pos[s].push_back(static_cast<uint32_t>(i));
+  }
+  return g;
+}
+
+StatusOr<uint32_t> SparseDim(StatusOr<std::shared_ptr<const TableMeta>>& meta,
+                             const std::string& table) {
+  if (!meta.ok()) return meta.status();
+  if ((*meta)->spec.kind != TableKind::kSparse) {
+    return InvalidArgument("table '" + table + "' is dense");
+  }
+  return (*meta)->spec.dim;
+}
+
+Ticket PsClientImpl::PullSparse(const std::string& table, const uint64_t* keys, size_t n,
+                                float* out, VersionVector* versions, PullOptions opts,
+                                Callback done) {
+  auto meta = Meta(table);
+  auto dim = SparseDim(meta, table);
+  if (!dim.ok()) return Failed(dim.status(), std::move(done));
+  const uint32_t shards = static_cast<uint32_t>(num_shards());
+  if (versions) versions->assign(shards, 0);
+  auto groups = std::make_shared<ShardGroups>(GroupKeys(keys, n, shards));
+  int parts = 0;
+  for (const auto& k : groups->keys) parts += !k.empty();
+  if (parts == 0) return Failed(Status::Ok(), std::move(done));
+  auto call = NewCall(parts, std::move(done));
+  const uint32_t d = *dim;
+  for (uint32_t s = 0; s < shards; ++s) {
+    if (groups->keys[s].empty()) continue;
+    auto p = std::make_unique<Pending>();
+    p->call = call;
+    p->shard = s;
+    p->header = NewHeader(Op::kPullSparse, table);
+    p->header.flags = (opts.averaged ? kFlagAveraged : 0) | (opts.record_backup ? 0 : kFlagNoBackup);
+    p->header.shape = {groups->keys[s].size()};
+    p->payload.push_back(shards == 1 ? Borrow(keys, n * sizeof(uint64_t))
+                                     : Frame::FromVector(groups->keys[s]));
+    p->call_deadline = Clock::now() + options_.timeout;
+    p->on_reply = [groups, s, d, out, versions](const Header& h, const Frames& f) -> Status {
+      const auto& pos = groups->pos[s];
+      if (f.size() < 2 || f[1].CountOf<float>() != static_cast<int64_t>(pos.size() * d)) {
+        return ShapeMismatch("expected " + std::to_string(pos.size() * d) + " floats in the reply");
+      }
+      const float* src = f[1].As<float>();
+      for (size_t i = 0; i < pos.size(); ++i) {
+        std::memcpy(out + size_t{pos[i]} * d, src + i * d, d * sizeof(float));
+      }
+      if (versions) (*versions)[s] = h.version;
+      return Status::Ok();
+    };
+    Send(std::move(p));
+  }
+  return Ticket(call);
+}
+
+Ticket PsClientImpl::PushSparse(const std::string& table, const uint64_t* keys, size_t n,
+                                const float* values, const VersionVector& base,
+                                PushReply* reply, PushOptions opts, Callback done) {
+  auto meta = Meta(table);
+  auto dim = SparseDim(meta, table);
+  if (!dim.ok()) return Failed(dim.status(), std::move(done));
+  const uint32_t shards = static_cast<uint32_t>(num_shards());
+  if (reply) *reply = PushReply{std::vector<uint64_t>(shards), std::vector<uint64_t>(shards)};
+  ShardGroups groups = GroupKeys(keys, n, shards);
+  int parts = 0;
+  for (const auto& k : groups.keys) parts += !k.empty();
+  if (parts == 0) return Failed(Status::Ok(), std::move(done));
+  auto call = NewCall(parts, std::move(done));
+  const uint32_t d = *dim;
+  for (uint32_t s = 0; s < shards; ++s) {
+    if (groups.keys[s].empty()) continue;
+    auto p = std::make_unique<Pending>();
+    p->call = call;
+    p->shard = s;
+    p->header = NewHeader(Op::kPushSparse, table);
+    p->header.seq = ++seq_[s];
+    p->header.base_version = s < base.size() ? base[s] : 0;
+    p->header.flags = opts.delta ? kFlagDelta : 0;
+    p->header.shape = {groups.keys[s].size(), d};
+    if (shards == 1) {  // zero copy: the caller's arrays are the whole message
+      p->payload.push_back(Borrow(keys, n * sizeof(uint64_t)));
+      p->payload.push_back(Borrow(values, n * d * sizeof(float)));
+    } else {
+      std::vector<float> vals(groups.pos[s].size() * d);
+      for (size_t i = 0; i < groups.pos[s].size(); ++i) {
+        std::memcpy(vals.data() + i * d, values + size_t{groups.pos[s][i]} * d, d * sizeof(float));
+      }
+      p->payload.push_back(Frame::FromVector(std::move(groups.keys[s])));
+      p->payload.push_back(Frame::FromVector(std::move(vals)));
+    }
+    p->call_deadline = Clock::now() + options_.timeout;
+    p->on_reply = [this, reply, s](const Header& h, const Frames&) {
+      FillPushReply(reply, s, h);
+      return Status::Ok();
+    };
+    Send(std::move(p));
+  }
+  return Ticket(call);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(PsClientOptions options) {
+  auto client = std::make_unique<PsClientImpl>(std::move(options));
+  ONLINEPS_RETURN_IF_ERROR(client->Start());
+  return std::unique_ptr<PsClient>(std::move(client));
+}
+
+}  // namespace onlineps::ps

@@ -1,0 +1,102 @@
+// PsClient: the parameter-server client library used by workers. Pulls and pushes are
+// split per shard (sparse keys by hash, dense tensors by slice), sent to all shards in
+// parallel, and complete as one Ticket. Every call has a deadline; lost or refused
+// attempts are retried, and pushes keep their (sender, seq) across retries so a shard
+// applies each push exactly once. Thread-safe; calls may be issued from any thread.
+#ifndef ONLINEPS_PS_PS_CLIENT_H_
+#define ONLINEPS_PS_PS_CLIENT_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/transport.h"
+#include "ps/table_spec.h"
+
+namespace onlineps::ps {
+
+struct PsClientOptions {
+  std::vector<std::string> shards;  // endpoint of shard i at index i
+  uint64_t sender_id = 0;           // 0: a random 64-bit id
+  std::chrono::milliseconds timeout{5000};          // whole call, all attempts
+  std::chrono::milliseconds attempt_timeout{1000};  // one attempt before it is resent
+  TransportOptions transport;
+};
+
+// Table version per shard, as returned by a pull and carried by the next push.
+using VersionVector = std::vector<uint64_t>;
+
+struct PushReply {
+  std::vector<uint64_t> versions;  // per shard touched (0 for shards not touched)
+  std::vector<uint64_t> taus;
+  uint64_t max_tau = 0;
+  uint64_t max_version = 0;
+  bool queued = false;    // some shard accumulated the push without applying it yet
+  bool duplicate = false; // some shard had already applied it (a retry)
+};
+
+struct PullOptions {
+  bool averaged = false;       // read the Polyak-averaged copy
+  bool record_backup = true;   // let DC-ASGD tables remember what this client read
+};
+
+struct PushOptions {
+  bool delta = false;  // values are parameter deltas, not gradients
+};
+
+// The completion of an asynchronous call. Copyable; all copies share the result.
+class Ticket {
+ public:
+  struct State;
+  Ticket() = default;
+  explicit Ticket(std::shared_ptr<State> s) : state_(std::move(s)) {}
+  // Blocks until the call completed (success, error or deadline). Idempotent.
+  Status Wait() const;
+  bool Ready() const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+class PsClient {
+ public:
+  using Callback = std::function<void(const Status&)>;
+
+  static StatusOr<std::unique_ptr<PsClient>> Connect(PsClientOptions options);
+  virtual ~PsClient() = default;
+
+  virtual uint64_t sender_id() const = 0;
+  virtual size_t num_shards() const = 0;
+
+  // Creates the table on every shard (idempotent for an equal spec).
+  virtual Status CreateTable(const TableSpec& spec) = 0;
+  // Learns the spec of a table created elsewhere (needed before dense calls).
+  virtual StatusOr<TableSpec> OpenTable(const std::string& name) = 0;
+  // Waits until every shard answers a ping, or the timeout passes.
+  virtual Status WaitForShards(std::chrono::milliseconds timeout) = 0;
+  // Asks every shard to write a checkpoint now.
+  virtual Status Checkpoint() = 0;
+
+  // REQUIRES for all calls below: the buffers stay valid until the Ticket completes.
+  // `out` has spec.size() floats (dense) or n * dim floats (sparse); `versions` and
+  // `reply` may be null. `done` (optional) runs on a client thread when complete.
+  virtual Ticket PullDense(const std::string& table, float* out, VersionVector* versions,
+                           PullOptions opts = {}, Callback done = nullptr) = 0;
+  virtual Ticket PushDense(const std::string& table, const float* values,
+                           const VersionVector& base, PushReply* reply, PushOptions opts = {},
+                           Callback done = nullptr) = 0;
+  virtual Ticket PullSparse(const std::string& table, const uint64_t* keys, size_t n, float* out,
+                            VersionVector* versions, PullOptions opts = {},
+                            Callback done = nullptr) = 0;
+  virtual Ticket PushSparse(const std::string& table, const uint64_t* keys, size_t n,
+                            const float* values, const VersionVector& base, PushReply* reply,
+                            PushOptions opts = {}, Callback done = nullptr) = 0;
+};
+
+}  // namespace onlineps::ps
+
+#endif  // ONLINEPS_PS_PS_CLIENT_H_

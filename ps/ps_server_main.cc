@@ -1,0 +1,101 @@
+// onlineps_ps: one parameter-server shard. Flags, ONLINEPS_* env vars and --config are
+// documented in docs/operations.md; `onlineps_ps --help` lists them.
+#include <spdlog/spdlog.h>
+
+#include <iostream>
+
+#include "common/admin_server.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "common/signals.h"
+#include "ps/shard_server.h"
+
+namespace {
+
+void AddFlags(CLI::App& app, onlineps::ps::ShardServerOptions* o, std::string* admin_host,
+              int* admin_port, size_t* max_message_mb) {
+  app.add_option("--shard-index", o->shard, "Index of this shard, 0 <= index < num-shards")
+      ->capture_default_str();
+  app.add_option("--num-shards", o->num_shards, "Number of shards in the cluster")
+      ->check(CLI::Range(1u, 65535u))
+      ->capture_default_str();
+  app.add_option("--listen", o->listen,
+                 "ZeroMQ endpoint to bind (tcp://HOST:PORT, port 0 = any free port)")
+      ->capture_default_str();
+  app.add_option("--handler-threads", o->handler_threads, "Threads applying requests")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--max-message-mb", *max_message_mb,
+                 "Largest request accepted, in MiB (larger ones get TOO_LARGE)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--checkpoint-dir", o->checkpoint_dir,
+                 "Directory for checkpoints (empty: none); restored at start")
+      ->capture_default_str();
+  app.add_option("--checkpoint-interval-s", o->checkpoint_interval_s,
+                 "Seconds between periodic checkpoints (0: only on demand and at shutdown)")
+      ->capture_default_str();
+  app.add_flag("!--no-restore", o->restore, "Ignore an existing checkpoint at start");
+  app.add_option("--max-senders", o->max_senders,
+                 "Clients whose exactly-once window is kept (LRU beyond)")
+      ->capture_default_str();
+  app.add_option("--admin-host", *admin_host, "Address of the admin HTTP port")
+      ->capture_default_str();
+  app.add_option("--admin-port", *admin_port,
+                 "Admin HTTP port for /metrics, /healthz, /readyz (0: any free port, -1: off)")
+      ->capture_default_str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  onlineps::BlockShutdownSignals();
+  onlineps::ps::ShardServerOptions options;
+  onlineps::LogOptions log;
+  log.component = "ps";
+  std::string admin_host = "127.0.0.1";
+  int admin_port = 9100;
+  size_t max_message_mb = options.max_message_bytes >> 20;
+  CLI::App app("onlineps parameter-server shard");
+  AddFlags(app, &options, &admin_host, &admin_port, &max_message_mb);
+  onlineps::AddLoggingFlags(app, &log);
+  auto parsed = onlineps::ParseFlags(app, argc, argv);
+  if (!parsed.ok()) {
+    std::cerr << "onlineps_ps: " << parsed.status().message() << "\n";
+    return 2;
+  }
+  if (parsed->exit_now) return 0;
+  if (auto st = onlineps::InitLogging(log); !st.ok()) {
+    std::cerr << "onlineps_ps: " << st.message() << "\n";
+    return 2;
+  }
+  options.max_message_bytes = max_message_mb << 20;
+  spdlog::info("effective config:\n{}", onlineps::EffectiveConfig(app));
+
+  auto admin = std::make_unique<onlineps::AdminServer>();
+  onlineps::ps::ShardServer server(options, admin->registry());
+  admin->SetReadyCheck([&server]() -> onlineps::Status {
+    if (server.ready()) return onlineps::Status::Ok();
+    return onlineps::Unavailable("shard is starting, restoring or draining");
+  });
+  if (admin_port >= 0) {
+    auto port = admin->Start(admin_host, admin_port);
+    if (!port.ok()) {
+      spdlog::error("admin port: {}", port.status().ToString());
+      return 1;
+    }
+    spdlog::info("admin endpoints on http://{}:{}/metrics", admin_host, *port);
+  }
+  auto endpoint = server.Start();
+  if (!endpoint.ok()) {
+    spdlog::error("cannot start shard: {}", endpoint.status().ToString());
+    return 1;
+  }
+  // Machine-readable line for launchers and tests that bind port 0.
+  std::cout << "LISTENING " << *endpoint << std::endl;
+  int sig = onlineps::WaitForShutdownSignal();
+  spdlog::info("signal {}: draining", sig);
+  server.Stop();
+  admin->Stop();
+  return 0;
+}

@@ -1,0 +1,64 @@
+// RuleSet: a table's optimizer and staleness policy applied together to one segment
+// of parameters, plus the shared helpers every table kind needs (finite check,
+// bounded-staleness check, deterministic initializer). Immutable; thread-safe.
+#ifndef ONLINEPS_PS_RULE_SET_H_
+#define ONLINEPS_PS_RULE_SET_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "ps/table_spec.h"
+#include "ps/update_rule.h"
+
+namespace onlineps::ps {
+
+class RuleSet {
+ public:
+  static StatusOr<RuleSet> Create(const TableSpec& spec);
+
+  int optimizer_slots() const { return optimizer_->state_slots(); }
+  int policy_slots() const { return policy_->state_slots(); }
+  bool needs_backup() const { return policy_->NeedsBackup(); }
+  const Optimizer& optimizer() const { return *optimizer_; }
+  const StalenessPolicy& policy() const { return *policy_; }
+  float InitialState(int slot) const { return optimizer_->InitialState(slot); }
+
+  // Applies gradient g (n floats) to w. opt_state/pol_state: per-slot pointers.
+  // w_bak: the pusher's backup or nullptr (no compensation). scratch: caller-owned
+  // buffer reused across calls (DC-ASGD rewrites a copy of g, never the input).
+  void Apply(float* w, float* const* opt_state, float* const* pol_state, const float* g,
+             const float* w_bak, size_t n, float lr_scale, uint64_t step,
+             std::vector<float>* scratch) const;
+
+  // Rewrites g (a private copy) with the DC-ASGD compensation, if the policy has one.
+  void Compensate(float* g, const float* w, const float* w_bak, float* const* pol_state,
+                  size_t n) const;
+
+  // Refuses a push of staleness tau in reject mode (kStale, naming both numbers).
+  Status CheckBound(const std::string& table, uint64_t tau) const;
+
+ private:
+  RuleSet() = default;
+  std::shared_ptr<const Optimizer> optimizer_;
+  std::shared_ptr<const StalenessPolicy> policy_;
+  int64_t max_staleness_ = -1;
+  BoundMode bound_mode_ = BoundMode::kReject;
+};
+
+// True when every value is finite. Vectorizable (no early exit).
+bool AllFinite(const float* v, size_t n);
+
+// Writes n initial values of the table's initializer for element `index` onwards
+// (dense: flattened element index; sparse: row id, column 0..n-1). Deterministic:
+// depends only on (spec.name, spec.seed, init, index), so every shard and replica
+// computes the same values.
+void InitValues(const TableSpec& spec, uint64_t index, float* out, size_t n, bool sparse_row);
+
+// w_avg += (w - w_avg) / max(1, t - t0): one Polyak-Ruppert averaging step.
+void PolyakStep(float* w_avg, const float* w, size_t n, uint64_t t, uint64_t t0);
+
+}  // namespace onlineps::ps
+
+#endif  // ONLINEPS_PS_RULE_SET_H_

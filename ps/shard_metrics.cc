@@ -1,0 +1,117 @@
+#include "ps/shard_metrics.h"
+
+namespace onlineps::ps {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+
+ShardServer::Metrics::Metrics(prometheus::Registry& r)
+    : requests_(BuildCounter()
+                    .Name("onlineps_ps_requests_total")
+                    .Help("Requests handled by this shard, by op and result code")
+                    .Register(r)),
+      duration_family_(BuildHistogram()
+                           .Name("onlineps_ps_request_duration_seconds")
+                           .Help("Time from decoding a request to queuing its reply")
+                           .Register(r)),
+      staleness_(BuildHistogram()
+                     .Name("onlineps_ps_push_staleness")
+                     .Help("Staleness tau = table version at apply - base version, per push")
+                     .Register(r)
+                     .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64,
+                                                                      128, 256, 1024})),
+      duplicates_(BuildCounter()
+                      .Name("onlineps_ps_duplicate_pushes_total")
+                      .Help("Retried pushes recognised by (sender, seq) and not applied again")
+                      .Register(r)
+                      .Add({})),
+      checkpoints_(BuildCounter()
+                       .Name("onlineps_ps_checkpoints_total")
+                       .Help("Checkpoints written, by result")
+                       .Register(r)),
+      checkpoint_seconds_(BuildGauge()
+                              .Name("onlineps_ps_last_checkpoint_duration_seconds")
+                              .Help("Duration of the last successful checkpoint")
+                              .Register(r)
+                              .Add({})),
+      checkpoint_bytes_(BuildGauge()
+                            .Name("onlineps_ps_last_checkpoint_bytes")
+                            .Help("Size of the last successful checkpoint")
+                            .Register(r)
+                            .Add({})),
+      held_(BuildGauge()
+                .Name("onlineps_ps_held_replies")
+                .Help("Block-mode push replies waiting for slower workers")
+                .Register(r)
+                .Add({})),
+      dedup_senders_(BuildGauge()
+                         .Name("onlineps_ps_dedup_senders")
+                         .Help("Senders whose exactly-once window is kept")
+                         .Register(r)
+                         .Add({})),
+      ready_(BuildGauge()
+                 .Name("onlineps_ps_ready")
+                 .Help("1 when the shard has restored its checkpoint and is serving")
+                 .Register(r)
+                 .Add({})),
+      table_version_(BuildGauge()
+                         .Name("onlineps_ps_table_version")
+                         .Help("Updates applied to the table on this shard")
+                         .Register(r)),
+      table_rows_(BuildGauge()
+                      .Name("onlineps_ps_table_rows")
+                      .Help("Sparse rows held on this shard")
+                      .Register(r)),
+      table_memory_(BuildGauge()
+                        .Name("onlineps_ps_table_memory_bytes")
+                        .Help("Approximate bytes of parameters and state on this shard")
+                        .Register(r)),
+      backup_misses_(BuildGauge()
+                         .Name("onlineps_ps_dc_backup_misses")
+                         .Help("DC-ASGD pushes applied without compensation (no backup)")
+                         .Register(r)) {
+  for (size_t op = 0; op < kOps; ++op) {
+    durations_[op] = &duration_family_.Add(
+        {{"op", std::string(OpName(static_cast<Op>(op)))}},
+        prometheus::Histogram::BucketBoundaries{1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2,
+                                                0.1, 0.3, 1});
+  }
+}
+
+void ShardServer::Metrics::CountRequest(Op op, StatusCode code) {
+  const size_t o = static_cast<size_t>(op), c = static_cast<size_t>(code);
+  if (o >= kOps || c >= kCodes) return;
+  prometheus::Counter* counter = counters_[o][c].load(std::memory_order_acquire);
+  if (counter == nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    counter = &requests_.Add({{"op", std::string(OpName(op))},
+                              {"code", std::string(StatusCodeName(code))}});
+    counters_[o][c].store(counter, std::memory_order_release);
+  }
+  counter->Increment();
+}
+
+void ShardServer::Metrics::ObserveDuration(Op op, double seconds) {
+  const size_t o = static_cast<size_t>(op);
+  if (o < kOps) durations_[o]->Observe(seconds);
+}
+
+void ShardServer::Metrics::CountCheckpoint(bool ok, double seconds, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  checkpoints_.Add({{"result", ok ? "ok" : "error"}}).Increment();
+  if (ok) {
+    checkpoint_seconds_.Set(seconds);
+    checkpoint_bytes_.Set(static_cast<double>(bytes));
+  }
+}
+
+void ShardServer::Metrics::UpdateTable(const std::string& name, const TableStats& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  table_version_.Add({{"table", name}}).Set(static_cast<double>(s.version));
+  table_rows_.Add({{"table", name}}).Set(static_cast<double>(s.rows));
+  table_memory_.Add({{"table", name}}).Set(static_cast<double>(s.memory_bytes));
+  backup_misses_.Add({{"table", name}}).Set(static_cast<double>(s.backup_misses));
+}
+
+}  // namespace onlineps::ps

@@ -1,0 +1,64 @@
+// Prometheus metrics of a shard (names in docs/protocol.md#metrics). Counters for each
+// (op, code) are created on first use and cached, so the hot path takes no lock after
+// warm-up. Thread-safe.
+#ifndef ONLINEPS_PS_SHARD_METRICS_H_
+#define ONLINEPS_PS_SHARD_METRICS_H_
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <array>
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/status.h"
+#include "common/wire.h"
+#include "ps/shard_server.h"
+#include "ps/table.h"
+
+namespace onlineps::ps {
+
+class ShardServer::Metrics {
+ public:
+  explicit Metrics(prometheus::Registry& registry);
+
+  void CountRequest(Op op, StatusCode code);
+  void ObserveDuration(Op op, double seconds);
+  void ObserveStaleness(uint64_t tau) { staleness_.Observe(static_cast<double>(tau)); }
+  void CountDuplicate() { duplicates_.Increment(); }
+  void CountCheckpoint(bool ok, double seconds, uint64_t bytes);
+  void SetHeld(size_t n) { held_.Set(static_cast<double>(n)); }
+  void SetDedupSenders(size_t n) { dedup_senders_.Set(static_cast<double>(n)); }
+  void SetReady(bool ready) { ready_.Set(ready ? 1 : 0); }
+  void UpdateTable(const std::string& name, const TableStats& s);
+
+ private:
+  static constexpr size_t kOps = 9, kCodes = 18;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& duration_family_;
+  prometheus::Histogram& staleness_;
+  prometheus::Counter& duplicates_;
+  prometheus::Family<prometheus::Counter>& checkpoints_;
+  prometheus::Gauge& checkpoint_seconds_;
+  prometheus::Gauge& checkpoint_bytes_;
+  prometheus::Gauge& held_;
+  prometheus::Gauge& dedup_senders_;
+  prometheus::Gauge& ready_;
+  prometheus::Family<prometheus::Gauge>& table_version_;
+  prometheus::Family<prometheus::Gauge>& table_rows_;
+  prometheus::Family<prometheus::Gauge>& table_memory_;
+  prometheus::Family<prometheus::Gauge>& backup_misses_;
+  std::array<prometheus::Histogram*, kOps> durations_{};
+  std::array<std::array<std::atomic<prometheus::Counter*>, kCodes>, kOps> counters_{};
+  std::mutex mu_;  // creation of new series
+};
+
+}  // namespace onlineps::ps
+
+#endif  // ONLINEPS_PS_SHARD_METRICS_H_

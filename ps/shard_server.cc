@@ -1,0 +1,416 @@
+#include "ps/shard_server.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "common/clock.h"
+#include "ps/checkpoint.h"
+#include "ps/shard_metrics.h"
+
+namespace onlineps::ps {
+
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Validates a float payload frame and returns its element count.
+StatusOr<size_t> FloatCount(const Frames& frames, size_t index, const char* what) {
+  if (frames.size() <= index) return Malformed(std::string("missing ") + what + " frame");
+  int64_t n = frames[index].CountOf<float>();
+  if (n < 0) {
+    return Malformed(std::string(what) + " frame of " + std::to_string(frames[index].size()) +
+                     " bytes is not a whole number of float32 values");
+  }
+  return static_cast<size_t>(n);
+}
+
+StatusOr<size_t> KeyCount(const Frames& frames) {
+  if (frames.size() < 2) return Malformed("missing keys frame");
+  int64_t n = frames[1].CountOf<uint64_t>();
+  if (n < 0) {
+    return Malformed("keys frame of " + std::to_string(frames[1].size()) +
+                     " bytes is not a whole number of uint64 keys");
+  }
+  return static_cast<size_t>(n);
+}
+
+}  // namespace
+
+ShardServer::ShardServer(ShardServerOptions options,
+                         std::shared_ptr<prometheus::Registry> registry)
+    : options_(std::move(options)),
+      registry_(std::move(registry)),
+      metrics_(std::make_unique<Metrics>(*registry_)),
+      dedup_(options_.max_senders),
+      tables_(std::make_shared<const TableMap>()) {}
+
+ShardServer::~ShardServer() { Stop(); }
+
+std::string ShardServer::checkpoint_path() const {
+  if (options_.checkpoint_dir.empty()) return "";
+  return options_.checkpoint_dir + "/shard-" + std::to_string(options_.shard) + "-of-" +
+         std::to_string(options_.num_shards) + ".ckpt";
+}
+
+std::shared_ptr<const ShardServer::TableMap> ShardServer::tables() const {
+  return std::atomic_load(&tables_);
+}
+
+std::shared_ptr<Table> ShardServer::FindTable(const std::string& name) const {
+  auto snapshot = tables();
+  auto it = snapshot->find(name);
+  return it == snapshot->end() ? nullptr : it->second;
+}
+
+StatusOr<std::string> ShardServer::Start() {
+  if (options_.shard >= options_.num_shards) {
+    return InvalidArgument("shard index " + std::to_string(options_.shard) +
+                           " must be below the shard count " +
+                           std::to_string(options_.num_shards));
+  }
+  const std::string path = checkpoint_path();
+  if (!path.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options_.checkpoint_dir, ec);
+    if (ec) return Unavailable("cannot create " + options_.checkpoint_dir + ": " + ec.message());
+  }
+  if (!path.empty() && options_.restore && std::filesystem::exists(path)) {
+    auto restored = ReadCheckpoint(path, {options_.shard, options_.num_shards}, &dedup_);
+    if (!restored.ok()) return restored.status();
+    spdlog::info("restored {} table(s) from {}", restored->size(), path);
+    std::atomic_store(&tables_, std::shared_ptr<const TableMap>(
+                                    std::make_shared<TableMap>(std::move(restored).value())));
+  }
+  TransportOptions topts;
+  topts.handler_threads = options_.handler_threads;
+  topts.max_message_bytes = options_.max_message_bytes * 2;
+  transport_ = NewServerTransport(options_.listen, topts);
+  auto bound = transport_->Start(options_.listen, [this](Incoming&& in) { Handle(std::move(in)); });
+  if (!bound.ok()) return bound.status();
+  {
+    std::lock_guard<std::mutex> lock(maint_mu_);
+    started_ = true;
+  }
+  maintenance_ = std::thread([this] { MaintenanceLoop(); });
+  ready_ = true;
+  metrics_->SetReady(true);
+  spdlog::info("shard {}/{} serving on {}", options_.shard, options_.num_shards, *bound);
+  return bound;
+}
+
+void ShardServer::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(maint_mu_);
+    if (!started_ || stopping_.exchange(true)) return;
+  }
+  ready_ = false;
+  metrics_->SetReady(false);
+  maint_cv_.notify_all();
+  if (maintenance_.joinable()) maintenance_.join();
+  ReleaseHeld(/*all=*/true);
+  transport_->Stop();  // handles what is queued, then flushes replies
+  if (!options_.checkpoint_dir.empty()) {
+    auto st = Checkpoint();
+    if (!st.ok()) spdlog::error("final checkpoint failed: {}", st.status().ToString());
+  }
+  spdlog::info("shard {}/{} stopped", options_.shard, options_.num_shards);
+}
+
+StatusOr<std::string> ShardServer::Checkpoint() {
+  const std::string path = checkpoint_path();
+  if (path.empty()) return FailedPrecondition("no checkpoint directory configured");
+  std::lock_guard<std::mutex> lock(ckpt_mu_);
+  auto t0 = std::chrono::steady_clock::now();
+  auto bytes = WriteCheckpoint(path, {options_.shard, options_.num_shards}, *tables(), dedup_);
+  metrics_->CountCheckpoint(bytes.ok(), SecondsSince(t0), bytes.ok() ? *bytes : 0);
+  if (!bytes.ok()) return bytes.status();
+  spdlog::info("checkpoint {} ({} bytes, {:.3f} s)", path, *bytes, SecondsSince(t0));
+  return path;
+}
+
+void ShardServer::Handle(Incoming&& in) {
+  auto t0 = std::chrono::steady_clock::now();
+  Header reply;
+  Frames payload;
+  bool held = false;
+  size_t bytes = 0;
+  for (const Frame& f : in.frames) bytes += f.size();
+  Status st;
+  Header req;
+  if (in.frames.empty()) {
+    st = Malformed("empty message");
+  } else if (bytes > options_.max_message_bytes) {
+    st = Status(StatusCode::kTooLarge, "message of " + std::to_string(bytes) +
+                                           " bytes exceeds the limit of " +
+                                           std::to_string(options_.max_message_bytes));
+  } else {
+    auto decoded = DecodeHeader(in.frames[0].data(), in.frames[0].size());
+    if (!decoded.ok()) {
+      st = decoded.status();
+    } else {
+      req = std::move(decoded).value();
+      st = Dispatch(req, in.frames, &reply, &payload, in.peer, &held);
+    }
+  }
+  metrics_->CountRequest(req.op, st.code());
+  if (!st.ok()) {
+    spdlog::debug("{} from peer failed: {}", OpName(req.op), st.ToString());
+    reply = MakeReply(req, st);
+    payload.clear();
+  }
+  if (!held) SendReply(in.peer, reply, std::move(payload));
+  metrics_->ObserveDuration(req.op, SecondsSince(t0));
+}
+
+Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* reply, Frames* out,
+                             std::string_view peer, bool* held) {
+  *reply = MakeReply(h, Status::Ok());
+  if (stopping_) return Unavailable("shard is draining; retry on its replacement");
+  switch (h.op) {
+    case Op::kPing:
+      reply->spec = {{"shard", std::to_string(options_.shard)},
+                     {"num_shards", std::to_string(options_.num_shards)},
+                     {"ready", ready_ ? "true" : "false"}};
+      return Status::Ok();
+    case Op::kCreateTable: return CreateTable(h, reply);
+    case Op::kTableInfo: return Info(h, reply);
+    case Op::kCheckpoint: {
+      auto path = Checkpoint();
+      if (!path.ok()) return path.status();
+      reply->message = *path;
+      return Status::Ok();
+    }
+    case Op::kReply: return Status(StatusCode::kUnknownOp, "a shard does not accept replies");
+    default: break;
+  }
+  std::shared_ptr<Table> t = FindTable(h.table);
+  if (t == nullptr) return NotFound("unknown table '" + h.table + "'");
+  switch (h.op) {
+    case Op::kPullDense:
+      if (t->spec().kind != TableKind::kDense) {
+        return InvalidArgument("table '" + h.table + "' is sparse; use pull_sparse");
+      }
+      return PullDense(h, *t, reply, out);
+    case Op::kPullSparse:
+      if (t->spec().kind != TableKind::kSparse) {
+        return InvalidArgument("table '" + h.table + "' is dense; use pull_dense");
+      }
+      return PullSparse(h, frames, *t, reply, out);
+    case Op::kPushDense:
+    case Op::kPushSparse: {
+      const bool dense = h.op == Op::kPushDense;
+      if ((t->spec().kind == TableKind::kDense) != dense) {
+        return InvalidArgument("table '" + h.table + "' is " +
+                               (dense ? "sparse; use push_sparse" : "dense; use push_dense"));
+      }
+      bool hold = false;
+      ONLINEPS_RETURN_IF_ERROR(Push(h, frames, t, reply, &hold));
+      if (hold) {
+        *held = true;
+        Frames reply_frames{Frame::FromString(EncodeHeader(*reply))};
+        HoldReply(Held{t, h.sender, std::string(peer), std::move(reply_frames),
+                       NowMs() + t->spec().block_timeout_ms});
+      }
+      return Status::Ok();
+    }
+    default: return Status(StatusCode::kUnknownOp, "op not served by a shard");
+  }
+}
+
+Status ShardServer::CreateTable(const Header& h, Header* reply) {
+  auto spec = DecodeSpec(h.spec);
+  if (!spec.ok()) return spec.status();
+  std::lock_guard<std::mutex> lock(tables_mu_);
+  auto current = tables();
+  auto it = current->find(spec->name);
+  if (it != current->end()) {
+    if (it->second->spec() == *spec) {
+      reply->version = it->second->version();
+      reply->message = "exists";
+      return Status::Ok();
+    }
+    return Status(StatusCode::kAlreadyExists,
+                  "table '" + spec->name + "' exists with a different spec");
+  }
+  auto table = Table::Create(*spec, options_.shard, options_.num_shards);
+  if (!table.ok()) return table.status();
+  auto next = std::make_shared<TableMap>(*current);
+  (*next)[spec->name] = std::shared_ptr<Table>(std::move(table).value());
+  std::atomic_store(&tables_, std::shared_ptr<const TableMap>(next));
+  reply->message = "created";
+  spdlog::info("created {} table '{}' (optimizer {}, staleness {})",
+               spec->kind == TableKind::kDense ? "dense" : "sparse", spec->name, spec->optimizer,
+               spec->staleness);
+  return Status::Ok();
+}
+
+Status ShardServer::PullDense(const Header& h, Table& t, Header* reply, Frames* out) {
+  PullRequest req;
+  req.sender = h.sender;
+  req.averaged = h.flags & kFlagAveraged;
+  req.record_backup = !(h.flags & kFlagNoBackup);
+  req.now_ms = NowMs();
+  auto res = t.Pull(req);
+  if (!res.ok()) return res.status();
+  reply->version = res->version;
+  reply->shape = {res->values.size()};
+  out->push_back(Frame::FromVector(std::move(res->values)));
+  return Status::Ok();
+}
+
+Status ShardServer::PullSparse(const Header& h, const Frames& frames, Table& t, Header* reply,
+                               Frames* out) {
+  ONLINEPS_ASSIGN_OR_RETURN(size_t n, KeyCount(frames));
+  PullRequest req;
+  req.sender = h.sender;
+  req.keys = frames[1].As<uint64_t>();
+  req.num_keys = n;
+  req.averaged = h.flags & kFlagAveraged;
+  req.record_backup = !(h.flags & kFlagNoBackup);
+  req.now_ms = NowMs();
+  auto res = t.Pull(req);
+  if (!res.ok()) return res.status();
+  reply->version = res->version;
+  reply->shape = {n, t.spec().dim};
+  out->push_back(Frame::FromVector(std::move(res->values)));
+  return Status::Ok();
+}
+
+Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<Table> t,
+                         Header* reply, bool* hold) {
+  PushRequest req;
+  req.sender = h.sender;
+  req.base_version = h.base_version;
+  req.delta = h.flags & kFlagDelta;
+  req.now_ms = NowMs();
+  const bool dense = h.op == Op::kPushDense;
+  ONLINEPS_ASSIGN_OR_RETURN(req.num_values, FloatCount(frames, dense ? 1 : 2, "values"));
+  req.values = frames[dense ? 1 : 2].As<float>();
+  if (!dense) {
+    ONLINEPS_ASSIGN_OR_RETURN(req.num_keys, KeyCount(frames));
+    req.keys = frames[1].As<uint64_t>();
+  }
+  switch (dedup_.Begin(h.sender, h.seq)) {
+    case Dedup::Verdict::kDuplicate:
+      metrics_->CountDuplicate();
+      reply->version = t->version();
+      reply->message = "duplicate: push (sender, seq) was already applied";
+      return Status::Ok();
+    case Dedup::Verdict::kInProgress:
+      return Unavailable("push (sender, seq) is being applied; retry");
+    case Dedup::Verdict::kTooOld:
+      return FailedPrecondition("push seq " + std::to_string(h.seq) +
+                                " is below the dedup window; cannot tell if it was applied");
+    case Dedup::Verdict::kNew: break;
+  }
+  auto res = t->Push(req);
+  if (!res.ok()) {
+    dedup_.Abort(h.sender, h.seq);
+    return res.status();
+  }
+  dedup_.Commit(h.sender, h.seq);
+  metrics_->ObserveStaleness(res->tau);
+  reply->version = res->version;
+  reply->tau = res->tau;
+  reply->queued = res->queued;
+  *hold = res->hold;
+  ReleaseHeld(/*all=*/false);
+  return Status::Ok();
+}
+
+Status ShardServer::Info(const Header& h, Header* reply) {
+  auto snapshot = tables();
+  if (!h.table.empty()) {
+    auto it = snapshot->find(h.table);
+    if (it == snapshot->end()) return NotFound("unknown table '" + h.table + "'");
+    reply->spec = EncodeSpec(it->second->spec());
+    TableStats s = it->second->Stats();
+    reply->version = s.version;
+    reply->spec["stat.version"] = std::to_string(s.version);
+    reply->spec["stat.elements"] = std::to_string(s.elements);
+    reply->spec["stat.rows"] = std::to_string(s.rows);
+    reply->spec["stat.memory_bytes"] = std::to_string(s.memory_bytes);
+    reply->spec["stat.backups"] = std::to_string(s.backups);
+    reply->spec["stat.backup_misses"] = std::to_string(s.backup_misses);
+    reply->spec["stat.evicted_rows"] = std::to_string(s.evicted_rows);
+    return Status::Ok();
+  }
+  for (const auto& [name, table] : *snapshot) {
+    reply->spec["table." + name] = std::to_string(table->version());
+  }
+  return Status::Ok();
+}
+
+void ShardServer::SendReply(const std::string& peer, const Header& reply, Frames payload) {
+  Frames frames;
+  frames.reserve(1 + payload.size());
+  frames.push_back(Frame::FromString(EncodeHeader(reply)));
+  for (Frame& f : payload) frames.push_back(std::move(f));
+  Status st = transport_->Send(peer, std::move(frames));
+  if (!st.ok()) spdlog::debug("reply not sent: {}", st.ToString());
+}
+
+void ShardServer::HoldReply(Held held) {
+  std::lock_guard<std::mutex> lock(held_mu_);
+  if (held_.size() >= options_.max_held_replies) {
+    // Bounded: past the cap a reply goes out at once rather than growing the list.
+    transport_->Send(held.peer, std::move(held.reply)).ok();
+    return;
+  }
+  held_.push_back(std::move(held));
+  metrics_->SetHeld(held_.size());
+}
+
+void ShardServer::ReleaseHeld(bool all) {
+  std::vector<Held> ready;
+  {
+    std::lock_guard<std::mutex> lock(held_mu_);
+    if (held_.empty()) return;
+    const uint64_t now = NowMs();
+    for (size_t i = 0; i < held_.size();) {
+      Held& h = held_[i];
+      if (all || now >= h.deadline_ms || h.table->Releasable(h.sender, now)) {
+        ready.push_back(std::move(h));
+        held_[i] = std::move(held_.back());
+        held_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    metrics_->SetHeld(held_.size());
+  }
+  for (Held& h : ready) transport_->Send(h.peer, std::move(h.reply)).ok();
+}
+
+void ShardServer::MaintenanceLoop() {
+  uint64_t last_ckpt = NowMs(), last_stats = 0;
+  std::unique_lock<std::mutex> lock(maint_mu_);
+  while (!stopping_) {
+    maint_cv_.wait_for(lock, std::chrono::milliseconds(options_.maintenance_interval_ms));
+    if (stopping_) break;
+    lock.unlock();
+    const uint64_t now = NowMs();
+    ReleaseHeld(/*all=*/false);
+    if (now - last_stats >= 1000) {
+      last_stats = now;
+      for (const auto& [name, table] : *tables()) {
+        table->Maintain(now);
+        metrics_->UpdateTable(name, table->Stats());
+      }
+      metrics_->SetDedupSenders(dedup_.senders());
+    }
+    if (options_.checkpoint_interval_s > 0 &&
+        now - last_ckpt >= options_.checkpoint_interval_s * 1000) {
+      last_ckpt = now;
+      auto st = Checkpoint();
+      if (!st.ok()) spdlog::error("periodic checkpoint failed: {}", st.status().ToString());
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace onlineps::ps

@@ -1,0 +1,112 @@
+// ShardServer: one parameter-server shard. Owns its tables, serves the wire protocol
+// (docs/protocol.md) over a ServerTransport, measures staleness, deduplicates pushes,
+// checkpoints, and exports metrics. Start() / Stop(); Stop drains queued requests,
+// releases held replies and writes a final checkpoint. Thread-safe.
+#ifndef ONLINEPS_PS_SHARD_SERVER_H_
+#define ONLINEPS_PS_SHARD_SERVER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "common/transport.h"
+#include "common/wire.h"
+#include "ps/dedup.h"
+#include "ps/table.h"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace onlineps::ps {
+
+struct ShardServerOptions {
+  uint32_t shard = 0;
+  uint32_t num_shards = 1;
+  std::string listen = "tcp://127.0.0.1:7000";
+  int handler_threads = 2;
+  // Soft limit: larger requests get TOO_LARGE. The transport disconnects at 2x.
+  size_t max_message_bytes = size_t{256} << 20;
+  std::string checkpoint_dir;          // empty: no checkpoints
+  uint64_t checkpoint_interval_s = 0;  // 0: only on demand and at Stop
+  bool restore = true;                 // load checkpoint_dir/shard-I-of-N.ckpt at Start
+  size_t max_senders = 16384;          // dedup windows kept (1 KiB each)
+  size_t max_held_replies = 65536;     // block mode: replies waiting for slow workers
+  uint64_t maintenance_interval_ms = 50;
+};
+
+class ShardServer {
+ public:
+  class Metrics;
+  ShardServer(ShardServerOptions options, std::shared_ptr<prometheus::Registry> registry);
+  ~ShardServer();
+
+  // Restores the checkpoint (if any), binds, and starts serving. Returns the endpoint.
+  StatusOr<std::string> Start();
+  // Drains, checkpoints (when a directory is set) and stops. Idempotent.
+  void Stop();
+  // Writes a checkpoint now; returns its path.
+  StatusOr<std::string> Checkpoint();
+
+  bool ready() const { return ready_.load(); }
+  std::string checkpoint_path() const;
+  std::shared_ptr<Table> FindTable(const std::string& name) const;
+
+ private:
+  struct Held {
+    std::shared_ptr<Table> table;
+    uint64_t sender;
+    std::string peer;
+    Frames reply;
+    uint64_t deadline_ms;
+  };
+  using TableMap = std::map<std::string, std::shared_ptr<Table>>;
+
+  void Handle(Incoming&& in);
+  Status Dispatch(const Header& h, const Frames& frames, Header* reply, Frames* out,
+                  std::string_view peer, bool* held);
+  Status CreateTable(const Header& h, Header* reply);
+  Status PullDense(const Header& h, Table& t, Header* reply, Frames* out);
+  Status PullSparse(const Header& h, const Frames& frames, Table& t, Header* reply, Frames* out);
+  Status Push(const Header& h, const Frames& frames, std::shared_ptr<Table> t, Header* reply,
+              bool* hold);
+  Status Info(const Header& h, Header* reply);
+  void SendReply(const std::string& peer, const Header& reply, Frames payload);
+  void HoldReply(Held held);
+  void ReleaseHeld(bool all);
+  void MaintenanceLoop();
+  std::shared_ptr<const TableMap> tables() const;
+
+  // Immutable after construction.
+  const ShardServerOptions options_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<Metrics> metrics_;
+
+  std::unique_ptr<ServerTransport> transport_;
+  Dedup dedup_;
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> stopping_{false};
+
+  mutable std::mutex tables_mu_;  // serializes writers; readers load the snapshot
+  std::shared_ptr<const TableMap> tables_;  // copy-on-write; atomic_load/atomic_store
+
+  std::mutex held_mu_;
+  std::vector<Held> held_;  // guarded by held_mu_
+
+  std::mutex ckpt_mu_;  // one checkpoint at a time
+
+  std::mutex maint_mu_;
+  std::condition_variable maint_cv_;
+  std::thread maintenance_;
+  bool started_ = false;  // guarded by maint_mu_
+};
+
+}  // namespace onlineps::ps
+
+#endif  // ONLINEPS_PS_SHARD_SERVER_H_

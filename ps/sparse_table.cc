@@ -1,0 +1,360 @@
+#include "ps/sparse_table.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/clock.h"
+#include "common/partition.h"
+
+namespace onlineps::ps {
+
+namespace {
+constexpr uint32_t kNil = UINT32_MAX;
+constexpr size_t kMaxStripes = 16;
+constexpr size_t kBackupRowsPerWorker = 4096;
+constexpr size_t kMaxAdmissionCandidates = 1 << 20;
+}  // namespace
+
+struct SparseTable::Stripe {
+  struct Meta {
+    uint64_t key = 0;
+    uint64_t last_ms = 0;
+    uint32_t prev = kNil, next = kNil;  // LRU list; head = most recent
+    uint32_t avg_count = 0;             // Polyak steps of this row
+  };
+  Stripe(size_t backup_rows, size_t candidates) : backups(backup_rows), admission(candidates) {}
+
+  std::mutex mu;
+  std::unordered_map<uint64_t, uint32_t> index;  // key -> slot
+  std::vector<float> data;                       // slot * row_floats
+  std::vector<Meta> meta;
+  std::vector<uint32_t> free_slots;
+  uint32_t head = kNil, tail = kNil;
+  uint64_t evicted = 0;
+  LruMap<BackupKey, std::vector<float>, BackupHash> backups;
+  LruMap<uint64_t, uint32_t> admission;  // touches of rows not yet admitted
+  std::vector<float> scratch;
+
+  void Unlink(uint32_t i) {
+    Meta& m = meta[i];
+    (m.prev == kNil ? head : meta[m.prev].next) = m.next;
+    (m.next == kNil ? tail : meta[m.next].prev) = m.prev;
+    m.prev = m.next = kNil;
+  }
+  void PushFront(uint32_t i) {
+    meta[i].next = head;
+    meta[i].prev = kNil;
+    if (head != kNil) meta[head].prev = i;
+    head = i;
+    if (tail == kNil) tail = i;
+  }
+  void Touch(uint32_t i, uint64_t now_ms) {
+    meta[i].last_ms = now_ms;
+    if (head == i) return;
+    Unlink(i);
+    PushFront(i);
+  }
+  void Evict(uint32_t i) {
+    Unlink(i);
+    index.erase(meta[i].key);
+    free_slots.push_back(i);
+    ++evicted;
+  }
+};
+
+size_t SparseTable::BackupHash::operator()(const BackupKey& k) const {
+  return Mix64(k.key ^ Mix64(k.sender));
+}
+
+SparseTable::SparseTable(const TableSpec& spec, RuleSet rules)
+    : spec_(spec),
+      rules_(std::move(rules)),
+      dim_(spec.dim),
+      row_floats_(dim_ * (1 + rules_.optimizer_slots() + rules_.policy_slots() +
+                          (spec.polyak ? 1 : 0))),
+      // A row cap is enforced per stripe, so small caps use fewer stripes to stay exact.
+      num_stripes_(spec.max_rows == 0
+                       ? kMaxStripes
+                       : std::clamp<size_t>(spec.max_rows / 1024, 1, kMaxStripes)),
+      rows_per_stripe_(spec.max_rows == 0 ? 0 : (spec.max_rows + num_stripes_ - 1) / num_stripes_) {
+  const size_t backups =
+      std::max<size_t>(1024, spec.dc_max_backups * kBackupRowsPerWorker / num_stripes_);
+  for (size_t i = 0; i < num_stripes_; ++i) {
+    stripes_.push_back(std::make_unique<Stripe>(backups, kMaxAdmissionCandidates / num_stripes_));
+  }
+  if (spec_.max_staleness >= 0 && spec_.bound_mode == BoundMode::kBlock) {
+    ssp_.emplace(static_cast<uint64_t>(spec_.max_staleness), spec_.block_timeout_ms);
+  }
+}
+
+SparseTable::~SparseTable() = default;
+
+SparseTable::Stripe& SparseTable::StripeOf(uint64_t key) const {
+  // Low bits: the shard choice uses the high bits of the same mix.
+  return *stripes_[Mix64(key) % num_stripes_];
+}
+
+std::vector<std::vector<uint32_t>> SparseTable::GroupByStripe(const uint64_t* keys,
+                                                              size_t n) const {
+  std::vector<std::vector<uint32_t>> groups(num_stripes_);
+  for (size_t i = 0; i < n; ++i) {
+    groups[Mix64(keys[i]) % num_stripes_].push_back(static_cast<uint32_t>(i));
+  }
+  return groups;
+}
+
+StatusOr<PullResult> SparseTable::Pull(const PullRequest& req) {
+  if (req.averaged && !spec_.polyak) {
+    return InvalidArgument("table '" + spec_.name +
+                           "' keeps no Polyak average; create it with polyak=true");
+  }
+  if (ssp_) ssp_->Touch(req.sender, req.now_ms);
+  PullResult out;
+  out.version = version_.load();
+  out.values.resize(req.num_keys * dim_);
+  const bool backup = rules_.needs_backup() && req.record_backup && !req.averaged;
+  const size_t avg_off = dim_ * (1 + rules_.optimizer_slots() + rules_.policy_slots());
+  auto groups = GroupByStripe(req.keys, req.num_keys);
+  for (size_t si = 0; si < num_stripes_; ++si) {
+    if (groups[si].empty()) continue;
+    Stripe& s = *stripes_[si];
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (uint32_t i : groups[si]) {
+      float* dst = out.values.data() + size_t{i} * dim_;
+      auto it = s.index.find(req.keys[i]);
+      if (it == s.index.end()) {
+        // Unknown rows read as their initializer; nothing is stored for a read.
+        InitValues(spec_, req.keys[i], dst, dim_, /*sparse_row=*/true);
+      } else {
+        const float* row = s.data.data() + size_t{it->second} * row_floats_;
+        std::memcpy(dst, req.averaged ? row + avg_off : row, dim_ * sizeof(float));
+        s.Touch(it->second, req.now_ms);
+      }
+      if (backup) s.backups.Put({req.sender, req.keys[i]}, std::vector<float>(dst, dst + dim_));
+    }
+  }
+  return out;
+}
+
+int64_t SparseTable::FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms) {
+  auto it = s.index.find(key);
+  if (it != s.index.end()) {
+    s.Touch(it->second, now_ms);
+    return it->second;
+  }
+  if (spec_.admit_after > 1) {
+    uint32_t* count = s.admission.Find(key);
+    const uint32_t touches = (count ? *count : 0) + 1;
+    if (touches < spec_.admit_after) {
+      s.admission.Put(key, touches);
+      return -1;
+    }
+    s.admission.Erase(key);
+  }
+  if (rows_per_stripe_ != 0 && s.index.size() >= rows_per_stripe_) s.Evict(s.tail);
+  uint32_t slot;
+  if (!s.free_slots.empty()) {
+    slot = s.free_slots.back();
+    s.free_slots.pop_back();
+  } else {
+    slot = static_cast<uint32_t>(s.meta.size());
+    s.meta.emplace_back();
+    s.data.resize(s.data.size() + row_floats_);
+  }
+  float* row = s.data.data() + size_t{slot} * row_floats_;
+  InitValues(spec_, key, row, dim_, /*sparse_row=*/true);
+  for (int k = 0; k < rules_.optimizer_slots(); ++k) {
+    std::fill(row + dim_ * (1 + k), row + dim_ * (2 + k), rules_.InitialState(k));
+  }
+  const size_t pol_off = dim_ * (1 + rules_.optimizer_slots());
+  std::fill(row + pol_off, row + row_floats_, 0.0f);
+  if (spec_.polyak) std::memcpy(row + row_floats_ - dim_, row, dim_ * sizeof(float));
+  s.meta[slot] = Stripe::Meta{key, now_ms, kNil, kNil, 0};
+  s.PushFront(slot);
+  s.index.emplace(key, slot);
+  return slot;
+}
+
+void SparseTable::ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const float* g,
+                           bool delta, float lr_scale, uint64_t step) {
+  float* row = s.data.data() + size_t{slot} * row_floats_;
+  if (delta) {
+    const float scale = static_cast<float>(spec_.delta_scale);
+    for (uint32_t j = 0; j < dim_; ++j) row[j] += scale * g[j];
+  } else {
+    float* opt[4];
+    float* pol[4];
+    for (int k = 0; k < rules_.optimizer_slots(); ++k) opt[k] = row + dim_ * (1 + k);
+    const size_t pol_off = dim_ * (1 + rules_.optimizer_slots());
+    for (int k = 0; k < rules_.policy_slots(); ++k) pol[k] = row + pol_off + dim_ * k;
+    const float* w_bak = nullptr;
+    if (rules_.needs_backup()) {
+      auto* b = s.backups.Find({sender, s.meta[slot].key});
+      if (b != nullptr) w_bak = b->data(); else backup_misses_.fetch_add(1);
+    }
+    rules_.Apply(row, opt, pol, g, w_bak, dim_, lr_scale, step, &s.scratch);
+  }
+  if (spec_.polyak && step > spec_.polyak_start) {
+    PolyakStep(row + row_floats_ - dim_, row, dim_, ++s.meta[slot].avg_count + spec_.polyak_start,
+               spec_.polyak_start);
+  } else if (spec_.polyak) {
+    std::memcpy(row + row_floats_ - dim_, row, dim_ * sizeof(float));
+  }
+}
+
+StatusOr<PushResult> SparseTable::Push(const PushRequest& req) {
+  if (req.num_values != req.num_keys * dim_) {
+    return ShapeMismatch("table '" + spec_.name + "': " + std::to_string(req.num_keys) +
+                         " keys need " + std::to_string(req.num_keys * dim_) +
+                         " values (dim " + std::to_string(dim_) + "), the push carries " +
+                         std::to_string(req.num_values));
+  }
+  if (!AllFinite(req.values, req.num_values)) {
+    return Status(StatusCode::kNonFinite,
+                  "table '" + spec_.name + "': push contains NaN or Inf; nothing applied");
+  }
+  const uint64_t v = version_.load();
+  const uint64_t tau = v >= req.base_version ? v - req.base_version : 0;
+  ONLINEPS_RETURN_IF_ERROR(rules_.CheckBound(spec_.name, tau));
+  if (spec_.accumulate > 1 && !req.delta) return Accumulate(req, tau);
+  const float lr_scale = rules_.policy().LrScale(tau);
+  const uint64_t step = v + 1;
+  auto groups = GroupByStripe(req.keys, req.num_keys);
+  for (size_t si = 0; si < num_stripes_; ++si) {
+    if (groups[si].empty()) continue;
+    Stripe& s = *stripes_[si];
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (uint32_t i : groups[si]) {
+      int64_t slot = FindOrCreate(s, req.keys[i], req.now_ms);
+      if (slot < 0) continue;  // not admitted yet: the touch is counted, the gradient dropped
+      ApplyRow(s, static_cast<uint32_t>(slot), req.sender, req.values + size_t{i} * dim_,
+               req.delta, lr_scale, step);
+    }
+  }
+  PushResult res;
+  res.tau = tau;
+  res.version = version_.fetch_add(1) + 1;
+  if (ssp_) {
+    ssp_->Tick(req.sender, req.now_ms);
+    res.hold = !ssp_->Releasable(req.sender, req.now_ms);
+  }
+  return res;
+}
+
+StatusOr<PushResult> SparseTable::Accumulate(const PushRequest& req, uint64_t tau) {
+  std::lock_guard<std::mutex> lock(acc_mu_);
+  for (size_t i = 0; i < req.num_keys; ++i) {
+    auto& sum = acc_[req.keys[i]];
+    if (sum.empty()) sum.assign(dim_, 0.0f);
+    const float* g = req.values + i * dim_;
+    for (uint32_t j = 0; j < dim_; ++j) sum[j] += g[j];
+  }
+  acc_tau_sum_ += tau;
+  PushResult res;
+  res.tau = tau;
+  if (++acc_count_ < spec_.accumulate) {
+    res.queued = true;
+    res.version = version_.load();
+    return res;
+  }
+  const uint64_t mean_tau = (acc_tau_sum_ + acc_count_ / 2) / acc_count_;
+  ApplyAccumulated(rules_.policy().LrScale(mean_tau), req.now_ms);
+  res.version = version_.fetch_add(1) + 1;
+  return res;
+}
+
+void SparseTable::ApplyAccumulated(float lr_scale, uint64_t now_ms) {
+  const float scale = spec_.accumulate_mean ? 1.0f / static_cast<float>(acc_count_) : 1.0f;
+  const uint64_t step = version_.load() + 1;
+  for (auto& [key, sum] : acc_) {
+    for (float& x : sum) x *= scale;
+    Stripe& s = StripeOf(key);
+    std::lock_guard<std::mutex> lock(s.mu);
+    int64_t slot = FindOrCreate(s, key, now_ms);
+    if (slot >= 0) ApplyRow(s, static_cast<uint32_t>(slot), 0, sum.data(), false, lr_scale, step);
+  }
+  acc_.clear();
+  acc_count_ = 0;
+  acc_tau_sum_ = 0;
+}
+
+bool SparseTable::Releasable(uint64_t sender, uint64_t now_ms) {
+  return !ssp_ || ssp_->Releasable(sender, now_ms);
+}
+
+void SparseTable::Maintain(uint64_t now_ms) {
+  if (spec_.ttl_ms == 0) return;
+  for (size_t si = 0; si < num_stripes_; ++si) {
+    Stripe& s = *stripes_[si];
+    std::lock_guard<std::mutex> lock(s.mu);
+    while (s.tail != kNil && s.meta[s.tail].last_ms + spec_.ttl_ms < now_ms) s.Evict(s.tail);
+  }
+}
+
+TableStats SparseTable::Stats() const {
+  TableStats st;
+  st.version = version_.load();
+  st.backup_misses = backup_misses_.load();
+  for (size_t si = 0; si < num_stripes_; ++si) {
+    Stripe& s = *stripes_[si];
+    std::lock_guard<std::mutex> lock(s.mu);
+    st.rows += s.index.size();
+    st.evicted_rows += s.evicted;
+    st.backups += s.backups.size();
+    st.memory_bytes += s.data.size() * 4 + s.meta.size() * sizeof(Stripe::Meta) +
+                       s.backups.size() * (dim_ * 4 + 48);
+  }
+  st.elements = st.rows * dim_;
+  return st;
+}
+
+void SparseTable::Save(ByteWriter* w) const {
+  w->Put<uint64_t>(version_.load());
+  for (size_t si = 0; si < num_stripes_; ++si) {
+    Stripe& s = *stripes_[si];
+    std::lock_guard<std::mutex> lock(s.mu);
+    w->Put<uint64_t>(s.index.size());
+    // Oldest first, so a restore rebuilds the same LRU order.
+    for (uint32_t i = s.tail; i != kNil; i = s.meta[i].prev) {
+      w->Put<uint64_t>(s.meta[i].key);
+      w->Put<uint32_t>(s.meta[i].avg_count);
+      w->Append(s.data.data() + size_t{i} * row_floats_, row_floats_ * sizeof(float));
+    }
+  }
+}
+
+Status SparseTable::Load(ByteReader* r) {
+  uint64_t version = 0;
+  ONLINEPS_RETURN_IF_ERROR(r->Get(&version, "sparse version"));
+  std::vector<float> row(row_floats_);
+  const uint64_t now_ms = NowMs();  // restored rows count as touched now for TTL
+  for (size_t si = 0; si < num_stripes_; ++si) {
+    uint64_t rows = 0;
+    ONLINEPS_RETURN_IF_ERROR(r->Get(&rows, "sparse row count"));
+    if (rows > r->Remaining() / (row_floats_ * 4 + 12)) return DataLoss("sparse row count too large");
+    for (uint64_t k = 0; k < rows; ++k) {
+      uint64_t key = 0;
+      uint32_t avg_count = 0;
+      ONLINEPS_RETURN_IF_ERROR(r->Get(&key, "sparse row key"));
+      ONLINEPS_RETURN_IF_ERROR(r->Get(&avg_count, "sparse row average count"));
+      for (float& x : row) ONLINEPS_RETURN_IF_ERROR(r->Get(&x, "sparse row values"));
+      if (&StripeOf(key) != stripes_[si].get()) return DataLoss("sparse row in the wrong stripe");
+      Stripe& s = *stripes_[si];
+      std::lock_guard<std::mutex> lock(s.mu);
+      int64_t slot = s.index.count(key) ? s.index[key] : -1;
+      if (slot < 0) {
+        slot = static_cast<int64_t>(s.meta.size());
+        s.meta.emplace_back();
+        s.data.resize(s.data.size() + row_floats_);
+        s.meta[slot] = Stripe::Meta{key, now_ms, kNil, kNil, avg_count};
+        s.PushFront(static_cast<uint32_t>(slot));
+        s.index.emplace(key, static_cast<uint32_t>(slot));
+      }
+      std::memcpy(s.data.data() + size_t(slot) * row_floats_, row.data(), row_floats_ * 4);
+    }
+  }
+  version_.store(version);
+  return Status::Ok();
+}
+
+}  // namespace onlineps::ps

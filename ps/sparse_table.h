@@ -1,0 +1,81 @@
+// SparseTable: embedding rows keyed by uint64 id that hash to this shard. Rows are
+// created lazily on their first (or N-th, with admission) push with a deterministic
+// initializer, expire by TTL, and are evicted LRU under a row cap. Rows live in 16
+// lock stripes so pushes to different rows proceed in parallel; the version is one
+// atomic counter per table.
+#ifndef ONLINEPS_PS_SPARSE_TABLE_H_
+#define ONLINEPS_PS_SPARSE_TABLE_H_
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "common/lru_map.h"
+#include "ps/rule_set.h"
+#include "ps/ssp_clock.h"
+#include "ps/table.h"
+
+namespace onlineps::ps {
+
+class SparseTable : public Table {
+ public:
+  SparseTable(const TableSpec& spec, RuleSet rules);
+  ~SparseTable() override;
+
+  const TableSpec& spec() const override { return spec_; }
+  uint64_t version() const override { return version_.load(); }
+  uint64_t local_elements() const override { return 0; }
+  StatusOr<PullResult> Pull(const PullRequest& req) override;
+  StatusOr<PushResult> Push(const PushRequest& req) override;
+  bool Releasable(uint64_t sender, uint64_t now_ms) override;
+  void Maintain(uint64_t now_ms) override;
+  TableStats Stats() const override;
+  void Save(ByteWriter* w) const override;
+  Status Load(ByteReader* r) override;
+
+ private:
+  struct Stripe;
+  struct BackupKey {
+    uint64_t sender, key;
+    bool operator==(const BackupKey& o) const { return sender == o.sender && key == o.key; }
+  };
+  struct BackupHash {
+    size_t operator()(const BackupKey& k) const;
+  };
+
+  Stripe& StripeOf(uint64_t key) const;
+  // Key indices grouped by stripe (counting sort), so each stripe is locked once.
+  std::vector<std::vector<uint32_t>> GroupByStripe(const uint64_t* keys, size_t n) const;
+  // REQUIRES: stripe locked. Slot of key, creating the row if admitted; -1 if not.
+  int64_t FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms);
+  void ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const float* g, bool delta,
+                float lr_scale, uint64_t step);
+  StatusOr<PushResult> Accumulate(const PushRequest& req, uint64_t tau);
+  void ApplyAccumulated(float lr_scale, uint64_t now_ms);
+
+  // Immutable after construction.
+  const TableSpec spec_;
+  const RuleSet rules_;
+  const uint32_t dim_;
+  const uint32_t row_floats_;  // w, optimizer slots, policy slots, Polyak average
+  const size_t num_stripes_;
+  const size_t rows_per_stripe_;  // 0: no cap
+
+  std::vector<std::unique_ptr<Stripe>> stripes_;
+  std::atomic<uint64_t> version_{0};
+  std::atomic<uint64_t> backup_misses_{0};
+
+  std::mutex acc_mu_;  // accumulation (accumulate > 1) only
+  std::unordered_map<uint64_t, std::vector<float>> acc_;  // guarded by acc_mu_
+  uint32_t acc_count_ = 0;                                 // guarded by acc_mu_
+  uint64_t acc_tau_sum_ = 0;                               // guarded by acc_mu_
+
+  std::optional<SspClock> ssp_;
+};
+
+}  // namespace onlineps::ps
+
+#endif  // ONLINEPS_PS_SPARSE_TABLE_H_

@@ -1,0 +1,50 @@
+#include "ps/ssp_clock.h"
+
+#include <limits>
+
+namespace onlineps::ps {
+
+uint64_t SspClock::MinLiveClock(uint64_t now_ms) {
+  uint64_t min_clock = std::numeric_limits<uint64_t>::max();
+  for (const auto& [id, e] : senders_) {
+    if (now_ms - e.last_ms <= lease_ms_ && e.clock < min_clock) min_clock = e.clock;
+  }
+  return min_clock;
+}
+
+void SspClock::Touch(uint64_t sender, uint64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = senders_.find(sender);
+  if (it != senders_.end()) {
+    it->second.last_ms = now_ms;
+    return;
+  }
+  if (senders_.size() >= max_senders_) {
+    // Drop the longest-silent sender; it re-registers on its next call.
+    auto oldest = senders_.begin();
+    for (auto i = senders_.begin(); i != senders_.end(); ++i) {
+      if (i->second.last_ms < oldest->second.last_ms) oldest = i;
+    }
+    senders_.erase(oldest);
+  }
+  // A newcomer starts at the slowest live clock so it neither blocks nor is blocked.
+  uint64_t start = MinLiveClock(now_ms);
+  if (start == std::numeric_limits<uint64_t>::max()) start = 0;
+  senders_[sender] = Entry{start, now_ms};
+}
+
+void SspClock::Tick(uint64_t sender, uint64_t now_ms) {
+  Touch(sender, now_ms);
+  std::lock_guard<std::mutex> lock(mu_);
+  senders_[sender].clock++;
+}
+
+bool SspClock::Releasable(uint64_t sender, uint64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = senders_.find(sender);
+  if (it == senders_.end()) return true;
+  const uint64_t min_clock = MinLiveClock(now_ms);
+  return it->second.clock <= min_clock + bound_;
+}
+
+}  // namespace onlineps::ps

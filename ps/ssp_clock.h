@@ -1,0 +1,42 @@
+// SspClock: per-sender push clocks for bounded staleness in block mode (Stale
+// Synchronous Parallel, Ho et al. 2013). A sender's clock counts its pushes to the
+// table; a sender more than s pushes ahead of the slowest live sender is held. A sender
+// silent for longer than the lease stops counting, so a dead worker never blocks the
+// others for good. Bounded: at most max_senders clocks (oldest dropped). Thread-safe.
+#ifndef ONLINEPS_PS_SSP_CLOCK_H_
+#define ONLINEPS_PS_SSP_CLOCK_H_
+
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+
+namespace onlineps::ps {
+
+class SspClock {
+ public:
+  SspClock(uint64_t bound, uint64_t lease_ms, size_t max_senders = 4096)
+      : bound_(bound), lease_ms_(lease_ms), max_senders_(max_senders) {}
+
+  // A pull registers the sender (at the slowest clock) so it is waited for.
+  void Touch(uint64_t sender, uint64_t now_ms);
+  // Counts one push of `sender`.
+  void Tick(uint64_t sender, uint64_t now_ms);
+  // True when sender's clock - min live clock <= bound.
+  bool Releasable(uint64_t sender, uint64_t now_ms);
+
+ private:
+  struct Entry {
+    uint64_t clock = 0;
+    uint64_t last_ms = 0;
+  };
+  uint64_t MinLiveClock(uint64_t now_ms);  // REQUIRES: mu_ held
+
+  const uint64_t bound_, lease_ms_;
+  const size_t max_senders_;
+  std::mutex mu_;
+  std::unordered_map<uint64_t, Entry> senders_;  // guarded by mu_
+};
+
+}  // namespace onlineps::ps
+
+#endif  // ONLINEPS_PS_SSP_CLOCK_H_

@@ -1,0 +1,99 @@
+// A table as held by one shard: the dense slices or sparse rows that hash to this
+// shard, their optimizer and staleness state, and the table's version on this shard.
+// Implementations: DenseTable (ps/dense_table.h) and SparseTable (ps/sparse_table.h).
+// Thread-safe: Pull and Push may be called concurrently from any handler thread.
+#ifndef ONLINEPS_PS_TABLE_H_
+#define ONLINEPS_PS_TABLE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/bytes.h"
+#include "common/status.h"
+#include "ps/table_spec.h"
+#include "ps/update_rule.h"
+
+namespace onlineps::ps {
+
+struct PullRequest {
+  uint64_t sender = 0;
+  const uint64_t* keys = nullptr;  // sparse: ids to read
+  size_t num_keys = 0;
+  bool averaged = false;    // read the Polyak-averaged copy
+  bool record_backup = true;  // DC-ASGD: remember what this sender read
+  uint64_t now_ms = 0;        // monotonic clock, for TTL and SSP leases
+};
+
+struct PullResult {
+  uint64_t version = 0;
+  std::vector<float> values;  // dense: this shard's elements; sparse: num_keys * dim
+};
+
+struct PushRequest {
+  uint64_t sender = 0;
+  uint64_t base_version = 0;
+  bool delta = false;  // values are a parameter delta (model / elastic averaging)
+  const uint64_t* keys = nullptr;  // sparse only
+  size_t num_keys = 0;
+  const float* values = nullptr;
+  size_t num_values = 0;
+  uint64_t now_ms = 0;  // monotonic clock, for TTL and SSP leases
+};
+
+struct PushResult {
+  uint64_t version = 0;  // table version on this shard after the push
+  uint64_t tau = 0;      // staleness: version at apply - base
+  bool queued = false;   // accumulated; applied when K pushes have arrived
+  bool hold = false;     // block mode: reply must wait until Releasable(sender)
+};
+
+// Counters a table exposes for metrics and table info.
+struct TableStats {
+  uint64_t version = 0;
+  uint64_t elements = 0;         // dense elements or sparse rows * dim on this shard
+  uint64_t rows = 0;             // sparse rows held
+  uint64_t evicted_rows = 0;     // sparse: TTL or LRU evictions so far
+  uint64_t backups = 0;          // DC-ASGD copies held
+  uint64_t backup_misses = 0;    // DC pushes without a backup (uncompensated)
+  uint64_t memory_bytes = 0;     // approximate bytes of parameters and state
+};
+
+class Table {
+ public:
+  virtual ~Table() = default;
+
+  // Creates the part of `spec` held by shard `shard` of `num_shards`.
+  static StatusOr<std::unique_ptr<Table>> Create(const TableSpec& spec, uint32_t shard,
+                                                 uint32_t num_shards);
+
+  virtual const TableSpec& spec() const = 0;
+  virtual uint64_t version() const = 0;
+  // Floats a dense push or pull must carry to this shard (0 for sparse).
+  virtual uint64_t local_elements() const = 0;
+
+  // Validates and serves a pull. Errors: kShapeMismatch, kInvalidArgument.
+  virtual StatusOr<PullResult> Pull(const PullRequest& req) = 0;
+  // Validates and applies a push. Errors: kShapeMismatch, kNonFinite, kStale. On error
+  // nothing is applied.
+  virtual StatusOr<PushResult> Push(const PushRequest& req) = 0;
+
+  // Block mode: true once `sender` is within max_staleness pushes of the slowest live
+  // sender (or the hold timed out). Always true for other modes.
+  virtual bool Releasable(uint64_t sender, uint64_t now_ms) = 0;
+
+  // Periodic housekeeping (TTL expiry). Cheap when there is nothing to do.
+  virtual void Maintain(uint64_t now_ms) {}
+
+  virtual TableStats Stats() const = 0;
+
+  // Checkpoint: parameters, optimizer and policy state, version. Restore requires an
+  // equal spec and layout (kFailedPrecondition otherwise).
+  virtual void Save(ByteWriter* w) const = 0;
+  virtual Status Load(ByteReader* r) = 0;
+};
+
+}  // namespace onlineps::ps
+
+#endif  // ONLINEPS_PS_TABLE_H_

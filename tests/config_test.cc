@@ -1,0 +1,217 @@
+#include "common/config.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace onlineps {
+namespace {
+
+// A server-like option set, bound to variables as callers do.
+struct Flags {
+  int num_shards = 1;
+  std::string host = "0.0.0.0";
+  bool verbose = false;
+  std::vector<std::string> peers;
+};
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* name : kEnvNames) unsetenv(name);
+    app_.add_option("--num-shards", flags_.num_shards, "Shards");
+    app_.add_option("--host", flags_.host, "Bind host");
+    app_.add_flag("--verbose", flags_.verbose, "Chatty");
+    app_.add_option("--peers", flags_.peers, "Peer addresses");
+  }
+  void TearDown() override {
+    for (const char* name : kEnvNames) unsetenv(name);
+    for (const std::string& path : files_) std::remove(path.c_str());
+  }
+
+  std::string WriteFile(const std::string& text) {
+    std::string path = ::testing::TempDir() + "config_test_" + std::to_string(getpid()) + "_" +
+                       std::to_string(files_.size()) + ".toml";
+    std::ofstream(path) << text;
+    files_.push_back(path);
+    return path;
+  }
+
+  StatusOr<ParseResult> Parse(std::vector<std::string> args) {
+    args.insert(args.begin(), "prog");
+    std::vector<const char*> argv;
+    for (const std::string& a : args) argv.push_back(a.c_str());
+    return ParseFlags(app_, static_cast<int>(argv.size()), argv.data(), out_);
+  }
+
+  static constexpr const char* kEnvNames[] = {"ONLINEPS_NUM_SHARDS", "ONLINEPS_HOST",
+                                              "ONLINEPS_CONFIG", "ONLINEPS_VERBOSE"};
+  CLI::App app_{"config test"};
+  Flags flags_;
+  std::ostringstream out_;
+  std::vector<std::string> files_;
+};
+
+TEST_F(ConfigTest, DefaultOnly) {
+  StatusOr<ParseResult> r = Parse({});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->exit_now);
+  EXPECT_EQ(flags_.num_shards, 1);
+  EXPECT_EQ(flags_.host, "0.0.0.0");
+}
+
+TEST_F(ConfigTest, FileBeatsDefault) {
+  std::string path = WriteFile("# shards\nnum-shards = 3\n\nhost = \"10.0.0.1\"  # bind\n");
+  StatusOr<ParseResult> r = Parse({"--config", path});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->config_file, path);
+  EXPECT_EQ(flags_.num_shards, 3);
+  EXPECT_EQ(flags_.host, "10.0.0.1");
+}
+
+TEST_F(ConfigTest, EnvBeatsFile) {
+  setenv("ONLINEPS_NUM_SHARDS", "5", 1);
+  setenv("ONLINEPS_CONFIG", WriteFile("num-shards = 3\n").c_str(), 1);
+  StatusOr<ParseResult> r = Parse({});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(flags_.num_shards, 5);
+}
+
+TEST_F(ConfigTest, FlagBeatsEnv) {
+  setenv("ONLINEPS_NUM_SHARDS", "5", 1);
+  std::string path = WriteFile("num-shards = 3\n");
+  StatusOr<ParseResult> r = Parse({"--config=" + path, "--num-shards", "7"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(flags_.num_shards, 7);
+}
+
+TEST_F(ConfigTest, KebabAndSnakeKeysAreTheSame) {
+  ASSERT_TRUE(Parse({"--config", WriteFile("num_shards = 4\n")}).ok());
+  EXPECT_EQ(flags_.num_shards, 4);
+}
+
+TEST_F(ConfigTest, BoolFlagAndArrayFromFile) {
+  std::string path = WriteFile("verbose = true\npeers = [\"a:1\", 'b:2']\n");
+  StatusOr<ParseResult> r = Parse({"--config", path});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(flags_.verbose);
+  EXPECT_EQ(flags_.peers, (std::vector<std::string>{"a:1", "b:2"}));
+}
+
+TEST_F(ConfigTest, EnvNameDerivedFromLongName) {
+  EXPECT_EQ(EnvNameForFlag("num-shards"), "ONLINEPS_NUM_SHARDS");
+  setenv("ONLINEPS_HOST", "127.0.0.1", 1);
+  ASSERT_TRUE(Parse({}).ok());
+  EXPECT_EQ(flags_.host, "127.0.0.1");
+  EXPECT_EQ(app_.get_option("--host")->get_envname(), "ONLINEPS_HOST");
+}
+
+TEST_F(ConfigTest, UnknownKeyNamesFileLineAndSuggests) {
+  std::string path = WriteFile("host = x\nnum-shard = 3\n");
+  StatusOr<ParseResult> r = Parse({"--config", path});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find(path + ":2"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("'num-shard'"), std::string::npos);
+  EXPECT_NE(r.status().message().find("did you mean 'num-shards'"), std::string::npos);
+}
+
+TEST_F(ConfigTest, MalformedLineNamesFileLine) {
+  for (const std::string text : {"num-shards 3\n", "[server]\n", "host = \"open\n", "host =\n"}) {
+    std::string path = WriteFile("# ok\n" + text);
+    StatusOr<ParseResult> r = Parse({"--config", path});
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(path + ":2:"), std::string::npos) << r.status().message();
+  }
+}
+
+TEST_F(ConfigTest, DuplicateKeyIsAnError) {
+  StatusOr<ParseResult> r = Parse({"--config", WriteFile("num-shards = 2\nnum_shards = 3\n")});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("duplicate key"), std::string::npos);
+}
+
+TEST_F(ConfigTest, MissingFileIsNotFound) {
+  StatusOr<ParseResult> r = Parse({"--config", "/nonexistent/onlineps.toml"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("/nonexistent/onlineps.toml"), std::string::npos);
+}
+
+TEST_F(ConfigTest, BadFlagValueNamesTheFlag) {
+  StatusOr<ParseResult> r = Parse({"--num-shards", "many"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("--num-shards"), std::string::npos) << r.status().message();
+}
+
+TEST_F(ConfigTest, BadFileValueNamesFileLineAndKey) {
+  std::string path = WriteFile("num-shards = many\n");
+  StatusOr<ParseResult> r = Parse({"--config", path});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(path + ":1"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("num-shards"), std::string::npos);
+}
+
+TEST_F(ConfigTest, UnknownFlagIsInvalidArgument) {
+  StatusOr<ParseResult> r = Parse({"--nope"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("--nope"), std::string::npos);
+}
+
+TEST_F(ConfigTest, PrintConfigShowsEffectiveValues) {
+  setenv("ONLINEPS_HOST", "10.1.2.3", 1);
+  std::string path = WriteFile("num-shards = 3\n");
+  StatusOr<ParseResult> r = Parse({"--config", path, "--print-config", "--verbose"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->exit_now);
+  const std::string out = out_.str();
+  EXPECT_NE(out.find("num-shards = 3\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("host = 10.1.2.3\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("verbose = true\n"), std::string::npos) << out;
+  EXPECT_EQ(out.find("print-config"), std::string::npos) << out;
+  EXPECT_EQ(out, EffectiveConfig(app_));
+}
+
+TEST_F(ConfigTest, PrintedConfigReadsBack) {
+  ASSERT_TRUE(Parse({"--num-shards", "9", "--host", "my host", "--peers", "a", "b"}).ok());
+  std::string path = WriteFile(EffectiveConfig(app_));
+  CLI::App again("again");
+  Flags flags;
+  again.add_option("--num-shards", flags.num_shards);
+  again.add_option("--host", flags.host);
+  again.add_flag("--verbose", flags.verbose);
+  again.add_option("--peers", flags.peers);
+  const char* argv[] = {"prog", "--config", path.c_str()};
+  StatusOr<ParseResult> r = ParseFlags(again, 3, argv, out_);
+  ASSERT_TRUE(r.ok()) << r.status().ToString() << "\n" << EffectiveConfig(app_);
+  EXPECT_EQ(flags.num_shards, 9);
+  EXPECT_EQ(flags.host, "my host");
+  EXPECT_EQ(flags.peers, (std::vector<std::string>{"a", "b"}));
+}
+
+TEST_F(ConfigTest, HelpIsReportedNotExited) {
+  StatusOr<ParseResult> r = Parse({"--help"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->exit_now);
+  EXPECT_NE(out_.str().find("--num-shards"), std::string::npos);
+  EXPECT_NE(out_.str().find("--config"), std::string::npos);
+}
+
+TEST_F(ConfigTest, RequiredOptionSatisfiedByFile) {
+  std::string role;
+  app_.add_option("--role", role)->required();
+  ASSERT_TRUE(Parse({"--config", WriteFile("role = ps\n")}).ok());
+  EXPECT_EQ(role, "ps");
+}
+
+}  // namespace
+}  // namespace onlineps

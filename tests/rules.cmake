@@ -1,0 +1,1 @@
+onlineps_test(update_rule_test onlineps_ps)

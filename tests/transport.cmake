@@ -1,0 +1,1 @@
+onlineps_test(transport_test onlineps_common)
