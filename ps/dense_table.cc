@@ -14,7 +14,8 @@ DenseTable::DenseTable(const TableSpec& spec, RuleSet rules, uint32_t shard,
       backups_(spec.dc_max_backups) {
   w_.resize(n_);
   uint64_t pos = 0;
-  for (const DenseSlice& s : DenseLayout(spec.name, spec.size(), num_shards).SlicesOf(shard)) {
+  const DenseLayout layout(spec.name, spec.size(), num_shards);
+  for (const DenseSlice& s : layout.SlicesOf(shard)) {
     InitValues(spec_, s.offset, w_.data() + pos, s.length, /*sparse_row=*/false);
     pos += s.length;
   }

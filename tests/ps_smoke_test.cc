@@ -1,0 +1,65 @@
+// End-to-end through a real shard server and the client library, in one process.
+#include <gtest/gtest.h>
+#include <prometheus/registry.h>
+
+#include "ps/ps_client.h"
+#include "ps/shard_server.h"
+
+namespace onlineps::ps {
+namespace {
+
+class PsSmokeTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PsSmokeTest, DenseAndSparsePushThenPull) {
+  const std::string scheme = GetParam();
+  std::vector<std::unique_ptr<ShardServer>> servers;
+  std::vector<std::string> endpoints;
+  for (uint32_t i = 0; i < 2; ++i) {
+    ShardServerOptions o;
+    o.shard = i;
+    o.num_shards = 2;
+    o.listen = scheme == "mem" ? "mem://smoke-" + std::to_string(i) : "tcp://127.0.0.1:0";
+    servers.push_back(
+        std::make_unique<ShardServer>(o, std::make_shared<prometheus::Registry>()));
+    auto ep = servers.back()->Start();
+    ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+    endpoints.push_back(*ep);
+  }
+  PsClientOptions co;
+  co.shards = endpoints;
+  auto client = PsClient::Connect(co);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto& c = **client;
+  TableSpec dense;
+  dense.name = "w";
+  dense.shape = {5};
+  dense.optimizer_params = {{"lr", 0.5}};
+  ASSERT_TRUE(c.CreateTable(dense).ok());
+  std::vector<float> g = {1, 2, 3, 4, 5}, w(5, -1);
+  VersionVector v;
+  ASSERT_TRUE(c.PullDense("w", w.data(), &v).Wait().ok());
+  EXPECT_EQ(w, std::vector<float>(5, 0.0f));
+  PushReply r;
+  ASSERT_TRUE(c.PushDense("w", g.data(), v, &r).Wait().ok());
+  EXPECT_EQ(r.max_tau, 0u);
+  ASSERT_TRUE(c.PullDense("w", w.data(), &v).Wait().ok());
+  EXPECT_EQ(w, (std::vector<float>{-0.5f, -1.0f, -1.5f, -2.0f, -2.5f}));
+
+  TableSpec sparse;
+  sparse.name = "emb";
+  sparse.kind = TableKind::kSparse;
+  sparse.dim = 2;
+  sparse.optimizer_params = {{"lr", 1.0}};
+  ASSERT_TRUE(c.CreateTable(sparse).ok());
+  std::vector<uint64_t> keys = {7, UINT64_MAX, 0, 12345};
+  std::vector<float> sg = {1, 1, 2, 2, 3, 3, 4, 4}, out(8, 9);
+  ASSERT_TRUE(c.PushSparse("emb", keys.data(), 4, sg.data(), {}, &r).Wait().ok());
+  ASSERT_TRUE(c.PullSparse("emb", keys.data(), 4, out.data(), &v).Wait().ok());
+  EXPECT_EQ(out, (std::vector<float>{-1, -1, -2, -2, -3, -3, -4, -4}));
+  for (auto& s : servers) s->Stop();
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, PsSmokeTest, ::testing::Values("mem", "tcp"));
+
+}  // namespace
+}  // namespace onlineps::ps
