@@ -50,16 +50,13 @@ Status FromZmqError(const std::string& what, const zmq::error_t& e) {
   }
 }
 
-void FreeHolder(void* /*data*/, void* hint) {
-  delete static_cast<std::shared_ptr<const void>*>(hint);
-}
-
 // Hands the frame's bytes to ZeroMQ without copying; ZeroMQ keeps the holder alive
-// until the bytes are written (FreeHolder runs on whichever thread lets go last).
+// until the bytes are written (the free function runs on whichever thread lets go last).
 zmq::message_t ToMessage(const Frame& frame) {
   if (frame.empty()) return zmq::message_t();
   auto hint = std::make_unique<std::shared_ptr<const void>>(frame.holder());
-  zmq::message_t message(const_cast<char*>(frame.data()), frame.size(), &FreeHolder, hint.get());
+  auto free_holder = [](void*, void* h) { delete static_cast<std::shared_ptr<const void>*>(h); };
+  zmq::message_t message(const_cast<char*>(frame.data()), frame.size(), free_holder, hint.get());
   hint.release();  // owned by `message` now
   return message;
 }
@@ -143,6 +140,24 @@ void OpenPipe(const char* kind, int hwm, zmq::socket_t* pull, zmq::socket_t* pus
   push->set(zmq::sockopt::linger, 0);
   push->set(zmq::sockopt::sndhwm, hwm);
   push->connect(name);
+}
+
+// Runs one round of an I/O loop so that nothing unwinds the thread; returns whether the
+// loop goes on. Errors are logged, and the loop survives them unless it was exiting.
+template <typename Round>
+bool RunGuarded(const char* where, bool exiting, Round round) {
+  try {
+    return round();
+  } catch (const zmq::error_t& e) {
+    LogError(where, e);
+    return !exiting && e.num() != ETERM;
+  } catch (const std::exception& e) {  // e.g. bad_alloc
+    LogError(where, e);
+    return !exiting;
+  } catch (...) {
+    std::fprintf(stderr, "onlineps: zmq transport: %s: unknown exception\n", where);
+    return !exiting;
+  }
 }
 
 void CloseQuietly(zmq::socket_t* socket) {
@@ -244,23 +259,19 @@ void ZmqServerTransport::Stop() {
 void ZmqServerTransport::IoLoop() {
   zmq::pollitem_t items[] = {{pull_.handle(), 0, ZMQ_POLLIN, 0},
                              {router_.handle(), 0, ZMQ_POLLIN, 0}};
-  while (true) {
+  bool more = true;
+  while (more) {
     // exit_ is read before draining: every Send it covers is already in the pipe.
     const bool exiting = exit_.load(std::memory_order_acquire);
     const bool receiving = receiving_.load(std::memory_order_acquire);
-    try {
+    more = RunGuarded("server I/O thread", exiting, [&] {
       items[0].revents = items[1].revents = 0;
       if (!exiting) zmq::poll(items, receiving ? 2 : 1, kPollFallback);
       if (exiting || (items[0].revents & ZMQ_POLLIN)) ForwardReplies(exiting);
-      if (exiting) break;
+      if (exiting) return false;
       if (receiving && (items[1].revents & ZMQ_POLLIN)) DispatchRequests();
-    } catch (const zmq::error_t& e) {
-      LogError("server I/O thread", e);
-      if (exiting || e.num() == ETERM) break;
-    } catch (const std::exception& e) {  // e.g. bad_alloc: keep serving, never unwind
-      LogError("server I/O thread", e);
-      if (exiting) break;
-    }
+      return true;
+    });
   }
   // With linger > 0 the shared context keeps flushing the ROUTER in the background.
   CloseQuietly(&router_);
@@ -371,23 +382,19 @@ void ZmqClientTransport::IoLoop() {
   std::vector<zmq::pollitem_t> items;
   items.push_back({pull_.handle(), 0, ZMQ_POLLIN, 0});
   for (auto& dealer : dealers_) items.push_back({dealer.handle(), 0, ZMQ_POLLIN, 0});
-  while (true) {
+  bool more = true;
+  while (more) {
     const bool exiting = exit_.load(std::memory_order_acquire);
-    try {
+    more = RunGuarded("client I/O thread", exiting, [&] {
       for (auto& item : items) item.revents = 0;
       if (!exiting) zmq::poll(items.data(), items.size(), kPollFallback);
       if (exiting || (items[0].revents & ZMQ_POLLIN)) ForwardRequests(exiting);
-      if (exiting) break;
+      if (exiting) return false;
       for (size_t i = 0; i < dealers_.size(); ++i) {
         if (items[i + 1].revents & ZMQ_POLLIN) DeliverReplies(i);
       }
-    } catch (const zmq::error_t& e) {
-      LogError("client I/O thread", e);
-      if (exiting || e.num() == ETERM) break;
-    } catch (const std::exception& e) {  // e.g. bad_alloc: keep serving, never unwind
-      LogError("client I/O thread", e);
-      if (exiting) break;
-    }
+      return true;
+    });
   }
   // With linger > 0 the shared context keeps flushing the DEALERs in the background.
   for (auto& dealer : dealers_) CloseQuietly(&dealer);

@@ -83,6 +83,18 @@ void FinishesInTime(const char* what, Fn fn) {
   std::_Exit(1);
 }
 
+// Runs `fn` when it goes out of scope. Tests declare one after the locals their
+// handlers use, so the server stops before those locals die on every exit path.
+template <typename Fn>
+class Cleanup {
+ public:
+  explicit Cleanup(Fn fn) : fn_(std::move(fn)) {}
+  ~Cleanup() { fn_(); }
+
+ private:
+  Fn fn_;
+};
+
 uint64_t Dropped(ServerTransport* server) {
   if (auto* zmq = dynamic_cast<ZmqServerTransport*>(server)) return zmq->dropped();
   if (auto* mem = dynamic_cast<MemServerTransport*>(server)) return mem->dropped();
@@ -126,7 +138,7 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(TransportTest, RoundTripsMultiFrameMessageByteExact) {
-  StartEchoServer();
+  ASSERT_NO_FATAL_FAILURE(StartEchoServer());
   Inbox inbox;
   auto client = Connect(endpoint_, &inbox);
   std::string big(4 << 20, '\0');
@@ -162,7 +174,7 @@ TEST_P(TransportTest, RoundTripsMultiFrameMessageByteExact) {
 
 TEST_P(TransportTest, PortZeroBindReturnsConnectableEndpoint) {
   if (!IsZmq()) GTEST_SKIP() << "ports exist only for tcp://";
-  StartEchoServer();
+  ASSERT_NO_FATAL_FAILURE(StartEchoServer());
   const std::string prefix = "tcp://127.0.0.1:";
   ASSERT_EQ(endpoint_.compare(0, prefix.size(), prefix), 0) << endpoint_;
   const int port = std::stoi(endpoint_.substr(prefix.size()));
@@ -184,14 +196,15 @@ TEST_P(TransportTest, KeepsOnePeersRequestsInOrderAcrossHandlerThreads) {
   std::condition_variable cv;
   std::vector<uint64_t> seen;
   std::set<std::thread::id> threads;
-  StartServer(
+  Cleanup stop([this] { server_->Stop(); });
+  ASSERT_NO_FATAL_FAILURE(StartServer(
       [&](Incoming&& in) {
         std::lock_guard<std::mutex> lock(mu);
         seen.push_back(AsU64(in.frames[0]));
         threads.insert(std::this_thread::get_id());
         cv.notify_all();
       },
-      options);
+      options));
   Inbox inbox;
   auto client = Connect(endpoint_, &inbox, options);
   for (uint64_t i = 0; i < kCount; ++i) ASSERT_TRUE(client->Send(0, {U64(i)}).ok()) << i;
@@ -208,7 +221,7 @@ TEST_P(TransportTest, ManyConcurrentClientsEachGetTheirOwnReplies) {
   constexpr uint64_t kPerClient = 200;
   TransportOptions options;
   options.handler_threads = 4;
-  StartEchoServer(options);
+  ASSERT_NO_FATAL_FAILURE(StartEchoServer(options));
   std::vector<std::thread> threads;
   std::vector<std::string> errors(kClients);
   for (int c = 0; c < kClients; ++c) {
@@ -236,12 +249,22 @@ TEST_P(TransportTest, DeliversRepliesSentFromAnotherThread) {
   std::condition_variable cv;
   std::deque<Incoming> pending;
   bool done = false;
-  StartServer([&](Incoming&& in) {
+  std::thread replier;
+  Cleanup stop([&] {
+    server_->Stop();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+      cv.notify_all();
+    }
+    if (replier.joinable()) replier.join();
+  });
+  ASSERT_NO_FATAL_FAILURE(StartServer([&](Incoming&& in) {
     std::lock_guard<std::mutex> lock(mu);
     pending.push_back(std::move(in));
     cv.notify_all();
-  });
-  std::thread replier([&] {
+  }));
+  replier = std::thread([&] {
     std::unique_lock<std::mutex> lock(mu);
     while (cv.wait(lock, [&] { return done || !pending.empty(); }), !pending.empty()) {
       Incoming in = std::move(pending.front());
@@ -256,19 +279,13 @@ TEST_P(TransportTest, DeliversRepliesSentFromAnotherThread) {
   auto client = Connect(endpoint_, &inbox);
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(client->Send(0, {F(std::to_string(i))}).ok());
   EXPECT_TRUE(inbox.WaitFor(3));
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    done = true;
-    cv.notify_all();
-  }
-  replier.join();
   std::multiset<std::string> got;
   for (const auto& item : inbox.Items()) got.insert(item.second[0].ToString());
   EXPECT_EQ(got, (std::multiset<std::string>{"deferred:0", "deferred:1", "deferred:2"}));
 }
 
 TEST_P(TransportTest, SendAfterStopOrCloseIsUnavailable) {
-  StartEchoServer();
+  ASSERT_NO_FATAL_FAILURE(StartEchoServer());
   Inbox inbox;
   auto client = Connect(endpoint_, &inbox);
   server_->Stop();
@@ -283,11 +300,14 @@ TEST_P(TransportTest, StopWithRequestsInFlightDoesNotHang) {
   std::atomic<int> handled{0};
   TransportOptions options;
   options.handler_threads = 2;
-  StartServer([&](Incoming&& in) {
-    std::this_thread::sleep_for(50us);
-    handled++;
-    (void)server_->Send(in.peer, std::move(in.frames));  // may race with Stop: no check
-  });
+  Cleanup stop([this] { server_->Stop(); });
+  ASSERT_NO_FATAL_FAILURE(StartServer(
+      [&](Incoming&& in) {
+        std::this_thread::sleep_for(50us);
+        handled++;
+        (void)server_->Send(in.peer, std::move(in.frames));  // may race with Stop: no check
+      },
+      options));
   Inbox inbox_a, inbox_b;
   auto a = Connect(endpoint_, &inbox_a);
   auto b = Connect(endpoint_, &inbox_b);
@@ -306,7 +326,7 @@ TEST_P(TransportTest, StopWithRequestsInFlightDoesNotHang) {
 TEST_P(TransportTest, ServerThatAppearsLater) {
   if (IsZmq()) {
     // Learn a free port, then free it again.
-    StartEchoServer();
+    ASSERT_NO_FATAL_FAILURE(StartEchoServer());
     const std::string endpoint = endpoint_;
     server_.reset();
     Inbox inbox;
@@ -352,7 +372,7 @@ TEST_P(TransportTest, BadEndpointsAreInvalidArgument) {
 }
 
 TEST_P(TransportTest, BindingABoundEndpointFails) {
-  StartEchoServer();
+  ASSERT_NO_FATAL_FAILURE(StartEchoServer());
   auto second = NewServerTransport(endpoint_);
   Status status = second->Start(endpoint_, [](Incoming&&) {}).status();
   EXPECT_EQ(status.code(), StatusCode::kAlreadyExists) << status.ToString();
@@ -363,27 +383,30 @@ TEST_P(TransportTest, FullHandlerQueueDropsAndCounts) {
   TransportOptions options;
   options.handler_threads = 1;
   options.max_queue_per_thread = 2;
-  std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> open{false};
   std::atomic<int> handled{0};
-  StartServer(
+  Cleanup stop([&] {
+    open = true;
+    server_->Stop();
+  });
+  ASSERT_NO_FATAL_FAILURE(StartServer(
       [&](Incoming&&) {
-        released.wait();
+        while (!open) std::this_thread::sleep_for(1ms);
         handled++;
       },
-      options);
+      options));
   Inbox inbox;
   auto client = Connect(endpoint_, &inbox);
   for (int i = 0; i < 20; ++i) ASSERT_TRUE(client->Send(0, {U64(i)}).ok());
   // One request is in the handler or queued, two more are queued, the rest dropped.
   ASSERT_TRUE(Eventually([&] { return Dropped(server_.get()) >= 17; })) << Dropped(server_.get());
-  release.set_value();
+  open = true;
   ASSERT_TRUE(Eventually([&] { return handled + Dropped(server_.get()) == 20; }));
   EXPECT_LE(Dropped(server_.get()), 18u);
 }
 
 TEST_P(TransportTest, OneFrameRoundTripLatency) {
-  StartEchoServer();
+  ASSERT_NO_FATAL_FAILURE(StartEchoServer());
   Inbox inbox;
   auto client = Connect(endpoint_, &inbox);
   constexpr int kWarmup = 200, kRounds = 2000;
