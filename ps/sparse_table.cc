@@ -341,7 +341,8 @@ Status SparseTable::Load(ByteReader* r) {
       if (&StripeOf(key) != stripes_[si].get()) return DataLoss("sparse row in the wrong stripe");
       Stripe& s = *stripes_[si];
       std::lock_guard<std::mutex> lock(s.mu);
-      int64_t slot = s.index.count(key) ? s.index[key] : -1;
+      auto found = s.index.find(key);
+      int64_t slot = found == s.index.end() ? -1 : static_cast<int64_t>(found->second);
       if (slot < 0) {
         slot = static_cast<int64_t>(s.meta.size());
         s.meta.emplace_back();

@@ -1,2 +1,5 @@
 # Parameter-server tests (ps/): tables, server, client, checkpoints.
 onlineps_test(ps_smoke_test onlineps_ps)
+onlineps_test(multiprocess_test onlineps_ps)
+target_compile_definitions(multiprocess_test PRIVATE ONLINEPS_BIN_DIR="${CMAKE_BINARY_DIR}/bin")
+add_dependencies(multiprocess_test onlineps_ps_server onlineps_ps_cli)

@@ -120,6 +120,9 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(bound.ok()) << bound.status().ToString();
     endpoint_ = *bound;
   }
+  void StopServer() {
+    if (server_) server_->Stop();
+  }
   // Replies to each request with its own frames, from the handler thread.
   void StartEchoServer(TransportOptions options = {}) {
     StartServer([this](Incoming&& in) { EXPECT_TRUE(server_->Send(in.peer, in.frames).ok()); },
@@ -196,7 +199,7 @@ TEST_P(TransportTest, KeepsOnePeersRequestsInOrderAcrossHandlerThreads) {
   std::condition_variable cv;
   std::vector<uint64_t> seen;
   std::set<std::thread::id> threads;
-  Cleanup stop([this] { server_->Stop(); });
+  Cleanup stop([this] { StopServer(); });
   ASSERT_NO_FATAL_FAILURE(StartServer(
       [&](Incoming&& in) {
         std::lock_guard<std::mutex> lock(mu);
@@ -251,7 +254,7 @@ TEST_P(TransportTest, DeliversRepliesSentFromAnotherThread) {
   bool done = false;
   std::thread replier;
   Cleanup stop([&] {
-    server_->Stop();
+    StopServer();
     {
       std::lock_guard<std::mutex> lock(mu);
       done = true;
@@ -300,7 +303,7 @@ TEST_P(TransportTest, StopWithRequestsInFlightDoesNotHang) {
   std::atomic<int> handled{0};
   TransportOptions options;
   options.handler_threads = 2;
-  Cleanup stop([this] { server_->Stop(); });
+  Cleanup stop([this] { StopServer(); });
   ASSERT_NO_FATAL_FAILURE(StartServer(
       [&](Incoming&& in) {
         std::this_thread::sleep_for(50us);
@@ -387,7 +390,7 @@ TEST_P(TransportTest, FullHandlerQueueDropsAndCounts) {
   std::atomic<int> handled{0};
   Cleanup stop([&] {
     open = true;
-    server_->Stop();
+    StopServer();
   });
   ASSERT_NO_FATAL_FAILURE(StartServer(
       [&](Incoming&&) {

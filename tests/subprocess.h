@@ -1,0 +1,95 @@
+// Test helper: start a real binary as a child process, read its stdout line by line,
+// signal it and collect its exit status. The child is killed (SIGKILL) if the object
+// dies first, so a failing test leaves no orphans.
+#ifndef ONLINEPS_TESTS_SUBPROCESS_H_
+#define ONLINEPS_TESTS_SUBPROCESS_H_
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace onlineps::testing {
+
+class Subprocess {
+ public:
+  explicit Subprocess(std::vector<std::string> argv) {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], STDOUT_FILENO);
+      close(fds[0]);
+      close(fds[1]);
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    out_ = fds[0];
+  }
+  ~Subprocess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (out_ >= 0) close(out_);
+  }
+  bool started() const { return pid_ > 0; }
+
+  // Next stdout line starting with `prefix` (the rest of it), or "" on timeout/EOF.
+  std::string WaitForLine(const std::string& prefix, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      size_t nl;
+      while ((nl = buf_.find('\n')) != std::string::npos) {
+        std::string line = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        if (line.rfind(prefix, 0) == 0) return line.substr(prefix.size());
+      }
+      pollfd p{out_, POLLIN, 0};
+      if (poll(&p, 1, 50) <= 0) continue;
+      char tmp[4096];
+      ssize_t n = read(out_, tmp, sizeof tmp);
+      if (n <= 0) return "";
+      buf_.append(tmp, static_cast<size_t>(n));
+    }
+    return "";
+  }
+
+  // Sends `sig` and waits up to `timeout` for exit; returns the exit code, 128+signal
+  // when killed by a signal, or -1 on timeout.
+  int Stop(int sig, std::chrono::milliseconds timeout) {
+    if (sig != 0) kill(pid_, sig);
+    return Wait(timeout);
+  }
+  int Wait(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    int status = 0;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      usleep(10000);
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+  bool exited_ = false;
+  std::string buf_;
+};
+
+}  // namespace onlineps::testing
+
+#endif  // ONLINEPS_TESTS_SUBPROCESS_H_
