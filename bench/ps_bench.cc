@@ -89,8 +89,8 @@ class RawEcho {
 };
 
 void Row(const char* what, const Stats& ps, const Stats& raw, const std::string& extra = "") {
-  std::printf("%-34s p50 %8.1f us  p99 %8.1f us | raw zmq p50 %8.1f us  p99 %8.1f us | %s\n",
-              what, ps.p50_us, ps.p99_us, raw.p50_us, raw.p99_us, extra.c_str());
+  std::printf("%-34s p50 %8.1f us  p99 %8.1f us | raw zmq p50 %8.1f us  p99 %8.1f us | %s\n", what,
+              ps.p50_us, ps.p99_us, raw.p50_us, raw.p99_us, extra.c_str());
 }
 
 void SparseCase(PsClient& c, RawEcho& raw, size_t nkeys, uint32_t dim, int iters) {
@@ -99,13 +99,15 @@ void SparseCase(PsClient& c, RawEcho& raw, size_t nkeys, uint32_t dim, int iters
   for (size_t i = 0; i < nkeys; ++i) keys[i] = i * 0x9e3779b97f4a7c15ULL + 1;
   std::vector<float> vals(nkeys * dim, 0.001f), out(nkeys * dim);
   VersionVector v;
-  Stats push = Measure(iters, [&] { c.PushSparse(table, keys.data(), nkeys, vals.data(), v, nullptr).Wait().ok(); });
+  Stats push = Measure(
+      iters, [&] { c.PushSparse(table, keys.data(), nkeys, vals.data(), v, nullptr).Wait().ok(); });
   Stats raw_push = Measure(iters, [&] {
     raw.RoundTrip({{"header-64-bytes-header-64-bytes-header-64-bytes-header-64-bytes", 64},
                    {keys.data(), nkeys * 8},
                    {vals.data(), vals.size() * 4}});
   });
-  Stats pull = Measure(iters, [&] { c.PullSparse(table, keys.data(), nkeys, out.data(), &v).Wait().ok(); });
+  Stats pull =
+      Measure(iters, [&] { c.PullSparse(table, keys.data(), nkeys, out.data(), &v).Wait().ok(); });
   Stats raw_pull = Measure(iters, [&] {
     raw.RoundTrip({{"header-64-bytes-header-64-bytes-header-64-bytes-header-64-bytes", 64},
                    {keys.data(), nkeys * 8}});
@@ -125,7 +127,9 @@ void DenseCase(PsClient& c, RawEcho& raw, uint64_t elems, int iters) {
   std::vector<float> g(elems, 0.0001f), out(elems);
   VersionVector v;
   const double bytes = elems * 4.0;
-  Stats push = Measure(iters, [&] { c.PushDense("dense", g.data(), v, nullptr).Wait().ok(); });
+  // The zero-copy overload: the frame shares ownership of the gradient.
+  const Frame gf = Frame::FromVector(g);
+  Stats push = Measure(iters, [&] { c.PushDense("dense", gf, v, nullptr).Wait().ok(); });
   Stats raw_push = Measure(iters, [&] { raw.RoundTrip({{"h", 64}, {g.data(), elems * 4}}); });
   Stats pull = Measure(iters, [&] { c.PullDense("dense", out.data(), &v).Wait().ok(); });
   char extra[160];
@@ -152,8 +156,8 @@ void ApplyRates(int reps) {
     float* slots[2] = {s1.data(), s2.data()};
     float* pslots[1] = {s2.data()};
     auto run = [&] {
-      rules->Apply(w.data(), slots, pslots, g.data(), with_bak ? bak.data() : nullptr, n, 1.0f,
-                   1, &scratch);
+      rules->Apply(w.data(), slots, pslots, g.data(), with_bak ? bak.data() : nullptr, n, 1.0f, 1,
+                   &scratch);
     };
     Stats st = Measure(reps, run);
     std::printf("apply %-28s %8.3f G elements/s (one core)\n", name, n / st.p50_us / 1e3);
@@ -165,7 +169,8 @@ void ApplyRates(int reps) {
     const float* __restrict pg = g.data();
     for (size_t i = 0; i < n; ++i) pw[i] -= 0.01f * pg[i];
   });
-  std::printf("apply %-28s %8.3f G elements/s (baseline loop)\n", "bare w -= lr*g", n / base.p50_us / 1e3);
+  std::printf("apply %-28s %8.3f G elements/s (baseline loop)\n", "bare w -= lr*g",
+              n / base.p50_us / 1e3);
   rate("sgd", "sgd", "none", false);
   rate("adagrad", "adagrad", "none", false);
   rate("sgd + dc_constant (DC-ASGD)", "sgd", "dc_constant", true);
@@ -174,12 +179,14 @@ void ApplyRates(int reps) {
 
 int Main(int argc, char** argv) {
   int iters = 2000;
+  std::string listen = "tcp://127.0.0.1:0";
   for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--mem")) listen = "mem://ps_bench";  // no network: PS overhead
     if (!std::strcmp(argv[i], "--quick")) iters = 200;
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
   }
   ShardServerOptions so;
-  so.listen = "tcp://127.0.0.1:0";
+  so.listen = listen;
   ShardServer server(so, std::make_shared<prometheus::Registry>());
   auto ep = server.Start();
   if (!ep.ok()) {
@@ -207,7 +214,8 @@ int Main(int argc, char** argv) {
   uint64_t key = 42;
   float one = 0.5f, out = 0;
   VersionVector v;
-  Stats push1 = Measure(iters, [&] { c.PushSparse("sparse1", &key, 1, &one, v, nullptr).Wait().ok(); });
+  Stats push1 =
+      Measure(iters, [&] { c.PushSparse("sparse1", &key, 1, &one, v, nullptr).Wait().ok(); });
   Stats pull1 = Measure(iters, [&] { c.PullSparse("sparse1", &key, 1, &out, &v).Wait().ok(); });
   Stats raw1 = Measure(iters, [&] { raw.RoundTrip({{"h", 40}, {&key, 8}, {&one, 4}}); });
   Row("push 1 key x 1 float", push1, raw1);

@@ -30,9 +30,7 @@ class ByteWriter {
     Put<uint64_t>(n);
     Append(data, n * sizeof(T));
   }
-  void Append(const void* p, size_t n) {
-    buf_.append(static_cast<const char*>(p), n);
-  }
+  void Append(const void* p, size_t n) { buf_.append(static_cast<const char*>(p), n); }
   std::string& buffer() { return buf_; }
 
  private:

@@ -37,6 +37,10 @@ class HandlerPool {
   // Returns false, dropping the item, when that queue is full (counted in dropped())
   // or the pool is closed.
   bool Submit(size_t key, T&& item);
+  // Runs `item` on the calling thread when lane `key % size()` is idle (empty queue,
+  // nothing running), keeping per-lane order; returns false, leaving `item` untouched,
+  // otherwise. Lets an I/O thread answer small requests without a thread hand-off.
+  bool TryRunInline(size_t key, T& item);
   // Lets every thread finish its queue, then joins them. Idempotent.
   void Close();
 
@@ -50,6 +54,7 @@ class HandlerPool {
     std::condition_variable cv;
     std::deque<T> queue;  // guarded by mu
     bool closed = false;  // guarded by mu
+    bool busy = false;    // guarded by mu; an item of this lane is running
     std::thread thread;
   };
   void Run(Lane* lane);
@@ -95,6 +100,25 @@ bool HandlerPool<T>::Submit(size_t key, T&& item) {
 }
 
 template <typename T>
+bool HandlerPool<T>::TryRunInline(size_t key, T& item) {
+  Lane* lane = lanes_[key % lanes_.size()].get();
+  {
+    std::lock_guard<std::mutex> lock(lane->mu);
+    if (lane->closed || lane->busy || !lane->queue.empty()) return false;
+    lane->busy = true;
+  }
+  Invoke(std::move(item));
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lock(lane->mu);
+    lane->busy = false;
+    wake = !lane->queue.empty();
+  }
+  if (wake) lane->cv.notify_one();
+  return true;
+}
+
+template <typename T>
 void HandlerPool<T>::Close() {
   std::lock_guard<std::mutex> close_lock(close_mu_);
   for (auto& lane : lanes_) {
@@ -111,13 +135,17 @@ template <typename T>
 void HandlerPool<T>::Run(Lane* lane) {
   std::unique_lock<std::mutex> lock(lane->mu);
   while (true) {
-    lane->cv.wait(lock, [lane] { return !lane->queue.empty() || lane->closed; });
+    lane->cv.wait(lock, [lane] {
+      return (!lane->queue.empty() && !lane->busy) || (lane->closed && !lane->busy);
+    });
     if (lane->queue.empty()) return;  // closed and drained
     T item = std::move(lane->queue.front());
     lane->queue.pop_front();
+    lane->busy = true;
     lock.unlock();
     Invoke(std::move(item));
     lock.lock();
+    lane->busy = false;
   }
 }
 

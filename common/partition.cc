@@ -20,7 +20,7 @@ DenseLayout::DenseLayout(std::string_view table, uint64_t total, uint32_t num_sh
   elems_.assign(num_shards_, 0);
   if (total_ == 0) return;
   slice_elems = std::max<uint64_t>(slice_elems, 1);
-  // Small tensors: num_shards near-equal slices; large ones: fixed-size slices.
+  // At least num_shards slices, each at most slice_elems, all of near-equal length.
   uint64_t num_slices = (total_ + slice_elems - 1) / slice_elems;
   num_slices = std::min<uint64_t>(std::max<uint64_t>(num_slices, num_shards_), total_);
   const uint64_t base = total_ / num_slices, extra = total_ % num_slices;

@@ -26,14 +26,18 @@ struct TransportOptions {
   // each peer's requests are handled in the order sent.
   int handler_threads = 2;
   // Server: requests waiting for a handler thread, per thread. When full, the request
-  // is answered by the transport's overflow callback (RESOURCE_EXHAUSTED) or dropped.
+  // is dropped and counted (the client's timeout and retry handle it).
   size_t max_queue_per_thread = 8192;
-  // Hard cap on one incoming message (all frames). ZeroMQ disconnects a peer that sends
-  // more (ZMQ_MAXMSGSIZE applies per frame); servers check the soft limit themselves.
+  // Hard cap on one incoming frame (ZMQ_MAXMSGSIZE): ZeroMQ disconnects a peer that
+  // sends a larger one. Servers check their soft limit on whole messages themselves.
   size_t max_message_bytes = size_t{1} << 30;
   // ZeroMQ high-water marks (messages) on sockets that face the network.
   int send_hwm = 10000;
   int recv_hwm = 10000;
+  // Server: requests up to this size (all frames) are handled on the I/O thread when
+  // their peer's handler lane is idle, saving two thread hand-offs per round trip;
+  // larger ones always go to a handler thread. 0 disables inline handling.
+  size_t inline_max_bytes = 256 * 1024;
   // Client: how long Close() waits to flush unsent messages (ZMQ_LINGER).
   std::chrono::milliseconds linger{0};
 };

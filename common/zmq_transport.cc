@@ -295,6 +295,12 @@ void ZmqServerTransport::DispatchRequests() {
     in.frames.reserve(parts.size() - 1);
     for (size_t j = 1; j < parts.size(); ++j) in.frames.push_back(ToFrame(std::move(parts[j])));
     const size_t key = std::hash<std::string>{}(in.peer);
+    size_t bytes = 0;
+    for (const Frame& f : in.frames) bytes += f.size();
+    if (bytes <= options_.inline_max_bytes && pool_->TryRunInline(key, in)) {
+      ForwardReplies(false);  // the reply it just queued, without waiting for a poll
+      continue;
+    }
     pool_->Submit(key, std::move(in));  // when full, dropped and counted by the pool
   }
 }

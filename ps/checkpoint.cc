@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -34,13 +35,22 @@ Status WriteAll(const std::string& path, const std::string& bytes) {
     }
     off += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+  const bool synced = ::fsync(fd) == 0;
+  const int sync_errno = errno;
+  if (::close(fd) != 0 || !synced) {
     ::unlink(tmp.c_str());
-    return Unavailable("cannot flush " + tmp + ": " + std::strerror(errno));
+    return Unavailable("cannot flush " + tmp + ": " + std::strerror(synced ? errno : sync_errno));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     ::unlink(tmp.c_str());
     return Unavailable("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
+  }
+  // The rename is durable only once the directory entry is on disk.
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
   }
   return Status::Ok();
 }

@@ -43,8 +43,8 @@ class Dedup {
 
  private:
   struct Window {
-    uint64_t high = 0;                // highest seq seen (reserved or applied)
-    std::bitset<kWindow> applied;     // bit (seq % kWindow) for seqs in (high-kWindow, high]
+    uint64_t high = 0;             // highest seq seen (reserved or applied)
+    std::bitset<kWindow> applied;  // bit (seq % kWindow) for seqs in (high-kWindow, high]
     std::bitset<kWindow> in_progress;
   };
   static void Advance(Window* w, uint64_t seq);

@@ -6,8 +6,7 @@
 
 namespace onlineps::ps {
 
-DenseTable::DenseTable(const TableSpec& spec, RuleSet rules, uint32_t shard,
-                       uint32_t num_shards)
+DenseTable::DenseTable(const TableSpec& spec, RuleSet rules, uint32_t shard, uint32_t num_shards)
     : spec_(spec),
       rules_(std::move(rules)),
       n_(DenseLayout(spec.name, spec.size(), num_shards).ElemsOf(shard)),
@@ -81,7 +80,10 @@ StatusOr<PushResult> DenseTable::Push(const PushRequest& req) {
       const float* w_bak = nullptr;
       if (rules_.needs_backup()) {
         const std::vector<float>* b = backups_.Find(req.sender);
-        if (b != nullptr) w_bak = b->data(); else ++backup_misses_;
+        if (b != nullptr)
+          w_bak = b->data();
+        else
+          ++backup_misses_;
       }
       if (spec_.accumulate > 1) {
         res.queued = !AccumulateLocked(req.values, w_bak, res.tau);

@@ -50,14 +50,14 @@ class DenseTable : public Table {
   std::vector<float> w_;                      // guarded by mu_
   std::vector<float> opt_state_, pol_state_;  // guarded by mu_; slot-major
   std::vector<float*> opt_slots_, pol_slots_;
-  std::vector<float> avg_;                    // guarded by mu_; Polyak average
-  std::vector<float> acc_;                    // guarded by mu_; accumulation sum
-  uint32_t acc_count_ = 0;                    // guarded by mu_
-  uint64_t acc_tau_sum_ = 0;                  // guarded by mu_
+  std::vector<float> avg_;                        // guarded by mu_; Polyak average
+  std::vector<float> acc_;                        // guarded by mu_; accumulation sum
+  uint32_t acc_count_ = 0;                        // guarded by mu_
+  uint64_t acc_tau_sum_ = 0;                      // guarded by mu_
   LruMap<uint64_t, std::vector<float>> backups_;  // guarded by mu_; DC-ASGD w_bak
-  uint64_t backup_misses_ = 0;                // guarded by mu_
-  std::vector<float> scratch_;                // guarded by mu_
-  std::optional<SspClock> ssp_;               // block mode only; has its own lock
+  uint64_t backup_misses_ = 0;                    // guarded by mu_
+  std::vector<float> scratch_;                    // guarded by mu_
+  std::optional<SspClock> ssp_;                   // block mode only; has its own lock
 };
 
 }  // namespace onlineps::ps

@@ -71,8 +71,8 @@ Status RunPattern(const Common& c, const PatternArgs& a) {
       for (uint32_t j = 0; j < a.dim; ++j) sg[k * a.dim + j] = PatternValue(a.worker, step, k + j);
     }
     Ticket t1 = client->PushDense("pattern_dense", g.data(), base, nullptr);
-    Ticket t2 = client->PushSparse("pattern_sparse", keys.data(), keys.size(), sg.data(), base,
-                                   nullptr);
+    Ticket t2 =
+        client->PushSparse("pattern_sparse", keys.data(), keys.size(), sg.data(), base, nullptr);
     ONLINEPS_RETURN_IF_ERROR(t1.Wait());
     ONLINEPS_RETURN_IF_ERROR(t2.Wait());
   }

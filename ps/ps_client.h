@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/frame.h"
 #include "common/status.h"
 #include "common/transport.h"
 #include "ps/table_spec.h"
@@ -21,7 +22,10 @@ namespace onlineps::ps {
 
 struct PsClientOptions {
   std::vector<std::string> shards;  // endpoint of shard i at index i
-  uint64_t sender_id = 0;           // 0: a random 64-bit id
+  // 0 (default): a random 64-bit id per client object. A fixed id must never be reused
+  // by a new client while shards remember the old one: push sequence numbers restart at
+  // 1, and shards would answer those pushes as duplicates without applying them.
+  uint64_t sender_id = 0;
   std::chrono::milliseconds timeout{5000};          // whole call, all attempts
   std::chrono::milliseconds attempt_timeout{1000};  // one attempt before it is resent
   TransportOptions transport;
@@ -35,13 +39,13 @@ struct PushReply {
   std::vector<uint64_t> taus;
   uint64_t max_tau = 0;
   uint64_t max_version = 0;
-  bool queued = false;    // some shard accumulated the push without applying it yet
-  bool duplicate = false; // some shard had already applied it (a retry)
+  bool queued = false;     // some shard accumulated the push without applying it yet
+  bool duplicate = false;  // some shard had already applied it (a retry)
 };
 
 struct PullOptions {
-  bool averaged = false;       // read the Polyak-averaged copy
-  bool record_backup = true;   // let DC-ASGD tables remember what this client read
+  bool averaged = false;      // read the Polyak-averaged copy
+  bool record_backup = true;  // let DC-ASGD tables remember what this client read
 };
 
 struct PushOptions {
@@ -81,14 +85,18 @@ class PsClient {
   // Asks every shard to write a checkpoint now.
   virtual Status Checkpoint() = 0;
 
-  // REQUIRES for all calls below: the buffers stay valid until the Ticket completes.
-  // `out` has spec.size() floats (dense) or n * dim floats (sparse); `versions` and
-  // `reply` may be null. `done` (optional) runs on a client thread when complete.
+  // REQUIRES for all calls below: `out`, `versions` and `reply` stay valid until the
+  // Ticket completes; input arrays are copied before the call returns (retries may send
+  // them after a timed-out Ticket is gone). `out` has spec.size() floats (dense) or
+  // n * dim floats (sparse); `versions` and `reply` may be null. `done` (optional) runs
+  // on a client thread when complete.
   virtual Ticket PullDense(const std::string& table, float* out, VersionVector* versions,
                            PullOptions opts = {}, Callback done = nullptr) = 0;
-  virtual Ticket PushDense(const std::string& table, const float* values,
-                           const VersionVector& base, PushReply* reply, PushOptions opts = {},
-                           Callback done = nullptr) = 0;
+  virtual Ticket PushDense(const std::string& table, const float* values, const VersionVector& base,
+                           PushReply* reply, PushOptions opts = {}, Callback done = nullptr) = 0;
+  // Zero-copy push: `values` (spec.size() floats) is shared, not copied.
+  virtual Ticket PushDense(const std::string& table, Frame values, const VersionVector& base,
+                           PushReply* reply, PushOptions opts = {}, Callback done = nullptr) = 0;
   virtual Ticket PullSparse(const std::string& table, const uint64_t* keys, size_t n, float* out,
                             VersionVector* versions, PullOptions opts = {},
                             Callback done = nullptr) = 0;

@@ -72,10 +72,10 @@ ShardServer::Metrics::Metrics(prometheus::Registry& r)
                          .Help("DC-ASGD pushes applied without compensation (no backup)")
                          .Register(r)) {
   for (size_t op = 0; op < kOps; ++op) {
-    durations_[op] = &duration_family_.Add(
-        {{"op", std::string(OpName(static_cast<Op>(op)))}},
-        prometheus::Histogram::BucketBoundaries{1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2,
-                                                0.1, 0.3, 1});
+    durations_[op] =
+        &duration_family_.Add({{"op", std::string(OpName(static_cast<Op>(op)))}},
+                              prometheus::Histogram::BucketBoundaries{
+                                  1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1});
   }
 }
 
@@ -85,8 +85,8 @@ void ShardServer::Metrics::CountRequest(Op op, StatusCode code) {
   prometheus::Counter* counter = counters_[o][c].load(std::memory_order_acquire);
   if (counter == nullptr) {
     std::lock_guard<std::mutex> lock(mu_);
-    counter = &requests_.Add({{"op", std::string(OpName(op))},
-                              {"code", std::string(StatusCodeName(code))}});
+    counter = &requests_.Add(
+        {{"op", std::string(OpName(op))}, {"code", std::string(StatusCodeName(code))}});
     counters_[o][c].store(counter, std::memory_order_release);
   }
   counter->Increment();

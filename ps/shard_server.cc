@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "common/clock.h"
+#include "common/partition.h"
 #include "ps/checkpoint.h"
 #include "ps/shard_metrics.h"
 
@@ -40,8 +41,7 @@ StatusOr<size_t> KeyCount(const Frames& frames) {
 
 }  // namespace
 
-ShardServer::ShardServer(ShardServerOptions options,
-                         std::shared_ptr<prometheus::Registry> registry)
+ShardServer::ShardServer(ShardServerOptions options, std::shared_ptr<prometheus::Registry> registry)
     : options_(std::move(options)),
       registry_(std::move(registry)),
       metrics_(std::make_unique<Metrics>(*registry_)),
@@ -69,8 +69,7 @@ std::shared_ptr<Table> ShardServer::FindTable(const std::string& name) const {
 StatusOr<std::string> ShardServer::Start() {
   if (options_.shard >= options_.num_shards) {
     return InvalidArgument("shard index " + std::to_string(options_.shard) +
-                           " must be below the shard count " +
-                           std::to_string(options_.num_shards));
+                           " must be below the shard count " + std::to_string(options_.num_shards));
   }
   const std::string path = checkpoint_path();
   if (!path.empty()) {
@@ -124,6 +123,9 @@ StatusOr<std::string> ShardServer::Checkpoint() {
   const std::string path = checkpoint_path();
   if (path.empty()) return FailedPrecondition("no checkpoint directory configured");
   std::lock_guard<std::mutex> lock(ckpt_mu_);
+  // Pushes pause while tables and dedup windows are written, so the file holds exactly
+  // the pushes its dedup state says were applied.
+  std::unique_lock<std::shared_mutex> gate(apply_gate_);
   auto t0 = std::chrono::steady_clock::now();
   auto bytes = WriteCheckpoint(path, {options_.shard, options_.num_shards}, *tables(), dedup_);
   metrics_->CountCheckpoint(bytes.ok(), SecondsSince(t0), bytes.ok() ? *bytes : 0);
@@ -143,16 +145,16 @@ void ShardServer::Handle(Incoming&& in) {
   Header req;
   if (in.frames.empty()) {
     st = Malformed("empty message");
-  } else if (bytes > options_.max_message_bytes) {
-    st = Status(StatusCode::kTooLarge, "message of " + std::to_string(bytes) +
-                                           " bytes exceeds the limit of " +
-                                           std::to_string(options_.max_message_bytes));
   } else {
+    // The header is decoded first so that every refusal below can echo the request id.
     auto decoded = DecodeHeader(in.frames[0].data(), in.frames[0].size());
     if (!decoded.ok()) {
       st = decoded.status();
+    } else if (req = std::move(decoded).value(); bytes > options_.max_message_bytes) {
+      st = Status(StatusCode::kTooLarge, "message of " + std::to_string(bytes) +
+                                             " bytes exceeds the limit of " +
+                                             std::to_string(options_.max_message_bytes));
     } else {
-      req = std::move(decoded).value();
       st = Dispatch(req, in.frames, &reply, &payload, in.peer, &held);
     }
   }
@@ -176,16 +178,20 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
                      {"num_shards", std::to_string(options_.num_shards)},
                      {"ready", ready_ ? "true" : "false"}};
       return Status::Ok();
-    case Op::kCreateTable: return CreateTable(h, reply);
-    case Op::kTableInfo: return Info(h, reply);
+    case Op::kCreateTable:
+      return CreateTable(h, reply);
+    case Op::kTableInfo:
+      return Info(h, reply);
     case Op::kCheckpoint: {
       auto path = Checkpoint();
       if (!path.ok()) return path.status();
       reply->message = *path;
       return Status::Ok();
     }
-    case Op::kReply: return Status(StatusCode::kUnknownOp, "a shard does not accept replies");
-    default: break;
+    case Op::kReply:
+      return Status(StatusCode::kUnknownOp, "a shard does not accept replies");
+    default:
+      break;
   }
   std::shared_ptr<Table> t = FindTable(h.table);
   if (t == nullptr) return NotFound("unknown table '" + h.table + "'");
@@ -217,7 +223,8 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
       }
       return Status::Ok();
     }
-    default: return Status(StatusCode::kUnknownOp, "op not served by a shard");
+    default:
+      return Status(StatusCode::kUnknownOp, "op not served by a shard");
   }
 }
 
@@ -236,7 +243,12 @@ Status ShardServer::CreateTable(const Header& h, Header* reply) {
     return Status(StatusCode::kAlreadyExists,
                   "table '" + spec->name + "' exists with a different spec");
   }
-  auto table = Table::Create(*spec, options_.shard, options_.num_shards);
+  StatusOr<std::unique_ptr<Table>> table = Internal("not created");
+  try {
+    table = Table::Create(*spec, options_.shard, options_.num_shards);
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted("not enough memory for table '" + spec->name + "'");
+  }
   if (!table.ok()) return table.status();
   auto next = std::make_shared<TableMap>(*current);
   (*next)[spec->name] = std::shared_ptr<Table>(std::move(table).value());
@@ -265,6 +277,13 @@ Status ShardServer::PullDense(const Header& h, Table& t, Header* reply, Frames* 
 Status ShardServer::PullSparse(const Header& h, const Frames& frames, Table& t, Header* reply,
                                Frames* out) {
   ONLINEPS_ASSIGN_OR_RETURN(size_t n, KeyCount(frames));
+  if (n * t.spec().dim * sizeof(float) > options_.max_message_bytes) {
+    return Status(StatusCode::kTooLarge,
+                  "pull of " + std::to_string(n) + " rows x " + std::to_string(t.spec().dim) +
+                      " floats would exceed the message limit of " +
+                      std::to_string(options_.max_message_bytes) + " bytes; split it");
+  }
+  ONLINEPS_RETURN_IF_ERROR(CheckKeysOwned(h.table, frames[1].As<uint64_t>(), n));
   PullRequest req;
   req.sender = h.sender;
   req.keys = frames[1].As<uint64_t>();
@@ -294,18 +313,23 @@ Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<
     ONLINEPS_ASSIGN_OR_RETURN(req.num_keys, KeyCount(frames));
     req.keys = frames[1].As<uint64_t>();
   }
+  if (!dense) ONLINEPS_RETURN_IF_ERROR(CheckKeysOwned(h.table, req.keys, req.num_keys));
+  std::shared_lock<std::shared_mutex> gate(apply_gate_);
   switch (dedup_.Begin(h.sender, h.seq)) {
     case Dedup::Verdict::kDuplicate:
       metrics_->CountDuplicate();
       reply->version = t->version();
       reply->message = "duplicate: push (sender, seq) was already applied";
+      // A retry of a held push waits like the original, or retries would defeat SSP.
+      *hold = !t->Releasable(h.sender, req.now_ms);
       return Status::Ok();
     case Dedup::Verdict::kInProgress:
       return Unavailable("push (sender, seq) is being applied; retry");
     case Dedup::Verdict::kTooOld:
       return FailedPrecondition("push seq " + std::to_string(h.seq) +
                                 " is below the dedup window; cannot tell if it was applied");
-    case Dedup::Verdict::kNew: break;
+    case Dedup::Verdict::kNew:
+      break;
   }
   auto res = t->Push(req);
   if (!res.ok()) {
@@ -319,6 +343,18 @@ Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<
   reply->queued = res->queued;
   *hold = res->hold;
   ReleaseHeld(/*all=*/false);
+  return Status::Ok();
+}
+
+Status ShardServer::CheckKeysOwned(const std::string& table, const uint64_t* keys, size_t n) const {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t owner = ShardOfKey(keys[i], options_.num_shards);
+    if (owner != options_.shard) {
+      return InvalidArgument("table '" + table + "': key " + std::to_string(keys[i]) +
+                             " belongs to shard " + std::to_string(owner) + ", not shard " +
+                             std::to_string(options_.shard) + " (check the shard list order)");
+    }
+  }
   return Status::Ok();
 }
 
@@ -356,7 +392,7 @@ void ShardServer::SendReply(const std::string& peer, const Header& reply, Frames
 
 void ShardServer::HoldReply(Held held) {
   std::lock_guard<std::mutex> lock(held_mu_);
-  if (held_.size() >= options_.max_held_replies) {
+  if (held_.size() >= options_.max_held_replies || stopping_) {
     // Bounded: past the cap a reply goes out at once rather than growing the list.
     transport_->Send(held.peer, std::move(held.reply)).ok();
     return;

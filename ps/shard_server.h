@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,6 +78,8 @@ class ShardServer {
   Status Push(const Header& h, const Frames& frames, std::shared_ptr<Table> t, Header* reply,
               bool* hold);
   Status Info(const Header& h, Header* reply);
+  // A client with the shard list in the wrong order would write rows to the wrong shard.
+  Status CheckKeysOwned(const std::string& table, const uint64_t* keys, size_t n) const;
   void SendReply(const std::string& peer, const Header& reply, Frames payload);
   void HoldReply(Held held);
   void ReleaseHeld(bool all);
@@ -93,13 +96,16 @@ class ShardServer {
   std::atomic<bool> ready_{false};
   std::atomic<bool> stopping_{false};
 
-  mutable std::mutex tables_mu_;  // serializes writers; readers load the snapshot
+  mutable std::mutex tables_mu_;            // serializes writers; readers load the snapshot
   std::shared_ptr<const TableMap> tables_;  // copy-on-write; atomic_load/atomic_store
 
   std::mutex held_mu_;
   std::vector<Held> held_;  // guarded by held_mu_
 
   std::mutex ckpt_mu_;  // one checkpoint at a time
+  // Shared by pushes (dedup check through commit), exclusive while a checkpoint is
+  // written: the file never holds a push its dedup windows miss, or the reverse.
+  std::shared_mutex apply_gate_;
 
   std::mutex maint_mu_;
   std::condition_variable maint_cv_;

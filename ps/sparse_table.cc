@@ -70,12 +70,11 @@ SparseTable::SparseTable(const TableSpec& spec, RuleSet rules)
     : spec_(spec),
       rules_(std::move(rules)),
       dim_(spec.dim),
-      row_floats_(dim_ * (1 + rules_.optimizer_slots() + rules_.policy_slots() +
-                          (spec.polyak ? 1 : 0))),
+      row_floats_(dim_ *
+                  (1 + rules_.optimizer_slots() + rules_.policy_slots() + (spec.polyak ? 1 : 0))),
       // A row cap is enforced per stripe, so small caps use fewer stripes to stay exact.
-      num_stripes_(spec.max_rows == 0
-                       ? kMaxStripes
-                       : std::clamp<size_t>(spec.max_rows / 1024, 1, kMaxStripes)),
+      num_stripes_(spec.max_rows == 0 ? kMaxStripes
+                                      : std::clamp<size_t>(spec.max_rows / 1024, 1, kMaxStripes)),
       rows_per_stripe_(spec.max_rows == 0 ? 0 : (spec.max_rows + num_stripes_ - 1) / num_stripes_) {
   const size_t backups =
       std::max<size_t>(1024, spec.dc_max_backups * kBackupRowsPerWorker / num_stripes_);
@@ -175,8 +174,8 @@ int64_t SparseTable::FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms) {
   return slot;
 }
 
-void SparseTable::ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const float* g,
-                           bool delta, float lr_scale, uint64_t step) {
+void SparseTable::ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const float* g, bool delta,
+                           float lr_scale, uint64_t step, bool compensate) {
   float* row = s.data.data() + size_t{slot} * row_floats_;
   if (delta) {
     const float scale = static_cast<float>(spec_.delta_scale);
@@ -188,9 +187,12 @@ void SparseTable::ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const floa
     const size_t pol_off = dim_ * (1 + rules_.optimizer_slots());
     for (int k = 0; k < rules_.policy_slots(); ++k) pol[k] = row + pol_off + dim_ * k;
     const float* w_bak = nullptr;
-    if (rules_.needs_backup()) {
+    if (rules_.needs_backup() && compensate) {
       auto* b = s.backups.Find({sender, s.meta[slot].key});
-      if (b != nullptr) w_bak = b->data(); else backup_misses_.fetch_add(1);
+      if (b != nullptr)
+        w_bak = b->data();
+      else
+        backup_misses_.fetch_add(1);
     }
     rules_.Apply(row, opt, pol, g, w_bak, dim_, lr_scale, step, &s.scratch);
   }
@@ -205,8 +207,8 @@ void SparseTable::ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const floa
 StatusOr<PushResult> SparseTable::Push(const PushRequest& req) {
   if (req.num_values != req.num_keys * dim_) {
     return ShapeMismatch("table '" + spec_.name + "': " + std::to_string(req.num_keys) +
-                         " keys need " + std::to_string(req.num_keys * dim_) +
-                         " values (dim " + std::to_string(dim_) + "), the push carries " +
+                         " keys need " + std::to_string(req.num_keys * dim_) + " values (dim " +
+                         std::to_string(dim_) + "), the push carries " +
                          std::to_string(req.num_values));
   }
   if (!AllFinite(req.values, req.num_values)) {
@@ -227,8 +229,8 @@ StatusOr<PushResult> SparseTable::Push(const PushRequest& req) {
     for (uint32_t i : groups[si]) {
       int64_t slot = FindOrCreate(s, req.keys[i], req.now_ms);
       if (slot < 0) continue;  // not admitted yet: the touch is counted, the gradient dropped
-      ApplyRow(s, static_cast<uint32_t>(slot), req.sender, req.values + size_t{i} * dim_,
-               req.delta, lr_scale, step);
+      ApplyRow(s, static_cast<uint32_t>(slot), req.sender, req.values + size_t{i} * dim_, req.delta,
+               lr_scale, step, /*compensate=*/true);
     }
   }
   PushResult res;
@@ -241,25 +243,56 @@ StatusOr<PushResult> SparseTable::Push(const PushRequest& req) {
   return res;
 }
 
-StatusOr<PushResult> SparseTable::Accumulate(const PushRequest& req, uint64_t tau) {
-  std::lock_guard<std::mutex> lock(acc_mu_);
-  for (size_t i = 0; i < req.num_keys; ++i) {
-    auto& sum = acc_[req.keys[i]];
-    if (sum.empty()) sum.assign(dim_, 0.0f);
-    const float* g = req.values + i * dim_;
-    for (uint32_t j = 0; j < dim_; ++j) sum[j] += g[j];
+void SparseTable::CompensateEach(const PushRequest& req, float* g) {
+  auto groups = GroupByStripe(req.keys, req.num_keys);
+  for (size_t si = 0; si < num_stripes_; ++si) {
+    Stripe& s = *stripes_[si];
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (uint32_t i : groups[si]) {
+      auto it = s.index.find(req.keys[i]);
+      if (it == s.index.end()) continue;  // a row not created yet still equals its backup
+      float* row = s.data.data() + size_t{it->second} * row_floats_;
+      auto* b = s.backups.Find({req.sender, req.keys[i]});
+      if (b == nullptr) {
+        backup_misses_.fetch_add(1);
+        continue;
+      }
+      float* pol[4];
+      const size_t pol_off = dim_ * (1 + rules_.optimizer_slots());
+      for (int k = 0; k < rules_.policy_slots(); ++k) pol[k] = row + pol_off + dim_ * k;
+      rules_.Compensate(g + size_t{i} * dim_, row, b->data(), pol, dim_);
+    }
   }
-  acc_tau_sum_ += tau;
+}
+
+StatusOr<PushResult> SparseTable::Accumulate(const PushRequest& req, uint64_t tau) {
+  // DC-ASGD: each contribution is compensated against its own sender's backup at the
+  // current weights before it joins the sum, as in the dense table.
+  std::vector<float> g(req.values, req.values + req.num_values);
+  if (rules_.needs_backup()) CompensateEach(req, g.data());
   PushResult res;
   res.tau = tau;
-  if (++acc_count_ < spec_.accumulate) {
-    res.queued = true;
-    res.version = version_.load();
-    return res;
+  {
+    std::lock_guard<std::mutex> lock(acc_mu_);
+    for (size_t i = 0; i < req.num_keys; ++i) {
+      auto& sum = acc_[req.keys[i]];
+      if (sum.empty()) sum.assign(dim_, 0.0f);
+      for (uint32_t j = 0; j < dim_; ++j) sum[j] += g[i * dim_ + j];
+    }
+    acc_tau_sum_ += tau;
+    if (++acc_count_ < spec_.accumulate) {
+      res.queued = true;
+      res.version = version_.load();
+    } else {
+      const uint64_t mean_tau = (acc_tau_sum_ + acc_count_ / 2) / acc_count_;
+      ApplyAccumulated(rules_.policy().LrScale(mean_tau), req.now_ms);
+      res.version = version_.fetch_add(1) + 1;
+    }
   }
-  const uint64_t mean_tau = (acc_tau_sum_ + acc_count_ / 2) / acc_count_;
-  ApplyAccumulated(rules_.policy().LrScale(mean_tau), req.now_ms);
-  res.version = version_.fetch_add(1) + 1;
+  if (ssp_) {
+    ssp_->Tick(req.sender, req.now_ms);
+    res.hold = !ssp_->Releasable(req.sender, req.now_ms);
+  }
   return res;
 }
 
@@ -271,7 +304,10 @@ void SparseTable::ApplyAccumulated(float lr_scale, uint64_t now_ms) {
     Stripe& s = StripeOf(key);
     std::lock_guard<std::mutex> lock(s.mu);
     int64_t slot = FindOrCreate(s, key, now_ms);
-    if (slot >= 0) ApplyRow(s, static_cast<uint32_t>(slot), 0, sum.data(), false, lr_scale, step);
+    if (slot >= 0) {
+      ApplyRow(s, static_cast<uint32_t>(slot), 0, sum.data(), false, lr_scale, step,
+               /*compensate=*/false);  // each contribution was compensated on arrival
+    }
   }
   acc_.clear();
   acc_count_ = 0;
@@ -321,6 +357,15 @@ void SparseTable::Save(ByteWriter* w) const {
       w->Append(s.data.data() + size_t{i} * row_floats_, row_floats_ * sizeof(float));
     }
   }
+  // Pushes answered "queued" are part of the state: keep the accumulator.
+  std::lock_guard<std::mutex> lock(acc_mu_);
+  w->Put<uint32_t>(acc_count_);
+  w->Put<uint64_t>(acc_tau_sum_);
+  w->Put<uint64_t>(acc_.size());
+  for (const auto& [key, sum] : acc_) {
+    w->Put<uint64_t>(key);
+    w->Append(sum.data(), sum.size() * sizeof(float));
+  }
 }
 
 Status SparseTable::Load(ByteReader* r) {
@@ -331,7 +376,8 @@ Status SparseTable::Load(ByteReader* r) {
   for (size_t si = 0; si < num_stripes_; ++si) {
     uint64_t rows = 0;
     ONLINEPS_RETURN_IF_ERROR(r->Get(&rows, "sparse row count"));
-    if (rows > r->Remaining() / (row_floats_ * 4 + 12)) return DataLoss("sparse row count too large");
+    if (rows > r->Remaining() / (row_floats_ * 4 + 12))
+      return DataLoss("sparse row count too large");
     for (uint64_t k = 0; k < rows; ++k) {
       uint64_t key = 0;
       uint32_t avg_count = 0;
@@ -354,6 +400,28 @@ Status SparseTable::Load(ByteReader* r) {
       std::memcpy(s.data.data() + size_t(slot) * row_floats_, row.data(), row_floats_ * 4);
     }
   }
+  return LoadAccumulator(r, version);
+}
+
+Status SparseTable::LoadAccumulator(ByteReader* r, uint64_t version) {
+  uint32_t count = 0;
+  uint64_t tau_sum = 0, rows = 0;
+  ONLINEPS_RETURN_IF_ERROR(r->Get(&count, "accumulator count"));
+  ONLINEPS_RETURN_IF_ERROR(r->Get(&tau_sum, "accumulator staleness"));
+  ONLINEPS_RETURN_IF_ERROR(r->Get(&rows, "accumulator rows"));
+  if (rows > r->Remaining() / (8 + dim_ * 4)) return DataLoss("accumulator row count too large");
+  std::unordered_map<uint64_t, std::vector<float>> acc;
+  for (uint64_t k = 0; k < rows; ++k) {
+    uint64_t key = 0;
+    std::vector<float> sum(dim_);
+    ONLINEPS_RETURN_IF_ERROR(r->Get(&key, "accumulator key"));
+    for (float& x : sum) ONLINEPS_RETURN_IF_ERROR(r->Get(&x, "accumulator values"));
+    acc[key] = std::move(sum);
+  }
+  std::lock_guard<std::mutex> lock(acc_mu_);
+  acc_ = std::move(acc);
+  acc_count_ = count;
+  acc_tau_sum_ = tau_sum;
   version_.store(version);
   return Status::Ok();
 }

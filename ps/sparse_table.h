@@ -52,9 +52,12 @@ class SparseTable : public Table {
   // REQUIRES: stripe locked. Slot of key, creating the row if admitted; -1 if not.
   int64_t FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms);
   void ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const float* g, bool delta,
-                float lr_scale, uint64_t step);
+                float lr_scale, uint64_t step, bool compensate);
+  // DC-ASGD for accumulation: rewrites g (a private copy) row by row.
+  void CompensateEach(const PushRequest& req, float* g);
+  Status LoadAccumulator(ByteReader* r, uint64_t version);
   StatusOr<PushResult> Accumulate(const PushRequest& req, uint64_t tau);
-  void ApplyAccumulated(float lr_scale, uint64_t now_ms);
+  void ApplyAccumulated(float lr_scale, uint64_t now_ms);  // REQUIRES: acc_mu_ held
 
   // Immutable after construction.
   const TableSpec spec_;
@@ -68,10 +71,10 @@ class SparseTable : public Table {
   std::atomic<uint64_t> version_{0};
   std::atomic<uint64_t> backup_misses_{0};
 
-  std::mutex acc_mu_;  // accumulation (accumulate > 1) only
+  mutable std::mutex acc_mu_;                             // accumulation (accumulate > 1) only
   std::unordered_map<uint64_t, std::vector<float>> acc_;  // guarded by acc_mu_
-  uint32_t acc_count_ = 0;                                 // guarded by acc_mu_
-  uint64_t acc_tau_sum_ = 0;                               // guarded by acc_mu_
+  uint32_t acc_count_ = 0;                                // guarded by acc_mu_
+  uint64_t acc_tau_sum_ = 0;                              // guarded by acc_mu_
 
   std::optional<SspClock> ssp_;
 };

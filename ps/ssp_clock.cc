@@ -7,7 +7,10 @@ namespace onlineps::ps {
 uint64_t SspClock::MinLiveClock(uint64_t now_ms) {
   uint64_t min_clock = std::numeric_limits<uint64_t>::max();
   for (const auto& [id, e] : senders_) {
-    if (now_ms - e.last_ms <= lease_ms_ && e.clock < min_clock) min_clock = e.clock;
+    // Handler threads read the clock at slightly different times: a sender seen "later"
+    // than now_ms is live, not 2^64 ms old.
+    const bool live = e.last_ms >= now_ms || now_ms - e.last_ms <= lease_ms_;
+    if (live && e.clock < min_clock) min_clock = e.clock;
   }
   return min_clock;
 }

@@ -21,7 +21,7 @@ struct PullRequest {
   uint64_t sender = 0;
   const uint64_t* keys = nullptr;  // sparse: ids to read
   size_t num_keys = 0;
-  bool averaged = false;    // read the Polyak-averaged copy
+  bool averaged = false;      // read the Polyak-averaged copy
   bool record_backup = true;  // DC-ASGD: remember what this sender read
   uint64_t now_ms = 0;        // monotonic clock, for TTL and SSP leases
 };
@@ -34,7 +34,7 @@ struct PullResult {
 struct PushRequest {
   uint64_t sender = 0;
   uint64_t base_version = 0;
-  bool delta = false;  // values are a parameter delta (model / elastic averaging)
+  bool delta = false;              // values are a parameter delta (model / elastic averaging)
   const uint64_t* keys = nullptr;  // sparse only
   size_t num_keys = 0;
   const float* values = nullptr;
@@ -52,12 +52,12 @@ struct PushResult {
 // Counters a table exposes for metrics and table info.
 struct TableStats {
   uint64_t version = 0;
-  uint64_t elements = 0;         // dense elements or sparse rows * dim on this shard
-  uint64_t rows = 0;             // sparse rows held
-  uint64_t evicted_rows = 0;     // sparse: TTL or LRU evictions so far
-  uint64_t backups = 0;          // DC-ASGD copies held
-  uint64_t backup_misses = 0;    // DC pushes without a backup (uncompensated)
-  uint64_t memory_bytes = 0;     // approximate bytes of parameters and state
+  uint64_t elements = 0;       // dense elements or sparse rows * dim on this shard
+  uint64_t rows = 0;           // sparse rows held
+  uint64_t evicted_rows = 0;   // sparse: TTL or LRU evictions so far
+  uint64_t backups = 0;        // DC-ASGD copies held
+  uint64_t backup_misses = 0;  // DC pushes without a backup (uncompensated)
+  uint64_t memory_bytes = 0;   // approximate bytes of parameters and state
 };
 
 class Table {
@@ -89,7 +89,7 @@ class Table {
   virtual TableStats Stats() const = 0;
 
   // Checkpoint: parameters, optimizer and policy state, version. Restore requires an
-  // equal spec and layout (kFailedPrecondition otherwise).
+  // equal spec and layout (kDataLoss otherwise).
   virtual void Save(ByteWriter* w) const = 0;
   virtual Status Load(ByteReader* r) = 0;
 };

@@ -9,6 +9,9 @@ namespace onlineps::ps {
 
 namespace {
 
+// 2^36 floats (256 GiB): far above one cluster's memory, far below uint64 overflow.
+constexpr uint64_t kMaxDenseElements = uint64_t{1} << 36;
+
 std::string FormatDouble(double v) {
   std::ostringstream os;
   os.precision(17);
@@ -92,7 +95,10 @@ Status ParseU32(const std::string& key, const std::string& s, T* out) {
 Status DecodeField(const std::string& k, const std::string& v, TableSpec* s) {
   if (k.rfind("opt.", 0) == 0) return ParseDouble(k, v, &s->optimizer_params[k.substr(4)]);
   if (k.rfind("stl.", 0) == 0) return ParseDouble(k, v, &s->staleness_params[k.substr(4)]);
-  if (k == "name") { s->name = v; return Status::Ok(); }
+  if (k == "name") {
+    s->name = v;
+    return Status::Ok();
+  }
   if (k == "kind") {
     if (v != "dense" && v != "sparse") return FieldError(k, v, "expected dense or sparse");
     s->kind = v == "dense" ? TableKind::kDense : TableKind::kSparse;
@@ -100,8 +106,14 @@ Status DecodeField(const std::string& k, const std::string& v, TableSpec* s) {
   }
   if (k == "shape") return ParseShape(k, v, &s->shape);
   if (k == "dim") return ParseU32(k, v, &s->dim);
-  if (k == "optimizer") { s->optimizer = v; return Status::Ok(); }
-  if (k == "staleness") { s->staleness = v; return Status::Ok(); }
+  if (k == "optimizer") {
+    s->optimizer = v;
+    return Status::Ok();
+  }
+  if (k == "staleness") {
+    s->staleness = v;
+    return Status::Ok();
+  }
   if (k == "max_staleness") return ParseI64(k, v, &s->max_staleness);
   if (k == "bound_mode") {
     if (v != "reject" && v != "block") return FieldError(k, v, "expected reject or block");
@@ -136,6 +148,14 @@ Status Validate(const TableSpec& s) {
   }
   if (s.kind == TableKind::kDense && s.shape.empty()) {
     return InvalidArgument("dense table '" + s.name + "' needs a shape");
+  }
+  uint64_t elems = 1;
+  for (uint64_t d : s.shape) {
+    if (d != 0 && elems > kMaxDenseElements / d) {
+      return InvalidArgument("dense table '" + s.name + "' has more than " +
+                             std::to_string(kMaxDenseElements) + " elements");
+    }
+    elems *= d;
   }
   if (s.kind == TableKind::kSparse && (s.dim == 0 || s.dim > 65536)) {
     return InvalidArgument("sparse table '" + s.name + "' needs dim in [1, 65536]");

@@ -37,9 +37,9 @@ struct TableSpec {
   BoundMode bound_mode = BoundMode::kReject;
   uint64_t block_timeout_ms = 10000;  // block mode: a silent sender stops counting after this
 
-  bool polyak = false;        // keep a Polyak-averaged copy that pulls may ask for
-  uint64_t polyak_start = 0;  // t0: average over steps after this version
-  uint32_t accumulate = 1;    // apply once per K pushes (1: every push)
+  bool polyak = false;          // keep a Polyak-averaged copy that pulls may ask for
+  uint64_t polyak_start = 0;    // t0: average over steps after this version
+  uint32_t accumulate = 1;      // apply once per K pushes (1: every push)
   bool accumulate_mean = true;  // apply sum/K (true) or the plain sum (false)
   double delta_scale = 1.0;     // parameter-delta pushes: w += delta_scale * delta
 
@@ -47,9 +47,9 @@ struct TableSpec {
   double init_value = 0.0;     // constant: the value; uniform: half-width; normal: stddev
   uint64_t seed = 0;
 
-  uint32_t admit_after = 0;    // sparse: create a row on its N-th touch (0/1: first)
-  uint64_t ttl_ms = 0;         // sparse: drop rows untouched this long (0: never)
-  uint64_t max_rows = 0;       // sparse: memory cap per shard, LRU eviction (0: none)
+  uint32_t admit_after = 0;      // sparse: create a row on its N-th touch (0/1: first)
+  uint64_t ttl_ms = 0;           // sparse: drop rows untouched this long (0: never)
+  uint64_t max_rows = 0;         // sparse: memory cap per shard, LRU eviction (0: none)
   uint32_t dc_max_backups = 64;  // DC-ASGD: workers whose pulled copy is kept (LRU)
 
   uint64_t size() const;  // dense: product of shape

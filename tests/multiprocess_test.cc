@@ -24,8 +24,8 @@ float Pattern(int worker, int step, uint64_t i) {
 
 std::unique_ptr<Subprocess> StartShard(int index, const std::string& ckpt_dir, std::string* ep) {
   auto p = std::make_unique<Subprocess>(std::vector<std::string>{
-      ONLINEPS_BIN_DIR "/onlineps_ps", "--shard-index", std::to_string(index), "--num-shards",
-      "2", "--listen", "tcp://127.0.0.1:0", "--admin-port", "-1", "--checkpoint-dir", ckpt_dir,
+      ONLINEPS_BIN_DIR "/onlineps_ps", "--shard-index", std::to_string(index), "--num-shards", "2",
+      "--listen", "tcp://127.0.0.1:0", "--admin-port", "-1", "--checkpoint-dir", ckpt_dir,
       "--log-level", "warn"});
   *ep = p->WaitForLine("LISTENING ", milliseconds(10000));
   return p;
@@ -34,8 +34,7 @@ std::unique_ptr<Subprocess> StartShard(int index, const std::string& ckpt_dir, s
 class MultiProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("onlineps-mp-" + std::to_string(getpid()));
+    dir_ = std::filesystem::temp_directory_path() / ("onlineps-mp-" + std::to_string(getpid()));
     std::filesystem::remove_all(dir_);
     for (int i = 0; i < 2; ++i) {
       shards_.push_back(StartShard(i, dir_.string(), &endpoints_[i]));
@@ -64,9 +63,8 @@ class MultiProcessTest : public ::testing::Test {
     std::vector<uint64_t> keys(kKeys);
     for (uint64_t k = 0; k < kKeys; ++k) keys[k] = k * 0x9e3779b97f4a7c15ULL;
     std::vector<float> rows(kKeys * kDim);
-    ASSERT_TRUE((*client)->PullSparse("pattern_sparse", keys.data(), kKeys, rows.data(), &v)
-                    .Wait()
-                    .ok());
+    ASSERT_TRUE(
+        (*client)->PullSparse("pattern_sparse", keys.data(), kKeys, rows.data(), &v).Wait().ok());
     for (uint64_t k = 0; k < kKeys; ++k) {
       for (uint32_t j = 0; j < kDim; ++j) {
         float expect = 0;

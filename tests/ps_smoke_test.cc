@@ -19,8 +19,7 @@ TEST_P(PsSmokeTest, DenseAndSparsePushThenPull) {
     o.shard = i;
     o.num_shards = 2;
     o.listen = scheme == "mem" ? "mem://smoke-" + std::to_string(i) : "tcp://127.0.0.1:0";
-    servers.push_back(
-        std::make_unique<ShardServer>(o, std::make_shared<prometheus::Registry>()));
+    servers.push_back(std::make_unique<ShardServer>(o, std::make_shared<prometheus::Registry>()));
     auto ep = servers.back()->Start();
     ASSERT_TRUE(ep.ok()) << ep.status().ToString();
     endpoints.push_back(*ep);

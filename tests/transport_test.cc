@@ -409,6 +409,7 @@ TEST_P(TransportTest, FullHandlerQueueDropsAndCounts) {
   TransportOptions options;
   options.handler_threads = 1;
   options.max_queue_per_thread = 2;
+  options.inline_max_bytes = 0;  // this handler blocks: it must not run on the I/O thread
   std::atomic<bool> open{false};
   std::atomic<int> handled{0};
   Cleanup stop([&] {

@@ -1,0 +1,841 @@
+// Tests of a real ShardServer (ps/shard_server.h) over every transport (mem:// and
+// tcp://): every bad input is answered with the right error code and a message naming
+// the problem while the shard keeps serving; pushes are applied exactly once under
+// retries; block-mode replies are held; the PsClient survives a late server and times
+// out on an absent one; concurrent clients sum exactly; and /metrics counts what
+// happened. Raw requests go through a ClientTransport with hand-built frames.
+#include "ps/shard_server.h"
+
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/partition.h"
+#include "common/transport.h"
+#include "common/wire.h"
+#include "ps/ps_client.h"
+
+namespace onlineps::ps {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::string UniqueMemName(const std::string& prefix) {
+  static std::atomic<int> counter{0};
+  return "mem://" + prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+}
+
+// A loopback TCP port with nothing listening on it (bound once, then released).
+int FreeTcpPort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = -1;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  return port;
+}
+
+std::string ListenEndpoint(const std::string& scheme, const std::string& prefix) {
+  return scheme == "mem" ? UniqueMemName(prefix) : "tcp://127.0.0.1:0";
+}
+
+// Value of the first sample of `name` whose line contains every one of `labels`
+// (e.g. code="OK"), or -1 when there is none.
+double MetricValue(prometheus::Registry& registry, const std::string& name,
+                   const std::vector<std::string>& labels = {}) {
+  std::istringstream in(prometheus::TextSerializer().Serialize(registry.Collect()));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name, 0) != 0 || line.size() <= name.size()) continue;
+    if (line[name.size()] != ' ' && line[name.size()] != '{') continue;
+    bool all = true;
+    for (const auto& l : labels) all &= line.find(l) != std::string::npos;
+    if (all) return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
+Frame HeaderFrame(const Header& h) { return Frame::FromString(EncodeHeader(h)); }
+Frame Bytes(const std::string& s) { return Frame::FromString(s); }
+Frame Floats(std::vector<float> v) { return Frame::FromVector(std::move(v)); }
+Frame Keys(std::vector<uint64_t> v) { return Frame::FromVector(std::move(v)); }
+
+// A client that sends hand-built frames to one server and collects the replies.
+class RawClient {
+ public:
+  explicit RawClient(const std::string& endpoint) : transport_(NewClientTransport({endpoint})) {
+    Status st = transport_->Connect({endpoint}, [this](size_t, Frames&& f) {
+      std::lock_guard<std::mutex> lock(mu_);
+      replies_.push_back(std::move(f));
+      cv_.notify_all();
+    });
+    EXPECT_TRUE(st.ok()) << st.ToString();
+  }
+  ~RawClient() { transport_->Close(); }
+
+  void Send(Frames frames) {
+    Status st = transport_->Send(0, std::move(frames));
+    EXPECT_TRUE(st.ok()) << st.ToString();
+  }
+
+  // The next reply, decoded; nullopt when none arrives within `timeout`.
+  std::optional<std::pair<Header, Frames>> Receive(std::chrono::milliseconds timeout = 5000ms) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [this] { return !replies_.empty(); })) return std::nullopt;
+    Frames f = std::move(replies_.front());
+    replies_.pop_front();
+    lock.unlock();
+    if (f.empty()) {
+      ADD_FAILURE() << "reply without frames";
+      return std::nullopt;
+    }
+    auto h = DecodeHeader(f[0].data(), f[0].size());
+    if (!h.ok()) {
+      ADD_FAILURE() << "undecodable reply: " << h.status().ToString();
+      return std::nullopt;
+    }
+    EXPECT_EQ(h->op, Op::kReply);
+    return std::make_pair(*h, std::move(f));
+  }
+
+  std::optional<std::pair<Header, Frames>> Call(Frames frames) {
+    Send(std::move(frames));
+    return Receive();
+  }
+
+ private:
+  std::unique_ptr<ClientTransport> transport_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Frames> replies_;  // guarded by mu_
+};
+
+Header Request(Op op, const std::string& table, uint32_t rid = 0) {
+  Header h;
+  h.op = op;
+  h.table = table;
+  h.request_id = rid;
+  h.sender = 1;
+  return h;
+}
+
+Header PushHeader(Op op, const std::string& table, uint64_t sender, uint64_t seq) {
+  Header h = Request(op, table);
+  h.sender = sender;
+  h.seq = seq;
+  return h;
+}
+
+TableSpec DenseSpec() {
+  TableSpec s;
+  s.name = "d";
+  s.shape = {6};
+  s.optimizer_params = {{"lr", 1.0}};
+  return s;
+}
+
+TableSpec SparseSpec() {
+  TableSpec s;
+  s.name = "s";
+  s.kind = TableKind::kSparse;
+  s.dim = 2;
+  s.optimizer_params = {{"lr", 1.0}};
+  return s;
+}
+
+std::unique_ptr<ShardServer> StartServer(ShardServerOptions o,
+                                         std::shared_ptr<prometheus::Registry> registry,
+                                         std::string* endpoint) {
+  auto server = std::make_unique<ShardServer>(std::move(o), std::move(registry));
+  auto ep = server->Start();
+  EXPECT_TRUE(ep.ok()) << ep.status().ToString();
+  *endpoint = ep.ok() ? *ep : "";
+  return ep.ok() ? std::move(server) : nullptr;
+}
+
+std::unique_ptr<PsClient> ConnectClient(std::vector<std::string> shards,
+                                        std::chrono::milliseconds timeout = 5000ms,
+                                        std::chrono::milliseconds attempt = 1000ms) {
+  PsClientOptions o;
+  o.shards = std::move(shards);
+  o.timeout = timeout;
+  o.attempt_timeout = attempt;
+  auto c = PsClient::Connect(o);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+// ------------------------------------------------------ one shard, raw requests
+
+const std::vector<float> kDenseG0 = {1, 2, 3, 4, 5, 6};
+const std::vector<uint64_t> kSparseKeys = {7, 8};
+const std::vector<float> kSparseG0 = {1, 2, 3, 4};
+constexpr size_t kMaxMessageBytes = 64 * 1024;
+
+class ShardServerTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    registry_ = std::make_shared<prometheus::Registry>();
+    ShardServerOptions o;
+    o.listen = ListenEndpoint(GetParam(), "shard-server-test");
+    o.max_message_bytes = kMaxMessageBytes;
+    server_ = StartServer(o, registry_, &endpoint_);
+    ASSERT_NE(server_, nullptr);
+    raw_ = std::make_unique<RawClient>(endpoint_);
+    for (const TableSpec& spec : {DenseSpec(), SparseSpec()}) {
+      Header h = Request(Op::kCreateTable, spec.name);
+      h.spec = EncodeSpec(spec);
+      auto r = raw_->Call({HeaderFrame(h)});
+      ASSERT_TRUE(r.has_value());
+      ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+      EXPECT_EQ(r->first.message, "created");
+    }
+    // Earlier pushes that every later check expects to find.
+    auto r = raw_->Call({HeaderFrame(PushHeader(Op::kPushDense, "d", 1, 1)), Floats(kDenseG0)});
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+    r = raw_->Call({HeaderFrame(PushHeader(Op::kPushSparse, "s", 1, 2)), Keys(kSparseKeys),
+                    Floats(kSparseG0)});
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  }
+
+  void TearDown() override {
+    raw_.reset();
+    if (server_) server_->Stop();
+  }
+
+  // Sends `frames` and expects an error reply with `code` and `substr` in its message.
+  Header ExpectError(Frames frames, StatusCode code, const std::string& substr) {
+    auto r = raw_->Call(std::move(frames));
+    EXPECT_TRUE(r.has_value()) << "no reply";
+    if (!r) return {};
+    EXPECT_EQ(r->first.code, code) << StatusCodeName(r->first.code) << ": " << r->first.message;
+    EXPECT_THAT(r->first.message, HasSubstr(substr));
+    EXPECT_EQ(r->second.size(), 1u) << "an error reply carries no payload";
+    return r->first;
+  }
+
+  // A normal pull still works and returns what the earlier pushes left (lr 1, zeros).
+  void ExpectStillServing(uint64_t dense_version = 1) {
+    auto r = raw_->Call({HeaderFrame(Request(Op::kPullDense, "d", 4242))});
+    ASSERT_TRUE(r.has_value()) << "shard stopped answering";
+    ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+    EXPECT_EQ(r->first.request_id, 4242u);
+    EXPECT_EQ(r->first.version, dense_version);
+    ASSERT_EQ(r->second.size(), 2u);
+    ASSERT_EQ(r->second[1].CountOf<float>(), 6);
+    const float* w = r->second[1].As<float>();
+    if (dense_version == 1) {
+      for (size_t i = 0; i < 6; ++i) EXPECT_EQ(w[i], -kDenseG0[i]) << i;
+    }
+    r = raw_->Call({HeaderFrame(Request(Op::kPullSparse, "s")), Keys(kSparseKeys)});
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+    ASSERT_EQ(r->second.size(), 2u);
+    ASSERT_EQ(r->second[1].CountOf<float>(), 4);
+    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(r->second[1].As<float>()[i], -kSparseG0[i]) << i;
+  }
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<ShardServer> server_;
+  std::string endpoint_;
+  std::unique_ptr<RawClient> raw_;
+};
+
+TEST_P(ShardServerTest, GarbageHeaderIsMalformed) {
+  ExpectError({Bytes("\xc1\xc1 this is not msgpack")}, StatusCode::kMalformed, "msgpack");
+  ExpectError({Bytes("hello")}, StatusCode::kMalformed, "msgpack");  // a fixint, not a map
+  ExpectStillServing();
+}
+
+TEST_P(ShardServerTest, EmptyHeaderFrameIsMalformed) {
+  // Transports refuse a message of zero frames, so the emptiest request is one empty frame.
+  ExpectError({Frame()}, StatusCode::kMalformed, "msgpack");
+  ExpectStillServing();
+}
+
+TEST_P(ShardServerTest, HeaderWithoutVersionIsMalformed) {
+  // {"op": 2, "tbl": "d"} by hand: fixmap(2), fixstr keys.
+  ExpectError({Bytes("\x82\xa2op\x02\xa3tbl\xa1"
+                     "d")},
+              StatusCode::kMalformed, "'v'");
+  ExpectStillServing();
+}
+
+TEST_P(ShardServerTest, WrongProtocolVersionIsUnsupported) {
+  Header h = Request(Op::kPullDense, "d");
+  h.protocol = 7;
+  ExpectError({HeaderFrame(h)}, StatusCode::kUnsupportedVersion, "7");
+  ExpectStillServing();
+}
+
+TEST_P(ShardServerTest, UnknownOpNumberIsUnknownOp) {
+  // {"v": 1, "op": 42}
+  ExpectError({Bytes("\x82\xa1v\x01\xa2op\x2a")}, StatusCode::kUnknownOp, "42");
+  // A reply sent to a shard is known as an op but not served.
+  ExpectError({HeaderFrame(Request(Op::kReply, "d"))}, StatusCode::kUnknownOp, "repl");
+  ExpectStillServing();
+}
+
+TEST_P(ShardServerTest, UnknownTableIsNotFound) {
+  Header reply = ExpectError({HeaderFrame(Request(Op::kPullDense, "nope", 77))},
+                             StatusCode::kNotFound, "'nope'");
+  EXPECT_EQ(reply.request_id, 77u);
+  ExpectError({HeaderFrame(PushHeader(Op::kPushSparse, "nope", 3, 1)), Keys({1}), Floats({1, 2})},
+              StatusCode::kNotFound, "'nope'");
+  Header info = Request(Op::kTableInfo, "nope");
+  ExpectError({HeaderFrame(info)}, StatusCode::kNotFound, "'nope'");
+  ExpectStillServing();
+}
+
+TEST_P(ShardServerTest, ValueFrameNotWholeFloatsIsMalformed) {
+  ExpectError({HeaderFrame(PushHeader(Op::kPushDense, "d", 3, 1)), Bytes("1234567")},
+              StatusCode::kMalformed, "7 bytes");
+  ExpectError({HeaderFrame(PushHeader(Op::kPushSparse, "s", 3, 2)), Keys({1}), Bytes("123456")},
+              StatusCode::kMalformed, "6 bytes");
+  ExpectError({HeaderFrame(PushHeader(Op::kPushSparse, "s", 3, 3)), Bytes("1234"), Floats({1, 2})},
+              StatusCode::kMalformed, "4 bytes");  // keys: not whole uint64s
+  ExpectError({HeaderFrame(PushHeader(Op::kPushDense, "d", 3, 4))}, StatusCode::kMalformed,
+              "missing");
+  ExpectError({HeaderFrame(Request(Op::kPullSparse, "s"))}, StatusCode::kMalformed, "missing");
+  ExpectStillServing();
+}
+
+TEST_P(ShardServerTest, DensePushWithWrongElementCountIsShapeMismatch) {
+  Header reply =
+      ExpectError({HeaderFrame(PushHeader(Op::kPushDense, "d", 3, 1)), Floats({1, 2, 3, 4, 5})},
+                  StatusCode::kShapeMismatch, "6");
+  EXPECT_THAT(reply.message, HasSubstr("5"));
+  ExpectStillServing();
+  EXPECT_EQ(MetricValue(*registry_, "onlineps_ps_requests_total",
+                        {"code=\"SHAPE_MISMATCH\"", "op=\"push_dense\""}),
+            1);
+  EXPECT_EQ(
+      MetricValue(*registry_, "onlineps_ps_requests_total", {"code=\"OK\"", "op=\"push_dense\""}),
+      1);
+}
+
+TEST_P(ShardServerTest, SparsePushWithKeysValuesMismatchIsShapeMismatch) {
+  Header reply = ExpectError(
+      {HeaderFrame(PushHeader(Op::kPushSparse, "s", 3, 1)), Keys({1, 2}), Floats({1, 2, 3})},
+      StatusCode::kShapeMismatch, "4");  // 2 keys * dim 2
+  EXPECT_THAT(reply.message, HasSubstr("3"));
+  ExpectStillServing();
+}
+
+TEST_P(ShardServerTest, NanGradientIsNonFiniteAndNotApplied) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  ExpectError({HeaderFrame(PushHeader(Op::kPushDense, "d", 3, 1)), Floats({1, 1, nan, 1, 1, 1})},
+              StatusCode::kNonFinite, "NaN");
+  ExpectError({HeaderFrame(PushHeader(Op::kPushSparse, "s", 3, 2)), Keys(kSparseKeys),
+               Floats({1, std::numeric_limits<float>::infinity(), 1, 1})},
+              StatusCode::kNonFinite, "'s'");
+  ExpectStillServing(/*dense_version=*/1);
+}
+
+TEST_P(ShardServerTest, RefusedPushCanBeRetriedWithSameSeq) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  ExpectError({HeaderFrame(PushHeader(Op::kPushDense, "d", 3, 1)), Floats({nan, 0, 0, 0, 0, 0})},
+              StatusCode::kNonFinite, "NaN");
+  // The refused push was not recorded as applied: the corrected retry goes through.
+  auto r = raw_->Call({HeaderFrame(PushHeader(Op::kPushDense, "d", 3, 1)), Floats(kDenseG0)});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  EXPECT_EQ(r->first.version, 2u);
+  EXPECT_THAT(r->first.message, ::testing::Not(HasSubstr("duplicate")));
+}
+
+TEST_P(ShardServerTest, MessageOverLimitIsTooLarge) {
+  const size_t floats = kMaxMessageBytes / 4 + 1000;  // over the soft limit, under 2x
+  Header reply = ExpectError(
+      {HeaderFrame(PushHeader(Op::kPushDense, "d", 3, 1)), Floats(std::vector<float>(floats))},
+      StatusCode::kTooLarge, std::to_string(kMaxMessageBytes));
+  ExpectStillServing();
+}
+
+TEST_P(ShardServerTest, CreateTableWithBadSpecIsInvalidArgument) {
+  Header h = Request(Op::kCreateTable, "bad");
+  TableSpec spec = DenseSpec();
+  spec.name = "bad";
+  h.spec = EncodeSpec(spec);
+  h.spec["optimizer"] = "sgdx";
+  ExpectError({HeaderFrame(h)}, StatusCode::kInvalidArgument, "'sgdx'");
+  h.spec = EncodeSpec(spec);
+  h.spec["shape"] = "0x3";
+  ExpectError({HeaderFrame(h)}, StatusCode::kInvalidArgument, "shape");
+  h.spec = EncodeSpec(spec);
+  h.spec["opt.lr"] = "-1";
+  ExpectError({HeaderFrame(h)}, StatusCode::kInvalidArgument, "lr");
+  h.spec = {{"name", "bad"}};
+  ExpectError({HeaderFrame(h)}, StatusCode::kInvalidArgument, "kind");
+  // None of them was created.
+  ExpectError({HeaderFrame(Request(Op::kPullDense, "bad"))}, StatusCode::kNotFound, "'bad'");
+  ExpectStillServing();
+}
+
+TEST_P(ShardServerTest, CreateTableWithDifferentSpecIsAlreadyExists) {
+  TableSpec spec = DenseSpec();
+  Header h = Request(Op::kCreateTable, "d");
+  h.spec = EncodeSpec(spec);
+  auto same = raw_->Call({HeaderFrame(h)});  // an equal spec is idempotent
+  ASSERT_TRUE(same.has_value());
+  EXPECT_EQ(same->first.code, StatusCode::kOk);
+  EXPECT_EQ(same->first.message, "exists");
+  EXPECT_EQ(same->first.version, 1u);
+  spec.optimizer_params = {{"lr", 0.5}};
+  h.spec = EncodeSpec(spec);
+  ExpectError({HeaderFrame(h)}, StatusCode::kAlreadyExists, "'d'");
+  ExpectStillServing();  // the table, its weights and its lr are unchanged
+  auto r = raw_->Call({HeaderFrame(PushHeader(Op::kPushDense, "d", 3, 1)), Floats(kDenseG0)});
+  ASSERT_TRUE(r.has_value());
+  r = raw_->Call({HeaderFrame(Request(Op::kPullDense, "d"))});
+  ASSERT_TRUE(r.has_value());
+  ASSERT_EQ(r->second.size(), 2u);
+  EXPECT_EQ(r->second[1].As<float>()[5], -12.0f);  // lr still 1
+}
+
+TEST_P(ShardServerTest, WrongOpForTableKindIsInvalidArgument) {
+  ExpectError({HeaderFrame(PushHeader(Op::kPushDense, "s", 3, 1)), Floats({1, 2})},
+              StatusCode::kInvalidArgument, "push_sparse");
+  ExpectError({HeaderFrame(PushHeader(Op::kPushSparse, "d", 3, 2)), Keys({1}), Floats({1, 2})},
+              StatusCode::kInvalidArgument, "push_dense");
+  ExpectError({HeaderFrame(Request(Op::kPullDense, "s"))}, StatusCode::kInvalidArgument,
+              "pull_sparse");
+  ExpectError({HeaderFrame(Request(Op::kPullSparse, "d")), Keys({1})}, StatusCode::kInvalidArgument,
+              "pull_dense");
+  ExpectStillServing();
+}
+
+TEST_P(ShardServerTest, SamePushSentThreeTimesIsAppliedOnce) {
+  const std::vector<float> g = {10, 20, 30, 40, 50, 60};
+  for (int i = 0; i < 3; ++i) {
+    Header h = PushHeader(Op::kPushDense, "d", /*sender=*/55, /*seq=*/1);
+    h.request_id = 100 + i;
+    raw_->Send({HeaderFrame(h), Floats(g)});
+  }
+  for (int i = 0; i < 3; ++i) {
+    auto r = raw_->Receive();
+    ASSERT_TRUE(r.has_value()) << "reply " << i;
+    EXPECT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+    EXPECT_EQ(r->first.request_id, static_cast<uint32_t>(100 + i));
+    EXPECT_EQ(r->first.version, 2u);
+    if (i == 0) {
+      EXPECT_EQ(r->first.message, "");
+    } else {
+      EXPECT_THAT(r->first.message, StartsWith("duplicate"));
+    }
+  }
+  auto r = raw_->Call({HeaderFrame(Request(Op::kPullDense, "d"))});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.version, 2u);
+  ASSERT_EQ(r->second.size(), 2u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(r->second[1].As<float>()[i], -kDenseG0[i] - g[i]);
+  EXPECT_EQ(MetricValue(*registry_, "onlineps_ps_duplicate_pushes_total"), 2);
+  // The next seq of that sender is new.
+  r = raw_->Call({HeaderFrame(PushHeader(Op::kPushDense, "d", 55, 2)), Floats(g)});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.message, "");
+  EXPECT_EQ(r->first.version, 3u);
+}
+
+TEST_P(ShardServerTest, PushReplyReportsStalenessAndMetricsCountIt) {
+  // Baseline: two pushes at base 0 (tau 0 each: one per table). A push at base 0 to a
+  // table at version 1 has tau 1.
+  Header h = PushHeader(Op::kPushDense, "d", 3, 1);
+  auto r = raw_->Call({HeaderFrame(h), Floats(kDenseG0)});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.tau, 1u);
+  h.seq = 2;
+  h.base_version = 2;
+  r = raw_->Call({HeaderFrame(h), Floats(kDenseG0)});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.tau, 0u);
+  EXPECT_EQ(r->first.version, 3u);
+  EXPECT_EQ(MetricValue(*registry_, "onlineps_ps_push_staleness_count"), 4);
+  EXPECT_EQ(MetricValue(*registry_, "onlineps_ps_push_staleness_sum"), 1);
+}
+
+TEST_P(ShardServerTest, PingAndTableInfoDescribeTheShard) {
+  auto r = raw_->Call({HeaderFrame(Request(Op::kPing, "", 9))});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.code, StatusCode::kOk);
+  EXPECT_EQ(r->first.request_id, 9u);
+  EXPECT_EQ(r->first.spec["shard"], "0");
+  EXPECT_EQ(r->first.spec["num_shards"], "1");
+  EXPECT_EQ(r->first.spec["ready"], "true");
+  r = raw_->Call({HeaderFrame(Request(Op::kTableInfo, "s"))});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  EXPECT_EQ(r->first.version, 1u);
+  EXPECT_EQ(r->first.spec["stat.rows"], "2");
+  EXPECT_EQ(r->first.spec["stat.elements"], "4");
+  EXPECT_EQ(r->first.spec["dim"], "2");
+  r = raw_->Call({HeaderFrame(Request(Op::kTableInfo, ""))});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.spec,
+            (std::map<std::string, std::string>{{"table.d", "1"}, {"table.s", "1"}}));
+}
+
+TEST_P(ShardServerTest, CheckpointWithoutDirectoryIsFailedPrecondition) {
+  ExpectError({HeaderFrame(Request(Op::kCheckpoint, ""))}, StatusCode::kFailedPrecondition,
+              "checkpoint directory");
+  ExpectStillServing();
+}
+
+TEST_P(ShardServerTest, StartRefusesShardIndexOutOfRangeAndTakenEndpoint) {
+  ShardServerOptions o;
+  o.shard = 2;
+  o.num_shards = 2;
+  o.listen = ListenEndpoint(GetParam(), "bad-index");
+  ShardServer bad_index(o, std::make_shared<prometheus::Registry>());
+  auto r = bad_index.Start();
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("2"));
+  o.shard = 0;
+  o.listen = endpoint_;  // already served by this fixture's shard
+  ShardServer taken(o, std::make_shared<prometheus::Registry>());
+  r = taken.Start();
+  EXPECT_FALSE(r.ok());
+  EXPECT_FALSE(taken.ready());
+  ExpectStillServing();
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ShardServerTest, ::testing::Values("mem", "tcp"),
+                         [](const auto& info) { return info.param; });
+
+// ------------------------------------------------------ through the PsClient
+
+class ShardServerClientTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ShardServerClientTest, CallToAbsentServerIsDeadlineExceededNamingEndpoint) {
+  const std::string endpoint = GetParam() == "mem"
+                                   ? UniqueMemName("nobody-listens")
+                                   : "tcp://127.0.0.1:" + std::to_string(FreeTcpPort());
+  auto client = ConnectClient({endpoint}, /*timeout=*/300ms);
+  ASSERT_NE(client, nullptr);
+  const auto t0 = Clock::now();
+  std::vector<float> out(4);
+  Status st = client->PullDense("w", out.data(), nullptr).Wait();
+  const auto elapsed = Clock::now() - t0;
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
+  EXPECT_THAT(st.message(), HasSubstr(endpoint));
+  EXPECT_GE(elapsed, 295ms);
+  EXPECT_LE(elapsed, 1000ms);
+  // A push (after the table is known elsewhere) fails the same way, on its own deadline.
+  const auto t1 = Clock::now();
+  st = client->CreateTable(DenseSpec());
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
+  EXPECT_THAT(st.message(), HasSubstr(endpoint));
+  EXPECT_LE(Clock::now() - t1, 1000ms);
+}
+
+TEST_P(ShardServerClientTest, BlockModeReplyIsHeldUntilSlowSenderPushes) {
+  std::string endpoint;
+  ShardServerOptions o;
+  o.listen = ListenEndpoint(GetParam(), "block");
+  auto server = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
+  ASSERT_NE(server, nullptr);
+  auto a = ConnectClient({endpoint}), b = ConnectClient({endpoint});
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  TableSpec spec = DenseSpec();
+  spec.max_staleness = 0;
+  spec.bound_mode = BoundMode::kBlock;
+  ASSERT_TRUE(a->CreateTable(spec).ok());
+  std::vector<float> w(6);
+  VersionVector va, vb;
+  ASSERT_TRUE(a->PullDense("d", w.data(), &va).Wait().ok());
+  ASSERT_TRUE(b->PullDense("d", w.data(), &vb).Wait().ok());
+  const std::vector<float> g = {1, 1, 1, 1, 1, 1};
+  PushReply ra, rb;
+  Ticket ta = a->PushDense("d", g.data(), va, &ra);
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(ta.Ready()) << "A is a push ahead of B with s=0: its reply must be held";
+  ASSERT_TRUE(b->PushDense("d", g.data(), vb, &rb).Wait().ok());
+  ASSERT_TRUE(ta.Wait().ok());
+  EXPECT_EQ(ra.versions, VersionVector{1});
+  EXPECT_EQ(rb.versions, VersionVector{2});
+  EXPECT_EQ(rb.max_tau, 1u);
+  ASSERT_TRUE(a->PullDense("d", w.data(), nullptr).Wait().ok());
+  EXPECT_EQ(w, std::vector<float>(6, -2.0f));
+  server->Stop();
+}
+
+TEST_P(ShardServerClientTest, HeldPushReplyIsNotReleasedByClientRetry) {
+  std::string endpoint;
+  ShardServerOptions o;
+  o.listen = ListenEndpoint(GetParam(), "block-retry");
+  auto server = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
+  ASSERT_NE(server, nullptr);
+  auto a = ConnectClient({endpoint}, 5000ms, /*attempt=*/150ms);
+  auto b = ConnectClient({endpoint});
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  TableSpec spec = DenseSpec();
+  spec.max_staleness = 0;
+  spec.bound_mode = BoundMode::kBlock;
+  ASSERT_TRUE(a->CreateTable(spec).ok());
+  std::vector<float> w(6);
+  VersionVector va, vb;
+  ASSERT_TRUE(a->PullDense("d", w.data(), &va).Wait().ok());
+  ASSERT_TRUE(b->PullDense("d", w.data(), &vb).Wait().ok());
+  const std::vector<float> g = {1, 1, 1, 1, 1, 1};
+  PushReply ra;
+  Ticket ta = a->PushDense("d", g.data(), va, &ra);
+  std::this_thread::sleep_for(600ms);  // several attempt timeouts, far below the 10 s hold
+  EXPECT_FALSE(ta.Ready()) << "A's held push completed (duplicate=" << ra.duplicate
+                           << ") before the slow sender pushed";
+  ASSERT_TRUE(b->PushDense("d", g.data(), vb, nullptr).Wait().ok());
+  EXPECT_TRUE(ta.Wait().ok());
+  server->Stop();
+}
+
+TEST_P(ShardServerClientTest, StopReleasesHeldReplies) {
+  std::string endpoint;
+  ShardServerOptions o;
+  o.listen = ListenEndpoint(GetParam(), "block-stop");
+  auto server = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
+  ASSERT_NE(server, nullptr);
+  auto a = ConnectClient({endpoint}), b = ConnectClient({endpoint});
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  TableSpec spec = DenseSpec();
+  spec.max_staleness = 0;
+  spec.bound_mode = BoundMode::kBlock;
+  ASSERT_TRUE(a->CreateTable(spec).ok());
+  std::vector<float> w(6);
+  VersionVector va;
+  ASSERT_TRUE(a->PullDense("d", w.data(), &va).Wait().ok());
+  ASSERT_TRUE(b->PullDense("d", w.data(), nullptr).Wait().ok());
+  const std::vector<float> g(6, 1.0f);
+  Ticket ta = a->PushDense("d", g.data(), va, nullptr);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(ta.Ready());
+  const auto t0 = Clock::now();
+  server->Stop();
+  EXPECT_TRUE(ta.Wait().ok());
+  EXPECT_LE(Clock::now() - t0, 900ms);  // released by Stop, not by a client retry
+}
+
+TEST_P(ShardServerClientTest, ConcurrentClientsSumExactlyAndMetricsCountPushes) {
+  constexpr int kThreads = 4, kPushes = 200, kKeys = 16;
+  constexpr uint32_t kShards = 2;
+  std::vector<std::shared_ptr<prometheus::Registry>> registries;
+  std::vector<std::unique_ptr<ShardServer>> servers;
+  std::vector<std::string> endpoints;
+  for (uint32_t s = 0; s < kShards; ++s) {
+    ShardServerOptions o;
+    o.shard = s;
+    o.num_shards = kShards;
+    o.listen = ListenEndpoint(GetParam(), "concurrent");
+    registries.push_back(std::make_shared<prometheus::Registry>());
+    std::string ep;
+    servers.push_back(StartServer(o, registries.back(), &ep));
+    ASSERT_NE(servers.back(), nullptr);
+    endpoints.push_back(ep);
+  }
+  TableSpec spec = SparseSpec();
+  spec.name = "c";
+  {
+    auto setup = ConnectClient(endpoints);
+    ASSERT_NE(setup, nullptr);
+    ASSERT_TRUE(setup->CreateTable(spec).ok());
+  }
+  auto keys_of = [](int t, int i) {
+    std::vector<uint64_t> keys;
+    for (int j = 0; j < 3; ++j) keys.push_back(1000 + (t * 7 + i * 3 + j * 5) % kKeys);
+    return keys;
+  };
+  auto grad_of = [](int t, int i) {
+    std::vector<float> g;
+    for (int j = 0; j < 3; ++j) {
+      for (int c = 0; c < 2; ++c) g.push_back(static_cast<float>((t + i * 3 + j + c) % 5 - 2));
+    }
+    return g;
+  };
+  std::vector<std::vector<uint64_t>> taus(kThreads);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      auto client = ConnectClient(endpoints, 10000ms);
+      if (client == nullptr) return void(failures++);
+      std::vector<float> scratch(6);
+      for (int i = 0; i < kPushes; ++i) {
+        const auto keys = keys_of(t, i);
+        const auto g = grad_of(t, i);
+        VersionVector base;
+        PushReply reply;
+        if (!client->PullSparse("c", keys.data(), 3, scratch.data(), &base).Wait().ok() ||
+            !client->PushSparse("c", keys.data(), 3, g.data(), base, &reply).Wait().ok()) {
+          failures++;
+          return;
+        }
+        for (uint32_t s = 0; s < kShards; ++s) {
+          if (reply.versions[s] != 0) taus[t].push_back(reply.taus[s]);
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_EQ(failures.load(), 0);
+
+  // Expected: the exact negative sum of every gradient (integers are exact in float).
+  std::map<uint64_t, std::array<int64_t, 2>> want;
+  std::vector<int64_t> pushes_per_shard(kShards, 0);
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kPushes; ++i) {
+      const auto keys = keys_of(t, i);
+      const auto g = grad_of(t, i);
+      std::set<uint32_t> touched;
+      for (int j = 0; j < 3; ++j) {
+        for (int c = 0; c < 2; ++c) want[keys[j]][c] -= static_cast<int64_t>(g[j * 2 + c]);
+        touched.insert(ShardOfKey(keys[j], kShards));
+      }
+      for (uint32_t s : touched) pushes_per_shard[s]++;
+    }
+  }
+  auto reader = ConnectClient(endpoints);
+  ASSERT_NE(reader, nullptr);
+  std::vector<uint64_t> all;
+  for (const auto& [k, v] : want) all.push_back(k);
+  std::vector<float> got(all.size() * 2);
+  ASSERT_TRUE(reader->PullSparse("c", all.data(), all.size(), got.data(), nullptr).Wait().ok());
+  for (size_t i = 0; i < all.size(); ++i) {
+    for (int c = 0; c < 2; ++c) {
+      EXPECT_EQ(got[i * 2 + c], static_cast<float>(want[all[i]][c])) << "key " << all[i];
+    }
+  }
+
+  // Staleness: never beyond the number of pushes, and concurrency makes some push stale.
+  uint64_t max_tau = 0, replies = 0;
+  for (const auto& ts : taus) {
+    for (uint64_t tau : ts) {
+      EXPECT_LE(tau, static_cast<uint64_t>(kThreads * kPushes));
+      max_tau = std::max(max_tau, tau);
+      ++replies;
+    }
+  }
+  EXPECT_EQ(replies, static_cast<uint64_t>(pushes_per_shard[0] + pushes_per_shard[1]));
+  EXPECT_GT(max_tau, 0u);
+  for (uint32_t s = 0; s < kShards; ++s) {
+    EXPECT_EQ(MetricValue(*registries[s], "onlineps_ps_push_staleness_count"),
+              static_cast<double>(pushes_per_shard[s]))
+        << "shard " << s;
+  }
+  for (auto& server : servers) server->Stop();
+}
+
+TEST(ShardServerLateStartTest, PushQueuedBeforeServerStartsIsAppliedOnce) {
+  const int port = FreeTcpPort();
+  ASSERT_GT(port, 0);
+  std::string dir = (std::filesystem::temp_directory_path() / "onlineps-late-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  ShardServerOptions o;
+  o.listen = "tcp://127.0.0.1:" + std::to_string(port);
+  o.checkpoint_dir = dir;  // carries the table over to the server started later
+  std::string endpoint;
+  auto first = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
+  ASSERT_NE(first, nullptr);
+  // Short attempts: the push is resent several times while no server is there.
+  auto client = ConnectClient({o.listen}, 10000ms, 100ms);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->CreateTable(SparseSpec()).ok());
+  first->Stop();
+  first.reset();
+
+  const std::vector<uint64_t> keys = {5, 6};
+  const std::vector<float> g = {1, 2, 3, 4};
+  PushReply reply;
+  Ticket push = client->PushSparse("s", keys.data(), 2, g.data(), {}, &reply);
+  std::this_thread::sleep_for(400ms);
+  EXPECT_FALSE(push.Ready());
+  auto second = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
+  ASSERT_NE(second, nullptr);
+  Status st = push.Wait();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  std::vector<float> out(4);
+  ASSERT_TRUE(client->PullSparse("s", keys.data(), 2, out.data(), nullptr).Wait().ok());
+  EXPECT_EQ(out, (std::vector<float>{-1, -2, -3, -4}));  // applied once, lr 1
+  client.reset();
+  second->Stop();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+TEST(ShardServerLateStartTest, TimedOutPushIsNotSentLaterFromReusedBuffer) {
+  const int port = FreeTcpPort();
+  ASSERT_GT(port, 0);
+  std::string dir = (std::filesystem::temp_directory_path() / "onlineps-late-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  ShardServerOptions o;
+  o.listen = "tcp://127.0.0.1:" + std::to_string(port);
+  o.checkpoint_dir = dir;
+  std::string endpoint;
+  auto first = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
+  ASSERT_NE(first, nullptr);
+  auto client = ConnectClient({o.listen}, /*timeout=*/300ms, /*attempt=*/100ms);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->CreateTable(SparseSpec()).ok());
+  first->Stop();
+  first.reset();
+
+  std::vector<uint64_t> keys = {5, 6};
+  std::vector<float> g = {1, 2, 3, 4};
+  Status st = client->PushSparse("s", keys.data(), 2, g.data(), {}, nullptr).Wait();
+  ASSERT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
+  // The call is over: the caller may reuse its buffers (REQUIRES ends at completion).
+  g = {100, 200, 300, 400};
+  auto second = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
+  ASSERT_NE(second, nullptr);
+  std::this_thread::sleep_for(500ms);  // let any queued attempt reach the new server
+  std::vector<float> out(4);
+  ASSERT_TRUE(client->PullSparse("s", keys.data(), 2, out.data(), nullptr).Wait().ok());
+  // Not applied (0), or applied with the values of the call (-g): never the reused buffer.
+  EXPECT_TRUE(out == std::vector<float>(4, 0.0f) || out == std::vector<float>({-1, -2, -3, -4}))
+      << "applied " << out[0] << ", " << out[1] << ", " << out[2] << ", " << out[3];
+  client.reset();
+  second->Stop();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ShardServerClientTest, ::testing::Values("mem", "tcp"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace onlineps::ps
