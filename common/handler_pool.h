@@ -112,7 +112,9 @@ bool HandlerPool<T>::TryRunInline(size_t key, T& item) {
   {
     std::lock_guard<std::mutex> lock(lane->mu);
     lane->busy = false;
-    wake = !lane->queue.empty();
+    // The lane's thread may be waiting on `busy` alone: with queued items, or to exit
+    // after Close().
+    wake = !lane->queue.empty() || lane->closed;
   }
   if (wake) lane->cv.notify_one();
   return true;
