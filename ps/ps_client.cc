@@ -137,6 +137,8 @@ class PsClientImpl : public PsClient {
   Status Broadcast(Op op, const Header& h);
   Ticket Failed(const Status& st, Callback done);
   void FillPushReply(PushReply* r, size_t shard, const Header& h);
+  // Sends one shard's part of a push; its reply fills `reply`.
+  void SendPush(std::unique_ptr<Pending> p, PushReply* reply);
 
   PsClientOptions options_;
   std::unique_ptr<ClientTransport> transport_;
@@ -416,6 +418,16 @@ void PsClientImpl::FillPushReply(PushReply* r, size_t shard, const Header& h) {
   r->duplicate |= h.message.rfind("duplicate", 0) == 0;
 }
 
+void PsClientImpl::SendPush(std::unique_ptr<Pending> p, PushReply* reply) {
+  const size_t shard = p->shard;
+  p->call_deadline = Clock::now() + options_.timeout;
+  p->on_reply = [this, reply, shard](const Header& h, const Frames&) {
+    FillPushReply(reply, shard, h);
+    return Status::Ok();
+  };
+  Send(std::move(p));
+}
+
 Ticket PsClientImpl::PullDense(const std::string& table, float* out, VersionVector* versions,
                                PullOptions opts, Callback done) {
   auto meta = Meta(table);
@@ -503,12 +515,7 @@ Ticket PsClientImpl::PushDense(const std::string& table, Frame values, const Ver
       }
       p->payload.push_back(Frame::FromVector(std::move(gathered)));
     }
-    p->call_deadline = Clock::now() + options_.timeout;
-    p->on_reply = [this, reply, s](const Header& h, const Frames&) {
-      FillPushReply(reply, s, h);
-      return Status::Ok();
-    };
-    Send(std::move(p));
+    SendPush(std::move(p), reply);
   }
   return Ticket(call);
 }
@@ -621,12 +628,7 @@ Ticket PsClientImpl::PushSparse(const std::string& table, const uint64_t* keys, 
       p->payload.push_back(Frame::FromVector(std::move(groups.keys[s])));
       p->payload.push_back(Frame::FromVector(std::move(vals)));
     }
-    p->call_deadline = Clock::now() + options_.timeout;
-    p->on_reply = [this, reply, s](const Header& h, const Frames&) {
-      FillPushReply(reply, s, h);
-      return Status::Ok();
-    };
-    Send(std::move(p));
+    SendPush(std::move(p), reply);
   }
   return Ticket(call);
 }

@@ -200,12 +200,12 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
       if (t->spec().kind != TableKind::kDense) {
         return InvalidArgument("table '" + h.table + "' is sparse; use pull_sparse");
       }
-      return PullDense(h, *t, reply, out);
+      return Pull(h, frames, *t, reply, out);
     case Op::kPullSparse:
       if (t->spec().kind != TableKind::kSparse) {
         return InvalidArgument("table '" + h.table + "' is dense; use pull_dense");
       }
-      return PullSparse(h, frames, *t, reply, out);
+      return Pull(h, frames, *t, reply, out);
     case Op::kPushDense:
     case Op::kPushSparse: {
       const bool dense = h.op == Op::kPushDense;
@@ -260,41 +260,31 @@ Status ShardServer::CreateTable(const Header& h, Header* reply) {
   return Status::Ok();
 }
 
-Status ShardServer::PullDense(const Header& h, Table& t, Header* reply, Frames* out) {
+Status ShardServer::Pull(const Header& h, const Frames& frames, Table& t, Header* reply,
+                         Frames* out) {
   PullRequest req;
-  req.sender = h.sender;
-  req.averaged = h.flags & kFlagAveraged;
-  req.record_backup = !(h.flags & kFlagNoBackup);
-  req.now_ms = NowMs();
-  auto res = t.Pull(req);
-  if (!res.ok()) return res.status();
-  reply->version = res->version;
-  reply->shape = {res->values.size()};
-  out->push_back(Frame::FromVector(std::move(res->values)));
-  return Status::Ok();
-}
-
-Status ShardServer::PullSparse(const Header& h, const Frames& frames, Table& t, Header* reply,
-                               Frames* out) {
-  ONLINEPS_ASSIGN_OR_RETURN(size_t n, KeyCount(frames));
-  if (n * t.spec().dim * sizeof(float) > options_.max_message_bytes) {
-    return Status(StatusCode::kTooLarge,
-                  "pull of " + std::to_string(n) + " rows x " + std::to_string(t.spec().dim) +
-                      " floats would exceed the message limit of " +
-                      std::to_string(options_.max_message_bytes) + " bytes; split it");
+  const bool sparse = t.spec().kind == TableKind::kSparse;
+  if (sparse) {
+    ONLINEPS_ASSIGN_OR_RETURN(req.num_keys, KeyCount(frames));
+    if (req.num_keys * t.spec().dim * sizeof(float) > options_.max_message_bytes) {
+      return Status(StatusCode::kTooLarge, "pull of " + std::to_string(req.num_keys) + " rows x " +
+                                               std::to_string(t.spec().dim) +
+                                               " floats would exceed the message limit of " +
+                                               std::to_string(options_.max_message_bytes) +
+                                               " bytes; split it");
+    }
+    req.keys = frames[1].As<uint64_t>();
+    ONLINEPS_RETURN_IF_ERROR(CheckKeysOwned(h.table, req.keys, req.num_keys));
   }
-  ONLINEPS_RETURN_IF_ERROR(CheckKeysOwned(h.table, frames[1].As<uint64_t>(), n));
-  PullRequest req;
   req.sender = h.sender;
-  req.keys = frames[1].As<uint64_t>();
-  req.num_keys = n;
   req.averaged = h.flags & kFlagAveraged;
   req.record_backup = !(h.flags & kFlagNoBackup);
   req.now_ms = NowMs();
   auto res = t.Pull(req);
   if (!res.ok()) return res.status();
   reply->version = res->version;
-  reply->shape = {n, t.spec().dim};
+  reply->shape = sparse ? std::vector<uint64_t>{req.num_keys, t.spec().dim}
+                        : std::vector<uint64_t>{res->values.size()};
   out->push_back(Frame::FromVector(std::move(res->values)));
   return Status::Ok();
 }

@@ -73,8 +73,8 @@ class ShardServer {
   Status Dispatch(const Header& h, const Frames& frames, Header* reply, Frames* out,
                   std::string_view peer, bool* held);
   Status CreateTable(const Header& h, Header* reply);
-  Status PullDense(const Header& h, Table& t, Header* reply, Frames* out);
-  Status PullSparse(const Header& h, const Frames& frames, Table& t, Header* reply, Frames* out);
+  // Dense or sparse, by the table's kind (the op was checked against it).
+  Status Pull(const Header& h, const Frames& frames, Table& t, Header* reply, Frames* out);
   Status Push(const Header& h, const Frames& frames, std::shared_ptr<Table> t, Header* reply,
               bool* hold);
   Status Info(const Header& h, Header* reply);
