@@ -1,3 +1,4 @@
+
 #include "ps/ps_client.h"
 
 #include <spdlog/spdlog.h>
@@ -151,6 +152,7 @@ class PsClientImpl : public PsClient {
   std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> deadlines_;  // mu_
   std::vector<std::pair<Clock::time_point, std::unique_ptr<Pending>>> delayed_;     // mu_
   bool stop_ = false;                                                               // mu_
+  Clock::time_point timer_wake_ = Clock::time_point::max();  // guarded by mu_
   std::condition_variable timer_cv_;
   std::thread timer_;
 
@@ -232,8 +234,10 @@ void PsClientImpl::Send(std::unique_ptr<Pending> p) {
     for (const Frame& f : p->payload) frames.push_back(f);
     deadlines_.emplace(p->attempt_deadline, *id);
     const size_t shard = p->shard;
+    // Wake the timer only when this deadline comes before its planned wake-up; waking it
+    // on every call would cost a thread switch per round trip.
+    if (p->attempt_deadline < timer_wake_) timer_cv_.notify_one();
     slots_[*id & 0xffff] = std::move(p);
-    if (deadlines_.size() == 1) timer_cv_.notify_one();
     Status st = transport_->Send(shard, std::move(frames));
     if (!st.ok()) spdlog::debug("send to shard {} failed: {}", shard, st.ToString());
   }
@@ -284,7 +288,9 @@ void PsClientImpl::TimerLoop() {
     auto wake = Clock::now() + std::chrono::milliseconds(50);
     if (!deadlines_.empty()) wake = std::min(wake, deadlines_.top().first);
     for (const auto& d : delayed_) wake = std::min(wake, d.first);
+    timer_wake_ = wake;
     timer_cv_.wait_until(lock, wake);
+    timer_wake_ = Clock::time_point::min();  // awake: Send need not notify
     const auto now = Clock::now();
     std::vector<std::unique_ptr<Pending>> expired, due;
     while (!deadlines_.empty() && deadlines_.top().first <= now) {
