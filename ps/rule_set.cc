@@ -49,10 +49,16 @@ Status RuleSet::CheckBound(const std::string& table, uint64_t tau) const {
 }
 
 bool AllFinite(const float* v, size_t n) {
-  // x*0 is 0 for finite x and NaN for Inf/NaN; one NaN poisons the sum.
-  float acc = 0.0f;
-  for (size_t i = 0; i < n; ++i) acc += v[i] * 0.0f;
-  return acc == 0.0f;
+  // Integer test of the exponent bits (all ones = Inf or NaN) with a max reduction: it
+  // vectorizes, unlike a float sum, which the compiler may not reorder.
+  uint32_t max_exp = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, v + i, sizeof(bits));
+    const uint32_t e = bits & 0x7f800000u;
+    max_exp = e > max_exp ? e : max_exp;
+  }
+  return max_exp != 0x7f800000u;
 }
 
 namespace {
