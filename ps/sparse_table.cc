@@ -93,13 +93,19 @@ SparseTable::Stripe& SparseTable::StripeOf(uint64_t key) const {
   return *stripes_[Mix64(key) % num_stripes_];
 }
 
-std::vector<std::vector<uint32_t>> SparseTable::GroupByStripe(const uint64_t* keys,
-                                                              size_t n) const {
+template <typename Fn>
+void SparseTable::ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn) const {
+  // Keys grouped by stripe (each stripe locked once), in key order within a stripe.
   std::vector<std::vector<uint32_t>> groups(num_stripes_);
   for (size_t i = 0; i < n; ++i) {
     groups[Mix64(keys[i]) % num_stripes_].push_back(static_cast<uint32_t>(i));
   }
-  return groups;
+  for (size_t si = 0; si < num_stripes_; ++si) {
+    if (groups[si].empty()) continue;
+    Stripe& s = *stripes_[si];
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (uint32_t i : groups[si]) fn(s, i);
+  }
 }
 
 StatusOr<PullResult> SparseTable::Pull(const PullRequest& req) {
@@ -113,25 +119,19 @@ StatusOr<PullResult> SparseTable::Pull(const PullRequest& req) {
   out.values.resize(req.num_keys * dim_);
   const bool backup = rules_.needs_backup() && req.record_backup && !req.averaged;
   const size_t avg_off = dim_ * (1 + rules_.optimizer_slots() + rules_.policy_slots());
-  auto groups = GroupByStripe(req.keys, req.num_keys);
-  for (size_t si = 0; si < num_stripes_; ++si) {
-    if (groups[si].empty()) continue;
-    Stripe& s = *stripes_[si];
-    std::lock_guard<std::mutex> lock(s.mu);
-    for (uint32_t i : groups[si]) {
-      float* dst = out.values.data() + size_t{i} * dim_;
-      auto it = s.index.find(req.keys[i]);
-      if (it == s.index.end()) {
-        // Unknown rows read as their initializer; nothing is stored for a read.
-        InitValues(spec_, req.keys[i], dst, dim_, /*sparse_row=*/true);
-      } else {
-        const float* row = s.data.data() + size_t{it->second} * row_floats_;
-        std::memcpy(dst, req.averaged ? row + avg_off : row, dim_ * sizeof(float));
-        s.Touch(it->second, req.now_ms);
-      }
-      if (backup) s.backups.Put({req.sender, req.keys[i]}, std::vector<float>(dst, dst + dim_));
+  ForEachKeyByStripe(req.keys, req.num_keys, [&](Stripe& s, uint32_t i) {
+    float* dst = out.values.data() + size_t{i} * dim_;
+    auto it = s.index.find(req.keys[i]);
+    if (it == s.index.end()) {
+      // Unknown rows read as their initializer; nothing is stored for a read.
+      InitValues(spec_, req.keys[i], dst, dim_, /*sparse_row=*/true);
+    } else {
+      const float* row = s.data.data() + size_t{it->second} * row_floats_;
+      std::memcpy(dst, req.averaged ? row + avg_off : row, dim_ * sizeof(float));
+      s.Touch(it->second, req.now_ms);
     }
-  }
+    if (backup) s.backups.Put({req.sender, req.keys[i]}, std::vector<float>(dst, dst + dim_));
+  });
   return out;
 }
 
@@ -221,18 +221,12 @@ StatusOr<PushResult> SparseTable::Push(const PushRequest& req) {
   if (spec_.accumulate > 1 && !req.delta) return Accumulate(req, tau);
   const float lr_scale = rules_.policy().LrScale(tau);
   const uint64_t step = v + 1;
-  auto groups = GroupByStripe(req.keys, req.num_keys);
-  for (size_t si = 0; si < num_stripes_; ++si) {
-    if (groups[si].empty()) continue;
-    Stripe& s = *stripes_[si];
-    std::lock_guard<std::mutex> lock(s.mu);
-    for (uint32_t i : groups[si]) {
-      int64_t slot = FindOrCreate(s, req.keys[i], req.now_ms);
-      if (slot < 0) continue;  // not admitted yet: the touch is counted, the gradient dropped
-      ApplyRow(s, static_cast<uint32_t>(slot), req.sender, req.values + size_t{i} * dim_, req.delta,
-               lr_scale, step, /*compensate=*/true);
-    }
-  }
+  ForEachKeyByStripe(req.keys, req.num_keys, [&](Stripe& s, uint32_t i) {
+    int64_t slot = FindOrCreate(s, req.keys[i], req.now_ms);
+    if (slot < 0) return;  // not admitted yet: the touch is counted, the gradient dropped
+    ApplyRow(s, static_cast<uint32_t>(slot), req.sender, req.values + size_t{i} * dim_, req.delta,
+             lr_scale, step, /*compensate=*/true);
+  });
   PushResult res;
   res.tau = tau;
   res.version = version_.fetch_add(1) + 1;
@@ -244,25 +238,20 @@ StatusOr<PushResult> SparseTable::Push(const PushRequest& req) {
 }
 
 void SparseTable::CompensateEach(const PushRequest& req, float* g) {
-  auto groups = GroupByStripe(req.keys, req.num_keys);
-  for (size_t si = 0; si < num_stripes_; ++si) {
-    Stripe& s = *stripes_[si];
-    std::lock_guard<std::mutex> lock(s.mu);
-    for (uint32_t i : groups[si]) {
-      auto it = s.index.find(req.keys[i]);
-      if (it == s.index.end()) continue;  // a row not created yet still equals its backup
-      float* row = s.data.data() + size_t{it->second} * row_floats_;
-      auto* b = s.backups.Find({req.sender, req.keys[i]});
-      if (b == nullptr) {
-        backup_misses_.fetch_add(1);
-        continue;
-      }
-      float* pol[4];
-      const size_t pol_off = dim_ * (1 + rules_.optimizer_slots());
-      for (int k = 0; k < rules_.policy_slots(); ++k) pol[k] = row + pol_off + dim_ * k;
-      rules_.Compensate(g + size_t{i} * dim_, row, b->data(), pol, dim_);
+  ForEachKeyByStripe(req.keys, req.num_keys, [&](Stripe& s, uint32_t i) {
+    auto it = s.index.find(req.keys[i]);
+    if (it == s.index.end()) return;  // a row not created yet still equals its backup
+    float* row = s.data.data() + size_t{it->second} * row_floats_;
+    auto* b = s.backups.Find({req.sender, req.keys[i]});
+    if (b == nullptr) {
+      backup_misses_.fetch_add(1);
+      return;
     }
-  }
+    float* pol[4];
+    const size_t pol_off = dim_ * (1 + rules_.optimizer_slots());
+    for (int k = 0; k < rules_.policy_slots(); ++k) pol[k] = row + pol_off + dim_ * k;
+    rules_.Compensate(g + size_t{i} * dim_, row, b->data(), pol, dim_);
+  });
 }
 
 StatusOr<PushResult> SparseTable::Accumulate(const PushRequest& req, uint64_t tau) {

@@ -47,8 +47,10 @@ class SparseTable : public Table {
   };
 
   Stripe& StripeOf(uint64_t key) const;
-  // Key indices grouped by stripe (counting sort), so each stripe is locked once.
-  std::vector<std::vector<uint32_t>> GroupByStripe(const uint64_t* keys, size_t n) const;
+  // Calls fn(stripe, i) for every key index i, with key i's stripe locked; each stripe
+  // is locked once per call.
+  template <typename Fn>
+  void ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn) const;
   // REQUIRES: stripe locked. Slot of key, creating the row if admitted; -1 if not.
   int64_t FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms);
   void ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const float* g, bool delta,
