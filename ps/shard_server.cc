@@ -171,7 +171,6 @@ void ShardServer::Handle(Incoming&& in) {
 Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* reply, Frames* out,
                              std::string_view peer, bool* held) {
   *reply = MakeReply(h, Status::Ok());
-  if (stopping_) return Unavailable("shard is draining; retry on its replacement");
   switch (h.op) {
     case Op::kPing:
       reply->spec = {{"shard", std::to_string(options_.shard)},
