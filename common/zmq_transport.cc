@@ -61,6 +61,16 @@ zmq::message_t ToMessage(const Frame& frame) {
   return message;
 }
 
+// The parts of one pipe message: a routing part for the I/O thread (peer identity or
+// server index), then the frames, not copied.
+std::vector<zmq::message_t> WithRoutingPart(const void* route, size_t size, const Frames& frames) {
+  std::vector<zmq::message_t> parts;
+  parts.reserve(frames.size() + 1);
+  parts.emplace_back(route, size);
+  for (const Frame& frame : frames) parts.push_back(ToMessage(frame));
+  return parts;
+}
+
 Frame AlignedCopy(const void* data, size_t size) {
   auto words = std::make_shared<std::vector<uint64_t>>((size + 7) / 8);
   std::memcpy(words->data(), data, size);
@@ -222,10 +232,7 @@ Status ZmqServerTransport::Send(const std::string& peer, Frames frames) {
   if (peer.empty()) return InvalidArgument("Send: empty peer identity");
   if (frames.empty()) return InvalidArgument("Send: no frames");
   try {
-    std::vector<zmq::message_t> parts;
-    parts.reserve(frames.size() + 1);
-    parts.emplace_back(peer.data(), peer.size());
-    for (const Frame& frame : frames) parts.push_back(ToMessage(frame));
+    std::vector<zmq::message_t> parts = WithRoutingPart(peer.data(), peer.size(), frames);
     std::lock_guard<std::mutex> lock(send_mu_);
     if (!open_) return Unavailable("server transport is stopped");
     return PushParts(push_, &parts);
@@ -352,10 +359,7 @@ Status ZmqClientTransport::Send(size_t index, Frames frames) {
   if (frames.empty()) return InvalidArgument("Send: no frames");
   try {
     const uint64_t index64 = index;
-    std::vector<zmq::message_t> parts;
-    parts.reserve(frames.size() + 1);
-    parts.emplace_back(&index64, sizeof(index64));
-    for (const Frame& frame : frames) parts.push_back(ToMessage(frame));
+    std::vector<zmq::message_t> parts = WithRoutingPart(&index64, sizeof(index64), frames);
     std::lock_guard<std::mutex> lock(send_mu_);
     if (!open_) return Unavailable("client transport is closed");
     if (index >= num_servers_) {

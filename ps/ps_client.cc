@@ -128,6 +128,13 @@ class PsClientImpl : public PsClient {
  private:
   std::shared_ptr<Ticket::State> NewCall(int parts, Callback done);
   Header NewHeader(Op op, const std::string& table) const;
+  // One shard's part of a call, with its header and the call deadline set.
+  std::unique_ptr<Pending> NewPart(const std::shared_ptr<Ticket::State>& call, size_t shard, Op op,
+                                   const std::string& table) const;
+  // A push part: also its exactly-once seq, base version and flags.
+  std::unique_ptr<Pending> NewPushPart(const std::shared_ptr<Ticket::State>& call, size_t shard,
+                                       Op op, const std::string& table, const VersionVector& base,
+                                       const PushOptions& opts);
   void Send(std::unique_ptr<Pending> p);
   void OnReply(size_t shard, Frames&& frames);
   void TimerLoop();
@@ -210,6 +217,32 @@ Header PsClientImpl::NewHeader(Op op, const std::string& table) const {
   h.sender = options_.sender_id;
   h.table = table;
   return h;
+}
+
+std::unique_ptr<Pending> PsClientImpl::NewPart(const std::shared_ptr<Ticket::State>& call,
+                                               size_t shard, Op op,
+                                               const std::string& table) const {
+  auto p = std::make_unique<Pending>();
+  p->call = call;
+  p->shard = shard;
+  p->header = NewHeader(op, table);
+  p->call_deadline = Clock::now() + options_.timeout;
+  return p;
+}
+
+std::unique_ptr<Pending> PsClientImpl::NewPushPart(const std::shared_ptr<Ticket::State>& call,
+                                                   size_t shard, Op op, const std::string& table,
+                                                   const VersionVector& base,
+                                                   const PushOptions& opts) {
+  auto p = NewPart(call, shard, op, table);
+  p->header.seq = ++seq_[shard];
+  p->header.base_version = shard < base.size() ? base[shard] : 0;
+  p->header.flags = opts.delta ? kFlagDelta : 0;
+  return p;
+}
+
+uint32_t PullFlags(const PullOptions& opts) {
+  return (opts.averaged ? kFlagAveraged : 0) | (opts.record_backup ? 0 : kFlagNoBackup);
 }
 
 void PsClientImpl::Send(std::unique_ptr<Pending> p) {
@@ -355,12 +388,9 @@ void PsClientImpl::CacheMeta(const TableSpec& spec) {
 Status PsClientImpl::Broadcast(Op op, const Header& h) {
   auto call = NewCall(static_cast<int>(num_shards()), nullptr);
   for (size_t s = 0; s < num_shards(); ++s) {
-    auto p = std::make_unique<Pending>();
-    p->call = call;
-    p->shard = s;
+    auto p = NewPart(call, s, op, h.table);
     p->header = h;
     p->header.op = op;
-    p->call_deadline = Clock::now() + options_.timeout;
     p->on_reply = [](const Header&, const Frames&) { return Status::Ok(); };
     Send(std::move(p));
   }
@@ -380,10 +410,7 @@ Status PsClientImpl::CreateTable(const TableSpec& spec) {
 StatusOr<TableSpec> PsClientImpl::OpenTable(const std::string& name) {
   auto call = NewCall(1, nullptr);
   auto spec_map = std::make_shared<std::map<std::string, std::string>>();
-  auto p = std::make_unique<Pending>();
-  p->call = call;
-  p->header = NewHeader(Op::kTableInfo, name);
-  p->call_deadline = Clock::now() + options_.timeout;
+  auto p = NewPart(call, 0, Op::kTableInfo, name);
   p->on_reply = [spec_map](const Header& h, const Frames&) {
     for (const auto& [k, v] : h.spec) {
       if (k.rfind("stat.", 0) != 0) (*spec_map)[k] = v;
@@ -426,7 +453,6 @@ void PsClientImpl::FillPushReply(PushReply* r, size_t shard, const Header& h) {
 
 void PsClientImpl::SendPush(std::unique_ptr<Pending> p, PushReply* reply) {
   const size_t shard = p->shard;
-  p->call_deadline = Clock::now() + options_.timeout;
   p->on_reply = [this, reply, shard](const Header& h, const Frames&) {
     FillPushReply(reply, shard, h);
     return Status::Ok();
@@ -445,13 +471,8 @@ Ticket PsClientImpl::PullDense(const std::string& table, float* out, VersionVect
   const uint32_t n = static_cast<uint32_t>(num_shards());
   auto call = NewCall(static_cast<int>(n), std::move(done));
   for (uint32_t s = 0; s < n; ++s) {
-    auto p = std::make_unique<Pending>();
-    p->call = call;
-    p->shard = s;
-    p->header = NewHeader(Op::kPullDense, table);
-    p->header.flags =
-        (opts.averaged ? kFlagAveraged : 0) | (opts.record_backup ? 0 : kFlagNoBackup);
-    p->call_deadline = Clock::now() + options_.timeout;
+    auto p = NewPart(call, s, Op::kPullDense, table);
+    p->header.flags = PullFlags(opts);
     std::shared_ptr<const TableMeta> m = *meta;
     p->on_reply = [m, s, out, versions](const Header& h, const Frames& f) -> Status {
       const uint64_t want = m->layout->ElemsOf(s);
@@ -499,13 +520,7 @@ Ticket PsClientImpl::PushDense(const std::string& table, Frame values, const Ver
   if (reply) *reply = PushReply{std::vector<uint64_t>(n), std::vector<uint64_t>(n)};
   auto call = NewCall(static_cast<int>(n), std::move(done));
   for (uint32_t s = 0; s < n; ++s) {
-    auto p = std::make_unique<Pending>();
-    p->call = call;
-    p->shard = s;
-    p->header = NewHeader(Op::kPushDense, table);
-    p->header.seq = ++seq_[s];
-    p->header.base_version = s < base.size() ? base[s] : 0;
-    p->header.flags = opts.delta ? kFlagDelta : 0;
+    auto p = NewPushPart(call, s, Op::kPushDense, table, base, opts);
     p->header.shape = {m.layout->ElemsOf(s)};
     const auto& slices = m.layout->SlicesOf(s);
     if (slices.empty()) {
@@ -573,15 +588,10 @@ Ticket PsClientImpl::PullSparse(const std::string& table, const uint64_t* keys, 
   const uint32_t d = *dim;
   for (uint32_t s = 0; s < shards; ++s) {
     if (groups->keys[s].empty()) continue;
-    auto p = std::make_unique<Pending>();
-    p->call = call;
-    p->shard = s;
-    p->header = NewHeader(Op::kPullSparse, table);
-    p->header.flags =
-        (opts.averaged ? kFlagAveraged : 0) | (opts.record_backup ? 0 : kFlagNoBackup);
+    auto p = NewPart(call, s, Op::kPullSparse, table);
+    p->header.flags = PullFlags(opts);
     p->header.shape = {groups->keys[s].size()};
     p->payload.push_back(shards == 1 ? CopyOf(keys, n) : Frame::FromVector(groups->keys[s]));
-    p->call_deadline = Clock::now() + options_.timeout;
     p->on_reply = [groups, s, d, out, versions](const Header& h, const Frames& f) -> Status {
       const auto& pos = groups->pos[s];
       if (f.size() < 2 || f[1].CountOf<float>() != static_cast<int64_t>(pos.size() * d)) {
@@ -615,13 +625,7 @@ Ticket PsClientImpl::PushSparse(const std::string& table, const uint64_t* keys, 
   const uint32_t d = *dim;
   for (uint32_t s = 0; s < shards; ++s) {
     if (groups.keys[s].empty()) continue;
-    auto p = std::make_unique<Pending>();
-    p->call = call;
-    p->shard = s;
-    p->header = NewHeader(Op::kPushSparse, table);
-    p->header.seq = ++seq_[s];
-    p->header.base_version = s < base.size() ? base[s] : 0;
-    p->header.flags = opts.delta ? kFlagDelta : 0;
+    auto p = NewPushPart(call, s, Op::kPushSparse, table, base, opts);
     p->header.shape = {groups.keys[s].size(), d};
     if (shards == 1) {  // one shard: the caller's arrays are the whole message
       p->payload.push_back(CopyOf(keys, n));
