@@ -129,11 +129,8 @@ bool DenseTable::AccumulateLocked(const float* g, const float* w_bak, uint64_t t
   }
   // The staleness-aware rule uses the mean staleness of the contributions.
   const uint64_t mean_tau = (acc_tau_sum_ + acc_count_ / 2) / acc_count_;
-  std::vector<float> sum;
-  sum.swap(acc_);
-  ApplyLocked(sum.data(), nullptr, rules_.policy().LrScale(mean_tau));
-  sum.assign(n_, 0.0f);
-  acc_.swap(sum);
+  ApplyLocked(acc_.data(), nullptr, rules_.policy().LrScale(mean_tau));
+  std::fill(acc_.begin(), acc_.end(), 0.0f);
   acc_count_ = 0;
   acc_tau_sum_ = 0;
   return true;
