@@ -25,13 +25,27 @@ std::string_view OpName(Op op) {
       return "table_info";
     case Op::kReply:
       return "reply";
+    case Op::kInfer:
+      return "infer";
+    case Op::kLearn:
+      return "learn";
+    case Op::kContextSet:
+      return "context_set";
+    case Op::kContextAppend:
+      return "context_append";
+    case Op::kContextClear:
+      return "context_clear";
+    case Op::kContextGet:
+      return "context_get";
+    case Op::kWorkerStats:
+      return "worker_stats";
   }
   return "unknown";
 }
 
 namespace {
 
-constexpr uint8_t kMaxOp = static_cast<uint8_t>(Op::kReply);
+constexpr uint8_t kMaxOp = static_cast<uint8_t>(kLastOp);
 constexpr uint8_t kMaxCode = static_cast<uint8_t>(StatusCode::kCancelled);
 
 template <typename Packer>

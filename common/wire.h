@@ -27,7 +27,19 @@ enum class Op : uint8_t {
   kCheckpoint = 6,   // write a checkpoint now; reply.msg holds the path
   kTableInfo = 7,    // reply.info holds per-table stats
   kReply = 8,        // every reply uses this op; code != 0 means error
+  // Worker RPC (docs/protocol.md, "Worker RPC"): frame 1 is a msgpack body map.
+  kInfer = 9,
+  kLearn = 10,
+  kContextSet = 11,
+  kContextAppend = 12,
+  kContextClear = 13,
+  kContextGet = 14,
+  kWorkerStats = 15,
 };
+
+inline constexpr Op kLastOp = Op::kWorkerStats;
+// True for the ops a worker serves (a PS shard answers them with UNKNOWN_OP).
+inline bool IsWorkerOp(Op op) { return op >= Op::kInfer && op <= Op::kWorkerStats; }
 
 std::string_view OpName(Op op);
 

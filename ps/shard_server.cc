@@ -190,6 +190,10 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
     case Op::kReply:
       return Status(StatusCode::kUnknownOp, "a shard does not accept replies");
     default:
+      if (IsWorkerOp(h.op)) {
+        return Status(StatusCode::kUnknownOp,
+                      std::string(OpName(h.op)) + " is a worker op; this is a PS shard");
+      }
       break;
   }
   std::shared_ptr<Table> t = FindTable(h.table);

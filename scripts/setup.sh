@@ -6,7 +6,8 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake pkg-config git ca-certificates curl
-  libtorch-dev
+  libtorch-dev python3-torch
+  python3-sklearn dataset-fashion-mnist zlib1g-dev
   cppzmq-dev libzmq3-dev
   libmsgpack-cxx-dev
   libspdlog-dev libfmt-dev

@@ -308,6 +308,8 @@ TEST_P(ShardServerTest, UnknownOpNumberIsUnknownOp) {
   ExpectError({Bytes("\x82\xa1v\x01\xa2op\x2a")}, StatusCode::kUnknownOp, "42");
   // A reply sent to a shard is known as an op but not served.
   ExpectError({HeaderFrame(Request(Op::kReply, "d"))}, StatusCode::kUnknownOp, "repl");
+  // A worker op sent to a shard by mistake says where it belongs.
+  ExpectError({HeaderFrame(Request(Op::kLearn, ""))}, StatusCode::kUnknownOp, "worker op");
   ExpectStillServing();
 }
 

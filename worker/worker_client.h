@@ -1,0 +1,39 @@
+// WorkerClient: calls a worker's RPC (tests, benchmarks, the MCP bridge). Bodies are
+// JSON values sent as msgpack. Thread-safe: many threads may have calls in flight on
+// one client; each call has a deadline. Torch-free (library onlineps_worker_client).
+#ifndef ONLINEPS_WORKER_WORKER_CLIENT_H_
+#define ONLINEPS_WORKER_WORKER_CLIENT_H_
+
+#include <chrono>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/status.h"
+#include "common/transport.h"
+#include "common/wire.h"
+
+namespace onlineps::worker {
+
+struct WorkerClientOptions {
+  std::string endpoint;
+  std::chrono::milliseconds timeout{10000};  // per call
+  size_t max_inflight = 4096;                 // calls in flight; more wait
+  TransportOptions transport;
+};
+
+class WorkerClient {
+ public:
+  static StatusOr<std::unique_ptr<WorkerClient>> Connect(WorkerClientOptions options);
+  virtual ~WorkerClient() = default;
+
+  // Sends `op` with `body` and waits for the reply body. An error reply becomes its
+  // Status (code and message from the worker); no reply in time is kDeadlineExceeded.
+  virtual StatusOr<nlohmann::json> Call(Op op, const nlohmann::json& body) = 0;
+  virtual StatusOr<nlohmann::json> Call(Op op, const nlohmann::json& body,
+                                        std::chrono::milliseconds timeout) = 0;
+};
+
+}  // namespace onlineps::worker
+
+#endif  // ONLINEPS_WORKER_WORKER_CLIENT_H_

@@ -1,0 +1,44 @@
+// Worker RPC bodies: the msgpack map in frame 1 of every worker request and reply,
+// converted to and from the service's types. The schema (docs/protocol.md, "Worker
+// RPC") is plain msgpack so the bridge can forward JSON tool arguments with
+// nlohmann::json::to_msgpack. Every decode validates field by field and names the bad
+// field; nothing here throws.
+#ifndef ONLINEPS_WORKER_WORKER_RPC_H_
+#define ONLINEPS_WORKER_WORKER_RPC_H_
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/wire.h"
+#include "worker/model.h"
+#include "worker/worker_service.h"
+
+namespace onlineps::worker {
+
+// Parses a msgpack body; an empty frame is an empty map. Errors: kMalformed.
+StatusOr<nlohmann::json> DecodeBody(const void* data, size_t size);
+std::string EncodeBody(const nlohmann::json& body);
+
+// "session": optional string (default ""), at most `max_bytes`.
+StatusOr<std::string> SessionOf(const nlohmann::json& body, size_t max_bytes);
+// "examples": array of {"text": str} or {"features": [number]}, plus "label" (string
+// naming one of `labels`, or its index) when `need_labels`. A body with "text" or
+// "features" at top level is one example. At most `max_batch` examples.
+StatusOr<std::vector<Example>> ExamplesOf(const nlohmann::json& body,
+                                          const std::vector<std::string>& labels,
+                                          bool need_labels, size_t max_batch);
+
+nlohmann::json ToJson(const InferReply& r);
+nlohmann::json ToJson(const LearnReply& r);
+nlohmann::json ToJson(const WorkerStats& s);
+
+// Runs one worker op on `service`: decodes `body`, calls it, encodes the reply body.
+// Errors are the service's or kInvalidArgument naming the bad field.
+StatusOr<nlohmann::json> HandleWorkerOp(WorkerService* service, Op op,
+                                        const nlohmann::json& body);
+
+}  // namespace onlineps::worker
+
+#endif  // ONLINEPS_WORKER_WORKER_RPC_H_

@@ -1,0 +1,58 @@
+// WorkerServer: serves the worker RPC over a ServerTransport (ZeroMQ ROUTER or mem://).
+// Requests are ordered per session, not per peer: the bridge is one peer carrying many
+// sessions, so requests are handed to a pool of handler threads keyed by session id.
+// Bad requests get error replies; the server keeps serving. Start/Stop; Stop drains.
+#ifndef ONLINEPS_WORKER_WORKER_SERVER_H_
+#define ONLINEPS_WORKER_WORKER_SERVER_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "common/handler_pool.h"
+#include "common/status.h"
+#include "common/transport.h"
+#include "worker/worker_service.h"
+
+namespace onlineps::worker {
+
+struct WorkerServerOptions {
+  std::string listen = "tcp://127.0.0.1:0";
+  int handler_threads = 2;                    // threads running infer / learn
+  size_t max_queue = 1024;                    // requests waiting per handler thread
+  size_t max_message_bytes = 64 << 20;        // larger requests are refused (TOO_LARGE)
+  TransportOptions transport;
+};
+
+struct WorkerServerStats {
+  uint64_t requests = 0, errors = 0, dropped = 0;
+};
+
+class WorkerServer {
+ public:
+  // `service` must outlive the server.
+  WorkerServer(WorkerService* service, WorkerServerOptions options);
+  ~WorkerServer();
+
+  // Binds and serves. Returns the bound endpoint.
+  StatusOr<std::string> Start();
+  // Stops accepting, finishes queued requests, replies, joins. Idempotent.
+  void Stop();
+  WorkerServerStats stats() const;
+
+ private:
+  struct Job;
+  void OnMessage(Incoming&& in);
+  void Handle(Job&& job);
+  void Reply(const std::string& peer, const Header& reply, const std::string& body);
+
+  WorkerService* const service_;
+  const WorkerServerOptions options_;
+  std::unique_ptr<ServerTransport> transport_;
+  std::unique_ptr<HandlerPool<Job>> pool_;
+  std::atomic<uint64_t> requests_{0}, errors_{0};
+};
+
+}  // namespace onlineps::worker
+
+#endif  // ONLINEPS_WORKER_WORKER_SERVER_H_

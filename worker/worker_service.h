@@ -1,0 +1,148 @@
+// WorkerService: infer and learn against the PS, plus session context. Torch-free: the
+// model hides libtorch behind worker/model.h. Reads go through the ParamCache; learn
+// pushes sparse gradients (only the touched rows) at once and dense gradients after
+// accumulating k examples or t ms, each with the base version its parameters were read
+// at, so the PS measures true staleness. Context is input only and never pushed.
+// Thread-safe; calls from many threads run concurrently.
+#ifndef ONLINEPS_WORKER_WORKER_SERVICE_H_
+#define ONLINEPS_WORKER_WORKER_SERVICE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "ps/ps_client.h"
+#include "ps/table_spec.h"
+#include "worker/accumulator.h"
+#include "worker/context_store.h"
+#include "worker/model.h"
+#include "worker/param_cache.h"
+
+namespace onlineps::worker {
+
+enum class ReplyWhen {
+  kApplied,  // default: learn replies after the PS acknowledged every push
+  kQueued,   // learn replies once its pushes are handed to the PS client
+};
+
+struct WorkerServiceOptions {
+  ParamCacheOptions cache;
+  ContextStoreOptions context;
+  // Dense gradients: push after accumulating this many examples (1: every learn) ...
+  uint32_t accumulate_examples = 1;
+  // ... or when the oldest accumulated gradient is this old (0: no time trigger).
+  int64_t accumulate_ms = 0;
+  ReplyWhen reply_when = ReplyWhen::kApplied;
+  // Local-steps mode (0: off): apply dense gradients to a local copy with local_lr and
+  // push the parameter delta (flag delta) every local_steps learn calls.
+  uint32_t local_steps = 0;
+  double local_lr = 0.05;
+  size_t max_batch = 1024;               // examples per request
+  size_t max_inflight_pushes = 256;      // queued mode: pushes not yet acknowledged
+  std::chrono::milliseconds push_timeout{5000};
+  // Table template for CreateTables (optimizer, staleness policy, bounds); name, kind,
+  // shape, dim and init come from the model.
+  ps::TableSpec table_template;
+};
+
+struct Prediction {
+  std::string label;
+  int64_t index = -1;
+  std::vector<float> scores;  // per label, softmax
+};
+
+struct InferReply {
+  std::vector<Prediction> predictions;
+  uint64_t version = 0;     // newest table version (any shard) among parameters read
+  int64_t params_age_ms = 0;  // age of the oldest parameter copy read
+};
+
+enum class LearnOutcome {
+  kApplied,      // every push acknowledged and applied by the PS
+  kQueued,       // pushed, acknowledged as accumulated on the PS, or not yet acknowledged
+  kAccumulated,  // dense gradient kept in the worker's accumulator, not yet pushed
+};
+std::string_view LearnOutcomeName(LearnOutcome o);
+
+struct LearnReply {
+  double loss = 0;
+  size_t examples = 0;
+  LearnOutcome outcome = LearnOutcome::kApplied;
+  uint64_t version = 0;  // newest table version after this call's pushes (or read)
+  uint64_t tau = 0;      // largest staleness the PS measured for this call's pushes
+  size_t sparse_rows_pushed = 0;
+  bool dense_pushed = false;
+};
+
+struct WorkerStats {
+  uint64_t infer_requests = 0, infer_examples = 0, learn_requests = 0, learn_examples = 0;
+  uint64_t pushes = 0, push_errors = 0, rejected_nonfinite = 0, max_tau = 0;
+  size_t inflight_pushes = 0;
+  ParamCacheStats cache;
+  ContextStoreStats context;
+};
+
+class WorkerService {
+ public:
+  // `client` and `model` must outlive the service.
+  WorkerService(ps::PsClient* client, Model* model, WorkerServiceOptions options);
+  ~WorkerService();
+
+  // Creates the model's tables on the PS (idempotent across workers with equal specs),
+  // registers them in the cache, starts background threads.
+  Status Start();
+  // Flushes accumulated gradients, waits for in-flight pushes, stops threads. Idempotent.
+  Status Stop();
+
+  StatusOr<InferReply> Infer(const std::string& session, const std::vector<Example>& batch);
+  StatusOr<LearnReply> Learn(const std::string& session, const std::vector<Example>& batch);
+  // Pushes whatever the accumulators hold now.
+  Status Flush();
+
+  ContextStore& context() { return context_; }
+  const Model& model() const { return *model_; }
+  WorkerStats stats() const;
+  // Table specs this worker creates (for docs and tests).
+  std::vector<ps::TableSpec> TableSpecs() const;
+
+ private:
+  struct Read;
+  Status CheckBatch(const std::vector<Example>& batch, bool need_labels) const;
+  StatusOr<Read> ReadParams(const std::vector<Example>& batch, const ContextInput& ctx);
+  Status PushSparse(Read& read, const GradOutput& grads, std::vector<ps::Ticket>* tickets,
+                    std::vector<std::unique_ptr<ps::PushReply>>* replies, LearnReply* out);
+  Status PushDense(size_t param, Accumulator::Batch batch, std::vector<ps::Ticket>* tickets,
+                   std::vector<std::unique_ptr<ps::PushReply>>* replies);
+  Status FinishPushes(std::vector<ps::Ticket>& tickets,
+                      std::vector<std::unique_ptr<ps::PushReply>>& replies,
+                      const std::vector<std::string>& tables, LearnReply* out);
+  void FlushLoop();
+
+  ps::PsClient* const client_;
+  Model* const model_;
+  const WorkerServiceOptions options_;
+  ParamCache cache_;
+  ContextStore context_;
+  std::vector<std::unique_ptr<Accumulator>> accumulators_;  // per param; null for sparse
+
+  mutable std::mutex mu_;
+  WorkerStats stats_;  // guarded by mu_ (cache and context filled in by stats())
+  std::condition_variable inflight_cv_;
+  size_t inflight_ = 0;  // guarded by mu_
+
+  std::mutex flush_mu_;
+  std::condition_variable flush_cv_;
+  bool stopping_ = false;  // guarded by flush_mu_
+  std::thread flusher_;
+  std::atomic<bool> started_{false};
+};
+
+}  // namespace onlineps::worker
+
+#endif  // ONLINEPS_WORKER_WORKER_SERVICE_H_
