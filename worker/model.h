@@ -34,7 +34,7 @@ struct ContextInput {
 enum class ParamKind { kDense, kSparse };
 
 struct ParamInfo {
-  std::string name;            // PS table name: "<table_prefix><parameter name>"
+  std::string name;  // PS table name: "<table_prefix><parameter name>"
   ParamKind kind = ParamKind::kDense;
   std::vector<uint64_t> shape;  // dense: tensor shape; sparse: {row dim}
   std::string init = "normal";  // initializer on the PS (see ps::TableSpec)
@@ -52,8 +52,8 @@ struct SparseRows {
 // at size() floats (owned by the caller, alive for the call); sparse entries hold
 // exactly the rows of SparseKeys() for this batch, in that order.
 struct ParamView {
-  std::vector<const float*> dense;                 // nullptr for sparse params
-  std::vector<const SparseRows*> sparse;           // nullptr for dense params
+  std::vector<const float*> dense;        // nullptr for sparse params
+  std::vector<const SparseRows*> sparse;  // nullptr for dense params
 };
 
 struct InferOutput {
@@ -64,7 +64,7 @@ struct InferOutput {
 // Gradient of the mean loss over the batch, indexed like Model::params(): dense grads
 // have size() floats; sparse grads hold only the rows the batch touched.
 struct GradOutput {
-  double loss = 0;  // mean loss over the batch
+  double loss = 0;                        // mean loss over the batch
   std::vector<std::vector<float>> dense;  // empty vector for sparse params
   std::vector<SparseRows> sparse;         // empty for dense params
 };
@@ -72,7 +72,7 @@ struct GradOutput {
 struct ModelOptions {
   std::string kind = "text";  // text | mlp | torchscript
   std::vector<std::string> labels = {"negative", "positive"};
-  std::string table_prefix;   // prepended to every PS table name
+  std::string table_prefix;    // prepended to every PS table name
   std::string device = "cpu";  // cpu | cuda | cuda:N
   int torch_threads = 1;       // intra-op threads per call
   // text
@@ -104,8 +104,7 @@ class Model {
                                       const ContextInput& context, const ParamView& params) = 0;
   // REQUIRES: every example has a label in [0, labels().size()).
   virtual StatusOr<GradOutput> Gradients(const std::vector<Example>& batch,
-                                         const ContextInput& context,
-                                         const ParamView& params) = 0;
+                                         const ContextInput& context, const ParamView& params) = 0;
 };
 
 // Builds the model named by options.kind. Errors: kInvalidArgument (unknown kind, bad

@@ -18,7 +18,7 @@ namespace onlineps::worker {
 struct WorkerClientOptions {
   std::string endpoint;
   std::chrono::milliseconds timeout{10000};  // per call
-  size_t max_inflight = 4096;                 // calls in flight; more wait
+  size_t max_inflight = 4096;                // calls in flight; more wait
   TransportOptions transport;
 };
 

@@ -1,1 +1,267 @@
-int main() { return 0; }
+// onlineps_worker: a stateless libtorch worker serving infer / learn / context over
+// ZeroMQ. Flags, ONLINEPS_* env vars and --config are documented in
+// docs/configuration.md; `onlineps_worker --help` lists them.
+#include <spdlog/spdlog.h>
+
+#include <iostream>
+
+#include "common/admin_server.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "common/signals.h"
+#include "ps/ps_client.h"
+#include "worker/model.h"
+#include "worker/worker_server.h"
+#include "worker/worker_service.h"
+
+namespace {
+
+using onlineps::Status;
+using onlineps::StatusCode;
+namespace worker = onlineps::worker;
+
+struct Flags {
+  std::vector<std::string> ps;
+  worker::ModelOptions model;
+  worker::WorkerServiceOptions service;
+  worker::WorkerServerOptions server;
+  std::string reply_when = "applied";
+  double lr = 0.05;
+  std::vector<std::string> opt_params, staleness_params;
+  std::string bound_mode = "reject";
+  int64_t context_ttl_s = 1800;
+  int64_t ps_timeout_ms = 5000;
+  uint64_t sender_id = 0;
+  std::string admin_host = "127.0.0.1";
+  int admin_port = 9200;
+};
+
+void AddModelFlags(CLI::App& app, Flags* f) {
+  auto& m = f->model;
+  app.add_option("--model", m.kind, "Model: text | mlp | torchscript")
+      ->check(CLI::IsMember({"text", "mlp", "torchscript"}))
+      ->capture_default_str();
+  app.add_option("--labels", m.labels, "Output labels, comma separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--table-prefix", m.table_prefix,
+                 "Prefix of every PS table name (default: '<model>/')");
+  app.add_option("--embed-dim", m.embed_dim, "text: embedding row size")->capture_default_str();
+  app.add_option("--hidden", m.hidden, "Hidden layer widths, comma separated (empty: linear)")
+      ->delimiter(',');
+  app.add_flag("!--no-bigrams", m.bigrams, "text: use words only, not word pairs");
+  app.add_option("--context-weight", m.context_weight,
+                 "text: weight of a context token against 1 for a request token")
+      ->capture_default_str();
+  app.add_option("--input-dim", m.input_dim, "mlp: input features")->capture_default_str();
+  app.add_option("--context-dim", m.context_dim,
+                 "mlp: extra input columns fed from the session's context features")
+      ->capture_default_str();
+  app.add_option("--model-file", m.model_file, "torchscript: module file (torch.jit.save)");
+  app.add_option("--sparse-params", m.sparse_params,
+                 "torchscript: parameters served as sparse tables, comma separated")
+      ->delimiter(',');
+  app.add_option("--device", m.device, "cpu | cuda | cuda:N")->capture_default_str();
+  app.add_option("--torch-threads", m.torch_threads, "libtorch intra-op threads")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+}
+
+void AddLearnFlags(CLI::App& app, Flags* f) {
+  auto& s = f->service;
+  app.add_option("--lr", f->lr, "Learning rate of the tables this worker creates")
+      ->capture_default_str();
+  app.add_option("--optimizer", s.table_template.optimizer, "sgd | adagrad | ftrl | adam")
+      ->capture_default_str();
+  app.add_option("--opt-param", f->opt_params, "Extra optimizer parameter NAME=VALUE (repeat)");
+  app.add_option("--staleness-policy", s.table_template.staleness,
+                 "none | lr_over_tau | dc_constant | dc_adaptive")
+      ->capture_default_str();
+  app.add_option("--staleness-param", f->staleness_params, "Policy parameter NAME=VALUE (repeat)");
+  app.add_option("--max-staleness", s.table_template.max_staleness,
+                 "Bounded staleness s (-1: unbounded)")
+      ->capture_default_str();
+  app.add_option("--bound-mode", f->bound_mode, "reject | block (SSP)")
+      ->check(CLI::IsMember({"reject", "block"}))
+      ->capture_default_str();
+  app.add_option("--accumulate-examples", s.accumulate_examples,
+                 "Push dense gradients after this many examples")
+      ->check(CLI::Range(1u, 1u << 30))
+      ->capture_default_str();
+  app.add_option("--accumulate-ms", s.accumulate_ms,
+                 "... or when the oldest accumulated gradient is this old (0: off)")
+      ->capture_default_str();
+  app.add_option("--reply-when", f->reply_when,
+                 "learn replies after the PS 'applied' the push, or once 'queued'")
+      ->check(CLI::IsMember({"applied", "queued"}))
+      ->capture_default_str();
+  app.add_option("--local-steps", s.local_steps,
+                 "Local-steps mode: push a parameter delta every N learns (0: off)")
+      ->capture_default_str();
+  app.add_option("--local-lr", s.local_lr, "Learning rate of local steps")->capture_default_str();
+  app.add_option("--max-batch", s.max_batch, "Examples per request")->capture_default_str();
+  app.add_option("--max-inflight-pushes", s.max_inflight_pushes,
+                 "Pushes not yet acknowledged (learn waits beyond)")
+      ->capture_default_str();
+}
+
+void AddCacheFlags(CLI::App& app, Flags* f) {
+  auto& c = f->service.cache;
+  app.add_option("--dense-max-age-ms", c.dense.max_age_ms,
+                 "Oldest dense parameter copy a call may read (-1: no bound)")
+      ->capture_default_str();
+  app.add_option("--dense-max-versions-behind", c.dense.max_versions_behind,
+                 "Versions a dense copy may lag the newest seen (-1: no bound)")
+      ->capture_default_str();
+  app.add_option("--sparse-max-age-ms", c.sparse.max_age_ms, "Same for sparse rows")
+      ->capture_default_str();
+  app.add_option("--sparse-max-versions-behind", c.sparse.max_versions_behind,
+                 "Same for sparse rows")
+      ->capture_default_str();
+  app.add_option("--max-sparse-rows", c.max_sparse_rows, "Cached rows per sparse table (LRU)")
+      ->capture_default_str();
+  app.add_option("--refresh-interval-ms", c.refresh_interval_ms,
+                 "Background refresh of hot dense tables (0: off)")
+      ->capture_default_str();
+  auto& x = f->service.context;
+  app.add_option("--context-max-sessions", x.max_sessions, "Sessions with context (LRU)")
+      ->capture_default_str();
+  app.add_option("--context-ttl-s", f->context_ttl_s, "Idle seconds before a context is dropped")
+      ->capture_default_str();
+  app.add_option("--context-max-items", x.max_items, "Text items kept per session")
+      ->capture_default_str();
+  app.add_option("--context-max-bytes", x.max_bytes, "Text bytes kept per session")
+      ->capture_default_str();
+}
+
+void AddServingFlags(CLI::App& app, Flags* f) {
+  app.add_option("--ps", f->ps, "PS shard endpoints in shard order, comma separated")
+      ->delimiter(',')
+      ->required();
+  app.add_option("--listen", f->server.listen, "Endpoint to serve the worker RPC on")
+      ->capture_default_str();
+  app.add_option("--handler-threads", f->server.handler_threads, "Threads running infer/learn")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--ps-timeout-ms", f->ps_timeout_ms, "Deadline of each PS call")
+      ->capture_default_str();
+  app.add_option("--sender-id", f->sender_id, "PS sender id (0: random per process)")
+      ->capture_default_str();
+  app.add_option("--admin-host", f->admin_host, "Address of the admin HTTP port")
+      ->capture_default_str();
+  app.add_option("--admin-port", f->admin_port,
+                 "Admin HTTP port for /metrics, /healthz, /readyz (0: any free port, -1: off)")
+      ->capture_default_str();
+}
+
+Status ParseParams(const std::vector<std::string>& kvs, const std::string& flag,
+                   std::map<std::string, double>* out) {
+  for (const std::string& kv : kvs) {
+    const size_t eq = kv.find('=');
+    char* end = nullptr;
+    const double v = eq == std::string::npos ? 0 : std::strtod(kv.c_str() + eq + 1, &end);
+    if (eq == std::string::npos || eq == 0 || end == nullptr || *end != '\0') {
+      return Status(StatusCode::kInvalidArgument, flag + " '" + kv + "' is not NAME=NUMBER");
+    }
+    (*out)[kv.substr(0, eq)] = v;
+  }
+  return Status::Ok();
+}
+
+Status Finish(Flags* f) {
+  auto& t = f->service.table_template;
+  t.optimizer_params["lr"] = f->lr;
+  ONLINEPS_RETURN_IF_ERROR(ParseParams(f->opt_params, "--opt-param", &t.optimizer_params));
+  ONLINEPS_RETURN_IF_ERROR(
+      ParseParams(f->staleness_params, "--staleness-param", &t.staleness_params));
+  t.bound_mode =
+      f->bound_mode == "block" ? onlineps::ps::BoundMode::kBlock : onlineps::ps::BoundMode::kReject;
+  f->service.reply_when =
+      f->reply_when == "queued" ? worker::ReplyWhen::kQueued : worker::ReplyWhen::kApplied;
+  f->service.context.ttl_ms = f->context_ttl_s * 1000;
+  f->service.push_timeout = std::chrono::milliseconds(f->ps_timeout_ms);
+  if (f->model.table_prefix.empty()) f->model.table_prefix = f->model.kind + "/";
+  return Status::Ok();
+}
+
+int Run(Flags& f) {
+  onlineps::ps::PsClientOptions pso;
+  pso.shards = f.ps;
+  pso.sender_id = f.sender_id;
+  pso.timeout = std::chrono::milliseconds(f.ps_timeout_ms);
+  auto client = onlineps::ps::PsClient::Connect(pso);
+  if (!client.ok()) {
+    spdlog::error("PS client: {}", client.status().ToString());
+    return 1;
+  }
+  if (auto st = (*client)->WaitForShards(std::chrono::seconds(30)); !st.ok()) {
+    spdlog::error("PS shards {} not reachable: {}", fmt::join(f.ps, ","), st.ToString());
+    return 1;
+  }
+  auto model = worker::CreateModel(f.model);
+  if (!model.ok()) {
+    spdlog::error("model: {}", model.status().ToString());
+    return 2;
+  }
+  worker::WorkerService service(client->get(), model->get(), f.service);
+  if (auto st = service.Start(); !st.ok()) {
+    spdlog::error("worker: {}", st.ToString());
+    return 1;
+  }
+  auto admin = std::make_unique<onlineps::AdminServer>();
+  if (f.admin_port >= 0) {
+    auto port = admin->Start(f.admin_host, f.admin_port);
+    if (!port.ok()) {
+      spdlog::error("admin port: {}", port.status().ToString());
+      return 1;
+    }
+    spdlog::info("admin endpoints on http://{}:{}/metrics", f.admin_host, *port);
+  }
+  worker::WorkerServer server(&service, f.server);
+  auto endpoint = server.Start();
+  if (!endpoint.ok()) {
+    spdlog::error("cannot serve on {}: {}", f.server.listen, endpoint.status().ToString());
+    return 1;
+  }
+  spdlog::info("worker ({} model on {}, {} tables) serving on {}", f.model.kind, (*model)->device(),
+               (*model)->params().size(), *endpoint);
+  std::cout << "LISTENING " << *endpoint << std::endl;
+  const int sig = onlineps::WaitForShutdownSignal();
+  spdlog::info("signal {}: draining", sig);
+  server.Stop();
+  Status st = service.Stop();  // pushes what is accumulated
+  if (!st.ok()) spdlog::error("final flush: {}", st.ToString());
+  admin->Stop();
+  return st.ok() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  onlineps::BlockShutdownSignals();
+  Flags f;
+  onlineps::LogOptions log;
+  log.component = "worker";
+  CLI::App app("onlineps worker: libtorch infer / learn against the parameter servers");
+  AddServingFlags(app, &f);
+  AddModelFlags(app, &f);
+  AddLearnFlags(app, &f);
+  AddCacheFlags(app, &f);
+  onlineps::AddLoggingFlags(app, &log);
+  auto parsed = onlineps::ParseFlags(app, argc, argv);
+  if (!parsed.ok()) {
+    std::cerr << "onlineps_worker: " << parsed.status().message() << "\n";
+    return 2;
+  }
+  if (parsed->exit_now) return 0;
+  if (auto st = onlineps::InitLogging(log); !st.ok()) {
+    std::cerr << "onlineps_worker: " << st.message() << "\n";
+    return 2;
+  }
+  if (auto st = Finish(&f); !st.ok()) {
+    std::cerr << "onlineps_worker: " << st.message() << "\n";
+    return 2;
+  }
+  spdlog::info("effective config:\n{}", onlineps::EffectiveConfig(app));
+  return Run(f);
+}

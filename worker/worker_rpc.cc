@@ -1,1 +1,265 @@
-// placeholder
+#include "worker/worker_rpc.h"
+
+#include <cmath>
+
+namespace onlineps::worker {
+namespace {
+
+using nlohmann::json;
+
+Status Invalid(const std::string& msg) { return Status(StatusCode::kInvalidArgument, msg); }
+
+StatusOr<std::vector<float>> FloatsOf(const json& v, const std::string& where, size_t max) {
+  if (!v.is_array()) return Invalid(where + " must be an array of numbers");
+  if (v.size() > max) {
+    return Invalid(where + " has " + std::to_string(v.size()) + " values; at most " +
+                   std::to_string(max));
+  }
+  std::vector<float> out;
+  out.reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_number()) return Invalid(where + "[" + std::to_string(i) + "] is not a number");
+    const double d = v[i].get<double>();
+    if (!std::isfinite(d)) return Invalid(where + "[" + std::to_string(i) + "] is NaN or Inf");
+    out.push_back(static_cast<float>(d));
+  }
+  return out;
+}
+
+StatusOr<int64_t> LabelOf(const json& v, const std::string& where,
+                          const std::vector<std::string>& labels) {
+  if (v.is_string()) {
+    const std::string& s = v.get_ref<const std::string&>();
+    for (size_t i = 0; i < labels.size(); ++i) {
+      if (labels[i] == s) return static_cast<int64_t>(i);
+    }
+    std::string known;
+    for (const auto& l : labels) known += (known.empty() ? "" : ", ") + l;
+    return Invalid(where + " '" + s + "' is not a label of this model (" + known + ")");
+  }
+  if (v.is_number_integer()) {
+    const auto i = v.get<int64_t>();
+    if (i >= 0 && i < static_cast<int64_t>(labels.size())) return i;
+  }
+  return Invalid(where + " must be a label name or an index below " +
+                 std::to_string(labels.size()));
+}
+
+constexpr size_t kMaxFeatures = 1 << 20;
+
+StatusOr<Example> ExampleOf(const json& e, const std::string& where,
+                            const std::vector<std::string>& labels, bool need_labels) {
+  if (!e.is_object()) return Invalid(where + " must be a map");
+  Example ex;
+  const auto text = e.find("text");
+  const auto features = e.find("features");
+  if (text == e.end() && features == e.end()) {
+    return Invalid(where + " needs \"text\" or \"features\"");
+  }
+  if (text != e.end()) {
+    if (!text->is_string()) return Invalid(where + ".text must be a string");
+    ex.text = text->get<std::string>();
+  }
+  if (features != e.end()) {
+    ONLINEPS_ASSIGN_OR_RETURN(ex.features, FloatsOf(*features, where + ".features", kMaxFeatures));
+  }
+  const auto label = e.find("label");
+  if (need_labels && label == e.end()) return Invalid(where + " needs a \"label\"");
+  if (need_labels) {
+    ONLINEPS_ASSIGN_OR_RETURN(ex.label, LabelOf(*label, where + ".label", labels));
+  }
+  return ex;
+}
+
+StatusOr<std::string> RequiredSession(const json& body, size_t max_bytes) {
+  ONLINEPS_ASSIGN_OR_RETURN(std::string s, SessionOf(body, max_bytes));
+  if (s.empty()) return Invalid("\"session\" is required for context ops");
+  return s;
+}
+
+json ContextJson(const std::optional<SessionContext>& c) {
+  json out = {{"found", c.has_value()}};
+  out["items"] = json::array();
+  out["features"] = json::array();
+  if (c) {
+    for (const auto& item : c->items) out["items"].push_back(item);
+    out["features"] = c->features;
+  }
+  return out;
+}
+
+StatusOr<json> ContextOp(WorkerService* service, Op op, const json& body) {
+  const size_t max_id = 256;
+  ONLINEPS_ASSIGN_OR_RETURN(std::string session, RequiredSession(body, max_id));
+  ContextStore& store = service->context();
+  switch (op) {
+    case Op::kContextSet: {
+      std::vector<std::string> items;
+      const auto it = body.find("items");
+      if (it != body.end()) {
+        if (!it->is_array()) return Invalid("\"items\" must be an array of strings");
+        for (const auto& s : *it) {
+          if (!s.is_string()) return Invalid("\"items\" must be an array of strings");
+          items.push_back(s.get<std::string>());
+        }
+      }
+      if (body.contains("text")) {
+        if (!body["text"].is_string()) return Invalid("\"text\" must be a string");
+        items.push_back(body["text"].get<std::string>());
+      }
+      std::vector<float> features;
+      if (body.contains("features")) {
+        ONLINEPS_ASSIGN_OR_RETURN(features, FloatsOf(body["features"], "features", kMaxFeatures));
+      }
+      ONLINEPS_RETURN_IF_ERROR(store.Set(session, std::move(items), std::move(features)));
+      return ContextJson(store.Get(session));
+    }
+    case Op::kContextAppend: {
+      const auto it = body.find("text");
+      if (it == body.end() || !it->is_string()) return Invalid("\"text\" (a string) is required");
+      ONLINEPS_RETURN_IF_ERROR(store.Append(session, it->get<std::string>()));
+      return ContextJson(store.Get(session));
+    }
+    case Op::kContextClear:
+      return json{{"cleared", store.Clear(session)}};
+    default:
+      return ContextJson(store.Get(session));
+  }
+}
+
+}  // namespace
+
+StatusOr<json> DecodeBody(const void* data, size_t size) {
+  if (size == 0) return json::object();
+  const auto* p = static_cast<const uint8_t*>(data);
+  json body = json::from_msgpack(p, p + size, /*strict=*/true, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return Status(StatusCode::kMalformed, "body is not valid msgpack");
+  if (!body.is_object()) return Status(StatusCode::kMalformed, "body must be a msgpack map");
+  return body;
+}
+
+std::string EncodeBody(const json& body) {
+  std::vector<uint8_t> bytes = json::to_msgpack(body);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+StatusOr<std::string> SessionOf(const json& body, size_t max_bytes) {
+  const auto it = body.find("session");
+  if (it == body.end() || it->is_null()) return std::string();
+  if (!it->is_string()) return Invalid("\"session\" must be a string");
+  std::string s = it->get<std::string>();
+  if (s.size() > max_bytes) {
+    return Invalid("\"session\" is " + std::to_string(s.size()) + " bytes; at most " +
+                   std::to_string(max_bytes));
+  }
+  return s;
+}
+
+StatusOr<std::vector<Example>> ExamplesOf(const json& body, const std::vector<std::string>& labels,
+                                          bool need_labels, size_t max_batch) {
+  std::vector<Example> out;
+  const auto it = body.find("examples");
+  if (it == body.end()) {
+    ONLINEPS_ASSIGN_OR_RETURN(Example e, ExampleOf(body, "request", labels, need_labels));
+    out.push_back(std::move(e));
+    return out;
+  }
+  if (!it->is_array()) return Invalid("\"examples\" must be an array");
+  if (it->empty()) return Invalid("\"examples\" is empty");
+  if (it->size() > max_batch) {
+    return Status(StatusCode::kTooLarge, std::to_string(it->size()) + " examples; at most " +
+                                             std::to_string(max_batch) + " per request");
+  }
+  for (size_t i = 0; i < it->size(); ++i) {
+    ONLINEPS_ASSIGN_OR_RETURN(
+        Example e, ExampleOf((*it)[i], "examples[" + std::to_string(i) + "]", labels, need_labels));
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+json ToJson(const InferReply& r) {
+  json preds = json::array();
+  for (const Prediction& p : r.predictions) {
+    preds.push_back({{"label", p.label}, {"index", p.index}, {"scores", p.scores}});
+  }
+  return {{"predictions", preds}, {"version", r.version}, {"params_age_ms", r.params_age_ms}};
+}
+
+json ToJson(const LearnReply& r) {
+  return {{"loss", r.loss},
+          {"examples", r.examples},
+          {"outcome", std::string(LearnOutcomeName(r.outcome))},
+          {"version", r.version},
+          {"tau", r.tau},
+          {"sparse_rows_pushed", r.sparse_rows_pushed},
+          {"dense_pushed", r.dense_pushed}};
+}
+
+json ToJson(const WorkerStats& s) {
+  return {{"infer_requests", s.infer_requests},
+          {"infer_examples", s.infer_examples},
+          {"learn_requests", s.learn_requests},
+          {"learn_examples", s.learn_examples},
+          {"pushes", s.pushes},
+          {"push_errors", s.push_errors},
+          {"rejected_nonfinite", s.rejected_nonfinite},
+          {"max_tau", s.max_tau},
+          {"inflight_pushes", s.inflight_pushes},
+          {"cache",
+           {{"dense_hits", s.cache.dense_hits},
+            {"dense_pulls", s.cache.dense_pulls},
+            {"refresher_pulls", s.cache.refresher_pulls},
+            {"sparse_hits", s.cache.sparse_hits},
+            {"sparse_misses", s.cache.sparse_misses},
+            {"sparse_pulls", s.cache.sparse_pulls},
+            {"sparse_evictions", s.cache.sparse_evictions},
+            {"sparse_rows", s.cache.sparse_rows}}},
+          {"context",
+           {{"sessions", s.context.sessions},
+            {"evicted_lru", s.context.evicted_lru},
+            {"expired", s.context.expired},
+            {"items_dropped", s.context.items_dropped}}}};
+}
+
+StatusOr<json> HandleWorkerOp(WorkerService* service, Op op, const json& body) {
+  const Model& model = service->model();
+  const size_t max_session = 256;
+  switch (op) {
+    case Op::kInfer:
+    case Op::kLearn: {
+      const bool learn = op == Op::kLearn;
+      ONLINEPS_ASSIGN_OR_RETURN(std::string session, SessionOf(body, max_session));
+      ONLINEPS_ASSIGN_OR_RETURN(auto batch, ExamplesOf(body, model.labels(), learn, 1 << 16));
+      if (learn) {
+        ONLINEPS_ASSIGN_OR_RETURN(LearnReply r, service->Learn(session, batch));
+        return ToJson(r);
+      }
+      ONLINEPS_ASSIGN_OR_RETURN(InferReply r, service->Infer(session, batch));
+      return ToJson(r);
+    }
+    case Op::kContextSet:
+    case Op::kContextAppend:
+    case Op::kContextClear:
+    case Op::kContextGet:
+      return ContextOp(service, op, body);
+    case Op::kWorkerStats: {
+      json s = ToJson(service->stats());
+      s["labels"] = model.labels();
+      s["device"] = model.device();
+      json params = json::array();
+      for (const ParamInfo& p : model.params()) {
+        params.push_back({{"table", p.name},
+                          {"kind", p.kind == ParamKind::kDense ? "dense" : "sparse"},
+                          {"shape", p.shape}});
+      }
+      s["params"] = params;
+      return s;
+    }
+    default:
+      return Status(StatusCode::kUnknownOp,
+                    std::string(OpName(op)) + " is not a worker op (is this a PS endpoint?)");
+  }
+}
+
+}  // namespace onlineps::worker

@@ -27,8 +27,8 @@ StatusOr<std::string> SessionOf(const nlohmann::json& body, size_t max_bytes);
 // naming one of `labels`, or its index) when `need_labels`. A body with "text" or
 // "features" at top level is one example. At most `max_batch` examples.
 StatusOr<std::vector<Example>> ExamplesOf(const nlohmann::json& body,
-                                          const std::vector<std::string>& labels,
-                                          bool need_labels, size_t max_batch);
+                                          const std::vector<std::string>& labels, bool need_labels,
+                                          size_t max_batch);
 
 nlohmann::json ToJson(const InferReply& r);
 nlohmann::json ToJson(const LearnReply& r);
@@ -36,8 +36,7 @@ nlohmann::json ToJson(const WorkerStats& s);
 
 // Runs one worker op on `service`: decodes `body`, calls it, encodes the reply body.
 // Errors are the service's or kInvalidArgument naming the bad field.
-StatusOr<nlohmann::json> HandleWorkerOp(WorkerService* service, Op op,
-                                        const nlohmann::json& body);
+StatusOr<nlohmann::json> HandleWorkerOp(WorkerService* service, Op op, const nlohmann::json& body);
 
 }  // namespace onlineps::worker
 

@@ -12,15 +12,16 @@
 #include "common/handler_pool.h"
 #include "common/status.h"
 #include "common/transport.h"
+#include "common/wire.h"
 #include "worker/worker_service.h"
 
 namespace onlineps::worker {
 
 struct WorkerServerOptions {
   std::string listen = "tcp://127.0.0.1:0";
-  int handler_threads = 2;                    // threads running infer / learn
-  size_t max_queue = 1024;                    // requests waiting per handler thread
-  size_t max_message_bytes = 64 << 20;        // larger requests are refused (TOO_LARGE)
+  int handler_threads = 2;              // threads running infer / learn
+  size_t max_queue = 1024;              // requests waiting per handler thread
+  size_t max_message_bytes = 64 << 20;  // larger requests are refused (TOO_LARGE)
   TransportOptions transport;
 };
 
@@ -51,6 +52,8 @@ class WorkerServer {
   std::unique_ptr<ServerTransport> transport_;
   std::unique_ptr<HandlerPool<Job>> pool_;
   std::atomic<uint64_t> requests_{0}, errors_{0};
+  std::atomic<size_t> next_lane_{0};
+  std::atomic<bool> stopping_{false};
 };
 
 }  // namespace onlineps::worker

@@ -1,1 +1,305 @@
-// placeholder
+#include "worker/worker_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/clock.h"
+#include "common/partition.h"
+#include "worker/local_steps.h"
+
+namespace onlineps::worker {
+namespace {
+
+int64_t Now() { return static_cast<int64_t>(NowMs()); }
+
+bool AllFinite(const std::vector<float>& v) {
+  float acc = 0;
+  // x * 0 is 0 for finite x and NaN otherwise: one branch-free pass.
+  for (float x : v) acc += x * 0.0f;
+  return acc == 0.0f;
+}
+
+Status NonFinite(const std::string& what) {
+  return Status(StatusCode::kNonFinite, what + " is NaN or Inf; nothing was pushed");
+}
+
+}  // namespace
+
+std::string_view LearnOutcomeName(LearnOutcome o) {
+  switch (o) {
+    case LearnOutcome::kApplied:
+      return "applied";
+    case LearnOutcome::kQueued:
+      return "queued";
+    case LearnOutcome::kAccumulated:
+      return "accumulated";
+  }
+  return "unknown";
+}
+
+// Everything one call read: views handed to the model plus the versions a gradient on
+// them must carry.
+struct WorkerService::Read {
+  ParamView view;
+  std::vector<std::shared_ptr<const DenseSnapshot>> dense;
+  std::vector<SparseRows> rows;
+  std::vector<ps::VersionVector> base;  // per param
+  uint64_t version = 0;
+  int64_t oldest_ms = 0;
+};
+
+WorkerService::WorkerService(ps::PsClient* client, Model* model, WorkerServiceOptions options)
+    : client_(client),
+      model_(model),
+      options_(std::move(options)),
+      cache_(client, options_.cache),
+      context_(options_.context) {}
+
+WorkerService::~WorkerService() { static_cast<void>(Stop()); }
+
+std::vector<ps::TableSpec> WorkerService::TableSpecs() const {
+  std::vector<ps::TableSpec> specs;
+  for (const ParamInfo& p : model_->params()) {
+    ps::TableSpec s = options_.table_template;
+    s.name = p.name;
+    s.init = p.init;
+    s.init_value = p.init_value;
+    // Different tables must not start from the same random stream.
+    s.seed = options_.table_template.seed ^ HashString(p.name);
+    if (p.kind == ParamKind::kDense) {
+      s.kind = ps::TableKind::kDense;
+      s.shape = p.shape;
+    } else {
+      s.kind = ps::TableKind::kSparse;
+      s.dim = static_cast<uint32_t>(p.size());
+    }
+    specs.push_back(std::move(s));
+  }
+  return specs;
+}
+
+Status WorkerService::Start() {
+  if (started_.exchange(true)) return Status::Ok();
+  const auto& params = model_->params();
+  for (const ps::TableSpec& spec : TableSpecs()) {
+    Status st = client_->CreateTable(spec);
+    if (!st.ok()) {
+      return Status(st.code(), "creating table '" + spec.name + "': " + st.message() +
+                                   " (another worker may have created it with other options)");
+    }
+  }
+  accumulators_.resize(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].kind == ParamKind::kDense) {
+      cache_.AddDense(params[i].name, params[i].size());
+      accumulators_[i] = std::make_unique<Accumulator>(
+          params[i].size(), std::max<uint32_t>(options_.accumulate_examples, 1),
+          options_.accumulate_ms);
+    } else {
+      cache_.AddSparse(params[i].name, static_cast<uint32_t>(params[i].size()));
+    }
+  }
+  if (options_.local_steps > 0) {
+    local_ = std::make_unique<LocalSteps>(&cache_, model_, options_.local_steps, options_.local_lr);
+  }
+  cache_.Start();
+  flusher_ = std::thread([this] { FlushLoop(); });
+  return Status::Ok();
+}
+
+Status WorkerService::Stop() {
+  if (!started_.load()) return Status::Ok();
+  {
+    std::lock_guard<std::mutex> lock(flush_mu_);
+    if (stopping_) return Status::Ok();
+    stopping_ = true;
+  }
+  flush_cv_.notify_all();
+  if (flusher_.joinable()) flusher_.join();
+  Status st = Flush();
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    inflight_cv_.wait(lock, [&] { return inflight_ == 0; });
+  }
+  cache_.Stop();
+  return st;
+}
+
+void WorkerService::FlushLoop() {
+  if (options_.accumulate_ms <= 0) return;
+  const auto period = std::chrono::milliseconds(std::max<int64_t>(options_.accumulate_ms / 4, 1));
+  std::unique_lock<std::mutex> lock(flush_mu_);
+  while (!flush_cv_.wait_for(lock, period, [&] { return stopping_; })) {
+    lock.unlock();
+    Status st = FlushDue(/*force=*/false);
+    if (!st.ok()) spdlog::warn("timed flush of accumulated gradients failed: {}", st.ToString());
+    lock.lock();
+  }
+}
+
+Status WorkerService::Flush() { return FlushDue(/*force=*/true); }
+
+Status WorkerService::FlushDue(bool force) {
+  Pushes pushes;
+  for (size_t i = 0; i < accumulators_.size(); ++i) {
+    if (accumulators_[i] == nullptr) continue;
+    auto batch = accumulators_[i]->TakeIfDue(Now(), force);
+    if (batch) PushDense(i, std::move(*batch), &pushes);
+  }
+  LearnReply ignored;
+  return FinishPushes(pushes, ReplyWhen::kApplied, &ignored);
+}
+
+Status WorkerService::CheckBatch(const std::vector<Example>& batch, bool need_labels) const {
+  if (batch.empty()) return Status(StatusCode::kInvalidArgument, "no examples");
+  if (batch.size() > options_.max_batch) {
+    return Status(StatusCode::kTooLarge, std::to_string(batch.size()) + " examples; at most " +
+                                             std::to_string(options_.max_batch) + " per request");
+  }
+  if (!need_labels) return Status::Ok();
+  const auto n = static_cast<int64_t>(model_->labels().size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].label < 0 || batch[i].label >= n) {
+      return Status(StatusCode::kInvalidArgument,
+                    "example " + std::to_string(i) + " has no valid label (label index " +
+                        std::to_string(batch[i].label) + ", model has " + std::to_string(n) +
+                        " labels)");
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<WorkerService::Read> WorkerService::ReadParams(const std::vector<Example>& batch,
+                                                        const ContextInput& ctx) {
+  const auto& params = model_->params();
+  ONLINEPS_ASSIGN_OR_RETURN(auto keys, model_->SparseKeys(batch, ctx));
+  Read r;
+  r.view.dense.assign(params.size(), nullptr);
+  r.view.sparse.assign(params.size(), nullptr);
+  r.dense.resize(params.size());
+  r.rows.resize(params.size());
+  r.base.resize(params.size());
+  r.oldest_ms = Now();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params[i];
+    if (p.kind == ParamKind::kDense) {
+      ONLINEPS_ASSIGN_OR_RETURN(r.dense[i], cache_.Dense(p.name));
+      r.view.dense[i] = r.dense[i]->values.data();
+      r.base[i] = r.dense[i]->versions;
+      r.oldest_ms = std::min(r.oldest_ms, r.dense[i]->fetched_ms);
+    } else {
+      SparseRows& rows = r.rows[i];
+      rows.keys = std::move(keys[i]);
+      rows.values.resize(rows.keys.size() * p.size());
+      if (!rows.keys.empty()) {
+        ONLINEPS_RETURN_IF_ERROR(cache_.Sparse(p.name, rows.keys.data(), rows.keys.size(),
+                                               rows.values.data(), &r.base[i]));
+      }
+      r.view.sparse[i] = &rows;
+    }
+    for (uint64_t v : r.base[i]) r.version = std::max(r.version, v);
+  }
+  return r;
+}
+
+StatusOr<InferReply> WorkerService::Infer(const std::string& session,
+                                          const std::vector<Example>& batch) {
+  ONLINEPS_RETURN_IF_ERROR(CheckBatch(batch, /*need_labels=*/false));
+  const ContextInput ctx = session.empty() ? ContextInput{} : context_.Input(session);
+  ONLINEPS_ASSIGN_OR_RETURN(Read read, ReadParams(batch, ctx));
+  ONLINEPS_ASSIGN_OR_RETURN(InferOutput out, model_->Infer(batch, ctx, read.view));
+  InferReply reply;
+  reply.version = read.version;
+  reply.params_age_ms = Now() - read.oldest_ms;
+  const auto& labels = model_->labels();
+  for (size_t i = 0; i < out.scores.size(); ++i) {
+    Prediction p;
+    p.index = out.predicted[i];
+    p.label = labels[static_cast<size_t>(p.index)];
+    p.scores = std::move(out.scores[i]);
+    reply.predictions.push_back(std::move(p));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.infer_requests++;
+    stats_.infer_examples += batch.size();
+  }
+  return reply;
+}
+
+Status WorkerService::CheckFinite(const GradOutput& g) {
+  Status st;
+  const auto& params = model_->params();
+  if (!std::isfinite(g.loss)) st = NonFinite("the loss");
+  for (size_t i = 0; i < params.size() && st.ok(); ++i) {
+    const bool ok =
+        params[i].kind == ParamKind::kDense ? AllFinite(g.dense[i]) : AllFinite(g.sparse[i].values);
+    if (!ok) st = NonFinite("the gradient of '" + params[i].name + "'");
+  }
+  if (!st.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.rejected_nonfinite++;
+  }
+  return st;
+}
+
+StatusOr<LearnReply> WorkerService::Learn(const std::string& session,
+                                          const std::vector<Example>& batch) {
+  ONLINEPS_RETURN_IF_ERROR(CheckBatch(batch, /*need_labels=*/true));
+  const ContextInput ctx = session.empty() ? ContextInput{} : context_.Input(session);
+  // Local-steps mode reads and updates one local copy: its learns run one at a time.
+  std::unique_lock<std::mutex> local_lock;
+  if (local_) local_lock = std::unique_lock<std::mutex>(local_->mu());
+  ONLINEPS_ASSIGN_OR_RETURN(Read read, ReadParams(batch, ctx));
+  if (local_) ONLINEPS_RETURN_IF_ERROR(local_->Substitute(&read.view, &read.base));
+  ONLINEPS_ASSIGN_OR_RETURN(GradOutput grads, model_->Gradients(batch, ctx, read.view));
+  ONLINEPS_RETURN_IF_ERROR(CheckFinite(grads));
+
+  LearnReply reply;
+  reply.loss = grads.loss;
+  reply.examples = batch.size();
+  reply.version = read.version;
+  Pushes pushes;
+  PushSparse(read.base, grads, &pushes, &reply);
+  bool kept = false;
+  const auto& params = model_->params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].kind != ParamKind::kDense) continue;
+    if (local_) {
+      auto delta = local_->Step(i, grads.dense[i]);
+      if (delta) PushDelta(i, std::move(*delta), &pushes);
+      kept |= !delta.has_value();
+      continue;
+    }
+    auto ready = accumulators_[i]->Add(grads.dense[i], read.base[i], batch.size(), Now());
+    if (ready) PushDense(i, std::move(*ready), &pushes);
+    kept |= !ready.has_value();
+  }
+  reply.dense_pushed = !pushes.dense_tables.empty();
+  ONLINEPS_RETURN_IF_ERROR(FinishPushes(pushes, options_.reply_when, &reply));
+  if (local_ && reply.dense_pushed) local_->Reset();
+  if (kept && reply.outcome == LearnOutcome::kApplied) reply.outcome = LearnOutcome::kAccumulated;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.learn_requests++;
+    stats_.learn_examples += batch.size();
+    stats_.max_tau = std::max(stats_.max_tau, reply.tau);
+  }
+  return reply;
+}
+
+WorkerStats WorkerService::stats() const {
+  WorkerStats s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s = stats_;
+    s.inflight_pushes = inflight_;
+  }
+  s.cache = cache_.stats();
+  s.context = context_.stats();
+  return s;
+}
+
+}  // namespace onlineps::worker

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -21,6 +22,7 @@
 #include "ps/table_spec.h"
 #include "worker/accumulator.h"
 #include "worker/context_store.h"
+#include "worker/local_steps.h"
 #include "worker/model.h"
 #include "worker/param_cache.h"
 
@@ -43,8 +45,8 @@ struct WorkerServiceOptions {
   // push the parameter delta (flag delta) every local_steps learn calls.
   uint32_t local_steps = 0;
   double local_lr = 0.05;
-  size_t max_batch = 1024;               // examples per request
-  size_t max_inflight_pushes = 256;      // queued mode: pushes not yet acknowledged
+  size_t max_batch = 1024;           // examples per request
+  size_t max_inflight_pushes = 256;  // queued mode: pushes not yet acknowledged
   std::chrono::milliseconds push_timeout{5000};
   // Table template for CreateTables (optimizer, staleness policy, bounds); name, kind,
   // shape, dim and init come from the model.
@@ -59,7 +61,7 @@ struct Prediction {
 
 struct InferReply {
   std::vector<Prediction> predictions;
-  uint64_t version = 0;     // newest table version (any shard) among parameters read
+  uint64_t version = 0;       // newest table version (any shard) among parameters read
   int64_t params_age_ms = 0;  // age of the oldest parameter copy read
 };
 
@@ -113,15 +115,29 @@ class WorkerService {
 
  private:
   struct Read;
+  // Pushes started by one call, finished by FinishPushes.
+  struct Pushes {
+    struct One {
+      std::string table;
+      ps::Ticket ticket;
+      std::shared_ptr<ps::PushReply> reply;
+    };
+    std::vector<One> items;
+    std::vector<std::string> dense_tables;
+  };
   Status CheckBatch(const std::vector<Example>& batch, bool need_labels) const;
+  Status CheckFinite(const GradOutput& grads);
   StatusOr<Read> ReadParams(const std::vector<Example>& batch, const ContextInput& ctx);
-  Status PushSparse(Read& read, const GradOutput& grads, std::vector<ps::Ticket>* tickets,
-                    std::vector<std::unique_ptr<ps::PushReply>>* replies, LearnReply* out);
-  Status PushDense(size_t param, Accumulator::Batch batch, std::vector<ps::Ticket>* tickets,
-                   std::vector<std::unique_ptr<ps::PushReply>>* replies);
-  Status FinishPushes(std::vector<ps::Ticket>& tickets,
-                      std::vector<std::unique_ptr<ps::PushReply>>& replies,
-                      const std::vector<std::string>& tables, LearnReply* out);
+  void PushSparse(const std::vector<ps::VersionVector>& base, const GradOutput& grads,
+                  Pushes* pushes, LearnReply* out);
+  void PushDense(size_t param, Accumulator::Batch batch, Pushes* pushes);
+  void PushDelta(size_t param, std::vector<float> delta, Pushes* pushes);
+  void StartPush(const std::string& table, Pushes* pushes,
+                 const std::function<ps::Ticket(ps::PushReply*, ps::PsClient::Callback)>& send);
+  void OnPushDone(const std::string& table, const ps::PushReply& reply, const Status& st);
+  // Waits for the pushes (kApplied) or leaves them in flight (kQueued) and fills `out`.
+  Status FinishPushes(Pushes& pushes, ReplyWhen when, LearnReply* out);
+  Status FlushDue(bool force);
   void FlushLoop();
 
   ps::PsClient* const client_;
@@ -130,6 +146,7 @@ class WorkerService {
   ParamCache cache_;
   ContextStore context_;
   std::vector<std::unique_ptr<Accumulator>> accumulators_;  // per param; null for sparse
+  std::unique_ptr<LocalSteps> local_;                       // local-steps mode only
 
   mutable std::mutex mu_;
   WorkerStats stats_;  // guarded by mu_ (cache and context filled in by stats())

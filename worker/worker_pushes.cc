@@ -1,0 +1,104 @@
+// WorkerService's push half: starting sparse, accumulated-dense and delta pushes, and
+// finishing them according to the reply mode.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "common/frame.h"
+#include "worker/worker_service.h"
+
+namespace onlineps::worker {
+
+void WorkerService::StartPush(
+    const std::string& table, Pushes* pushes,
+    const std::function<ps::Ticket(ps::PushReply*, ps::PsClient::Callback)>& send) {
+  {
+    // Bounded: a learn waits here rather than queue pushes without limit.
+    std::unique_lock<std::mutex> lock(mu_);
+    inflight_cv_.wait(lock, [&] { return inflight_ < options_.max_inflight_pushes; });
+    ++inflight_;
+  }
+  auto reply = std::make_shared<ps::PushReply>();
+  // The callback owns the reply too: in queued mode nobody else waits for it.
+  ps::Ticket t =
+      send(reply.get(), [this, table, reply](const Status& st) { OnPushDone(table, *reply, st); });
+  pushes->items.push_back({table, std::move(t), std::move(reply)});
+}
+
+void WorkerService::OnPushDone(const std::string& table, const ps::PushReply& reply,
+                               const Status& st) {
+  if (st.ok()) {
+    cache_.ObserveVersions(table, reply.versions);
+  } else {
+    spdlog::warn("push to table '{}' failed: {}", table, st.ToString());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --inflight_;
+    stats_.pushes++;
+    if (!st.ok()) stats_.push_errors++;
+    if (st.ok()) stats_.max_tau = std::max(stats_.max_tau, reply.max_tau);
+  }
+  inflight_cv_.notify_all();
+}
+
+void WorkerService::PushSparse(const std::vector<ps::VersionVector>& base, const GradOutput& grads,
+                               Pushes* pushes, LearnReply* out) {
+  const auto& params = model_->params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].kind != ParamKind::kSparse) continue;
+    const SparseRows& g = grads.sparse[i];
+    if (g.keys.empty()) continue;
+    out->sparse_rows_pushed += g.keys.size();
+    StartPush(params[i].name, pushes, [&](ps::PushReply* r, ps::PsClient::Callback done) {
+      return client_->PushSparse(params[i].name, g.keys.data(), g.keys.size(), g.values.data(),
+                                 base[i], r, {}, std::move(done));
+    });
+  }
+}
+
+void WorkerService::PushDense(size_t param, Accumulator::Batch batch, Pushes* pushes) {
+  const std::string& table = model_->params()[param].name;
+  pushes->dense_tables.push_back(table);
+  StartPush(table, pushes, [&](ps::PushReply* r, ps::PsClient::Callback done) {
+    return client_->PushDense(table, Frame::FromVector(std::move(batch.sum)), batch.base, r, {},
+                              std::move(done));
+  });
+}
+
+void WorkerService::PushDelta(size_t param, std::vector<float> delta, Pushes* pushes) {
+  const std::string& table = model_->params()[param].name;
+  pushes->dense_tables.push_back(table);
+  ps::PushOptions opts;
+  opts.delta = true;
+  StartPush(table, pushes, [&](ps::PushReply* r, ps::PsClient::Callback done) {
+    return client_->PushDense(table, Frame::FromVector(std::move(delta)),
+                              local_->anchor_versions(param), r, opts, std::move(done));
+  });
+}
+
+Status WorkerService::FinishPushes(Pushes& pushes, ReplyWhen when, LearnReply* out) {
+  if (pushes.items.empty()) return Status::Ok();
+  if (when == ReplyWhen::kQueued) {
+    out->outcome = LearnOutcome::kQueued;
+    return Status::Ok();
+  }
+  Status first;
+  for (auto& p : pushes.items) {
+    Status st = p.ticket.Wait();
+    if (!st.ok()) {
+      if (first.ok()) {
+        first = Status(st.code(), "push to table '" + p.table + "' failed: " + st.message());
+      }
+      continue;
+    }
+    // The callback may still be running: observe here too so the next read sees it.
+    cache_.ObserveVersions(p.table, p.reply->versions);
+    out->tau = std::max(out->tau, p.reply->max_tau);
+    out->version = std::max(out->version, p.reply->max_version);
+    if (p.reply->queued) out->outcome = LearnOutcome::kQueued;
+  }
+  return first;
+}
+
+}  // namespace onlineps::worker
