@@ -1,1 +1,535 @@
-// placeholder
+// The worker service against real shard servers (ZeroMQ on loopback), with real libtorch
+// models: accumulation, freshness, context isolation, what a push carries, non-finite
+// refusal, local steps, reply modes, and the RPC's answers to bad requests.
+#include "worker/worker_service.h"
+
+#include <gtest/gtest.h>
+#include <prometheus/registry.h>
+
+#include <atomic>
+#include <cmath>
+#include <msgpack.hpp>
+#include <set>
+#include <thread>
+#include <zmq.hpp>
+
+#include "common/clock.h"
+#include "ps/ps_client.h"
+#include "ps/shard_server.h"
+#include "worker/model.h"
+#include "worker/worker_client.h"
+#include "worker/worker_rpc.h"
+#include "worker/worker_server.h"
+
+namespace onlineps::worker {
+namespace {
+
+using nlohmann::json;
+
+// A ZeroMQ proxy in front of one shard that records every request frame the worker
+// sends: the test inspects exactly what leaves the worker.
+class Tap {
+ public:
+  explicit Tap(const std::string& shard)
+      : front_(ctx_, zmq::socket_type::router), back_(ctx_, zmq::socket_type::dealer) {
+    front_.bind("tcp://127.0.0.1:0");
+    endpoint_ = front_.get(zmq::sockopt::last_endpoint);
+    back_.connect(shard);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Tap() {
+    stop_ = true;
+    thread_.join();
+  }
+  const std::string& endpoint() const { return endpoint_; }
+  std::vector<std::vector<std::string>> requests() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return requests_;
+  }
+
+ private:
+  void Run() {
+    std::string peer;
+    zmq::pollitem_t items[] = {{front_.handle(), 0, ZMQ_POLLIN, 0},
+                               {back_.handle(), 0, ZMQ_POLLIN, 0}};
+    while (!stop_) {
+      zmq::poll(items, 2, std::chrono::milliseconds(20));
+      if (items[0].revents & ZMQ_POLLIN) {
+        std::vector<zmq::message_t> parts;
+        static_cast<void>(zmq::recv_multipart(front_, std::back_inserter(parts)));
+        peer = parts[0].to_string();
+        std::vector<std::string> frames;
+        for (size_t i = 1; i < parts.size(); ++i) frames.push_back(parts[i].to_string());
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          requests_.push_back(frames);
+        }
+        for (size_t i = 1; i < parts.size(); ++i) {
+          back_.send(parts[i],
+                     i + 1 < parts.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+        }
+      }
+      if (items[1].revents & ZMQ_POLLIN) {
+        std::vector<zmq::message_t> parts;
+        static_cast<void>(zmq::recv_multipart(back_, std::back_inserter(parts)));
+        front_.send(zmq::buffer(peer), zmq::send_flags::sndmore);
+        for (size_t i = 0; i < parts.size(); ++i) {
+          front_.send(parts[i],
+                      i + 1 < parts.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+        }
+      }
+    }
+  }
+
+  zmq::context_t ctx_;
+  zmq::socket_t front_, back_;
+  std::string endpoint_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::vector<std::vector<std::string>> requests_;
+  std::thread thread_;
+};
+
+// Two shard servers on loopback; a worker (service + RPC server) in front of them.
+class WorkerServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (uint32_t i = 0; i < 2; ++i) {
+      ps::ShardServerOptions o;
+      o.shard = i;
+      o.num_shards = 2;
+      o.listen = "tcp://127.0.0.1:0";
+      shards_.push_back(
+          std::make_unique<ps::ShardServer>(o, std::make_shared<prometheus::Registry>()));
+      auto ep = shards_.back()->Start();
+      ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+      endpoints_.push_back(*ep);
+    }
+    peek_ = Client(endpoints_);
+  }
+  void TearDown() override {
+    if (server_) server_->Stop();
+    if (service_) EXPECT_TRUE(service_->Stop().ok());
+    server_.reset();
+    service_.reset();
+    taps_.clear();
+    for (auto& s : shards_) s->Stop();
+  }
+
+  static std::unique_ptr<ps::PsClient> Client(const std::vector<std::string>& shards) {
+    ps::PsClientOptions o;
+    o.shards = shards;
+    auto c = ps::PsClient::Connect(o);
+    EXPECT_TRUE(c.ok());
+    return std::move(*c);
+  }
+
+  static ModelOptions Mlp() {
+    ModelOptions m;
+    m.kind = "mlp";
+    m.input_dim = 4;
+    m.labels = {"a", "b", "c"};
+    m.table_prefix = "mlp/";
+    return m;
+  }
+  static ModelOptions Text() {
+    ModelOptions m;
+    m.kind = "text";
+    m.labels = {"neg", "pos"};
+    m.embed_dim = 8;
+    m.table_prefix = "text/";
+    return m;
+  }
+
+  // Starts model + service (+ RPC server) with `o`; through taps when `tap` is set.
+  void StartWorker(const ModelOptions& m, WorkerServiceOptions o, bool tap = false) {
+    auto model = CreateModel(m);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    model_ = std::move(*model);
+    std::vector<std::string> shards = endpoints_;
+    if (tap) {
+      shards.clear();
+      for (const auto& ep : endpoints_) {
+        taps_.push_back(std::make_unique<Tap>(ep));
+        shards.push_back(taps_.back()->endpoint());
+      }
+    }
+    client_ = Client(shards);
+    if (o.table_template.optimizer_params.empty()) o.table_template.optimizer_params["lr"] = 0.5;
+    service_ = std::make_unique<WorkerService>(client_.get(), model_.get(), o);
+    ASSERT_TRUE(service_->Start().ok());
+    WorkerServerOptions so;
+    server_ = std::make_unique<WorkerServer>(service_.get(), so);
+    auto ep = server_->Start();
+    ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+    worker_endpoint_ = *ep;
+    WorkerClientOptions co;
+    co.endpoint = *ep;
+    auto rpc = WorkerClient::Connect(co);
+    ASSERT_TRUE(rpc.ok());
+    rpc_ = std::move(*rpc);
+  }
+
+  std::vector<float> PullDense(const std::string& table, ps::VersionVector* v = nullptr) {
+    auto spec = peek_->OpenTable(table);
+    EXPECT_TRUE(spec.ok());
+    std::vector<float> out(spec->size());
+    EXPECT_TRUE(peek_->PullDense(table, out.data(), v).Wait().ok());
+    return out;
+  }
+
+  static std::vector<Example> Feats(std::vector<std::vector<float>> xs, std::vector<int> ys) {
+    std::vector<Example> out(xs.size());
+    for (size_t i = 0; i < xs.size(); ++i) {
+      out[i].features = xs[i];
+      out[i].label = i < ys.size() ? ys[i] : -1;
+    }
+    return out;
+  }
+
+  std::vector<std::unique_ptr<ps::ShardServer>> shards_;
+  std::vector<std::string> endpoints_;
+  std::vector<std::unique_ptr<Tap>> taps_;
+  std::unique_ptr<ps::PsClient> peek_, client_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<WorkerService> service_;
+  std::unique_ptr<WorkerServer> server_;
+  std::unique_ptr<WorkerClient> rpc_;
+  std::string worker_endpoint_;
+};
+
+TEST_F(WorkerServiceTest, AccumulationOfKExamplesEqualsOnePushOfTheSum) {
+  WorkerServiceOptions o;
+  o.accumulate_examples = 4;
+  StartWorker(Mlp(), o);
+  const auto& params = model_->params();
+  // The parameters before any push, and each example's gradient against them.
+  std::vector<std::vector<float>> w0;
+  std::vector<uint64_t> version0;
+  for (const auto& p : params) {
+    ps::VersionVector v;
+    w0.push_back(PullDense(p.name, &v));
+    version0.push_back(*std::max_element(v.begin(), v.end()));
+  }
+  ParamView view;
+  for (auto& w : w0) view.dense.push_back(w.data());
+  view.sparse.assign(w0.size(), nullptr);
+  auto batch = Feats({{1, 0, 2, 0}, {0, 1, 0, -1}, {3, 1, 1, 1}, {-1, 2, 0, 0.5}}, {0, 1, 2, 1});
+  std::vector<std::vector<float>> sum(params.size());
+  for (size_t i = 0; i < params.size(); ++i) sum[i].assign(params[i].size(), 0);
+  for (size_t k = 0; k < batch.size(); ++k) {
+    auto g = model_->Gradients({batch[k]}, {}, view);
+    ASSERT_TRUE(g.ok());
+    for (size_t i = 0; i < params.size(); ++i) {
+      for (size_t j = 0; j < sum[i].size(); ++j) sum[i][j] += g->dense[i][j];
+    }
+    auto r = service_->Learn("", {batch[k]});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->outcome, k < 3 ? LearnOutcome::kAccumulated : LearnOutcome::kApplied) << k;
+    EXPECT_EQ(r->dense_pushed, k == 3);
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    ps::VersionVector v;
+    std::vector<float> w1 = PullDense(params[i].name, &v);
+    // Exactly one push was applied, and it was the sum: w1 = w0 - lr * sum.
+    EXPECT_EQ(*std::max_element(v.begin(), v.end()), version0[i] + 1) << params[i].name;
+    for (size_t j = 0; j < w1.size(); ++j) {
+      EXPECT_NEAR(w1[j], w0[i][j] - 0.5f * sum[i][j], 1e-5) << params[i].name << "[" << j << "]";
+    }
+  }
+}
+
+TEST_F(WorkerServiceTest, TimeTriggerPushesAnAccumulatedGradientWithoutMoreLearns) {
+  WorkerServiceOptions o;
+  o.accumulate_examples = 1000;
+  o.accumulate_ms = 50;
+  StartWorker(Mlp(), o);
+  const std::string table = model_->params()[0].name;
+  ps::VersionVector v0, v1;
+  PullDense(table, &v0);
+  auto r = service_->Learn("", Feats({{1, 2, 3, 4}}, {2}));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->outcome, LearnOutcome::kAccumulated);
+  const uint64_t deadline = NowMs() + 3000;
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    PullDense(table, &v1);
+  } while (v1 == v0 && NowMs() < deadline);
+  EXPECT_NE(v1, v0) << "the timed flush never pushed";
+}
+
+TEST_F(WorkerServiceTest, ReadsNeverExceedTheAgeBoundWhileOthersPush) {
+  WorkerServiceOptions o;
+  o.cache.dense.max_age_ms = 40;
+  o.cache.refresh_interval_ms = 0;  // reads themselves must enforce the bound
+  StartWorker(Mlp(), o);
+  const std::string table = model_->params()[0].name;
+  std::atomic<bool> stop{false};
+  std::thread pusher([&] {
+    auto other = Client(endpoints_);
+    std::vector<float> g(model_->params()[0].size(), 0.01f);
+    while (!stop) {
+      static_cast<void>(other->PushDense(table, g.data(), {}, nullptr).Wait());
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  uint64_t first = 0, last = 0;
+  for (int i = 0; i < 40; ++i) {
+    auto r = service_->Infer("", Feats({{1, 1, 1, 1}}, {}));
+    ASSERT_TRUE(r.ok());
+    EXPECT_LE(r->params_age_ms, 40 + 5);  // +5: the call's own duration
+    if (i == 0) first = r->version;
+    last = r->version;
+    std::this_thread::sleep_for(std::chrono::milliseconds(7));
+  }
+  stop = true;
+  pusher.join();
+  EXPECT_GT(last, first) << "reads never saw the other client's pushes";
+}
+
+TEST_F(WorkerServiceTest, VersionBoundZeroReadsOwnPushes) {
+  WorkerServiceOptions o;
+  o.cache.dense.max_age_ms = -1;  // age alone would never re-pull
+  o.cache.dense.max_versions_behind = 0;
+  o.cache.refresh_interval_ms = 0;
+  StartWorker(Mlp(), o);
+  for (int i = 0; i < 5; ++i) {
+    auto l = service_->Learn("", Feats({{1, 0, 0, 1}}, {1}));
+    ASSERT_TRUE(l.ok());
+    ASSERT_EQ(l->outcome, LearnOutcome::kApplied);
+    auto r = service_->Infer("", Feats({{1, 0, 0, 1}}, {}));
+    ASSERT_TRUE(r.ok());
+    EXPECT_GE(r->version, l->version) << "infer read a copy older than its own push";
+  }
+}
+
+TEST_F(WorkerServiceTest, ContextChangesOnlyItsOwnSessionsPredictions) {
+  StartWorker(Text(), {});
+  ASSERT_TRUE(service_->context().Set("A", {"terrible awful horrible context"}, {}).ok());
+  const std::vector<Example> ex = {Example{"the film was fine", {}, -1}};
+  auto none = service_->Infer("", ex);
+  auto a = service_->Infer("A", ex);
+  auto b = service_->Infer("B", ex);
+  ASSERT_TRUE(none.ok() && a.ok() && b.ok());
+  EXPECT_NE(a->predictions[0].scores, none->predictions[0].scores);
+  EXPECT_EQ(b->predictions[0].scores, none->predictions[0].scores);
+  // Clearing A's context gives A the context-free answer again.
+  EXPECT_TRUE(service_->context().Clear("A"));
+  auto a2 = service_->Infer("A", ex);
+  ASSERT_TRUE(a2.ok());
+  EXPECT_EQ(a2->predictions[0].scores, none->predictions[0].scores);
+}
+
+// Header keys a PS request may carry (docs/protocol.md); anything else would be a leak.
+bool OnlyPsHeaderKeys(const std::string& frame, std::string* bad) {
+  msgpack::object_handle oh = msgpack::unpack(frame.data(), frame.size());
+  const msgpack::object& o = oh.get();
+  if (o.type != msgpack::type::MAP) return false;
+  static const std::set<std::string> kAllowed = {"v",   "op",    "rid",  "sid",  "seq",
+                                                 "tbl", "shape", "base", "flags"};
+  for (uint32_t i = 0; i < o.via.map.size; ++i) {
+    std::string key = o.via.map.ptr[i].key.as<std::string>();
+    if (!kAllowed.count(key)) {
+      *bad = key;
+      return false;
+    }
+  }
+  return true;
+}
+
+TEST_F(WorkerServiceTest, PushesCarryOnlyParameterGradientsNeverContext) {
+  StartWorker(Text(), {}, /*tap=*/true);
+  const std::string marker = "zebracontextmarker";
+  ASSERT_TRUE(service_->context().Set("A", {marker + " private words"}, {}).ok());
+  auto r = service_->Learn("A", {Example{"great movie", {}, 1}, Example{"bad plot", {}, 0}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_GT(r->sparse_rows_pushed, 0u);
+  size_t pushes = 0;
+  for (auto& tap : taps_) {
+    for (const auto& frames : tap->requests()) {
+      ASSERT_FALSE(frames.empty());
+      std::string bad;
+      EXPECT_TRUE(OnlyPsHeaderKeys(frames[0], &bad)) << "unexpected header key " << bad;
+      auto h = DecodeHeader(frames[0].data(), frames[0].size());
+      ASSERT_TRUE(h.ok());
+      for (const auto& f : frames) {
+        EXPECT_EQ(f.find(marker), std::string::npos) << "context text left the worker";
+        EXPECT_EQ(f.find("\"A\""), std::string::npos);
+      }
+      if (h->op != Op::kPushSparse && h->op != Op::kPushDense) continue;
+      ++pushes;
+      // Payload is exactly the gradient: keys + rows (sparse) or the dense slice.
+      const size_t payload_frames = h->op == Op::kPushSparse ? 2 : 1;
+      EXPECT_EQ(frames.size(), 1 + payload_frames);
+    }
+  }
+  EXPECT_GT(pushes, 0u);
+}
+
+TEST_F(WorkerServiceTest, NonFiniteLossIsRefusedAndNothingIsPushed) {
+  StartWorker(Mlp(), {});
+  const std::string table = model_->params()[0].name;
+  ps::VersionVector v0, v1;
+  PullDense(table, &v0);
+  auto r = service_->Learn("", Feats({{3e38f, 3e38f, 3e38f, 3e38f}}, {0}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNonFinite) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("nothing was pushed"), std::string::npos);
+  PullDense(table, &v1);
+  EXPECT_EQ(v0, v1);
+  EXPECT_EQ(service_->stats().rejected_nonfinite, 1u);
+  EXPECT_TRUE(service_->Learn("", Feats({{1, 1, 1, 1}}, {0})).ok());  // still serving
+}
+
+TEST_F(WorkerServiceTest, LocalStepsPushOneDeltaEveryHLearns) {
+  WorkerServiceOptions o;
+  o.local_steps = 3;
+  o.local_lr = 0.1;
+  StartWorker(Mlp(), o);
+  const std::string table = model_->params()[0].name;
+  ps::VersionVector v0, v;
+  const std::vector<float> w0 = PullDense(table, &v0);
+  for (int i = 0; i < 3; ++i) {
+    auto r = service_->Learn("", Feats({{1, -1, 2, 0}}, {i % 3}));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->dense_pushed, i == 2) << i;
+    PullDense(table, &v);
+    if (i < 2) EXPECT_EQ(v, v0) << "pushed before the H-th local step";
+  }
+  EXPECT_NE(v, v0);
+  EXPECT_NE(PullDense(table), w0);
+}
+
+TEST_F(WorkerServiceTest, QueuedModeRepliesBeforeTheAckAndStopWaitsForIt) {
+  WorkerServiceOptions o;
+  o.reply_when = ReplyWhen::kQueued;
+  StartWorker(Mlp(), o);
+  const std::string table = model_->params()[0].name;
+  ps::VersionVector v0, v1;
+  PullDense(table, &v0);
+  for (int i = 0; i < 10; ++i) {
+    auto r = service_->Learn("", Feats({{1, 2, 3, 4}}, {1}));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->outcome, LearnOutcome::kQueued);
+  }
+  server_->Stop();
+  ASSERT_TRUE(service_->Stop().ok());
+  EXPECT_EQ(service_->stats().inflight_pushes, 0u);
+  EXPECT_EQ(service_->stats().pushes, 10u);
+  PullDense(table, &v1);
+  EXPECT_EQ(*std::max_element(v1.begin(), v1.end()), *std::max_element(v0.begin(), v0.end()) + 10);
+}
+
+TEST_F(WorkerServiceTest, RpcAnswersBadRequestsAndKeepsServing) {
+  StartWorker(Mlp(), {});
+  struct Case {
+    Op op;
+    json body;
+    StatusCode code;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {Op::kInfer, json::object(), StatusCode::kInvalidArgument, "text"},
+      {Op::kInfer, {{"examples", json::array()}}, StatusCode::kInvalidArgument, "empty"},
+      {Op::kInfer, {{"features", {1, 2}}}, StatusCode::kInvalidArgument, "4"},
+      {Op::kInfer, {{"features", {1, "x", 3, 4}}}, StatusCode::kInvalidArgument, "features[1]"},
+      {Op::kLearn, {{"features", {1, 2, 3, 4}}}, StatusCode::kInvalidArgument, "label"},
+      {Op::kLearn,
+       {{"features", {1, 2, 3, 4}}, {"label", "zzz"}},
+       StatusCode::kInvalidArgument,
+       "zzz"},
+      {Op::kLearn,
+       {{"features", {1, 2, 3, 4}}, {"label", 7}},
+       StatusCode::kInvalidArgument,
+       "label"},
+      {Op::kInfer,
+       {{"session", 5}, {"features", {1, 2, 3, 4}}},
+       StatusCode::kInvalidArgument,
+       "session"},
+      {Op::kContextSet, {{"items", {"x"}}}, StatusCode::kInvalidArgument, "session"},
+      {Op::kContextAppend, {{"session", "s"}}, StatusCode::kInvalidArgument, "text"},
+      {Op::kPullDense, json::object(), StatusCode::kUnknownOp, "not a worker op"},
+  };
+  for (const Case& c : cases) {
+    auto r = rpc_->Call(c.op, c.body);
+    ASSERT_FALSE(r.ok()) << c.body.dump();
+    EXPECT_EQ(r.status().code(), c.code) << c.body.dump() << " -> " << r.status().ToString();
+    EXPECT_NE(r.status().message().find(c.needle), std::string::npos)
+        << c.body.dump() << " -> " << r.status().ToString();
+  }
+  auto ok = rpc_->Call(Op::kLearn, {{"features", {1, 2, 3, 4}}, {"label", "b"}});
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ((*ok)["outcome"], "applied");
+  auto stats = rpc_->Call(Op::kWorkerStats, json::object());
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ((*stats)["learn_requests"], 1);
+  EXPECT_EQ(server_->stats().errors, cases.size());
+}
+
+TEST_F(WorkerServiceTest, RpcMalformedBodyIsAnsweredWithMalformed) {
+  StartWorker(Mlp(), {});
+  // A raw DEALER sends a valid header with a body that is not msgpack.
+  zmq::context_t ctx;
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::rcvtimeo, 5000);
+  s.connect(worker_endpoint_);
+  Header h;
+  h.op = Op::kInfer;
+  h.request_id = 77;
+  const std::string header = EncodeHeader(h);
+  s.send(zmq::buffer(header), zmq::send_flags::sndmore);
+  s.send(zmq::str_buffer("\xc1\xc1 not msgpack"), zmq::send_flags::none);
+  std::vector<zmq::message_t> parts;
+  ASSERT_TRUE(zmq::recv_multipart(s, std::back_inserter(parts)).has_value());
+  auto reply = DecodeHeader(parts[0].data(), parts[0].size());
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(reply->request_id, 77u);
+  EXPECT_EQ(reply->code, StatusCode::kMalformed);
+  EXPECT_TRUE(rpc_->Call(Op::kInfer, {{"features", {1, 2, 3, 4}}}).ok());
+}
+
+TEST_F(WorkerServiceTest, ContextOpsRoundTripOverRpc) {
+  StartWorker(Text(), {});
+  auto set = rpc_->Call(Op::kContextSet, {{"session", "s1"}, {"items", {"hello", "world"}}});
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  ASSERT_TRUE(rpc_->Call(Op::kContextAppend, {{"session", "s1"}, {"text", "again"}}).ok());
+  auto get = rpc_->Call(Op::kContextGet, {{"session", "s1"}});
+  ASSERT_TRUE(get.ok());
+  EXPECT_EQ((*get)["found"], true);
+  EXPECT_EQ((*get)["items"], json({"hello", "world", "again"}));
+  auto other = rpc_->Call(Op::kContextGet, {{"session", "s2"}});
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ((*other)["found"], false);
+  auto clear = rpc_->Call(Op::kContextClear, {{"session", "s1"}});
+  ASSERT_TRUE(clear.ok());
+  EXPECT_EQ((*clear)["cleared"], true);
+  EXPECT_EQ((*rpc_->Call(Op::kContextGet, {{"session", "s1"}}))["found"], false);
+}
+
+TEST_F(WorkerServiceTest, TorchScriptModelLoadsInfersAndTrainsThroughThePs) {
+  ModelOptions m;
+  m.kind = "torchscript";
+  m.model_file = std::string(ONLINEPS_TESTDATA_DIR) + "/tiny_model.pt";
+  m.sparse_params = {"embed.weight"};
+  m.labels = {"x", "y", "z"};
+  m.table_prefix = "ts/";
+  StartWorker(m, {});
+  auto r = rpc_->Call(Op::kInfer, {{"text", "some words here"}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  double total = 0;
+  for (double s : (*r)["predictions"][0]["scores"]) total += s;
+  EXPECT_NEAR(total, 1.0, 1e-4);
+  double first = 0, last = 0;
+  for (int i = 0; i < 60; ++i) {
+    auto l = rpc_->Call(Op::kLearn, {{"examples",
+                                      {{{"text", "alpha beta"}, {"label", "x"}},
+                                       {{"text", "gamma delta"}, {"label", "y"}},
+                                       {{"text", "epsilon zeta"}, {"label", "z"}}}}});
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    (i == 0 ? first : last) = (*l)["loss"].get<double>();
+  }
+  EXPECT_LT(last, first * 0.7) << "loss did not fall: " << first << " -> " << last;
+}
+
+}  // namespace
+}  // namespace onlineps::worker
