@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 #include <zmq.hpp>
+#include <zmq_addon.hpp>
 
 #include "common/clock.h"
 #include "ps/ps_client.h"
@@ -109,7 +110,9 @@ class WorkerServiceTest : public ::testing::Test {
   }
   void TearDown() override {
     if (server_) server_->Stop();
-    if (service_) EXPECT_TRUE(service_->Stop().ok());
+    if (service_) {
+      EXPECT_TRUE(service_->Stop().ok());
+    }
     server_.reset();
     service_.reset();
     taps_.clear();
@@ -321,7 +324,7 @@ TEST_F(WorkerServiceTest, ContextChangesOnlyItsOwnSessionsPredictions) {
 }
 
 // Header keys a PS request may carry (docs/protocol.md); anything else would be a leak.
-bool OnlyPsHeaderKeys(const std::string& frame, std::string* bad) {
+bool OnlyPsHeaderKeys(const std::string& frame, bool allow_spec, std::string* bad) {
   msgpack::object_handle oh = msgpack::unpack(frame.data(), frame.size());
   const msgpack::object& o = oh.get();
   if (o.type != msgpack::type::MAP) return false;
@@ -329,7 +332,7 @@ bool OnlyPsHeaderKeys(const std::string& frame, std::string* bad) {
                                                  "tbl", "shape", "base", "flags"};
   for (uint32_t i = 0; i < o.via.map.size; ++i) {
     std::string key = o.via.map.ptr[i].key.as<std::string>();
-    if (!kAllowed.count(key)) {
+    if (!kAllowed.count(key) && !(allow_spec && key == "spec")) {
       *bad = key;
       return false;
     }
@@ -348,10 +351,15 @@ TEST_F(WorkerServiceTest, PushesCarryOnlyParameterGradientsNeverContext) {
   for (auto& tap : taps_) {
     for (const auto& frames : tap->requests()) {
       ASSERT_FALSE(frames.empty());
-      std::string bad;
-      EXPECT_TRUE(OnlyPsHeaderKeys(frames[0], &bad)) << "unexpected header key " << bad;
       auto h = DecodeHeader(frames[0].data(), frames[0].size());
       ASSERT_TRUE(h.ok());
+      std::string bad;
+      EXPECT_TRUE(OnlyPsHeaderKeys(frames[0], h->op == Op::kCreateTable, &bad))
+          << "unexpected header key " << bad;
+      // Only create_table carries a spec: the table's shape and rules, nothing else.
+      if (h->op != Op::kCreateTable) {
+        EXPECT_TRUE(h->spec.empty());
+      }
       for (const auto& f : frames) {
         EXPECT_EQ(f.find(marker), std::string::npos) << "context text left the worker";
         EXPECT_EQ(f.find("\"A\""), std::string::npos);
@@ -394,7 +402,9 @@ TEST_F(WorkerServiceTest, LocalStepsPushOneDeltaEveryHLearns) {
     ASSERT_TRUE(r.ok());
     EXPECT_EQ(r->dense_pushed, i == 2) << i;
     PullDense(table, &v);
-    if (i < 2) EXPECT_EQ(v, v0) << "pushed before the H-th local step";
+    if (i < 2) {
+      EXPECT_EQ(v, v0) << "pushed before the H-th local step";
+    }
   }
   EXPECT_NE(v, v0);
   EXPECT_NE(PullDense(table), w0);
@@ -415,7 +425,7 @@ TEST_F(WorkerServiceTest, QueuedModeRepliesBeforeTheAckAndStopWaitsForIt) {
   server_->Stop();
   ASSERT_TRUE(service_->Stop().ok());
   EXPECT_EQ(service_->stats().inflight_pushes, 0u);
-  EXPECT_EQ(service_->stats().pushes, 10u);
+  EXPECT_EQ(service_->stats().pushes, 10u * model_->params().size());  // all dense
   PullDense(table, &v1);
   EXPECT_EQ(*std::max_element(v1.begin(), v1.end()), *std::max_element(v0.begin(), v0.end()) + 10);
 }

@@ -41,8 +41,8 @@ class Accumulator {
   const uint64_t examples_;
   const int64_t max_ms_;
   mutable std::mutex mu_;
-  Batch cur_;              // guarded by mu_
-  int64_t first_ms_ = 0;   // guarded by mu_
+  Batch cur_;             // guarded by mu_
+  int64_t first_ms_ = 0;  // guarded by mu_
 };
 
 }  // namespace onlineps::worker

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -21,10 +22,10 @@ namespace onlineps::worker {
 
 struct ContextStoreOptions {
   size_t max_sessions = 10000;
-  int64_t ttl_ms = 30 * 60 * 1000;
-  size_t max_items = 16;          // text items kept per session (oldest dropped first)
-  size_t max_bytes = 16 * 1024;   // text bytes kept per session (oldest dropped first)
-  size_t max_features = 4096;     // feature values per session (longer is refused)
+  int64_t ttl_ms = 30 * 60 * 1000;  // <= 0: sessions never expire
+  size_t max_items = 16;            // text items kept per session (oldest dropped first)
+  size_t max_bytes = 16 * 1024;     // text bytes kept per session (oldest dropped first)
+  size_t max_features = 4096;       // feature values per session (longer is refused)
   size_t max_session_id_bytes = 256;
 };
 
@@ -42,6 +43,9 @@ struct ContextStoreStats {
 class ContextStore {
  public:
   explicit ContextStore(ContextStoreOptions options);
+  // As above, reading time (ms, never going backwards) from `now` instead of the
+  // monotonic clock: lets tests step through TTLs.
+  ContextStore(ContextStoreOptions options, std::function<int64_t()> now);
 
   // Replaces the session's context. Errors: kInvalidArgument (empty or too long session
   // id, too many features), kTooLarge never: text over the bounds keeps its newest part.
@@ -66,6 +70,7 @@ class ContextStore {
   SessionContext* FindLive(const std::string& session, int64_t now);  // REQUIRES: mu_
 
   const ContextStoreOptions options_;
+  const std::function<int64_t()> now_;
   mutable std::mutex mu_;
   LruMap<std::string, SessionContext> sessions_;  // guarded by mu_
   ContextStoreStats stats_;                       // guarded by mu_

@@ -1,1 +1,365 @@
-// placeholder
+#include "worker/param_cache.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <unordered_map>
+#include <utility>
+
+#include "common/clock.h"
+#include "common/partition.h"
+
+namespace onlineps::worker {
+namespace {
+
+constexpr uint64_t kNoRow = std::numeric_limits<uint64_t>::max();
+
+int64_t Now() { return static_cast<int64_t>(NowMs()); }
+
+ParamCacheStats One(uint64_t ParamCacheStats::*counter) {
+  ParamCacheStats d;
+  d.*counter = 1;
+  return d;
+}
+
+// Raises each shard's newest version seen; extra entries from a peer with a different
+// shard count are ignored rather than trusted.
+void Raise(ps::VersionVector* newest, const ps::VersionVector& seen) {
+  const size_t n = std::min(newest->size(), seen.size());
+  for (size_t s = 0; s < n; ++s) (*newest)[s] = std::max((*newest)[s], seen[s]);
+}
+
+// The client writes as many floats as the PS spec says, so a table registered here with
+// another size would overflow the buffer: checked once per table before its first pull.
+Status CheckShape(ps::PsClient* client, const std::string& table, ps::TableKind kind, uint64_t size,
+                  std::atomic<bool>* checked) {
+  if (checked->load()) return Status::Ok();
+  auto spec = client->OpenTable(table);
+  if (!spec.ok()) return spec.status().WithContext("ParamCache: open '" + table + "'");
+  const bool dense = kind == ps::TableKind::kDense;
+  const uint64_t have = dense ? spec->size() : spec->dim;
+  if (spec->kind != kind || have != size) {
+    return ShapeMismatch("ParamCache: table '" + table + "' is registered as " +
+                         (dense ? "dense of size " : "sparse of dim ") + std::to_string(size) +
+                         ", the PS has another kind or shape");
+  }
+  checked->store(true);
+  return Status::Ok();
+}
+
+}  // namespace
+
+struct ParamCache::DenseEntry {
+  std::string name;
+  uint64_t size = 0;
+  std::atomic<bool> shape_checked{false};
+  std::mutex pull_mu;  // held for a whole pull: concurrent misses wait for one pull
+  std::mutex mu;       // guards the fields below; never held across a pull
+  std::shared_ptr<const DenseSnapshot> snapshot;
+  ps::VersionVector newest;   // per shard: from pulls and push replies
+  int64_t last_read_ms = -1;  // -1: never read (not hot)
+  uint64_t pulls = 0;
+  uint64_t generation = 0;  // bumped by Invalidate: a pull begun before is not kept
+};
+
+struct ParamCache::SparseEntry {
+  struct Row {
+    std::vector<float> values;
+    uint64_t version = 0;
+    int64_t fetched_ms = 0;
+  };
+  explicit SparseEntry(size_t capacity) : rows(capacity) {}
+  std::string name;
+  uint32_t dim = 0;
+  std::atomic<bool> shape_checked{false};
+  std::mutex mu;  // guards the fields below; never held across a pull
+  LruMap<uint64_t, Row> rows;
+  ps::VersionVector newest;
+  uint64_t generation = 0;
+};
+
+ParamCache::ParamCache(ps::PsClient* client, ParamCacheOptions options)
+    : client_(client),
+      options_(std::move(options)),
+      num_shards_(static_cast<uint32_t>(client->num_shards())) {}
+
+ParamCache::~ParamCache() { Stop(); }
+
+void ParamCache::AddDense(const std::string& table, uint64_t size) {
+  auto e = std::make_unique<DenseEntry>();
+  e->name = table;
+  e->size = size;
+  e->newest.assign(num_shards_, 0);
+  dense_.insert_or_assign(table, std::move(e));
+}
+
+void ParamCache::AddSparse(const std::string& table, uint32_t dim) {
+  auto e = std::make_unique<SparseEntry>(options_.max_sparse_rows);
+  e->name = table;
+  e->dim = dim;
+  e->newest.assign(num_shards_, 0);
+  sparse_.insert_or_assign(table, std::move(e));
+}
+
+void ParamCache::Start() {
+  if (options_.refresh_interval_ms <= 0) return;
+  std::lock_guard<std::mutex> lock(refresh_mu_);
+  if (refresher_.joinable()) return;
+  stopping_ = false;
+  refresher_ = std::thread([this] { RefreshLoop(); });
+}
+
+void ParamCache::Stop() {
+  std::thread t;
+  {
+    std::lock_guard<std::mutex> lock(refresh_mu_);
+    stopping_ = true;
+    t = std::move(refresher_);
+  }
+  refresh_cv_.notify_all();
+  if (t.joinable()) t.join();
+}
+
+bool ParamCache::Fresh(const FreshnessBound& b, int64_t fetched_ms, uint64_t version,
+                       uint64_t newest, int64_t now) const {
+  if (b.max_age_ms >= 0 && now - fetched_ms > b.max_age_ms) return false;
+  if (b.max_versions_behind >= 0 && newest > version &&
+      newest - version > static_cast<uint64_t>(b.max_versions_behind)) {
+    return false;
+  }
+  return true;
+}
+
+bool ParamCache::FreshDense(const DenseEntry& e, int64_t now) const {
+  if (!e.snapshot) return false;
+  const DenseSnapshot& s = *e.snapshot;
+  // Shards version independently: the copy is only as fresh as its most lagging shard.
+  for (uint32_t i = 0; i < num_shards_; ++i) {
+    const uint64_t v = i < s.versions.size() ? s.versions[i] : 0;
+    if (!Fresh(options_.dense, s.fetched_ms, v, e.newest[i], now)) return false;
+  }
+  return true;
+}
+
+StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::Dense(const std::string& table) {
+  auto it = dense_.find(table);
+  if (it == dense_.end()) return NotFound("ParamCache: no dense table '" + table + "'");
+  DenseEntry* e = it->second.get();
+  const int64_t now = Now();
+  {
+    std::lock_guard<std::mutex> lock(e->mu);
+    e->last_read_ms = now;
+    if (FreshDense(*e, now)) {
+      AddStats(One(&ParamCacheStats::dense_hits));
+      return e->snapshot;
+    }
+  }
+  std::lock_guard<std::mutex> pull(e->pull_mu);
+  {
+    // Judged at this read's arrival time: a pull that finished while this one waited
+    // is within the bound for it, so concurrent misses share that one pull.
+    std::lock_guard<std::mutex> lock(e->mu);
+    if (FreshDense(*e, now)) {
+      AddStats(One(&ParamCacheStats::dense_hits));
+      return e->snapshot;
+    }
+  }
+  auto snap = PullDense(e);
+  if (snap.ok()) AddStats(One(&ParamCacheStats::dense_pulls));
+  return snap;
+}
+
+StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::PullDense(DenseEntry* e) {
+  ONLINEPS_RETURN_IF_ERROR(
+      CheckShape(client_, e->name, ps::TableKind::kDense, e->size, &e->shape_checked));
+  uint64_t generation;
+  {
+    std::lock_guard<std::mutex> lock(e->mu);
+    generation = e->generation;
+  }
+  auto snap = std::make_shared<DenseSnapshot>();
+  snap->values.resize(e->size);
+  // Stamped before the request: the values are at least this fresh, never fresher.
+  snap->fetched_ms = Now();
+  Status st = client_->PullDense(e->name, snap->values.data(), &snap->versions).Wait();
+  if (!st.ok()) return st.WithContext("ParamCache: pull of dense table '" + e->name + "'");
+  std::lock_guard<std::mutex> lock(e->mu);
+  snap->pull_id = ++e->pulls;
+  Raise(&e->newest, snap->versions);
+  if (e->generation == generation) e->snapshot = snap;
+  return std::shared_ptr<const DenseSnapshot>(std::move(snap));
+}
+
+Status ParamCache::Sparse(const std::string& table, const uint64_t* keys, size_t n, float* out,
+                          ps::VersionVector* base) {
+  auto it = sparse_.find(table);
+  if (it == sparse_.end()) return NotFound("ParamCache: no sparse table '" + table + "'");
+  SparseEntry* e = it->second.get();
+  const int64_t now = Now();
+  const size_t dim = e->dim;
+  ps::VersionVector mins(num_shards_, kNoRow);
+  std::vector<size_t> missing;
+  ParamCacheStats delta;
+  {
+    std::lock_guard<std::mutex> lock(e->mu);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t shard = ShardOfKey(keys[i], num_shards_);
+      const SparseEntry::Row* r = e->rows.Find(keys[i]);
+      if (r == nullptr ||
+          !Fresh(options_.sparse, r->fetched_ms, r->version, e->newest[shard], now)) {
+        missing.push_back(i);
+        continue;
+      }
+      std::memcpy(out + i * dim, r->values.data(), dim * sizeof(float));
+      mins[shard] = std::min(mins[shard], r->version);
+    }
+  }
+  delta.sparse_hits = n - missing.size();
+  delta.sparse_misses = missing.size();
+  Status st = missing.empty() ? Status::Ok() : PullRows(e, keys, missing, out, &mins, &delta);
+  AddStats(delta);
+  ONLINEPS_RETURN_IF_ERROR(st);
+  if (base != nullptr) {
+    // A shard none of the rows came from gets the newest version seen there: it adds
+    // nothing to a push's staleness and never drags a min over several reads to 0.
+    std::lock_guard<std::mutex> lock(e->mu);
+    base->resize(num_shards_);
+    for (uint32_t s = 0; s < num_shards_; ++s) {
+      (*base)[s] = mins[s] == kNoRow ? e->newest[s] : mins[s];
+    }
+  }
+  return Status::Ok();
+}
+
+Status ParamCache::PullRows(SparseEntry* e, const uint64_t* keys,
+                            const std::vector<size_t>& missing, float* out, ps::VersionVector* mins,
+                            ParamCacheStats* delta) {
+  ONLINEPS_RETURN_IF_ERROR(
+      CheckShape(client_, e->name, ps::TableKind::kSparse, e->dim, &e->shape_checked));
+  const size_t dim = e->dim;
+  // A key repeated in one call is pulled once.
+  std::unordered_map<uint64_t, size_t> slot;
+  std::vector<uint64_t> uniq;
+  for (size_t i : missing) {
+    if (slot.emplace(keys[i], uniq.size()).second) uniq.push_back(keys[i]);
+  }
+  std::vector<float> buf(uniq.size() * dim);
+  ps::VersionVector versions;
+  uint64_t generation;
+  {
+    std::lock_guard<std::mutex> lock(e->mu);
+    generation = e->generation;
+  }
+  const int64_t fetched = Now();
+  Status st = client_->PullSparse(e->name, uniq.data(), uniq.size(), buf.data(), &versions).Wait();
+  if (!st.ok()) return st.WithContext("ParamCache: pull of sparse table '" + e->name + "'");
+  delta->sparse_pulls = 1;
+  versions.resize(num_shards_, 0);
+  std::lock_guard<std::mutex> lock(e->mu);
+  Raise(&e->newest, versions);
+  if (e->generation == generation) {
+    const size_t evicted = e->rows.evictions();
+    for (size_t j = 0; j < uniq.size(); ++j) {
+      const uint64_t v = versions[ShardOfKey(uniq[j], num_shards_)];
+      e->rows.Put(uniq[j], {std::vector<float>(buf.begin() + j * dim, buf.begin() + (j + 1) * dim),
+                            v, fetched});
+    }
+    delta->sparse_evictions = e->rows.evictions() - evicted;
+  }
+  for (size_t i : missing) {
+    std::memcpy(out + i * dim, buf.data() + slot[keys[i]] * dim, dim * sizeof(float));
+    const uint32_t shard = ShardOfKey(keys[i], num_shards_);
+    (*mins)[shard] = std::min((*mins)[shard], versions[shard]);
+  }
+  return Status::Ok();
+}
+
+void ParamCache::ObserveVersions(const std::string& table, const ps::VersionVector& versions) {
+  if (auto it = dense_.find(table); it != dense_.end()) {
+    std::lock_guard<std::mutex> lock(it->second->mu);
+    Raise(&it->second->newest, versions);
+  }
+  if (auto it = sparse_.find(table); it != sparse_.end()) {
+    std::lock_guard<std::mutex> lock(it->second->mu);
+    Raise(&it->second->newest, versions);
+  }
+}
+
+void ParamCache::Invalidate(const std::string& table) {
+  if (auto it = dense_.find(table); it != dense_.end()) {
+    std::lock_guard<std::mutex> lock(it->second->mu);
+    it->second->snapshot.reset();
+    ++it->second->generation;
+  }
+  if (auto it = sparse_.find(table); it != sparse_.end()) {
+    std::lock_guard<std::mutex> lock(it->second->mu);
+    it->second->rows.Clear();
+    ++it->second->generation;
+  }
+}
+
+bool ParamCache::RefreshWanted(DenseEntry* e, int64_t now) const {
+  std::lock_guard<std::mutex> lock(e->mu);
+  if (e->last_read_ms < 0 || now - e->last_read_ms > options_.hot_window_ms) return false;
+  if (!e->snapshot) return true;
+  // Refreshing at half the age bound leaves the other half for the pull to land before
+  // a read would find the copy stale and wait.
+  const int64_t max_age = options_.dense.max_age_ms;
+  if (max_age >= 0 && now - e->snapshot->fetched_ms >= max_age / 2) return true;
+  return !FreshDense(*e, now);
+}
+
+void ParamCache::RefreshDue() {
+  for (auto& [name, entry] : dense_) {
+    DenseEntry* e = entry.get();
+    if (!RefreshWanted(e, Now())) continue;
+    std::unique_lock<std::mutex> pull(e->pull_mu, std::try_to_lock);
+    if (!pull.owns_lock()) continue;         // a reader is pulling it right now
+    if (!RefreshWanted(e, Now())) continue;  // and may just have finished
+    auto snap = PullDense(e);
+    if (snap.ok()) {
+      AddStats(One(&ParamCacheStats::refresher_pulls));
+    } else {
+      // The next read pulls again and reports the error to its caller.
+      spdlog::debug("refresh of '{}' failed: {}", name, snap.status().ToString());
+    }
+  }
+}
+
+void ParamCache::RefreshLoop() {
+  const auto interval = std::chrono::milliseconds(options_.refresh_interval_ms);
+  std::unique_lock<std::mutex> lock(refresh_mu_);
+  while (!refresh_cv_.wait_for(lock, interval, [this] { return stopping_; })) {
+    lock.unlock();
+    RefreshDue();
+    lock.lock();
+  }
+}
+
+void ParamCache::AddStats(const ParamCacheStats& d) {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.dense_hits += d.dense_hits;
+  stats_.dense_pulls += d.dense_pulls;
+  stats_.refresher_pulls += d.refresher_pulls;
+  stats_.sparse_hits += d.sparse_hits;
+  stats_.sparse_misses += d.sparse_misses;
+  stats_.sparse_pulls += d.sparse_pulls;
+  stats_.sparse_evictions += d.sparse_evictions;
+}
+
+ParamCacheStats ParamCache::stats() const {
+  ParamCacheStats s;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    s = stats_;
+  }
+  for (const auto& [name, e] : sparse_) {
+    std::lock_guard<std::mutex> lock(e->mu);
+    s.sparse_rows += e->rows.size();
+  }
+  return s;
+}
+
+}  // namespace onlineps::worker

@@ -24,7 +24,7 @@
 namespace onlineps::worker {
 
 struct FreshnessBound {
-  int64_t max_age_ms = 500;         // -1: no age bound
+  int64_t max_age_ms = 500;          // -1: no age bound
   int64_t max_versions_behind = -1;  // -1: no version bound; 0: the newest version seen
 };
 
@@ -86,10 +86,20 @@ class ParamCache {
  private:
   struct DenseEntry;
   struct SparseEntry;
-  bool Fresh(const FreshnessBound& b, int64_t fetched_ms, uint64_t version,
-             uint64_t newest, int64_t now) const;
+  bool Fresh(const FreshnessBound& b, int64_t fetched_ms, uint64_t version, uint64_t newest,
+             int64_t now) const;
+  // REQUIRES: e.mu held. False when there is no snapshot.
+  bool FreshDense(const DenseEntry& e, int64_t now) const;
+  // REQUIRES: e->pull_mu held.
   StatusOr<std::shared_ptr<const DenseSnapshot>> PullDense(DenseEntry* e);
+  // Pulls the rows keys[missing[..]] in one call, writes them to `out` and lowers
+  // `mins` (per shard) to their versions.
+  Status PullRows(SparseEntry* e, const uint64_t* keys, const std::vector<size_t>& missing,
+                  float* out, ps::VersionVector* mins, ParamCacheStats* delta);
+  bool RefreshWanted(DenseEntry* e, int64_t now) const;
+  void RefreshDue();
   void RefreshLoop();
+  void AddStats(const ParamCacheStats& delta);
 
   // Immutable after Start().
   ps::PsClient* const client_;

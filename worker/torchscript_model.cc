@@ -1,1 +1,396 @@
-// placeholder
+// The torchscript model: a user's scripted module whose parameters become PS tables.
+// Parameters named in ModelOptions::sparse_params are embedding tables of which a call
+// sees only the rows its batch touches: the text's hashed ids are remapped to 0..u-1 and
+// the module runs forward(ids, offsets) over a compact u x d weight. Without sparse
+// params it runs forward(x) on the features. A TorchScript module is stateful (its
+// parameters are slots it reads), so each concurrent call borrows its own clone.
+// Context is ignored: a user module has no input for it.
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "worker/model.h"
+#include "worker/model_factories.h"
+
+namespace onlineps::worker {
+namespace {
+
+constexpr size_t kMaxReplicas = 16;
+
+std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+std::string TorchMessage(const std::exception& e) {
+  const auto* error = dynamic_cast<const c10::Error*>(&e);
+  return FirstLine(error != nullptr ? error->what_without_backtrace() : e.what());
+}
+
+// Turns every exception of `fn` into kInternal; errors that are the module's or the
+// caller's fault are caught closer to their source and returned as kInvalidArgument.
+template <typename Fn>
+auto Guarded(const char* what, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return Internal(std::string(what) + ": " + TorchMessage(e));
+  }
+}
+
+std::vector<float> ToVector(const torch::Tensor& t) {
+  torch::Tensor c = t.to(torch::kCPU, torch::kFloat32).contiguous();
+  return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+}
+
+// Module parameters in named_parameters() order: the order of Model::params().
+std::vector<torch::Tensor> ParamsOf(const torch::jit::Module& module) {
+  std::vector<torch::Tensor> params;
+  for (const auto& p : module.named_parameters()) params.push_back(p.value);
+  return params;
+}
+
+// A clone of the module and its parameter tensors; used by one call at a time.
+struct Replica {
+  torch::jit::Module module;
+  std::vector<torch::Tensor> params;
+};
+
+// Lends replicas, cloning the prototype on demand up to kMaxReplicas, then blocks.
+class ReplicaPool {
+ public:
+  explicit ReplicaPool(torch::jit::Module prototype) : prototype_(std::move(prototype)) {}
+
+  std::unique_ptr<Replica> Acquire() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !free_.empty() || created_ < kMaxReplicas; });
+    if (!free_.empty()) {
+      std::unique_ptr<Replica> replica = std::move(free_.back());
+      free_.pop_back();
+      return replica;
+    }
+    // Cloning copies each parameter with Tensor::clone(), which autograd would record,
+    // sending every gradient back to the prototype: clone untracked, then make the
+    // copies leaves of their own.
+    torch::NoGradGuard no_grad;
+    auto replica = std::make_unique<Replica>(Replica{prototype_.clone(), {}});
+    replica->params = ParamsOf(replica->module);
+    for (torch::Tensor& p : replica->params) p.requires_grad_(true);
+    ++created_;
+    return replica;
+  }
+
+  void Release(std::unique_ptr<Replica> replica) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      free_.push_back(std::move(replica));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  torch::jit::Module prototype_;                // guarded by mu_ (cloned only under it)
+  std::vector<std::unique_ptr<Replica>> free_;  // guarded by mu_
+  size_t created_ = 0;                          // guarded by mu_
+};
+
+// Returns the borrowed replica to its pool on every path out of a call.
+class Lease {
+ public:
+  explicit Lease(ReplicaPool* pool) : pool_(pool), replica_(pool->Acquire()) {}
+  ~Lease() { pool_->Release(std::move(replica_)); }
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  Replica& operator*() { return *replica_; }
+
+ private:
+  ReplicaPool* pool_;
+  std::unique_ptr<Replica> replica_;
+};
+
+// One call's module input and the view rows its ids touch.
+struct Inputs {
+  std::vector<torch::IValue> args;
+  std::vector<bool> touched;  // per row of the sparse params' view rows
+};
+
+class TorchScriptModel : public Model {
+ public:
+  TorchScriptModel(const ModelOptions& options, std::vector<ParamInfo> params,
+                   torch::jit::Module prototype)
+      : options_(options),
+        device_(options.device),
+        params_(std::move(params)),
+        pool_(std::move(prototype)) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].kind == ParamKind::kSparse) sparse_.push_back(i);
+    }
+  }
+
+  const std::vector<ParamInfo>& params() const override { return params_; }
+  const std::vector<std::string>& labels() const override { return options_.labels; }
+  std::string device() const override { return options_.device; }
+
+  StatusOr<std::vector<std::vector<uint64_t>>> SparseKeys(
+      const std::vector<Example>& batch, const ContextInput& context) const override {
+    return Guarded("torchscript keys", [&]() -> StatusOr<std::vector<std::vector<uint64_t>>> {
+      std::vector<std::vector<uint64_t>> keys(params_.size());
+      if (sparse_.empty()) return keys;
+      std::unordered_set<uint64_t> seen;
+      std::vector<uint64_t> unique;
+      for (const Example& ex : batch) {
+        for (uint64_t key : TextFeatureKeys(ex.text, options_.bigrams)) {
+          if (seen.insert(key).second) unique.push_back(key);
+        }
+      }
+      for (size_t i : sparse_) keys[i] = unique;
+      return keys;
+    });
+  }
+
+  StatusOr<InferOutput> Infer(const std::vector<Example>& batch, const ContextInput& context,
+                              const ParamView& view) override {
+    return Guarded("torchscript infer", [&]() -> StatusOr<InferOutput> {
+      ONLINEPS_ASSIGN_OR_RETURN(Inputs inputs, MakeInputs(batch, view));
+      torch::NoGradGuard no_grad;
+      Lease lease(&pool_);
+      SetParams(*lease, view);
+      ONLINEPS_ASSIGN_OR_RETURN(torch::Tensor logits, Forward(*lease, inputs, batch.size()));
+      return ToInferOutput(logits);
+    });
+  }
+
+  StatusOr<GradOutput> Gradients(const std::vector<Example>& batch, const ContextInput& context,
+                                 const ParamView& view) override {
+    if (batch.empty()) return InvalidArgument("gradients of an empty batch");
+    return Guarded("torchscript gradients", [&]() -> StatusOr<GradOutput> {
+      ONLINEPS_RETURN_IF_ERROR(CheckLabels(batch, options_.labels.size()));
+      ONLINEPS_ASSIGN_OR_RETURN(Inputs inputs, MakeInputs(batch, view));
+      Lease lease(&pool_);
+      SetParams(*lease, view);
+      for (torch::Tensor& p : (*lease).params) p.mutable_grad() = torch::Tensor();
+      ONLINEPS_ASSIGN_OR_RETURN(torch::Tensor logits, Forward(*lease, inputs, batch.size()));
+      std::vector<int64_t> labels;
+      for (const Example& ex : batch) labels.push_back(ex.label);
+      torch::Tensor targets = torch::tensor(labels, torch::kInt64).to(device_);
+      torch::Tensor loss = torch::cross_entropy_loss(logits, targets);
+      loss.backward();
+      return CollectGrads(*lease, view, inputs, loss.item<double>());
+    });
+  }
+
+ private:
+  StatusOr<Inputs> MakeInputs(const std::vector<Example>& batch, const ParamView& view) const {
+    ONLINEPS_RETURN_IF_ERROR(CheckParamView(params_, view));
+    return sparse_.empty() ? DenseInputs(batch) : IdInputs(batch, view);
+  }
+
+  StatusOr<Inputs> DenseInputs(const std::vector<Example>& batch) const {
+    const size_t width = batch.empty() ? 0 : batch[0].features.size();
+    std::vector<float> x;
+    x.reserve(batch.size() * width);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (batch[i].features.size() != width) {
+        return InvalidArgument("example " + std::to_string(i) + ": " +
+                               std::to_string(batch[i].features.size()) +
+                               " features, example 0 has " + std::to_string(width));
+      }
+      x.insert(x.end(), batch[i].features.begin(), batch[i].features.end());
+    }
+    const auto shape =
+        std::vector<int64_t>{static_cast<int64_t>(batch.size()), static_cast<int64_t>(width)};
+    Inputs inputs;
+    inputs.args.emplace_back(torch::tensor(x, torch::kFloat32).view(shape).to(device_));
+    return inputs;
+  }
+
+  // Ids index the view's rows, which every sparse param must hold in the same key order.
+  StatusOr<Inputs> IdInputs(const std::vector<Example>& batch, const ParamView& view) const {
+    const SparseRows& rows = *view.sparse[sparse_[0]];
+    for (size_t i : sparse_) {
+      if (view.sparse[i]->keys != rows.keys) {
+        return InvalidArgument("param view: sparse params hold different keys");
+      }
+    }
+    std::unordered_map<uint64_t, int64_t> row_of;
+    for (size_t r = 0; r < rows.keys.size(); ++r) row_of.emplace(rows.keys[r], r);
+    Inputs inputs;
+    inputs.touched.assign(rows.keys.size(), false);
+    std::vector<int64_t> ids, offsets;
+    for (size_t e = 0; e < batch.size(); ++e) {
+      offsets.push_back(static_cast<int64_t>(ids.size()));
+      for (uint64_t key : TextFeatureKeys(batch[e].text, options_.bigrams)) {
+        auto it = row_of.find(key);
+        if (it == row_of.end()) {
+          return InvalidArgument("example " + std::to_string(e) + ": param view lacks key " +
+                                 std::to_string(key));
+        }
+        ids.push_back(it->second);
+        inputs.touched[it->second] = true;
+      }
+    }
+    inputs.args.emplace_back(torch::tensor(ids, torch::kInt64).to(device_));
+    inputs.args.emplace_back(torch::tensor(offsets, torch::kInt64).to(device_));
+    return inputs;
+  }
+
+  // Dense params are copied into the replica's own storage; sparse params get a fresh
+  // compact u x d weight (a copy: the replica must not keep the caller's memory).
+  void SetParams(Replica& replica, const ParamView& view) const {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      torch::Tensor& p = replica.params[i];
+      if (params_[i].kind == ParamKind::kDense) {
+        p.copy_(torch::from_blob(const_cast<float*>(view.dense[i]), p.sizes(), torch::kFloat32));
+        continue;
+      }
+      const SparseRows& rows = *view.sparse[i];
+      const int64_t n = static_cast<int64_t>(rows.keys.size()), dim = params_[i].size();
+      p.set_data(n == 0 ? torch::zeros({0, dim}, torch::device(device_))
+                        : torch::from_blob(const_cast<float*>(rows.values.data()), {n, dim},
+                                           torch::kFloat32)
+                              .to(device_, torch::kFloat32, false, /*copy=*/true));
+    }
+  }
+
+  // Errors of the module itself (wrong arity, shapes) are the model file's fault.
+  StatusOr<torch::Tensor> Forward(Replica& replica, const Inputs& inputs, size_t batch_size) const {
+    torch::IValue out;
+    try {
+      out = replica.module.forward(inputs.args);
+    } catch (const std::exception& e) {
+      return InvalidArgument("torchscript forward: " + TorchMessage(e));
+    }
+    const auto want = std::vector<int64_t>{static_cast<int64_t>(batch_size),
+                                           static_cast<int64_t>(options_.labels.size())};
+    if (!out.isTensor() || out.toTensor().sizes() != at::IntArrayRef(want)) {
+      return InvalidArgument("torchscript forward must return logits [" + std::to_string(want[0]) +
+                             ", " + std::to_string(want[1]) + "]");
+    }
+    return out.toTensor().to(torch::kFloat32);
+  }
+
+  GradOutput CollectGrads(Replica& replica, const ParamView& view, const Inputs& inputs,
+                          double loss) const {
+    GradOutput out;
+    out.loss = loss;
+    out.dense.resize(params_.size());
+    out.sparse.resize(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const torch::Tensor& p = replica.params[i];
+      // A parameter the forward pass does not use has no grad: it gets zeros.
+      const torch::Tensor grad = p.grad().defined() ? p.grad() : torch::zeros_like(p);
+      if (params_[i].kind == ParamKind::kDense) {
+        out.dense[i] = ToVector(grad);
+        continue;
+      }
+      const std::vector<float> values = ToVector(grad);
+      const size_t dim = params_[i].size();
+      const std::vector<uint64_t>& keys = view.sparse[i]->keys;
+      for (size_t r = 0; r < keys.size(); ++r) {
+        if (!inputs.touched[r]) continue;
+        out.sparse[i].keys.push_back(keys[r]);
+        out.sparse[i].values.insert(out.sparse[i].values.end(), values.begin() + r * dim,
+                                    values.begin() + (r + 1) * dim);
+      }
+    }
+    return out;
+  }
+
+  static InferOutput ToInferOutput(const torch::Tensor& logits) {
+    torch::Tensor probs = torch::softmax(logits, 1).to(torch::kCPU).contiguous();
+    torch::Tensor argmax = logits.argmax(1).to(torch::kCPU);
+    InferOutput out;
+    const int64_t n = probs.size(0), c = probs.size(1);
+    for (int64_t i = 0; i < n; ++i) {
+      const float* p = probs.data_ptr<float>() + i * c;
+      out.scores.emplace_back(p, p + c);
+      out.predicted.push_back(argmax[i].item<int64_t>());
+    }
+    return out;
+  }
+
+  const ModelOptions options_;
+  const torch::Device device_;
+  const std::vector<ParamInfo> params_;
+  std::vector<size_t> sparse_;  // indices of sparse params; immutable after construction
+  ReplicaPool pool_;
+};
+
+// The PS initializes tables from a ParamInfo, not from the file's values: a parameter the
+// file holds constant (norm scales, zero biases, scalars) keeps that constant; other
+// matrices get normal(1/sqrt(fan_in)), other vectors zeros.
+ParamInfo DenseInfo(const std::string& name, const torch::Tensor& t) {
+  ParamInfo info{name, ParamKind::kDense, {}, "zeros", 0.0};
+  for (int64_t d : t.sizes()) info.shape.push_back(static_cast<uint64_t>(d));
+  if (t.numel() > 0 && (t == t.flatten()[0]).all().item<bool>()) {
+    const double value = t.flatten()[0].item<double>();
+    if (value != 0) info = ParamInfo{name, ParamKind::kDense, info.shape, "constant", value};
+  } else if (t.dim() >= 2 && t.size(0) > 0) {
+    info.init = "normal";
+    info.init_value = 1.0 / std::sqrt(static_cast<double>(t.numel() / t.size(0)));
+  }
+  return info;
+}
+
+// Builds the ParamInfos and empties the sparse params of `module`: their rows live on the
+// PS, so neither the prototype nor its clones keep a copy.
+StatusOr<std::vector<ParamInfo>> DescribeParams(const ModelOptions& options,
+                                                torch::jit::Module& module) {
+  std::unordered_set<std::string> sparse(options.sparse_params.begin(),
+                                         options.sparse_params.end());
+  std::vector<ParamInfo> infos;
+  torch::NoGradGuard no_grad;
+  for (const auto& p : module.named_parameters()) {
+    const std::string table = options.table_prefix + p.name;
+    if (p.value.scalar_type() != torch::kFloat32) {
+      return InvalidArgument("torchscript parameter " + p.name + " is not float32");
+    }
+    if (sparse.erase(p.name) == 0) {
+      infos.push_back(DenseInfo(table, p.value));
+      // Calls copy_ into dense params: a broadcast (stride-0) one needs its own storage.
+      if (!p.value.is_contiguous()) p.value.set_data(p.value.contiguous());
+      continue;
+    }
+    if (p.value.dim() != 2) {
+      return InvalidArgument("sparse parameter " + p.name + " must be 2-D, has " +
+                             std::to_string(p.value.dim()) + " dims");
+    }
+    const auto dim = static_cast<uint64_t>(p.value.size(1));
+    infos.push_back(ParamInfo{table, ParamKind::kSparse, {dim}, "normal", 0.1});
+    p.value.set_data(torch::zeros({0, p.value.size(1)}, p.value.options()));
+  }
+  if (!sparse.empty()) {
+    return InvalidArgument("sparse parameter " + *sparse.begin() + " is not a parameter of " +
+                           options.model_file);
+  }
+  return infos;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Model>> NewTorchScriptModel(const ModelOptions& options) {
+  if (options.model_file.empty()) return InvalidArgument("torchscript model needs a model_file");
+  torch::jit::Module module;
+  try {
+    module = torch::jit::load(options.model_file, torch::Device(options.device));
+  } catch (const std::exception& e) {
+    return InvalidArgument("cannot load torchscript model '" + options.model_file +
+                           "': " + TorchMessage(e));
+  }
+  return Guarded("torchscript model", [&]() -> StatusOr<std::unique_ptr<Model>> {
+    // Dropout and batch-norm statistics would differ per replica: run as in inference.
+    module.eval();
+    ONLINEPS_ASSIGN_OR_RETURN(std::vector<ParamInfo> infos, DescribeParams(options, module));
+    return std::unique_ptr<Model>(
+        std::make_unique<TorchScriptModel>(options, std::move(infos), std::move(module)));
+  });
+}
+
+}  // namespace onlineps::worker

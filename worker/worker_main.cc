@@ -11,6 +11,7 @@
 #include "common/signals.h"
 #include "ps/ps_client.h"
 #include "worker/model.h"
+#include "worker/worker_metrics.h"
 #include "worker/worker_server.h"
 #include "worker/worker_service.h"
 
@@ -223,6 +224,9 @@ int Run(Flags& f) {
     spdlog::error("cannot serve on {}: {}", f.server.listen, endpoint.status().ToString());
     return 1;
   }
+  worker::WorkerMetrics metrics(&service, &server, admin->registry());
+  metrics.Start();
+  admin->SetReadyCheck([] { return Status::Ok(); });  // serving implies tables exist
   spdlog::info("worker ({} model on {}, {} tables) serving on {}", f.model.kind, (*model)->device(),
                (*model)->params().size(), *endpoint);
   std::cout << "LISTENING " << *endpoint << std::endl;
@@ -230,6 +234,7 @@ int Run(Flags& f) {
   spdlog::info("signal {}: draining", sig);
   server.Stop();
   Status st = service.Stop();  // pushes what is accumulated
+  metrics.Stop();
   if (!st.ok()) spdlog::error("final flush: {}", st.ToString());
   admin->Stop();
   return st.ok() ? 0 : 1;

@@ -1,0 +1,93 @@
+#include "worker/worker_metrics.h"
+
+namespace onlineps::worker {
+namespace {
+
+prometheus::Counter* NewCounter(prometheus::Registry& r, const std::string& name,
+                                const std::string& help) {
+  return &prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+
+prometheus::Gauge* NewGauge(prometheus::Registry& r, const std::string& name,
+                            const std::string& help) {
+  return &prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
+}
+
+}  // namespace
+
+void WorkerMetrics::Counter::Set(double v) {
+  if (v > last) c->Increment(v - last);
+  last = v;
+}
+
+WorkerMetrics::WorkerMetrics(const WorkerService* service, const WorkerServer* server,
+                             std::shared_ptr<prometheus::Registry> registry,
+                             std::chrono::milliseconds period)
+    : service_(service), server_(server), period_(period), registry_(std::move(registry)) {
+  auto& r = *registry_;
+  infer_requests_.c = NewCounter(r, "onlineps_worker_infer_requests_total", "infer calls served");
+  infer_examples_.c = NewCounter(r, "onlineps_worker_infer_examples_total", "examples inferred");
+  learn_requests_.c = NewCounter(r, "onlineps_worker_learn_requests_total", "learn calls served");
+  learn_examples_.c = NewCounter(r, "onlineps_worker_learn_examples_total", "examples learned");
+  pushes_.c = NewCounter(r, "onlineps_worker_pushes_total", "pushes completed (ok or not)");
+  push_errors_.c = NewCounter(r, "onlineps_worker_push_errors_total", "pushes that failed");
+  nonfinite_.c = NewCounter(r, "onlineps_worker_nonfinite_rejected_total",
+                            "learn calls refused for a NaN/Inf loss or gradient");
+  rpc_errors_.c = NewCounter(r, "onlineps_worker_rpc_errors_total", "requests answered with an error");
+  rpc_dropped_.c =
+      NewCounter(r, "onlineps_worker_rpc_overloaded_total", "requests refused: handler queue full");
+  dense_pulls_.c = NewCounter(r, "onlineps_worker_dense_pulls_total", "dense pulls on a read");
+  sparse_pulls_.c = NewCounter(r, "onlineps_worker_sparse_pulls_total", "sparse pulls on a read");
+  refresher_pulls_.c =
+      NewCounter(r, "onlineps_worker_refresher_pulls_total", "dense pulls by the refresher");
+  max_tau_ = NewGauge(r, "onlineps_worker_max_staleness", "largest tau the PS reported");
+  inflight_ = NewGauge(r, "onlineps_worker_inflight_pushes", "pushes not yet acknowledged");
+  sessions_ = NewGauge(r, "onlineps_worker_context_sessions", "sessions holding context");
+  sparse_rows_ = NewGauge(r, "onlineps_worker_cached_sparse_rows", "sparse rows in the cache");
+}
+
+WorkerMetrics::~WorkerMetrics() { Stop(); }
+
+void WorkerMetrics::Start() {
+  thread_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, period_, [&] { return stopping_; })) {
+      lock.unlock();
+      Update();
+      lock.lock();
+    }
+  });
+}
+
+void WorkerMetrics::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void WorkerMetrics::Update() {
+  const WorkerStats s = service_->stats();
+  const WorkerServerStats rpc = server_->stats();
+  std::lock_guard<std::mutex> lock(mu_);
+  infer_requests_.Set(static_cast<double>(s.infer_requests));
+  infer_examples_.Set(static_cast<double>(s.infer_examples));
+  learn_requests_.Set(static_cast<double>(s.learn_requests));
+  learn_examples_.Set(static_cast<double>(s.learn_examples));
+  pushes_.Set(static_cast<double>(s.pushes));
+  push_errors_.Set(static_cast<double>(s.push_errors));
+  nonfinite_.Set(static_cast<double>(s.rejected_nonfinite));
+  rpc_errors_.Set(static_cast<double>(rpc.errors));
+  rpc_dropped_.Set(static_cast<double>(rpc.dropped));
+  dense_pulls_.Set(static_cast<double>(s.cache.dense_pulls));
+  sparse_pulls_.Set(static_cast<double>(s.cache.sparse_pulls));
+  refresher_pulls_.Set(static_cast<double>(s.cache.refresher_pulls));
+  max_tau_->Set(static_cast<double>(s.max_tau));
+  inflight_->Set(static_cast<double>(s.inflight_pushes));
+  sessions_->Set(static_cast<double>(s.context.sessions));
+  sparse_rows_->Set(static_cast<double>(s.cache.sparse_rows));
+}
+
+}  // namespace onlineps::worker

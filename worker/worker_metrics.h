@@ -1,0 +1,58 @@
+// WorkerMetrics: exports a worker's counters on the admin port's /metrics. A background
+// thread copies WorkerService::stats() into prometheus families once per period (the
+// service counts under its own lock; nothing on the request path touches prometheus).
+// Start/Stop; thread-safe.
+#ifndef ONLINEPS_WORKER_WORKER_METRICS_H_
+#define ONLINEPS_WORKER_WORKER_METRICS_H_
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "worker/worker_server.h"
+#include "worker/worker_service.h"
+
+namespace onlineps::worker {
+
+class WorkerMetrics {
+ public:
+  // `service` and `server` must outlive this object.
+  WorkerMetrics(const WorkerService* service, const WorkerServer* server,
+                std::shared_ptr<prometheus::Registry> registry,
+                std::chrono::milliseconds period = std::chrono::seconds(1));
+  ~WorkerMetrics();
+  void Start();
+  void Stop();
+  // Copies the current counters now (the thread calls this every period).
+  void Update();
+
+ private:
+  struct Counter {
+    prometheus::Counter* c;
+    double last = 0;
+    void Set(double v);
+  };
+  const WorkerService* const service_;
+  const WorkerServer* const server_;
+  const std::chrono::milliseconds period_;
+  std::shared_ptr<prometheus::Registry> registry_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;  // guarded by mu_
+  std::thread thread_;
+  Counter infer_requests_, infer_examples_, learn_requests_, learn_examples_, pushes_,
+      push_errors_, nonfinite_, rpc_errors_, rpc_dropped_, dense_pulls_, sparse_pulls_,
+      refresher_pulls_;  // guarded by mu_
+  prometheus::Gauge *max_tau_, *inflight_, *sessions_, *sparse_rows_;
+};
+
+}  // namespace onlineps::worker
+
+#endif  // ONLINEPS_WORKER_WORKER_METRICS_H_
