@@ -306,6 +306,25 @@ TEST_F(WorkerServiceTest, VersionBoundZeroReadsOwnPushes) {
   }
 }
 
+TEST_F(WorkerServiceTest, ALearnIsVisibleToTheNextInferEvenWithinTheAgeBound) {
+  WorkerServiceOptions o;
+  o.cache.dense.max_age_ms = 60000;  // only read-your-writes can make the next read fresh
+  o.cache.sparse.max_age_ms = 60000;
+  o.cache.refresh_interval_ms = 0;
+  StartWorker(Text(), o);
+  const std::vector<Example> ex = {Example{"lovely sunny day", {}, 1}};
+  auto before = service_->Infer("", ex);
+  ASSERT_TRUE(before.ok());
+  auto l = service_->Learn("", ex);
+  ASSERT_TRUE(l.ok());
+  ASSERT_EQ(l->outcome, LearnOutcome::kApplied);
+  auto after = service_->Infer("", ex);
+  ASSERT_TRUE(after.ok());
+  EXPECT_GT(after->predictions[0].scores[1], before->predictions[0].scores[1])
+      << "the learn's own update was not read back";
+  EXPECT_GE(after->version, l->version);
+}
+
 TEST_F(WorkerServiceTest, ContextChangesOnlyItsOwnSessionsPredictions) {
   StartWorker(Text(), {});
   ASSERT_TRUE(service_->context().Set("A", {"terrible awful horrible context"}, {}).ok());

@@ -37,11 +37,11 @@ Status CheckShape(ps::PsClient* client, const std::string& table, ps::TableKind 
                   std::atomic<bool>* checked) {
   if (checked->load()) return Status::Ok();
   auto spec = client->OpenTable(table);
-  if (!spec.ok()) return spec.status().WithContext("ParamCache: open '" + table + "'");
+  if (!spec.ok()) return spec.status().WithContext("reading the spec");
   const bool dense = kind == ps::TableKind::kDense;
   const uint64_t have = dense ? spec->size() : spec->dim;
   if (spec->kind != kind || have != size) {
-    return ShapeMismatch("ParamCache: table '" + table + "' is registered as " +
+    return ShapeMismatch(std::string("registered in the cache as ") +
                          (dense ? "dense of size " : "sparse of dim ") + std::to_string(size) +
                          ", the PS has another kind or shape");
   }
@@ -60,8 +60,10 @@ struct ParamCache::DenseEntry {
   std::shared_ptr<const DenseSnapshot> snapshot;
   ps::VersionVector newest;   // per shard: from pulls and push replies
   int64_t last_read_ms = -1;  // -1: never read (not hot)
-  uint64_t pulls = 0;
-  uint64_t generation = 0;  // bumped by Invalidate: a pull begun before is not kept
+  uint64_t pulls = 0;         // successful pulls: the last snapshot's pull_id
+  uint64_t attempts = 0;      // pulls started
+  Status last_status;         // of the last pull that ended
+  uint64_t generation = 0;    // bumped by Invalidate: a pull begun before is not kept
 };
 
 struct ParamCache::SparseEntry {
@@ -148,6 +150,7 @@ StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::Dense(const std::stri
   if (it == dense_.end()) return NotFound("ParamCache: no dense table '" + table + "'");
   DenseEntry* e = it->second.get();
   const int64_t now = Now();
+  uint64_t attempts;
   {
     std::lock_guard<std::mutex> lock(e->mu);
     e->last_read_ms = now;
@@ -155,6 +158,7 @@ StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::Dense(const std::stri
       AddStats(One(&ParamCacheStats::dense_hits));
       return e->snapshot;
     }
+    attempts = e->attempts;
   }
   std::lock_guard<std::mutex> pull(e->pull_mu);
   {
@@ -165,6 +169,9 @@ StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::Dense(const std::stri
       AddStats(One(&ParamCacheStats::dense_hits));
       return e->snapshot;
     }
+    // They share its failure too: retrying one by one would make the last of n
+    // readers of a dead shard wait n timeouts.
+    if (e->attempts != attempts && !e->last_status.ok()) return e->last_status;
   }
   auto snap = PullDense(e);
   if (snap.ok()) AddStats(One(&ParamCacheStats::dense_pulls));
@@ -172,20 +179,21 @@ StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::Dense(const std::stri
 }
 
 StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::PullDense(DenseEntry* e) {
-  ONLINEPS_RETURN_IF_ERROR(
-      CheckShape(client_, e->name, ps::TableKind::kDense, e->size, &e->shape_checked));
   uint64_t generation;
   {
     std::lock_guard<std::mutex> lock(e->mu);
     generation = e->generation;
+    ++e->attempts;
   }
+  Status st = CheckShape(client_, e->name, ps::TableKind::kDense, e->size, &e->shape_checked);
   auto snap = std::make_shared<DenseSnapshot>();
   snap->values.resize(e->size);
   // Stamped before the request: the values are at least this fresh, never fresher.
   snap->fetched_ms = Now();
-  Status st = client_->PullDense(e->name, snap->values.data(), &snap->versions).Wait();
-  if (!st.ok()) return st.WithContext("ParamCache: pull of dense table '" + e->name + "'");
+  if (st.ok()) st = client_->PullDense(e->name, snap->values.data(), &snap->versions).Wait();
   std::lock_guard<std::mutex> lock(e->mu);
+  e->last_status = st.WithContext("ParamCache: pull of dense table '" + e->name + "'");
+  if (!st.ok()) return e->last_status;
   snap->pull_id = ++e->pulls;
   Raise(&e->newest, snap->versions);
   if (e->generation == generation) e->snapshot = snap;
@@ -237,7 +245,8 @@ Status ParamCache::PullRows(SparseEntry* e, const uint64_t* keys,
                             const std::vector<size_t>& missing, float* out, ps::VersionVector* mins,
                             ParamCacheStats* delta) {
   ONLINEPS_RETURN_IF_ERROR(
-      CheckShape(client_, e->name, ps::TableKind::kSparse, e->dim, &e->shape_checked));
+      CheckShape(client_, e->name, ps::TableKind::kSparse, e->dim, &e->shape_checked)
+          .WithContext("ParamCache: pull of sparse table '" + e->name + "'"));
   const size_t dim = e->dim;
   // A key repeated in one call is pulled once.
   std::unordered_map<uint64_t, size_t> slot;
@@ -298,6 +307,14 @@ void ParamCache::Invalidate(const std::string& table) {
     it->second->rows.Clear();
     ++it->second->generation;
   }
+}
+
+void ParamCache::InvalidateRows(const std::string& table, const uint64_t* keys, size_t n) {
+  auto it = sparse_.find(table);
+  if (it == sparse_.end()) return;
+  std::lock_guard<std::mutex> lock(it->second->mu);
+  for (size_t i = 0; i < n; ++i) it->second->rows.Erase(keys[i]);
+  ++it->second->generation;
 }
 
 bool ParamCache::RefreshWanted(DenseEntry* e, int64_t now) const {

@@ -79,6 +79,9 @@ class ParamCache {
   void ObserveVersions(const std::string& table, const ps::VersionVector& versions);
   // Drops every cached copy (e.g. after local-steps mode pushed a delta).
   void Invalidate(const std::string& table);
+  // Drops the cached copies of these rows: after a push to them is acknowledged, so the
+  // worker reads its own writes. Pulls already in flight for the table are not kept.
+  void InvalidateRows(const std::string& table, const uint64_t* keys, size_t n);
 
   ParamCacheStats stats() const;
   const ParamCacheOptions& options() const { return options_; }

@@ -5,6 +5,7 @@
 // params it runs forward(x) on the features. A TorchScript module is stateful (its
 // parameters are slots it reads), so each concurrent call borrows its own clone.
 // Context is ignored: a user module has no input for it.
+#include <torch/csrc/jit/python/update_graph_executor_opt.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -387,6 +388,10 @@ StatusOr<std::unique_ptr<Model>> NewTorchScriptModel(const ModelOptions& options
   return Guarded("torchscript model", [&]() -> StatusOr<std::unique_ptr<Model>> {
     // Dropout and batch-norm statistics would differ per replica: run as in inference.
     module.eval();
+    // The JIT's optimizing executor specializes a graph on its first runs; a replica
+    // first run under no-grad (an infer) then loses autograd for later learns. The
+    // modules we serve are small: the plain interpreter costs little and is always right.
+    torch::jit::setGraphExecutorOptimize(false);
     ONLINEPS_ASSIGN_OR_RETURN(std::vector<ParamInfo> infos, DescribeParams(options, module));
     return std::unique_ptr<Model>(
         std::make_unique<TorchScriptModel>(options, std::move(infos), std::move(module)));

@@ -33,7 +33,8 @@ WorkerMetrics::WorkerMetrics(const WorkerService* service, const WorkerServer* s
   push_errors_.c = NewCounter(r, "onlineps_worker_push_errors_total", "pushes that failed");
   nonfinite_.c = NewCounter(r, "onlineps_worker_nonfinite_rejected_total",
                             "learn calls refused for a NaN/Inf loss or gradient");
-  rpc_errors_.c = NewCounter(r, "onlineps_worker_rpc_errors_total", "requests answered with an error");
+  rpc_errors_.c =
+      NewCounter(r, "onlineps_worker_rpc_errors_total", "requests answered with an error");
   rpc_dropped_.c =
       NewCounter(r, "onlineps_worker_rpc_overloaded_total", "requests refused: handler queue full");
   dense_pulls_.c = NewCounter(r, "onlineps_worker_dense_pulls_total", "dense pulls on a read");

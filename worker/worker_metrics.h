@@ -47,8 +47,8 @@ class WorkerMetrics {
   std::condition_variable cv_;
   bool stopping_ = false;  // guarded by mu_
   std::thread thread_;
-  Counter infer_requests_, infer_examples_, learn_requests_, learn_examples_, pushes_,
-      push_errors_, nonfinite_, rpc_errors_, rpc_dropped_, dense_pulls_, sparse_pulls_,
+  Counter infer_requests_, infer_examples_, learn_requests_, learn_examples_, pushes_, push_errors_,
+      nonfinite_, rpc_errors_, rpc_dropped_, dense_pulls_, sparse_pulls_,
       refresher_pulls_;  // guarded by mu_
   prometheus::Gauge *max_tau_, *inflight_, *sessions_, *sparse_rows_;
 };

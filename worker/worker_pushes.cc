@@ -10,7 +10,7 @@
 namespace onlineps::worker {
 
 void WorkerService::StartPush(
-    const std::string& table, Pushes* pushes,
+    const std::string& table, Pushes* pushes, std::function<void()> forget,
     const std::function<ps::Ticket(ps::PushReply*, ps::PsClient::Callback)>& send) {
   {
     // Bounded: a learn waits here rather than queue pushes without limit.
@@ -20,15 +20,17 @@ void WorkerService::StartPush(
   }
   auto reply = std::make_shared<ps::PushReply>();
   // The callback owns the reply too: in queued mode nobody else waits for it.
-  ps::Ticket t =
-      send(reply.get(), [this, table, reply](const Status& st) { OnPushDone(table, *reply, st); });
-  pushes->items.push_back({table, std::move(t), std::move(reply)});
+  ps::Ticket t = send(reply.get(), [this, table, reply, forget](const Status& st) {
+    OnPushDone(table, *reply, st, forget);
+  });
+  pushes->items.push_back({table, std::move(t), std::move(reply), std::move(forget)});
 }
 
 void WorkerService::OnPushDone(const std::string& table, const ps::PushReply& reply,
-                               const Status& st) {
+                               const Status& st, const std::function<void()>& forget) {
   if (st.ok()) {
     cache_.ObserveVersions(table, reply.versions);
+    forget();
   } else {
     spdlog::warn("push to table '{}' failed: {}", table, st.ToString());
   }
@@ -42,6 +44,10 @@ void WorkerService::OnPushDone(const std::string& table, const ps::PushReply& re
   inflight_cv_.notify_all();
 }
 
+std::function<void()> WorkerService::ForgetDense(const std::string& table) {
+  return [this, table] { cache_.Invalidate(table); };
+}
+
 void WorkerService::PushSparse(const std::vector<ps::VersionVector>& base, const GradOutput& grads,
                                Pushes* pushes, LearnReply* out) {
   const auto& params = model_->params();
@@ -50,7 +56,11 @@ void WorkerService::PushSparse(const std::vector<ps::VersionVector>& base, const
     const SparseRows& g = grads.sparse[i];
     if (g.keys.empty()) continue;
     out->sparse_rows_pushed += g.keys.size();
-    StartPush(params[i].name, pushes, [&](ps::PushReply* r, ps::PsClient::Callback done) {
+    auto keys = std::make_shared<const std::vector<uint64_t>>(g.keys);
+    auto forget = [this, table = params[i].name, keys] {
+      cache_.InvalidateRows(table, keys->data(), keys->size());
+    };
+    StartPush(params[i].name, pushes, forget, [&](ps::PushReply* r, ps::PsClient::Callback done) {
       return client_->PushSparse(params[i].name, g.keys.data(), g.keys.size(), g.values.data(),
                                  base[i], r, {}, std::move(done));
     });
@@ -60,7 +70,7 @@ void WorkerService::PushSparse(const std::vector<ps::VersionVector>& base, const
 void WorkerService::PushDense(size_t param, Accumulator::Batch batch, Pushes* pushes) {
   const std::string& table = model_->params()[param].name;
   pushes->dense_tables.push_back(table);
-  StartPush(table, pushes, [&](ps::PushReply* r, ps::PsClient::Callback done) {
+  StartPush(table, pushes, ForgetDense(table), [&](ps::PushReply* r, ps::PsClient::Callback done) {
     return client_->PushDense(table, Frame::FromVector(std::move(batch.sum)), batch.base, r, {},
                               std::move(done));
   });
@@ -71,7 +81,7 @@ void WorkerService::PushDelta(size_t param, std::vector<float> delta, Pushes* pu
   pushes->dense_tables.push_back(table);
   ps::PushOptions opts;
   opts.delta = true;
-  StartPush(table, pushes, [&](ps::PushReply* r, ps::PsClient::Callback done) {
+  StartPush(table, pushes, ForgetDense(table), [&](ps::PushReply* r, ps::PsClient::Callback done) {
     return client_->PushDense(table, Frame::FromVector(std::move(delta)),
                               local_->anchor_versions(param), r, opts, std::move(done));
   });
@@ -92,8 +102,10 @@ Status WorkerService::FinishPushes(Pushes& pushes, ReplyWhen when, LearnReply* o
       }
       continue;
     }
-    // The callback may still be running: observe here too so the next read sees it.
+    // The callback may still be running: do its work here too, so the caller's next
+    // read sees this push (read-your-writes).
     cache_.ObserveVersions(p.table, p.reply->versions);
+    p.forget();
     out->tau = std::max(out->tau, p.reply->max_tau);
     out->version = std::max(out->version, p.reply->max_version);
     if (p.reply->queued) out->outcome = LearnOutcome::kQueued;

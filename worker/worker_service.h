@@ -121,6 +121,7 @@ class WorkerService {
       std::string table;
       ps::Ticket ticket;
       std::shared_ptr<ps::PushReply> reply;
+      std::function<void()> forget;  // drops our cached copy of what was pushed
     };
     std::vector<One> items;
     std::vector<std::string> dense_tables;
@@ -132,9 +133,11 @@ class WorkerService {
                   Pushes* pushes, LearnReply* out);
   void PushDense(size_t param, Accumulator::Batch batch, Pushes* pushes);
   void PushDelta(size_t param, std::vector<float> delta, Pushes* pushes);
-  void StartPush(const std::string& table, Pushes* pushes,
+  void StartPush(const std::string& table, Pushes* pushes, std::function<void()> forget,
                  const std::function<ps::Ticket(ps::PushReply*, ps::PsClient::Callback)>& send);
-  void OnPushDone(const std::string& table, const ps::PushReply& reply, const Status& st);
+  std::function<void()> ForgetDense(const std::string& table);
+  void OnPushDone(const std::string& table, const ps::PushReply& reply, const Status& st,
+                  const std::function<void()>& forget);
   // Waits for the pushes (kApplied) or leaves them in flight (kQueued) and fills `out`.
   Status FinishPushes(Pushes& pushes, ReplyWhen when, LearnReply* out);
   Status FlushDue(bool force);

@@ -1,0 +1,66 @@
+// onlineps_worker_cli: one worker RPC from the command line, JSON in and out.
+//   onlineps_worker_cli --worker tcp://127.0.0.1:7400 infer '{"text": "great film"}'
+//   onlineps_worker_cli learn '{"examples": [{"text": "great", "label": "positive"}]}'
+//   onlineps_worker_cli context_set '{"session": "s1", "items": ["likes sci-fi"]}'
+//   onlineps_worker_cli worker_stats
+// Exit status: 0 ok, 1 the worker answered an error (printed), 2 bad usage.
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <map>
+
+#include "worker/worker_client.h"
+
+int main(int argc, char** argv) {
+  using onlineps::Op;
+  const std::map<std::string, Op> ops = {
+      {"infer", Op::kInfer},
+      {"learn", Op::kLearn},
+      {"context_set", Op::kContextSet},
+      {"context_append", Op::kContextAppend},
+      {"context_clear", Op::kContextClear},
+      {"context_get", Op::kContextGet},
+      {"worker_stats", Op::kWorkerStats},
+  };
+  std::string endpoint = "tcp://127.0.0.1:7400", op_name, body_text = "{}";
+  int timeout_ms = 10000;
+  CLI::App app("Send one request to an onlineps worker and print the reply as JSON");
+  app.add_option("--worker", endpoint, "Worker endpoint")
+      ->envname("ONLINEPS_WORKER")
+      ->capture_default_str();
+  app.add_option("--timeout-ms", timeout_ms, "Deadline of the call")->capture_default_str();
+  app.add_option("op", op_name,
+                 "infer | learn | context_set | context_append | "
+                 "context_clear | context_get | worker_stats")
+      ->required();
+  app.add_option("body", body_text, "Request body as JSON (docs/protocol.md, Worker RPC)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  const auto op = ops.find(op_name);
+  if (op == ops.end()) {
+    std::cerr << "onlineps_worker_cli: unknown op '" << op_name << "'\n";
+    return 2;
+  }
+  nlohmann::json body = nlohmann::json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) {
+    std::cerr << "onlineps_worker_cli: body is not a JSON object: " << body_text << "\n";
+    return 2;
+  }
+  onlineps::worker::WorkerClientOptions o;
+  o.endpoint = endpoint;
+  o.timeout = std::chrono::milliseconds(timeout_ms);
+  auto client = onlineps::worker::WorkerClient::Connect(o);
+  if (!client.ok()) {
+    std::cerr << "onlineps_worker_cli: " << client.status().ToString() << "\n";
+    return 1;
+  }
+  auto reply = (*client)->Call(op->second, body);
+  if (!reply.ok()) {
+    std::cerr << "onlineps_worker_cli: " << reply.status().ToString() << "\n";
+    return 1;
+  }
+  std::cout << reply->dump(2) << "\n";
+  return 0;
+}
