@@ -206,6 +206,8 @@ json ToJson(const WorkerStats& s) {
           {"rejected_nonfinite", s.rejected_nonfinite},
           {"max_tau", s.max_tau},
           {"inflight_pushes", s.inflight_pushes},
+          {"group_rounds", s.group_rounds},
+          {"group_active", s.group_active},
           {"cache",
            {{"dense_hits", s.cache.dense_hits},
             {"dense_pulls", s.cache.dense_pulls},

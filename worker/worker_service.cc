@@ -104,8 +104,16 @@ Status WorkerService::Start() {
   if (options_.local_steps > 0) {
     local_ = std::make_unique<LocalSteps>(&cache_, model_, options_.local_steps, options_.local_lr);
   }
+  if (options_.group != nullptr) {
+    group_acc_.resize(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].kind != ParamKind::kDense) continue;
+      group_acc_[i] = std::make_unique<Accumulator>(params[i].size(), UINT64_MAX, 0);
+    }
+    group_active_ = true;
+  }
   cache_.Start();
-  flusher_ = std::thread([this] { FlushLoop(); });
+  flusher_ = std::thread([this] { options_.group ? GroupLoop() : FlushLoop(); });
   return Status::Ok();
 }
 
@@ -118,6 +126,7 @@ Status WorkerService::Stop() {
   }
   flush_cv_.notify_all();
   if (flusher_.joinable()) flusher_.join();
+  group_active_ = false;
   Status st = Flush();
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -147,6 +156,11 @@ Status WorkerService::FlushDue(bool force) {
     if (accumulators_[i] == nullptr) continue;
     auto batch = accumulators_[i]->TakeIfDue(Now(), force);
     if (batch) PushDense(i, std::move(*batch), &pushes);
+    // What a left or broken group did not aggregate goes out directly.
+    if (i < group_acc_.size() && group_acc_[i] && !group_active_) {
+      if (auto left = group_acc_[i]->TakeIfDue(Now(), true))
+        PushDense(i, std::move(*left), &pushes);
+    }
   }
   LearnReply ignored;
   return FinishPushes(pushes, ReplyWhen::kApplied, &ignored);
@@ -273,6 +287,11 @@ StatusOr<LearnReply> WorkerService::Learn(const std::string& session,
       kept |= !delta.has_value();
       continue;
     }
+    if (group_active_) {
+      static_cast<void>(group_acc_[i]->Add(grads.dense[i], read.base[i], batch.size(), Now()));
+      kept = true;
+      continue;
+    }
     auto ready = accumulators_[i]->Add(grads.dense[i], read.base[i], batch.size(), Now());
     if (ready) PushDense(i, std::move(*ready), &pushes);
     kept |= !ready.has_value();
@@ -296,6 +315,7 @@ WorkerStats WorkerService::stats() const {
     std::lock_guard<std::mutex> lock(mu_);
     s = stats_;
     s.inflight_pushes = inflight_;
+    s.group_active = group_active_;
   }
   s.cache = cache_.stats();
   s.context = context_.stats();

@@ -22,6 +22,7 @@
 #include "ps/table_spec.h"
 #include "worker/accumulator.h"
 #include "worker/context_store.h"
+#include "worker/group_reducer.h"
 #include "worker/local_steps.h"
 #include "worker/model.h"
 #include "worker/param_cache.h"
@@ -45,6 +46,11 @@ struct WorkerServiceOptions {
   // push the parameter delta (flag delta) every local_steps learn calls.
   uint32_t local_steps = 0;
   double local_lr = 0.05;
+  // Local group (hierarchical aggregation): when set, dense gradients are summed across
+  // the group every group_round_ms and only the leader pushes. If a round fails, this
+  // worker pushes its own gradients directly from then on. Must outlive the service.
+  GroupReducer* group = nullptr;
+  int64_t group_round_ms = 100;
   size_t max_batch = 1024;           // examples per request
   size_t max_inflight_pushes = 256;  // queued mode: pushes not yet acknowledged
   std::chrono::milliseconds push_timeout{5000};
@@ -85,6 +91,8 @@ struct LearnReply {
 struct WorkerStats {
   uint64_t infer_requests = 0, infer_examples = 0, learn_requests = 0, learn_examples = 0;
   uint64_t pushes = 0, push_errors = 0, rejected_nonfinite = 0, max_tau = 0;
+  uint64_t group_rounds = 0;  // local-group rounds completed (0 without a group)
+  bool group_active = false;
   size_t inflight_pushes = 0;
   ParamCacheStats cache;
   ContextStoreStats context;
@@ -142,6 +150,8 @@ class WorkerService {
   Status FinishPushes(Pushes& pushes, ReplyWhen when, LearnReply* out);
   Status FlushDue(bool force);
   void FlushLoop();
+  void GroupLoop();
+  Status GroupRound();
 
   ps::PsClient* const client_;
   Model* const model_;
@@ -150,6 +160,9 @@ class WorkerService {
   ContextStore context_;
   std::vector<std::unique_ptr<Accumulator>> accumulators_;  // per param; null for sparse
   std::unique_ptr<LocalSteps> local_;                       // local-steps mode only
+  // Group mode: dense gradients wait here for the next round (never pushed by count).
+  std::vector<std::unique_ptr<Accumulator>> group_acc_;
+  std::atomic<bool> group_active_{false};
 
   mutable std::mutex mu_;
   WorkerStats stats_;  // guarded by mu_ (cache and context filled in by stats())
