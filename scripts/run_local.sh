@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# Sets everything up, builds, starts a local PS cluster on loopback and runs a short
-# asynchronous training workload against it that prints pushes being applied
-# (versions, staleness, distance to the true weights). Ctrl-C stops everything.
+# Sets everything up, builds, starts a local cluster on loopback (PS shards + libtorch
+# workers serving the built-in `text` demo model), teaches it a small sentiment task
+# through the worker RPC, shows predictions and the effect of a session's context, then
+# runs a short asynchronous PS workload (pushes, staleness). Ctrl-C stops everything.
 #
 # Usage: scripts/run_local.sh [--shards N] [--workers M] [--steps S] [--base-port P]
 #                             [--staleness POLICY] [--keep]
 #   --shards N         PS shard processes (default 2)
-#   --workers M        asynchronous worker threads in the demo client (default 4)
-#   --steps S          pushes per worker (default 300)
-#   --base-port P      shard i listens on P+i, its admin port on P+100+i (default 7000)
+#   --workers M        worker processes (default 2); also threads of the PS workload
+#   --steps S          pushes per thread of the PS workload (default 300)
+#   --base-port P      shard i on P+i (admin P+100+i); worker j on P+200+j (admin P+300+j)
+#                      (default 7000)
 #   --staleness NAME   none | lr_over_tau | dc_constant | dc_adaptive (default lr_over_tau)
-#   --keep             keep the cluster running after the workload until Ctrl-C
+#   --keep             keep the cluster running after the demo until Ctrl-C
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-shards=2 workers=4 steps=300 base_port=7000 staleness=lr_over_tau keep=0
+shards=2 workers=2 steps=300 base_port=7000 staleness=lr_over_tau keep=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --shards) shards=$2; shift 2 ;;
@@ -22,7 +24,7 @@ while [ $# -gt 0 ]; do
     --base-port) base_port=$2; shift 2 ;;
     --staleness) staleness=$2; shift 2 ;;
     --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "run_local: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -54,6 +56,25 @@ echo "run_local: $shards shard(s) on $list"
 for ((i = 0; i < shards; i++)); do
   echo "run_local:   shard $i metrics: http://127.0.0.1:$((base_port + 100 + i))/metrics"
 done
+workers_list=()
+for ((j = 0; j < workers; j++)); do
+  port=$((base_port + 200 + j))
+  "$bin/onlineps_worker" --ps "$list" --listen "tcp://127.0.0.1:$port" \
+    --admin-port $((base_port + 300 + j)) --model text --labels negative,positive \
+    --lr 1.0 --log-level warn >"$data/worker-$j.out" 2>&1 &
+  pids+=($!)
+  workers_list+=("tcp://127.0.0.1:$port")
+done
+for w in "${workers_list[@]}"; do
+  for _ in $(seq 100); do
+    "$bin/onlineps_worker_cli" --worker "$w" --timeout-ms 300 worker_stats >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+done
+echo "run_local: $workers worker(s) (text model) on ${workers_list[*]}"
+"$root/scripts/worker_demo.sh" "$bin/onlineps_worker_cli" "${workers_list[@]}"
+
+echo "run_local: asynchronous PS workload ($workers threads x $steps pushes):"
 "$bin/onlineps_ps_cli" --shards "$list" --log-level warn demo \
   --workers "$workers" --steps "$steps" --staleness "$staleness"
 echo "run_local: staleness histogram of shard 0:"
