@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
     --base-port) base_port=$2; shift 2 ;;
     --staleness) staleness=$2; shift 2 ;;
     --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_local: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
