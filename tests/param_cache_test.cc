@@ -289,6 +289,33 @@ TEST_F(ParamCacheTest, NoBoundsMeansNeverRepull) {
   EXPECT_EQ(s.dense_hits, 1u);
 }
 
+TEST_F(ParamCacheTest, PerTableBoundOverridesTheDefault) {
+  ParamCacheOptions o;
+  o.dense.max_age_ms = -1;                // default: never re-pull
+  o.tables["w"] = FreshnessBound{-1, 0};  // this table: the newest version seen
+  auto cache = MakeCache(o);
+  ReadDense(*cache);
+  cache->ObserveVersions("w", PushDense(1.0f));
+  EXPECT_EQ(ReadDense(*cache), std::vector<float>(kDenseSize, -1.0f));
+  EXPECT_EQ(cache->stats().dense_pulls, 2u);
+}
+
+TEST_F(ParamCacheTest, InvalidateRowsDropsOnlyThoseRows) {
+  ParamCacheOptions o;
+  o.sparse.max_age_ms = 60'000;
+  auto cache = MakeCache(o);
+  const uint64_t keys[2] = {5, 6};
+  float out[2 * kDim];
+  ASSERT_TRUE(cache->Sparse("emb", keys, 2, out, nullptr).ok());
+  PushRow(5, {1, 1});
+  PushRow(6, {1, 1});
+  cache->InvalidateRows("emb", keys, 1);  // only key 5
+  ASSERT_TRUE(cache->Sparse("emb", keys, 2, out, nullptr).ok());
+  EXPECT_EQ(out[0], -1.0f);    // re-pulled
+  EXPECT_EQ(out[kDim], 0.0f);  // still the cached copy
+  EXPECT_EQ(cache->stats().sparse_misses, 3u);
+}
+
 TEST_F(ParamCacheTest, InvalidateDropsTheCopies) {
   ParamCacheOptions o;
   o.dense.max_age_ms = o.sparse.max_age_ms = 60'000;

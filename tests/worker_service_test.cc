@@ -326,7 +326,7 @@ TEST_F(WorkerServiceTest, ALearnIsVisibleToTheNextInferEvenWithinTheAgeBound) {
 }
 
 TEST_F(WorkerServiceTest, ContextChangesOnlyItsOwnSessionsPredictions) {
-  StartWorker(Text(), {});
+  StartWorker(Text(), WorkerServiceOptions());
   ASSERT_TRUE(service_->context().Set("A", {"terrible awful horrible context"}, {}).ok());
   const std::vector<Example> ex = {Example{"the film was fine", {}, -1}};
   auto none = service_->Infer("", ex);
@@ -360,7 +360,7 @@ bool OnlyPsHeaderKeys(const std::string& frame, bool allow_spec, std::string* ba
 }
 
 TEST_F(WorkerServiceTest, PushesCarryOnlyParameterGradientsNeverContext) {
-  StartWorker(Text(), {}, /*tap=*/true);
+  StartWorker(Text(), WorkerServiceOptions(), /*tap=*/true);
   const std::string marker = "zebracontextmarker";
   ASSERT_TRUE(service_->context().Set("A", {marker + " private words"}, {}).ok());
   auto r = service_->Learn("A", {Example{"great movie", {}, 1}, Example{"bad plot", {}, 0}});
@@ -394,7 +394,7 @@ TEST_F(WorkerServiceTest, PushesCarryOnlyParameterGradientsNeverContext) {
 }
 
 TEST_F(WorkerServiceTest, NonFiniteLossIsRefusedAndNothingIsPushed) {
-  StartWorker(Mlp(), {});
+  StartWorker(Mlp(), WorkerServiceOptions());
   const std::string table = model_->params()[0].name;
   ps::VersionVector v0, v1;
   PullDense(table, &v0);
@@ -450,7 +450,7 @@ TEST_F(WorkerServiceTest, QueuedModeRepliesBeforeTheAckAndStopWaitsForIt) {
 }
 
 TEST_F(WorkerServiceTest, RpcAnswersBadRequestsAndKeepsServing) {
-  StartWorker(Mlp(), {});
+  StartWorker(Mlp(), WorkerServiceOptions());
   struct Case {
     Op op;
     json body;
@@ -496,7 +496,7 @@ TEST_F(WorkerServiceTest, RpcAnswersBadRequestsAndKeepsServing) {
 }
 
 TEST_F(WorkerServiceTest, RpcMalformedBodyIsAnsweredWithMalformed) {
-  StartWorker(Mlp(), {});
+  StartWorker(Mlp(), WorkerServiceOptions());
   // A raw DEALER sends a valid header with a body that is not msgpack.
   zmq::context_t ctx;
   zmq::socket_t s(ctx, zmq::socket_type::dealer);
@@ -518,7 +518,7 @@ TEST_F(WorkerServiceTest, RpcMalformedBodyIsAnsweredWithMalformed) {
 }
 
 TEST_F(WorkerServiceTest, ContextOpsRoundTripOverRpc) {
-  StartWorker(Text(), {});
+  StartWorker(Text(), WorkerServiceOptions());
   auto set = rpc_->Call(Op::kContextSet, {{"session", "s1"}, {"items", {"hello", "world"}}});
   ASSERT_TRUE(set.ok()) << set.status().ToString();
   ASSERT_TRUE(rpc_->Call(Op::kContextAppend, {{"session", "s1"}, {"text", "again"}}).ok());
@@ -542,7 +542,7 @@ TEST_F(WorkerServiceTest, TorchScriptModelLoadsInfersAndTrainsThroughThePs) {
   m.sparse_params = {"embed.weight"};
   m.labels = {"x", "y", "z"};
   m.table_prefix = "ts/";
-  StartWorker(m, {});
+  StartWorker(m, WorkerServiceOptions());
   auto r = rpc_->Call(Op::kInfer, {{"text", "some words here"}});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   double total = 0;

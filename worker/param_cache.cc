@@ -54,6 +54,7 @@ Status CheckShape(ps::PsClient* client, const std::string& table, ps::TableKind 
 struct ParamCache::DenseEntry {
   std::string name;
   uint64_t size = 0;
+  FreshnessBound bound;
   std::atomic<bool> shape_checked{false};
   std::mutex pull_mu;  // held for a whole pull: concurrent misses wait for one pull
   std::mutex mu;       // guards the fields below; never held across a pull
@@ -75,6 +76,7 @@ struct ParamCache::SparseEntry {
   explicit SparseEntry(size_t capacity) : rows(capacity) {}
   std::string name;
   uint32_t dim = 0;
+  FreshnessBound bound;
   std::atomic<bool> shape_checked{false};
   std::mutex mu;  // guards the fields below; never held across a pull
   LruMap<uint64_t, Row> rows;
@@ -89,10 +91,16 @@ ParamCache::ParamCache(ps::PsClient* client, ParamCacheOptions options)
 
 ParamCache::~ParamCache() { Stop(); }
 
+FreshnessBound ParamCache::BoundOf(const std::string& table, const FreshnessBound& def) const {
+  auto it = options_.tables.find(table);
+  return it == options_.tables.end() ? def : it->second;
+}
+
 void ParamCache::AddDense(const std::string& table, uint64_t size) {
   auto e = std::make_unique<DenseEntry>();
   e->name = table;
   e->size = size;
+  e->bound = BoundOf(table, options_.dense);
   e->newest.assign(num_shards_, 0);
   dense_.insert_or_assign(table, std::move(e));
 }
@@ -101,6 +109,7 @@ void ParamCache::AddSparse(const std::string& table, uint32_t dim) {
   auto e = std::make_unique<SparseEntry>(options_.max_sparse_rows);
   e->name = table;
   e->dim = dim;
+  e->bound = BoundOf(table, options_.sparse);
   e->newest.assign(num_shards_, 0);
   sparse_.insert_or_assign(table, std::move(e));
 }
@@ -140,7 +149,7 @@ bool ParamCache::FreshDense(const DenseEntry& e, int64_t now) const {
   // Shards version independently: the copy is only as fresh as its most lagging shard.
   for (uint32_t i = 0; i < num_shards_; ++i) {
     const uint64_t v = i < s.versions.size() ? s.versions[i] : 0;
-    if (!Fresh(options_.dense, s.fetched_ms, v, e.newest[i], now)) return false;
+    if (!Fresh(e.bound, s.fetched_ms, v, e.newest[i], now)) return false;
   }
   return true;
 }
@@ -215,8 +224,7 @@ Status ParamCache::Sparse(const std::string& table, const uint64_t* keys, size_t
     for (size_t i = 0; i < n; ++i) {
       const uint32_t shard = ShardOfKey(keys[i], num_shards_);
       const SparseEntry::Row* r = e->rows.Find(keys[i]);
-      if (r == nullptr ||
-          !Fresh(options_.sparse, r->fetched_ms, r->version, e->newest[shard], now)) {
+      if (r == nullptr || !Fresh(e->bound, r->fetched_ms, r->version, e->newest[shard], now)) {
         missing.push_back(i);
         continue;
       }
@@ -323,7 +331,7 @@ bool ParamCache::RefreshWanted(DenseEntry* e, int64_t now) const {
   if (!e->snapshot) return true;
   // Refreshing at half the age bound leaves the other half for the pull to land before
   // a read would find the copy stale and wait.
-  const int64_t max_age = options_.dense.max_age_ms;
+  const int64_t max_age = e->bound.max_age_ms;
   if (max_age >= 0 && now - e->snapshot->fetched_ms >= max_age / 2) return true;
   return !FreshDense(*e, now);
 }

@@ -29,9 +29,10 @@ struct FreshnessBound {
 };
 
 struct ParamCacheOptions {
-  FreshnessBound dense;
-  FreshnessBound sparse;
-  size_t max_sparse_rows = 1 << 20;  // per sparse table
+  FreshnessBound dense;                          // default for dense tables
+  FreshnessBound sparse;                         // default for sparse tables
+  std::map<std::string, FreshnessBound> tables;  // per-table overrides, by table name
+  size_t max_sparse_rows = 1 << 20;              // per sparse table
   // Refresher: every interval, re-pull dense tables read within hot_window_ms whose
   // copy is older than half their max age. 0 disables the refresher.
   int64_t refresh_interval_ms = 50;
@@ -89,6 +90,7 @@ class ParamCache {
  private:
   struct DenseEntry;
   struct SparseEntry;
+  FreshnessBound BoundOf(const std::string& table, const FreshnessBound& def) const;
   bool Fresh(const FreshnessBound& b, int64_t fetched_ms, uint64_t version, uint64_t newest,
              int64_t now) const;
   // REQUIRES: e.mu held. False when there is no snapshot.

@@ -28,7 +28,7 @@ struct Flags {
   worker::WorkerServerOptions server;
   std::string reply_when = "applied";
   double lr = 0.05;
-  std::vector<std::string> opt_params, staleness_params;
+  std::vector<std::string> opt_params, staleness_params, freshness;
   std::string bound_mode = "reject";
   int64_t context_ttl_s = 1800;
   int64_t ps_timeout_ms = 5000;
@@ -119,6 +119,9 @@ void AddCacheFlags(CLI::App& app, Flags* f) {
   app.add_option("--sparse-max-versions-behind", c.sparse.max_versions_behind,
                  "Same for sparse rows")
       ->capture_default_str();
+  app.add_option("--freshness", f->freshness,
+                 "Per-table bound PARAM=MAX_AGE_MS[:MAX_VERSIONS_BEHIND] (repeat; -1: none), "
+                 "e.g. out.weight=50:2");
   app.add_option("--max-sparse-rows", c.max_sparse_rows, "Cached rows per sparse table (LRU)")
       ->capture_default_str();
   app.add_option("--refresh-interval-ms", c.refresh_interval_ms,
@@ -169,6 +172,34 @@ Status ParseParams(const std::vector<std::string>& kvs, const std::string& flag,
   return Status::Ok();
 }
 
+Status ParseFreshness(const Flags& f, std::map<std::string, worker::FreshnessBound>* out) {
+  for (const std::string& item : f.freshness) {
+    const size_t eq = item.find('=');
+    worker::FreshnessBound b;
+    b.max_versions_behind = -1;
+    char* end = nullptr;
+    bool ok = eq != std::string::npos && eq > 0;
+    if (ok) {
+      b.max_age_ms = std::strtoll(item.c_str() + eq + 1, &end, 10);
+      ok = end != item.c_str() + eq + 1;
+      if (ok && *end == ':') {
+        const char* v = end + 1;
+        b.max_versions_behind = std::strtoll(v, &end, 10);
+        ok = end != v;
+      }
+      ok = ok && *end == '\0';
+    }
+    if (!ok) {
+      return Status(StatusCode::kInvalidArgument,
+                    "--freshness '" + item + "' is not PARAM=MAX_AGE_MS[:MAX_VERSIONS_BEHIND]");
+    }
+    std::string table = item.substr(0, eq);
+    if (table.rfind(f.model.table_prefix, 0) != 0) table = f.model.table_prefix + table;
+    (*out)[table] = b;
+  }
+  return Status::Ok();
+}
+
 Status Finish(Flags* f) {
   auto& t = f->service.table_template;
   t.optimizer_params["lr"] = f->lr;
@@ -182,7 +213,7 @@ Status Finish(Flags* f) {
   f->service.context.ttl_ms = f->context_ttl_s * 1000;
   f->service.push_timeout = std::chrono::milliseconds(f->ps_timeout_ms);
   if (f->model.table_prefix.empty()) f->model.table_prefix = f->model.kind + "/";
-  return Status::Ok();
+  return ParseFreshness(*f, &f->service.cache.tables);
 }
 
 int Run(Flags& f) {
