@@ -13,53 +13,12 @@
 
 #include "worker/model.h"
 #include "worker/model_factories.h"
+#include "worker/torch_common.h"
 
 namespace onlineps::worker {
 namespace {
 
 constexpr size_t kEmbed = 0;  // params()[0]: the sparse embedding; dense layers follow
-
-std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
-
-// Turns every exception of `fn` into kInternal: the inputs were checked before any torch
-// call, so what throws is a bug or resource exhaustion, never the caller's data.
-template <typename Fn>
-auto Guarded(const char* what, Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const c10::Error& e) {
-    return Internal(std::string(what) + ": " + FirstLine(e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    return Internal(std::string(what) + ": " + FirstLine(e.what()));
-  }
-}
-
-// A tensor over caller-owned floats, without a copy on CPU. Autograd only reads a leaf's
-// data, so a requires_grad leaf never writes to the caller's memory.
-torch::Tensor ParamTensor(const float* data, at::IntArrayRef shape, const torch::Device& device,
-                          bool grad) {
-  torch::Tensor t = torch::from_blob(const_cast<float*>(data), shape, torch::kFloat32);
-  if (!device.is_cpu()) t = t.to(device);
-  return grad ? t.detach().requires_grad_() : t;
-}
-
-std::vector<float> ToVector(const torch::Tensor& t) {
-  torch::Tensor c = t.to(torch::kCPU, torch::kFloat32).contiguous();
-  return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
-}
-
-InferOutput ToInferOutput(const torch::Tensor& logits) {
-  torch::Tensor probs = torch::softmax(logits, 1).to(torch::kCPU).contiguous();
-  torch::Tensor argmax = logits.argmax(1).to(torch::kCPU);
-  InferOutput out;
-  const int64_t n = probs.size(0), c = probs.size(1);
-  for (int64_t i = 0; i < n; ++i) {
-    const float* p = probs.data_ptr<float>() + i * c;
-    out.scores.emplace_back(p, p + c);
-    out.predicted.push_back(argmax[i].item<int64_t>());
-  }
-  return out;
-}
 
 // Which embedding rows feed which example: lookup j reads view row rows[j] into example
 // bags[j] with weight weights[j]; the weights of one example sum to 1.

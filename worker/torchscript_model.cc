@@ -19,34 +19,12 @@
 
 #include "worker/model.h"
 #include "worker/model_factories.h"
+#include "worker/torch_common.h"
 
 namespace onlineps::worker {
 namespace {
 
 constexpr size_t kMaxReplicas = 16;
-
-std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
-
-std::string TorchMessage(const std::exception& e) {
-  const auto* error = dynamic_cast<const c10::Error*>(&e);
-  return FirstLine(error != nullptr ? error->what_without_backtrace() : e.what());
-}
-
-// Turns every exception of `fn` into kInternal; errors that are the module's or the
-// caller's fault are caught closer to their source and returned as kInvalidArgument.
-template <typename Fn>
-auto Guarded(const char* what, Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    return Internal(std::string(what) + ": " + TorchMessage(e));
-  }
-}
-
-std::vector<float> ToVector(const torch::Tensor& t) {
-  torch::Tensor c = t.to(torch::kCPU, torch::kFloat32).contiguous();
-  return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
-}
 
 // Module parameters in named_parameters() order: the order of Model::params().
 std::vector<torch::Tensor> ParamsOf(const torch::jit::Module& module) {
@@ -300,19 +278,6 @@ class TorchScriptModel : public Model {
         out.sparse[i].values.insert(out.sparse[i].values.end(), values.begin() + r * dim,
                                     values.begin() + (r + 1) * dim);
       }
-    }
-    return out;
-  }
-
-  static InferOutput ToInferOutput(const torch::Tensor& logits) {
-    torch::Tensor probs = torch::softmax(logits, 1).to(torch::kCPU).contiguous();
-    torch::Tensor argmax = logits.argmax(1).to(torch::kCPU);
-    InferOutput out;
-    const int64_t n = probs.size(0), c = probs.size(1);
-    for (int64_t i = 0; i < n; ++i) {
-      const float* p = probs.data_ptr<float>() + i * c;
-      out.scores.emplace_back(p, p + c);
-      out.predicted.push_back(argmax[i].item<int64_t>());
     }
     return out;
   }
