@@ -33,16 +33,9 @@ constexpr milliseconds kStopTimeout{15000};
 constexpr char kDigitsCsv[] = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
 constexpr uint64_t kSeed = 20261202;
 
-// Learning cases bound reads by version as well as age, so a worker reads its own
-// pushes: with only the default 500 ms age bound, a base is ~100 versions old at these
-// learn rates and plain SGD at a useful lr does not converge (measured on 2 cores:
-// digits 0.47-0.74 and text 0.31-0.44 held-out accuracy for lr 0.02-0.5).
-std::vector<std::string> ReadingOwnWrites(std::vector<std::string> flags) {
-  for (const char* f : {"--dense-max-versions-behind", "0", "--sparse-max-versions-behind", "0"}) {
-    flags.push_back(f);
-  }
-  return flags;
-}
+// Learning cases run with the default freshness: a worker drops its cached copy of
+// what it pushed once the push is acknowledged (read-your-writes), so its next learn
+// reads its own update and measured staleness stays small (tau <= ~2 with two workers).
 
 // Shards and workers of one test. The Subprocess destructors SIGKILL whatever a failed
 // test leaves running.
@@ -322,8 +315,8 @@ TEST(WorkerMultiProcessTest, TwoWorkersLearnDigitsAboveNinetyPercent) {
 
   Cluster cluster;
   ASSERT_TRUE(cluster.StartShards(2));
-  const std::vector<std::string> flags = ReadingOwnWrites(
-      {"--model", "mlp", "--input-dim", "64", "--labels", Joined(DigitLabels()), "--lr", "0.5"});
+  const std::vector<std::string> flags = {
+      "--model", "mlp", "--input-dim", "64", "--labels", Joined(DigitLabels()), "--lr", "0.5"};
   const std::string ep[2] = {cluster.StartWorker(flags), cluster.StartWorker(flags)};
   ASSERT_FALSE(ep[0].empty() || ep[1].empty()) << "a worker did not start";
   std::unique_ptr<WorkerClient> clients[2] = {ConnectWorker(ep[0]), ConnectWorker(ep[1])};
@@ -366,8 +359,8 @@ TEST(WorkerMultiProcessTest, TextModelLearnsTopicsOfUnseenSentences) {
 
   Cluster cluster;
   ASSERT_TRUE(cluster.StartShards(2));
-  const std::string ep = cluster.StartWorker(ReadingOwnWrites(
-      {"--model", "text", "--labels", Joined(TopicLabels()), "--embed-dim", "16", "--lr", "0.5"}));
+  const std::string ep = cluster.StartWorker(std::vector<std::string>{
+      "--model", "text", "--labels", Joined(TopicLabels()), "--embed-dim", "16", "--lr", "0.5"});
   ASSERT_FALSE(ep.empty()) << "worker did not start";
   auto client = ConnectWorker(ep);
   ASSERT_TRUE(client);
@@ -397,9 +390,9 @@ TEST(WorkerMultiProcessTest, TorchScriptModelInfersAndLearns) {
 
   Cluster cluster;
   ASSERT_TRUE(cluster.StartShards(1));
-  const std::string ep = cluster.StartWorker(
-      ReadingOwnWrites({"--model", "torchscript", "--model-file", model_file, "--sparse-params",
-                        "embed.weight", "--labels", Joined(TopicLabels()), "--lr", "0.5"}));
+  const std::string ep = cluster.StartWorker(std::vector<std::string>{
+      "--model", "torchscript", "--model-file", model_file, "--sparse-params", "embed.weight",
+      "--labels", Joined(TopicLabels()), "--lr", "0.5"});
   ASSERT_FALSE(ep.empty()) << "worker did not start";
   auto client = ConnectWorker(ep);
   ASSERT_TRUE(client);
