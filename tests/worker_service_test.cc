@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "ps/ps_client.h"
 #include "ps/shard_server.h"
+#include "worker/local_group.h"
 #include "worker/model.h"
 #include "worker/worker_client.h"
 #include "worker/worker_rpc.h"
@@ -240,6 +241,80 @@ TEST_F(WorkerServiceTest, AccumulationOfKExamplesEqualsOnePushOfTheSum) {
       EXPECT_NEAR(w1[j], w0[i][j] - 0.5f * sum[i][j], 1e-5) << params[i].name << "[" << j << "]";
     }
   }
+}
+
+TEST_F(WorkerServiceTest, LocalGroupPushesTheSumOfItsMembersOncePerRound) {
+  // Two workers in one local group: only the leader pushes, the sum of both gradients.
+  std::unique_ptr<GroupReducer> groups[2];
+  std::thread joiner([&] {
+    LocalGroupOptions o;
+    o.rank = 1;
+    o.size = 2;
+    o.endpoint = "inproc://worker-service-group";
+    o.timeout = std::chrono::milliseconds(3000);
+    auto g = NewLocalGroup(o);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    groups[1] = std::move(*g);
+  });
+  LocalGroupOptions o;
+  o.size = 2;
+  o.endpoint = "inproc://worker-service-group";
+  o.timeout = std::chrono::milliseconds(3000);
+  auto g = NewLocalGroup(o);
+  joiner.join();
+  ASSERT_TRUE(g.ok() && groups[1]) << g.status().ToString();
+  groups[0] = std::move(*g);
+  auto model = CreateModel(Mlp());
+  ASSERT_TRUE(model.ok());
+  std::unique_ptr<ps::PsClient> clients[2] = {Client(endpoints_), Client(endpoints_)};
+  std::unique_ptr<WorkerService> members[2];
+  for (int r = 0; r < 2; ++r) {
+    WorkerServiceOptions wo;
+    wo.group = groups[r].get();
+    wo.group_round_ms = 1000;  // both learns land well inside the first round
+    wo.table_template.optimizer_params["lr"] = 0.5;
+    members[r] = std::make_unique<WorkerService>(clients[r].get(), model->get(), wo);
+    ASSERT_TRUE(members[r]->Start().ok());
+  }
+  const auto& params = (*model)->params();
+  std::vector<std::vector<float>> w0;
+  std::vector<uint64_t> v0;
+  for (const auto& p : params) {
+    ps::VersionVector v;
+    w0.push_back(PullDense(p.name, &v));
+    v0.push_back(*std::max_element(v.begin(), v.end()));
+  }
+  ParamView view;
+  for (auto& w : w0) view.dense.push_back(w.data());
+  view.sparse.assign(w0.size(), nullptr);
+  const auto batch = Feats({{1, 0, 2, 0}, {0, 1, 0, -1}}, {0, 2});
+  std::vector<std::vector<float>> sum;
+  for (int r = 0; r < 2; ++r) {
+    auto grad = (*model)->Gradients({batch[r]}, {}, view);
+    ASSERT_TRUE(grad.ok());
+    if (r == 0) sum = grad->dense;
+    for (size_t i = 0; r == 1 && i < sum.size(); ++i) {
+      for (size_t j = 0; j < sum[i].size(); ++j) sum[i][j] += grad->dense[i][j];
+    }
+    auto l = members[r]->Learn("", {batch[r]});
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    EXPECT_EQ(l->outcome, LearnOutcome::kAccumulated);
+  }
+  const uint64_t deadline = NowMs() + 5000;
+  while (members[0]->stats().pushes < params.size() && NowMs() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    ps::VersionVector v;
+    const std::vector<float> w1 = PullDense(params[i].name, &v);
+    EXPECT_EQ(*std::max_element(v.begin(), v.end()), v0[i] + 1) << params[i].name;
+    for (size_t j = 0; j < w1.size(); ++j) {
+      EXPECT_NEAR(w1[j], w0[i][j] - 0.5f * sum[i][j], 1e-5) << params[i].name << "[" << j << "]";
+    }
+  }
+  EXPECT_EQ(members[1]->stats().pushes, 0u) << "a non-leader pushed dense gradients";
+  EXPECT_GT(members[1]->stats().group_rounds, 0u);
+  for (auto& m : members) EXPECT_TRUE(m->Stop().ok());
 }
 
 TEST_F(WorkerServiceTest, TimeTriggerPushesAnAccumulatedGradientWithoutMoreLearns) {

@@ -35,7 +35,8 @@ constexpr auto kLastCode = static_cast<uint8_t>(StatusCode::kCancelled);
 // Calls a member may make before the leader makes them (it gave up waiting for a reply
 // the leader has not sent yet); more than that and the member is answered with an error.
 constexpr size_t kMaxEarlyCalls = 4;
-// Closing the leader's socket right after the last reply must not drop that reply.
+// How long destroying a member may wait to deliver what it sent last (the leader's last
+// replies): a process that exits right after its last call must not take them along.
 constexpr int kLingerMs = 1000;
 
 enum class GroupOp : uint8_t { kSumFloats = 1, kMinU64 = 2 };
@@ -96,9 +97,10 @@ Status DecodeHeader(const zmq::message_t& m, Header* h) {
   return Status::Ok();
 }
 
-// One context per process, never destroyed (zmq_ctx_term would block exit on any open
-// socket). A forked child makes its own: a context must not cross fork().
-zmq::context_t& GroupContext() {
+// inproc:// members must share a context: one per process, never destroyed (zmq_ctx_term
+// would block exit on any open socket). A forked child makes its own: a context must not
+// cross fork().
+zmq::context_t& InprocContext() {
   static std::mutex mu;
   static zmq::context_t* context = nullptr;
   static pid_t owner = 0;
@@ -128,12 +130,14 @@ std::string Ms(milliseconds d) { return std::to_string(d.count()) + " ms"; }
 
 class LocalGroupImpl final : public GroupReducer {
  public:
-  LocalGroupImpl(const LocalGroupOptions& options, zmq::socket_t socket)
+  LocalGroupImpl(const LocalGroupOptions& options, std::unique_ptr<zmq::context_t> context,
+                 zmq::socket_t socket)
       : rank_(options.rank),
         size_(options.size),
         endpoint_(options.endpoint),
         timeout_(options.timeout),
         max_message_bytes_(options.max_message_bytes),
+        context_(std::move(context)),
         socket_(std::move(socket)) {}
 
   int rank() const override { return rank_; }
@@ -173,6 +177,9 @@ class LocalGroupImpl final : public GroupReducer {
   const std::string endpoint_;
   const milliseconds timeout_;
   const uint64_t max_message_bytes_;
+  // This member's own context (none for inproc://): its destructor, after socket_'s, waits
+  // up to kLingerMs for unsent messages.
+  std::unique_ptr<zmq::context_t> context_;
   zmq::socket_t socket_;  // ROUTER at the leader, DEALER at members; none if size == 1
 
   // Used only by the one thread that drives this member.
@@ -422,13 +429,15 @@ StatusOr<std::unique_ptr<GroupReducer>> NewLocalGroup(const LocalGroupOptions& o
   if (options.timeout.count() <= 0) return InvalidArgument("local group: timeout must be > 0");
   std::unique_ptr<GroupReducer> group;
   if (options.size == 1) {
-    group = std::make_unique<LocalGroupImpl>(options, zmq::socket_t());
+    group = std::make_unique<LocalGroupImpl>(options, nullptr, zmq::socket_t());
     return group;
   }
   if (options.endpoint.empty()) return InvalidArgument("local group: empty endpoint");
   const bool leader = options.rank == 0;
   try {
-    zmq::socket_t socket(GroupContext(),
+    std::unique_ptr<zmq::context_t> own;
+    if (options.endpoint.rfind("inproc://", 0) != 0) own = std::make_unique<zmq::context_t>(1);
+    zmq::socket_t socket(own ? *own : InprocContext(),
                          leader ? zmq::socket_type::router : zmq::socket_type::dealer);
     socket.set(zmq::sockopt::linger, kLingerMs);
     const uint64_t max_frame = std::max<uint64_t>(options.max_message_bytes, 4096);
@@ -440,7 +449,7 @@ StatusOr<std::unique_ptr<GroupReducer>> NewLocalGroup(const LocalGroupOptions& o
     } else {
       socket.connect(options.endpoint);
     }
-    group = std::make_unique<LocalGroupImpl>(options, std::move(socket));
+    group = std::make_unique<LocalGroupImpl>(options, std::move(own), std::move(socket));
     return group;
   } catch (const zmq::error_t& e) {
     return FromZmqError(

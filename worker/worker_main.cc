@@ -10,7 +10,12 @@
 #include "common/logging.h"
 #include "common/signals.h"
 #include "ps/ps_client.h"
+#include "worker/gpu_config.h"
+#include "worker/local_group.h"
 #include "worker/model.h"
+#if ONLINEPS_HAVE_NCCL
+#include "worker/nccl_group.h"
+#endif
 #include "worker/worker_metrics.h"
 #include "worker/worker_server.h"
 #include "worker/worker_service.h"
@@ -35,6 +40,10 @@ struct Flags {
   uint64_t sender_id = 0;
   std::string admin_host = "127.0.0.1";
   int admin_port = 9200;
+  std::string group = "none";
+  int group_rank = 0, group_size = 1, group_device = 0;
+  std::string group_endpoint, group_id_file;
+  int64_t group_timeout_ms = 10000;
 };
 
 void AddModelFlags(CLI::App& app, Flags* f) {
@@ -138,6 +147,53 @@ void AddCacheFlags(CLI::App& app, Flags* f) {
       ->capture_default_str();
 }
 
+void AddGroupFlags(CLI::App& app, Flags* f) {
+  app.add_option("--group", f->group,
+                 "Local group summing dense gradients before one push per round: none | "
+                 "local (ZeroMQ, CPU) | nccl (GPUs; needs a CUDA+NCCL build)")
+      ->check(CLI::IsMember({"none", "local", "nccl"}))
+      ->capture_default_str();
+  app.add_option("--group-rank", f->group_rank, "This worker's rank; rank 0 pushes")
+      ->capture_default_str();
+  app.add_option("--group-size", f->group_size, "Workers in the group")->capture_default_str();
+  app.add_option("--group-endpoint", f->group_endpoint,
+                 "local: rank 0 binds, others connect (e.g. ipc:///tmp/onlineps-group)");
+  app.add_option("--group-id-file", f->group_id_file,
+                 "nccl: file through which rank 0 hands out the NCCL id (one per group)");
+  app.add_option("--group-device", f->group_device, "nccl: CUDA device of this member")
+      ->capture_default_str();
+  app.add_option("--group-round-ms", f->service.group_round_ms, "Milliseconds between rounds")
+      ->capture_default_str();
+  app.add_option("--group-timeout-ms", f->group_timeout_ms,
+                 "A round waiting longer for a member fails; the worker then pushes directly")
+      ->capture_default_str();
+}
+
+onlineps::StatusOr<std::unique_ptr<worker::GroupReducer>> MakeGroup(const Flags& f) {
+  if (f.group == "none") return std::unique_ptr<worker::GroupReducer>();
+  if (f.group == "local") {
+    worker::LocalGroupOptions o;
+    o.rank = f.group_rank;
+    o.size = f.group_size;
+    o.endpoint = f.group_endpoint;
+    o.timeout = std::chrono::milliseconds(f.group_timeout_ms);
+    return worker::NewLocalGroup(o);
+  }
+#if ONLINEPS_HAVE_NCCL
+  worker::NcclGroupOptions o;
+  o.rank = f.group_rank;
+  o.size = f.group_size;
+  o.device = f.group_device;
+  o.id_file = f.group_id_file;
+  o.timeout = std::chrono::milliseconds(f.group_timeout_ms);
+  return worker::NewNcclGroup(o);
+#else
+  return Status(StatusCode::kUnavailable,
+                "--group nccl: this build has no NCCL support (CUDA and NCCL were not found "
+                "at configure time); use --group local");
+#endif
+}
+
 void AddServingFlags(CLI::App& app, Flags* f) {
   app.add_option("--ps", f->ps, "PS shard endpoints in shard order, comma separated")
       ->delimiter(',')
@@ -235,6 +291,12 @@ int Run(Flags& f) {
     spdlog::error("model: {}", model.status().ToString());
     return 2;
   }
+  auto group = MakeGroup(f);
+  if (!group.ok()) {
+    spdlog::error("--group {}: {}", f.group, group.status().ToString());
+    return 2;
+  }
+  f.service.group = group->get();
   worker::WorkerService service(client->get(), model->get(), f.service);
   if (auto st = service.Start(); !st.ok()) {
     spdlog::error("worker: {}", st.ToString());
@@ -283,6 +345,7 @@ int main(int argc, char** argv) {
   AddModelFlags(app, &f);
   AddLearnFlags(app, &f);
   AddCacheFlags(app, &f);
+  AddGroupFlags(app, &f);
   onlineps::AddLoggingFlags(app, &log);
   auto parsed = onlineps::ParseFlags(app, argc, argv);
   if (!parsed.ok()) {
