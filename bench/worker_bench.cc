@@ -131,6 +131,37 @@ std::pair<Figure, Figure> Paired(int threads, double seconds, const Call& a, con
 // ---- data -------------------------------------------------------------------------
 
 // sklearn digits scaled to [0, 1]; uniform noise of the same shape if the file is absent.
+// Reads an idx file (gzip) from Debian's dataset-fashion-mnist; empty if absent.
+std::string ReadGz(const std::string& path) {
+  std::string bytes;
+  if (!std::filesystem::exists(path)) return bytes;
+  FILE* f = popen(("gzip -dc " + path).c_str(), "r");
+  char buf[1 << 16];
+  for (size_t n; f != nullptr && (n = std::fread(buf, 1, sizeof buf, f)) > 0;) bytes.append(buf, n);
+  if (f != nullptr) pclose(f);
+  return bytes;
+}
+
+// 1,024 Fashion-MNIST test images (784 pixels / 255) with labels; random if absent.
+std::vector<Example> FashionExamples() {
+  const std::string dir = "/usr/share/datasets/fashion-mnist/";
+  const std::string images = ReadGz(dir + "t10k-images-idx3-ubyte.gz");
+  const std::string labels = ReadGz(dir + "t10k-labels-idx1-ubyte.gz");
+  std::vector<Example> out;
+  std::mt19937_64 rng(11);
+  for (size_t i = 0; i < 1024; ++i) {
+    Example e;
+    const bool real = images.size() >= 16 + (i + 1) * 784 && labels.size() >= 8 + i + 1;
+    for (size_t j = 0; j < 784; ++j) {
+      e.features.push_back(real ? static_cast<uint8_t>(images[16 + i * 784 + j]) / 255.0f
+                                : static_cast<float>(rng() % 256) / 255.0f);
+    }
+    e.label = real ? static_cast<uint8_t>(labels[8 + i]) : static_cast<int64_t>(rng() % 10);
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
 std::vector<Example> DigitExamples() {
   std::vector<Example> out;
   if (std::filesystem::exists(kDigitsCsv)) {
@@ -537,6 +568,11 @@ int Main(int argc, char** argv) {
   mlp.labels = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"};
   mlp.table_prefix = "bench_mlp/";
   int rc = BenchModel("mlp 64-32-10", mlp, ps->get(), DigitExamples(), flags, &rows);
+  ModelOptions fashion = mlp;
+  fashion.input_dim = 784;
+  fashion.hidden = {128};
+  fashion.table_prefix = "bench_fashion/";
+  rc |= BenchModel("mlp 784-128-10", fashion, ps->get(), FashionExamples(), flags, &rows);
   ModelOptions text;
   text.kind = "text";
   text.labels = {"sports", "cooking", "tech"};

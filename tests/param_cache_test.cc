@@ -300,6 +300,28 @@ TEST_F(ParamCacheTest, PerTableBoundOverridesTheDefault) {
   EXPECT_EQ(cache->stats().dense_pulls, 2u);
 }
 
+TEST_F(ParamCacheTest, DenseAllPullsOnlyStaleTablesAndSharesSnapshots) {
+  ParamCacheOptions o;
+  o.dense.max_age_ms = 60'000;
+  auto cache = MakeCache(o);
+  EXPECT_EQ(cache->DenseAll({"w", "nope"}).status().code(), StatusCode::kNotFound);
+  auto a = cache->DenseAll({"w"});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ((*a)[0]->values, std::vector<float>(kDenseSize, 0.0f));
+  PushDense(1.0f);
+  auto b = cache->DenseAll({"w"});  // within the bound: the same snapshot
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*a)[0].get(), (*b)[0].get());
+  cache->Invalidate("w");
+  auto c = cache->DenseAll({"w"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)[0]->values, std::vector<float>(kDenseSize, -1.0f));
+  EXPECT_EQ(cache->Dense("w")->get(), (*c)[0].get());
+  auto s = cache->stats();
+  EXPECT_EQ(s.dense_pulls, 2u);
+  EXPECT_EQ(s.dense_hits, 2u);
+}
+
 TEST_F(ParamCacheTest, InvalidateRowsDropsOnlyThoseRows) {
   ParamCacheOptions o;
   o.sparse.max_age_ms = 60'000;

@@ -24,6 +24,12 @@ ParamCacheStats One(uint64_t ParamCacheStats::*counter) {
   return d;
 }
 
+ParamCacheStats Times(uint64_t ParamCacheStats::*counter, uint64_t n) {
+  ParamCacheStats d;
+  d.*counter = n;
+  return d;
+}
+
 // Raises each shard's newest version seen; extra entries from a peer with a different
 // shard count are ignored rather than trusted.
 void Raise(ps::VersionVector* newest, const ps::VersionVector& seen) {
@@ -187,26 +193,103 @@ StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::Dense(const std::stri
   return snap;
 }
 
-StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::PullDense(DenseEntry* e) {
-  uint64_t generation;
+// A dense pull in flight: started by StartPull, installed by FinishPull.
+struct ParamCache::PendingPull {
+  DenseEntry* entry = nullptr;
+  uint64_t generation = 0;
+  std::shared_ptr<DenseSnapshot> snap;
+  ps::Ticket ticket;
+  Status status;  // set when the pull could not start
+};
+
+ParamCache::PendingPull ParamCache::StartPull(DenseEntry* e) {
+  PendingPull p;
+  p.entry = e;
   {
     std::lock_guard<std::mutex> lock(e->mu);
-    generation = e->generation;
+    p.generation = e->generation;
     ++e->attempts;
   }
-  Status st = CheckShape(client_, e->name, ps::TableKind::kDense, e->size, &e->shape_checked);
-  auto snap = std::make_shared<DenseSnapshot>();
-  snap->values.resize(e->size);
+  p.status = CheckShape(client_, e->name, ps::TableKind::kDense, e->size, &e->shape_checked);
+  p.snap = std::make_shared<DenseSnapshot>();
+  p.snap->values.resize(e->size);
   // Stamped before the request: the values are at least this fresh, never fresher.
-  snap->fetched_ms = Now();
-  if (st.ok()) st = client_->PullDense(e->name, snap->values.data(), &snap->versions).Wait();
+  p.snap->fetched_ms = Now();
+  if (p.status.ok()) {
+    p.ticket = client_->PullDense(e->name, p.snap->values.data(), &p.snap->versions);
+  }
+  return p;
+}
+
+StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::FinishPull(PendingPull& p) {
+  DenseEntry* e = p.entry;
+  Status st = p.status.ok() ? p.ticket.Wait() : p.status;
   std::lock_guard<std::mutex> lock(e->mu);
   e->last_status = st.WithContext("ParamCache: pull of dense table '" + e->name + "'");
   if (!st.ok()) return e->last_status;
-  snap->pull_id = ++e->pulls;
-  Raise(&e->newest, snap->versions);
-  if (e->generation == generation) e->snapshot = snap;
-  return std::shared_ptr<const DenseSnapshot>(std::move(snap));
+  p.snap->pull_id = ++e->pulls;
+  Raise(&e->newest, p.snap->versions);
+  if (e->generation == p.generation) e->snapshot = p.snap;
+  return std::shared_ptr<const DenseSnapshot>(p.snap);
+}
+
+StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::PullDense(DenseEntry* e) {
+  PendingPull p = StartPull(e);
+  return FinishPull(p);
+}
+
+StatusOr<std::vector<std::shared_ptr<const DenseSnapshot>>> ParamCache::DenseAll(
+    const std::vector<std::string>& tables) {
+  std::vector<DenseEntry*> entries;
+  for (const std::string& t : tables) {
+    auto it = dense_.find(t);
+    if (it == dense_.end()) return NotFound("ParamCache: no dense table '" + t + "'");
+    entries.push_back(it->second.get());
+  }
+  const int64_t now = Now();
+  std::vector<std::shared_ptr<const DenseSnapshot>> out(entries.size());
+  std::vector<size_t> stale;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    std::lock_guard<std::mutex> lock(entries[i]->mu);
+    entries[i]->last_read_ms = now;
+    if (FreshDense(*entries[i], now)) {
+      out[i] = entries[i]->snapshot;
+    } else {
+      stale.push_back(i);
+    }
+  }
+  AddStats(Times(&ParamCacheStats::dense_hits, entries.size() - stale.size()));
+  if (stale.empty()) return out;
+  // Pull locks in the callers' table order (every caller passes the model's order), so
+  // two DenseAll calls never wait on each other in a cycle.
+  std::vector<std::unique_lock<std::mutex>> held;
+  std::vector<PendingPull> pulls;
+  for (size_t i : stale) {
+    held.emplace_back(entries[i]->pull_mu);
+    {
+      std::lock_guard<std::mutex> lock(entries[i]->mu);
+      if (FreshDense(*entries[i], now)) {
+        out[i] = entries[i]->snapshot;  // a concurrent reader's pull served this one
+        continue;
+      }
+    }
+    pulls.push_back(StartPull(entries[i]));  // all in flight at once: one round trip
+  }
+  Status first;
+  size_t pulled = 0;
+  for (PendingPull& p : pulls) {
+    auto snap = FinishPull(p);
+    if (!snap.ok()) {
+      if (first.ok()) first = snap.status();
+      continue;
+    }
+    ++pulled;
+    const size_t i = std::find(entries.begin(), entries.end(), p.entry) - entries.begin();
+    out[i] = std::move(*snap);
+  }
+  AddStats(Times(&ParamCacheStats::dense_pulls, pulled));
+  ONLINEPS_RETURN_IF_ERROR(first);
+  return out;
 }
 
 Status ParamCache::Sparse(const std::string& table, const uint64_t* keys, size_t n, float* out,

@@ -70,6 +70,11 @@ class ParamCache {
 
   // A snapshot within the dense bound, pulling first if needed. Errors: the pull's.
   StatusOr<std::shared_ptr<const DenseSnapshot>> Dense(const std::string& table);
+  // Dense() for several tables at once: the stale ones are pulled concurrently (one
+  // round trip, not one per table). REQUIRES: every caller lists tables in one fixed
+  // order (the model's), so concurrent calls cannot deadlock.
+  StatusOr<std::vector<std::shared_ptr<const DenseSnapshot>>> DenseAll(
+      const std::vector<std::string>& tables);
   // Fills `out` (n * dim floats) with rows within the sparse bound, pulling the missing
   // or stale ones in one call, and `base` (one entry per shard) with the oldest version
   // any returned row of that shard was read at: the base a gradient on them must carry.
@@ -96,6 +101,9 @@ class ParamCache {
   // REQUIRES: e.mu held. False when there is no snapshot.
   bool FreshDense(const DenseEntry& e, int64_t now) const;
   // REQUIRES: e->pull_mu held.
+  struct PendingPull;
+  PendingPull StartPull(DenseEntry* e);
+  StatusOr<std::shared_ptr<const DenseSnapshot>> FinishPull(PendingPull& p);
   StatusOr<std::shared_ptr<const DenseSnapshot>> PullDense(DenseEntry* e);
   // Pulls the rows keys[missing[..]] in one call, writes them to `out` and lowers
   // `mins` (per shard) to their versions.

@@ -94,6 +94,8 @@ Status WorkerService::Start() {
   for (size_t i = 0; i < params.size(); ++i) {
     if (params[i].kind == ParamKind::kDense) {
       cache_.AddDense(params[i].name, params[i].size());
+      dense_tables_.push_back(params[i].name);
+      dense_index_.push_back(i);
       accumulators_[i] = std::make_unique<Accumulator>(
           params[i].size(), std::max<uint32_t>(options_.accumulate_examples, 1),
           options_.accumulate_ms);
@@ -196,14 +198,18 @@ StatusOr<WorkerService::Read> WorkerService::ReadParams(const std::vector<Exampl
   r.rows.resize(params.size());
   r.base.resize(params.size());
   r.oldest_ms = Now();
+  // Every dense table in one call: stale ones are pulled concurrently.
+  ONLINEPS_ASSIGN_OR_RETURN(auto snaps, cache_.DenseAll(dense_tables_));
+  for (size_t d = 0; d < dense_index_.size(); ++d) {
+    const size_t i = dense_index_[d];
+    r.dense[i] = std::move(snaps[d]);
+    r.view.dense[i] = r.dense[i]->values.data();
+    r.base[i] = r.dense[i]->versions;
+    r.oldest_ms = std::min(r.oldest_ms, r.dense[i]->fetched_ms);
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamInfo& p = params[i];
-    if (p.kind == ParamKind::kDense) {
-      ONLINEPS_ASSIGN_OR_RETURN(r.dense[i], cache_.Dense(p.name));
-      r.view.dense[i] = r.dense[i]->values.data();
-      r.base[i] = r.dense[i]->versions;
-      r.oldest_ms = std::min(r.oldest_ms, r.dense[i]->fetched_ms);
-    } else {
+    if (p.kind == ParamKind::kSparse) {
       SparseRows& rows = r.rows[i];
       rows.keys = std::move(keys[i]);
       rows.values.resize(rows.keys.size() * p.size());

@@ -158,6 +158,8 @@ class WorkerService {
   const WorkerServiceOptions options_;
   ParamCache cache_;
   ContextStore context_;
+  std::vector<std::string> dense_tables_;                   // dense params' tables, in model order
+  std::vector<size_t> dense_index_;                         // their param indices
   std::vector<std::unique_ptr<Accumulator>> accumulators_;  // per param; null for sparse
   std::unique_ptr<LocalSteps> local_;                       // local-steps mode only
   // Group mode: dense gradients wait here for the next round (never pushed by count).
