@@ -131,6 +131,12 @@ std::pair<Figure, Figure> Paired(int threads, double seconds, const Call& a, con
 // ---- data -------------------------------------------------------------------------
 
 // sklearn digits scaled to [0, 1]; uniform noise of the same shape if the file is absent.
+std::vector<uint8_t> FloatBytes(const std::vector<float>& v) {
+  std::vector<uint8_t> b(v.size() * sizeof(float));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
 // Reads an idx file (gzip) from Debian's dataset-fashion-mnist; empty if absent.
 std::string ReadGz(const std::string& path) {
   std::string bytes;
@@ -234,7 +240,9 @@ std::vector<std::vector<Example>> Batches(const std::vector<Example>& pool, size
 json Body(const std::vector<Example>& batch, const std::vector<std::string>& labels, bool learn) {
   json examples = json::array();
   for (const Example& e : batch) {
-    json j = e.text.empty() ? json{{"features", e.features}} : json{{"text", e.text}};
+    // Features travel as float32 binary: the fast form of the worker RPC.
+    json j = e.text.empty() ? json{{"features", json::binary(FloatBytes(e.features))}}
+                            : json{{"text", e.text}};
     if (learn) j["label"] = labels[static_cast<size_t>(e.label)];
     examples.push_back(std::move(j));
   }

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <msgpack.hpp>
 #include <set>
 #include <thread>
@@ -590,6 +591,21 @@ TEST_F(WorkerServiceTest, RpcMalformedBodyIsAnsweredWithMalformed) {
   EXPECT_EQ(reply->request_id, 77u);
   EXPECT_EQ(reply->code, StatusCode::kMalformed);
   EXPECT_TRUE(rpc_->Call(Op::kInfer, {{"features", {1, 2, 3, 4}}}).ok());
+}
+
+TEST_F(WorkerServiceTest, RpcFeaturesAsFloat32BinaryEqualTheArrayForm) {
+  StartWorker(Mlp(), WorkerServiceOptions());
+  const std::vector<float> x = {0.5f, -1.25f, 3.0f, 0.125f};
+  std::vector<uint8_t> bytes(x.size() * sizeof(float));
+  std::memcpy(bytes.data(), x.data(), bytes.size());
+  auto as_array = rpc_->Call(Op::kInfer, {{"features", x}});
+  auto as_binary = rpc_->Call(Op::kInfer, {{"features", json::binary(bytes)}});
+  ASSERT_TRUE(as_array.ok() && as_binary.ok()) << as_binary.status().ToString();
+  EXPECT_EQ((*as_array)["predictions"], (*as_binary)["predictions"]);
+  bytes.pop_back();  // 15 bytes: not whole floats
+  auto bad = rpc_->Call(Op::kInfer, {{"features", json::binary(bytes)}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("float32"), std::string::npos) << bad.status().ToString();
 }
 
 TEST_F(WorkerServiceTest, ContextOpsRoundTripOverRpc) {

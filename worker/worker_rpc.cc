@@ -1,6 +1,7 @@
 #include "worker/worker_rpc.h"
 
 #include <cmath>
+#include <cstring>
 
 namespace onlineps::worker {
 namespace {
@@ -9,8 +10,29 @@ using nlohmann::json;
 
 Status Invalid(const std::string& msg) { return Status(StatusCode::kInvalidArgument, msg); }
 
+// Features as msgpack bin of little-endian float32: a memcpy instead of one DOM node
+// per value (decoding 25,000 numbers as an array costs more than a model's forward).
+StatusOr<std::vector<float>> FloatsOfBinary(const json& v, const std::string& where, size_t max) {
+  const auto& bytes = v.get_binary();
+  if (bytes.size() % sizeof(float) != 0) {
+    return Invalid(where + " binary is " + std::to_string(bytes.size()) +
+                   " bytes, not a whole number of float32 values");
+  }
+  if (bytes.size() / sizeof(float) > max) {
+    return Invalid(where + " has " + std::to_string(bytes.size() / sizeof(float)) +
+                   " values; at most " + std::to_string(max));
+  }
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!std::isfinite(out[i])) return Invalid(where + "[" + std::to_string(i) + "] is NaN or Inf");
+  }
+  return out;
+}
+
 StatusOr<std::vector<float>> FloatsOf(const json& v, const std::string& where, size_t max) {
-  if (!v.is_array()) return Invalid(where + " must be an array of numbers");
+  if (v.is_binary()) return FloatsOfBinary(v, where, max);
+  if (!v.is_array()) return Invalid(where + " must be an array of numbers or float32 binary");
   if (v.size() > max) {
     return Invalid(where + " has " + std::to_string(v.size()) + " values; at most " +
                    std::to_string(max));
