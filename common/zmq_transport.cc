@@ -11,6 +11,20 @@
 #include <utility>
 
 namespace onlineps {
+Status FromZmqError(const std::string& what, const zmq::error_t& e) {
+  std::string message = what + ": " + e.what();
+  switch (e.num()) {
+    case EINVAL:
+    case EPROTONOSUPPORT:
+    case ENOCOMPATPROTO:
+      return InvalidArgument(std::move(message));
+    case EADDRINUSE:
+      return Status(StatusCode::kAlreadyExists, std::move(message));
+    default:
+      return Unavailable(std::move(message));
+  }
+}
+
 namespace {
 
 // Messages moved per socket per poll round, so a flood on one socket cannot starve
@@ -34,20 +48,6 @@ std::string NextPipeName(const char* kind) {
 
 void LogError(const char* where, const std::exception& e) {
   std::fprintf(stderr, "onlineps: zmq transport: %s: %s\n", where, e.what());
-}
-
-Status FromZmqError(const std::string& what, const zmq::error_t& e) {
-  std::string message = what + ": " + e.what();
-  switch (e.num()) {
-    case EINVAL:
-    case EPROTONOSUPPORT:
-    case ENOCOMPATPROTO:
-      return InvalidArgument(std::move(message));
-    case EADDRINUSE:
-      return Status(StatusCode::kAlreadyExists, std::move(message));
-    default:
-      return Unavailable(std::move(message));
-  }
 }
 
 // Hands the frame's bytes to ZeroMQ without copying; ZeroMQ keeps the holder alive

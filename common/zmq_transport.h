@@ -21,6 +21,10 @@
 
 namespace onlineps {
 
+// A ZeroMQ error as a Status: kInvalidArgument (bad endpoint or protocol),
+// kAlreadyExists (address in use), kUnavailable otherwise; the message starts with `what`.
+Status FromZmqError(const std::string& what, const zmq::error_t& e);
+
 class ZmqServerTransport final : public ServerTransport {
  public:
   explicit ZmqServerTransport(const TransportOptions& options);

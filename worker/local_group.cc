@@ -15,6 +15,8 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "common/zmq_transport.h"
+
 namespace onlineps::worker {
 namespace {
 
@@ -110,20 +112,6 @@ zmq::context_t& InprocContext() {
     owner = getpid();
   }
   return *context;
-}
-
-Status FromZmqError(const std::string& what, const zmq::error_t& e) {
-  std::string message = what + ": " + e.what();
-  switch (e.num()) {
-    case EINVAL:
-    case EPROTONOSUPPORT:
-    case ENOCOMPATPROTO:
-      return InvalidArgument(std::move(message));
-    case EADDRINUSE:
-      return Status(StatusCode::kAlreadyExists, std::move(message));
-    default:
-      return Unavailable(std::move(message));
-  }
 }
 
 std::string Ms(milliseconds d) { return std::to_string(d.count()) + " ms"; }
