@@ -3,7 +3,7 @@
 // SGD apply for learn) called directly on parameter vectors this program owns, with the
 // same batch sizes and thread counts. Shards, worker and clients share this process and
 // its cores, as they would share a small host. Not a test.
-//   worker_bench [--seconds S] [--threads N] [--shards N] [--quick]
+//   worker_bench [--seconds S] [--threads N] [--shards N] [--quick] [--no-read-own-writes]
 #include <prometheus/registry.h>
 #include <spdlog/spdlog.h>
 
@@ -42,6 +42,7 @@ struct Flags {
   double seconds = 2.0;  // per figure and side, after a warm-up
   int threads = 4;       // client threads for the throughput figures
   int shards = 1;
+  bool read_own_writes = true;  // --no-read-own-writes: learn reads may miss own pushes
 };
 
 struct Figure {
@@ -504,6 +505,7 @@ int BenchModel(const std::string& name, const ModelOptions& options, ps::PsClien
   }
   WorkerServiceOptions so;
   so.table_template.optimizer_params["lr"] = kLr;
+  so.read_own_writes = flags.read_own_writes;
   WorkerService service(ps, model->get(), so);
   WorkerServer server(&service, WorkerServerOptions{});
   Status st = service.Start();
@@ -536,15 +538,29 @@ int BenchModel(const std::string& name, const ModelOptions& options, ps::PsClien
 
 int Main(int argc, char** argv) {
   Flags flags;
+  const char* usage =
+      "usage: worker_bench [--seconds S] [--threads N] [--shards N] [--quick] "
+      "[--no-read-own-writes]\n";
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--quick")) flags.seconds = 0.5;
-    if (!std::strcmp(argv[i], "--seconds") && i + 1 < argc) flags.seconds = std::atof(argv[++i]);
-    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) flags.threads = std::atoi(argv[++i]);
-    if (!std::strcmp(argv[i], "--shards") && i + 1 < argc) flags.shards = std::atoi(argv[++i]);
+    const bool has_value = i + 1 < argc;
+    if (!std::strcmp(argv[i], "--quick")) {
+      flags.seconds = 0.5;
+    } else if (!std::strcmp(argv[i], "--no-read-own-writes")) {
+      flags.read_own_writes = false;
+    } else if (!std::strcmp(argv[i], "--seconds") && has_value) {
+      flags.seconds = std::atof(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--threads") && has_value) {
+      flags.threads = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--shards") && has_value) {
+      flags.shards = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "worker_bench: unknown or incomplete argument '%s'\n%s", argv[i], usage);
+      return 2;
+    }
   }
   if (flags.seconds <= 0 || flags.threads < 1 || flags.shards < 1) {
-    std::fprintf(stderr,
-                 "usage: worker_bench [--seconds S] [--threads N] [--shards N] [--quick]\n");
+    std::fprintf(stderr, "worker_bench: --seconds, --threads and --shards must be positive\n%s",
+                 usage);
     return 2;
   }
   spdlog::set_level(spdlog::level::warn);

@@ -401,6 +401,23 @@ TEST_F(WorkerServiceTest, ALearnIsVisibleToTheNextInferEvenWithinTheAgeBound) {
   EXPECT_GE(after->version, l->version);
 }
 
+TEST_F(WorkerServiceTest, WithoutReadOwnWritesTheCachedCopyServesUntilItsBound) {
+  WorkerServiceOptions o;
+  o.cache.dense.max_age_ms = 60000;
+  o.cache.sparse.max_age_ms = 60000;
+  o.cache.refresh_interval_ms = 0;
+  o.read_own_writes = false;
+  StartWorker(Text(), o);
+  const std::vector<Example> ex = {Example{"lovely sunny day", {}, 1}};
+  auto before = service_->Infer("", ex);
+  ASSERT_TRUE(before.ok());
+  ASSERT_TRUE(service_->Learn("", ex).ok());
+  auto after = service_->Infer("", ex);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->predictions[0].scores, before->predictions[0].scores);
+  EXPECT_EQ(after->version, before->version);
+}
+
 TEST_F(WorkerServiceTest, ContextChangesOnlyItsOwnSessionsPredictions) {
   StartWorker(Text(), WorkerServiceOptions());
   ASSERT_TRUE(service_->context().Set("A", {"terrible awful horrible context"}, {}).ok());

@@ -131,6 +131,9 @@ void AddCacheFlags(CLI::App& app, Flags* f) {
   app.add_option("--freshness", f->freshness,
                  "Per-table bound PARAM=MAX_AGE_MS[:MAX_VERSIONS_BEHIND] (repeat; -1: none), "
                  "e.g. out.weight=50:2");
+  app.add_flag("!--no-read-own-writes", f->service.read_own_writes,
+               "Do not drop cached copies of what this worker pushed (faster learns; reads "
+               "then see own pushes only within the freshness bounds)");
   app.add_option("--max-sparse-rows", c.max_sparse_rows, "Cached rows per sparse table (LRU)")
       ->capture_default_str();
   app.add_option("--refresh-interval-ms", c.refresh_interval_ms,

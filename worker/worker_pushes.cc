@@ -18,6 +18,7 @@ void WorkerService::StartPush(
     inflight_cv_.wait(lock, [&] { return inflight_ < options_.max_inflight_pushes; });
     ++inflight_;
   }
+  if (!options_.read_own_writes) forget = [] {};
   auto reply = std::make_shared<ps::PushReply>();
   // The callback owns the reply too: in queued mode nobody else waits for it.
   ps::Ticket t = send(reply.get(), [this, table, reply, forget](const Status& st) {

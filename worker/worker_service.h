@@ -42,6 +42,10 @@ struct WorkerServiceOptions {
   // ... or when the oldest accumulated gradient is this old (0: no time trigger).
   int64_t accumulate_ms = 0;
   ReplyWhen reply_when = ReplyWhen::kApplied;
+  // Drop the cached copy of what a push touched once it is acknowledged, so the next
+  // read sees it (one pull per learn). false: reads rely on the freshness bounds alone
+  // (faster learns, larger measured staleness).
+  bool read_own_writes = true;
   // Local-steps mode (0: off): apply dense gradients to a local copy with local_lr and
   // push the parameter delta (flag delta) every local_steps learn calls.
   uint32_t local_steps = 0;
