@@ -235,7 +235,12 @@ std::unique_ptr<Pending> PsClientImpl::NewPushPart(const std::shared_ptr<Ticket:
                                                    const VersionVector& base,
                                                    const PushOptions& opts) {
   auto p = NewPart(call, shard, op, table);
-  p->header.seq = ++seq_[shard];
+  if (opts.sender != 0 && opts.seq != 0) {
+    p->header.sender = opts.sender;
+    p->header.seq = opts.seq;
+  } else {
+    p->header.seq = ++seq_[shard];
+  }
   p->header.base_version = shard < base.size() ? base[shard] : 0;
   p->header.flags = opts.delta ? kFlagDelta : 0;
   return p;

@@ -50,6 +50,11 @@ struct PullOptions {
 
 struct PushOptions {
   bool delta = false;  // values are parameter deltas, not gradients
+  // Both non-zero: the push goes out as (sender, seq) instead of this client's own id and
+  // next sequence number, so any client sending the same one-off push (e.g. several
+  // workers seeding a table) gets it applied exactly once.
+  uint64_t sender = 0;
+  uint64_t seq = 0;
 };
 
 // The completion of an asynchronous call. Copyable; all copies share the result.

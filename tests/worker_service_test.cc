@@ -643,6 +643,46 @@ TEST_F(WorkerServiceTest, ContextOpsRoundTripOverRpc) {
   EXPECT_EQ((*rpc_->Call(Op::kContextGet, {{"session", "s1"}}))["found"], false);
 }
 
+TEST_F(WorkerServiceTest, TorchScriptDenseWeightsAreSeededOnceAcrossWorkers) {
+  ModelOptions m;
+  m.kind = "torchscript";
+  m.model_file = std::string(ONLINEPS_TESTDATA_DIR) + "/tiny_model.pt";
+  m.sparse_params = {"embed.weight"};
+  m.labels = {"x", "y", "z"};
+  m.table_prefix = "ts/";
+  StartWorker(m, WorkerServiceOptions());
+  // A second worker of the same model starts against the same tables.
+  auto other_model = CreateModel(m);
+  ASSERT_TRUE(other_model.ok());
+  auto other_client = Client(endpoints_);
+  WorkerServiceOptions o;
+  o.table_template.optimizer_params["lr"] = 0.5;
+  WorkerService other(other_client.get(), other_model->get(), o);
+  ASSERT_TRUE(other.Start().ok());
+  size_t seeded = 0;
+  for (const ParamInfo& p : model_->params()) {
+    if (p.kind != ParamKind::kDense) continue;
+    ASSERT_EQ(p.initial.size(), p.size()) << p.name;
+    ps::VersionVector v;
+    const std::vector<float> w = PullDense(p.name, &v);
+    for (size_t j = 0; j < w.size(); ++j) {
+      EXPECT_FLOAT_EQ(w[j], p.initial[j]) << p.name << "[" << j << "] (applied twice?)";
+    }
+    EXPECT_EQ(*std::max_element(v.begin(), v.end()), 1u) << p.name;
+    seeded += std::any_of(p.initial.begin(), p.initial.end(), [](float x) { return x != 0; });
+  }
+  EXPECT_GT(seeded, 0u) << "the model file has only zero weights: nothing was checked";
+  // After training, a restarted worker does not overwrite the trained values.
+  ASSERT_TRUE(service_->Learn("", {Example{"alpha beta", {}, 1}}).ok());
+  const std::string table = model_->params()[1].name;
+  const std::vector<float> trained = PullDense(table);
+  ASSERT_TRUE(other.Stop().ok());
+  WorkerService again(other_client.get(), other_model->get(), o);
+  ASSERT_TRUE(again.Start().ok());
+  EXPECT_EQ(PullDense(table), trained);
+  ASSERT_TRUE(again.Stop().ok());
+}
+
 TEST_F(WorkerServiceTest, TorchScriptModelLoadsInfersAndTrainsThroughThePs) {
   ModelOptions m;
   m.kind = "torchscript";

@@ -39,7 +39,10 @@ struct ParamInfo {
   std::vector<uint64_t> shape;  // dense: tensor shape; sparse: {row dim}
   std::string init = "normal";  // initializer on the PS (see ps::TableSpec)
   double init_value = 0.01;     // stddev / half-width / constant
-  uint64_t size() const;        // dense: product of shape; sparse: row dim
+  // Dense: values to seed a new PS table with (a TorchScript file's weights); empty:
+  // the table starts from `init` alone.
+  std::vector<float> initial = {};
+  uint64_t size() const;  // dense: product of shape; sparse: row dim
 };
 
 // Rows of one sparse parameter: keys[i] owns values[i * dim, (i + 1) * dim).

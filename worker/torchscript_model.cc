@@ -292,16 +292,12 @@ class TorchScriptModel : public Model {
 // The PS initializes tables from a ParamInfo, not from the file's values: a parameter the
 // file holds constant (norm scales, zero biases, scalars) keeps that constant; other
 // matrices get normal(1/sqrt(fan_in)), other vectors zeros.
+// A dense table that starts at zeros and is seeded with the file's values (WorkerService
+// pushes them once, as a delta, into a table no one has updated yet).
 ParamInfo DenseInfo(const std::string& name, const torch::Tensor& t) {
   ParamInfo info{name, ParamKind::kDense, {}, "zeros", 0.0};
   for (int64_t d : t.sizes()) info.shape.push_back(static_cast<uint64_t>(d));
-  if (t.numel() > 0 && (t == t.flatten()[0]).all().item<bool>()) {
-    const double value = t.flatten()[0].item<double>();
-    if (value != 0) info = ParamInfo{name, ParamKind::kDense, info.shape, "constant", value};
-  } else if (t.dim() >= 2 && t.size(0) > 0) {
-    info.init = "normal";
-    info.init_value = 1.0 / std::sqrt(static_cast<double>(t.numel() / t.size(0)));
-  }
+  info.initial = ToVector(t);
   return info;
 }
 

@@ -90,6 +90,7 @@ Status WorkerService::Start() {
                                    " (another worker may have created it with other options)");
     }
   }
+  ONLINEPS_RETURN_IF_ERROR(SeedInitialValues());
   accumulators_.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     if (params[i].kind == ParamKind::kDense) {
@@ -116,6 +117,30 @@ Status WorkerService::Start() {
   }
   cache_.Start();
   flusher_ = std::thread([this] { options_.group ? GroupLoop() : FlushLoop(); });
+  return Status::Ok();
+}
+
+Status WorkerService::SeedInitialValues() {
+  for (const ParamInfo& p : model_->params()) {
+    if (p.kind != ParamKind::kDense || p.initial.empty()) continue;
+    std::vector<float> now(p.size());
+    ps::VersionVector versions;
+    ONLINEPS_RETURN_IF_ERROR(client_->PullDense(p.name, now.data(), &versions).Wait());
+    // A table someone already updated holds trained values: leave it alone.
+    if (*std::max_element(versions.begin(), versions.end()) != 0) continue;
+    std::vector<float> delta(p.size());
+    for (size_t j = 0; j < delta.size(); ++j) delta[j] = p.initial[j] - now[j];
+    // Every worker seeding this table sends the same (sender, seq): applied once.
+    ps::PushOptions opts;
+    opts.delta = true;
+    opts.sender = HashString("onlineps-seed:" + p.name) | 1;
+    opts.seq = 1;
+    ps::PushReply reply;
+    Status st = client_->PushDense(p.name, delta.data(), versions, &reply, opts).Wait();
+    if (!st.ok()) return Status(st.code(), "seeding table '" + p.name + "': " + st.message());
+    spdlog::info("table '{}' seeded with the model file's values{}", p.name,
+                 reply.duplicate ? " (by another worker first)" : "");
+  }
   return Status::Ok();
 }
 

@@ -138,6 +138,9 @@ class WorkerService {
     std::vector<One> items;
     std::vector<std::string> dense_tables;
   };
+  // Pushes each dense param's `initial` values into its table, once across all workers,
+  // if no update was applied to it yet.
+  Status SeedInitialValues();
   Status CheckBatch(const std::vector<Example>& batch, bool need_labels) const;
   Status CheckFinite(const GradOutput& grads);
   StatusOr<Read> ReadParams(const std::vector<Example>& batch, const ContextInput& ctx);
