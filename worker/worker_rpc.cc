@@ -1,7 +1,9 @@
 #include "worker/worker_rpc.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <random>
 
 namespace onlineps::worker {
 namespace {
@@ -246,6 +248,18 @@ json ToJson(const WorkerStats& s) {
             {"items_dropped", s.context.items_dropped}}}};
 }
 
+// Random per process: lets the bridge tell a restarted worker (whose session contexts
+// are gone) from one that kept running at the same address.
+static const std::string& InstanceId() {
+  static const std::string id = [] {
+    std::random_device rd;
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
+    return std::string(buf);
+  }();
+  return id;
+}
+
 StatusOr<json> HandleWorkerOp(WorkerService* service, Op op, const json& body) {
   const Model& model = service->model();
   const size_t max_session = 256;
@@ -269,6 +283,7 @@ StatusOr<json> HandleWorkerOp(WorkerService* service, Op op, const json& body) {
       return ContextOp(service, op, body);
     case Op::kWorkerStats: {
       json s = ToJson(service->stats());
+      s["instance"] = InstanceId();
       s["labels"] = model.labels();
       s["device"] = model.device();
       json params = json::array();

@@ -1,0 +1,76 @@
+// Backend: runs one worker op for one session on the worker that owns it. Places the
+// session (Router), makes sure that worker holds the session's current context (the
+// bridge's ContextStore is authoritative; a worker's copy is re-sent when the session
+// lands on a new worker, the worker restarted, the context changed, or the copy may
+// have expired there) and handles failover: a call that gets no reply reports the
+// worker to the pool, and idempotent ops (infer, context) are retried once on the
+// session's new owner. Thread-safe.
+#ifndef ONLINEPS_MCP_BRIDGE_BACKEND_H_
+#define ONLINEPS_MCP_BRIDGE_BACKEND_H_
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <unordered_map>
+
+#include "common/status.h"
+#include "common/wire.h"
+#include "mcp_bridge/context_store.h"
+#include "mcp_bridge/router.h"
+#include "mcp_bridge/worker_pool.h"
+
+namespace onlineps::bridge {
+
+struct BackendOptions {
+  std::chrono::milliseconds infer_timeout{5000};
+  std::chrono::milliseconds learn_timeout{30000};
+  // A worker's copy of a context older than this is re-sent (the worker drops idle
+  // contexts after its --context-ttl-s, 1800 s by default).
+  std::chrono::milliseconds context_resync{600000};
+};
+
+struct Routed {
+  nlohmann::json reply;
+  std::string worker;
+  int attempts = 1;
+};
+
+class Backend {
+ public:
+  Backend(BackendOptions options, Router* router, WorkerPool* pool, ContextStore* contexts);
+
+  // Runs `op` with `body` (its "session" field is set to `session`; an empty session
+  // has no context and goes to any healthy worker). Errors: the
+  // worker's, kUnavailable (no healthy worker), kDeadlineExceeded (no reply: for a learn
+  // the outcome is unknown, the caller must say so).
+  StatusOr<Routed> Call(const std::string& session, Op op, nlohmann::json body);
+  // The session ended: forgets its placement and drops the worker's copy of its context.
+  void EndSession(const std::string& session);
+  // The context changed: pushes it to the owner now (if the session is placed).
+  Status SyncContext(const std::string& session);
+
+ private:
+  struct Copy {
+    std::string worker;
+    uint64_t incarnation = 0, revision = 0;
+    std::chrono::steady_clock::time_point at;
+  };
+  StatusOr<Routed> Attempt(const std::string& session, Op op, const nlohmann::json& body);
+  Status EnsureContext(const std::string& session, const std::string& worker);
+  std::chrono::milliseconds TimeoutOf(Op op) const;
+  std::string AnyWorker();  // round robin, for calls without a session
+
+  const BackendOptions options_;
+  Router* const router_;
+  WorkerPool* const pool_;
+  ContextStore* const contexts_;
+  std::atomic<uint64_t> next_any_{0};
+  std::mutex mu_;
+  std::unordered_map<std::string, Copy> copies_;  // guarded by mu_; bounded by the sessions
+};
+
+}  // namespace onlineps::bridge
+
+#endif  // ONLINEPS_MCP_BRIDGE_BACKEND_H_

@@ -1,0 +1,78 @@
+// ContextStore: the authoritative copy of every session's context (text items and
+// feature values), held by the bridge and sent to the worker that owns the session.
+// Bounded: at most max_sessions sessions, each dropped after ttl_ms without use, each
+// with at most max_items items, max_bytes of text and max_features features. A call
+// past a limit fails with an error naming the limit and changes nothing, except that
+// Append keeps a rolling window (it drops the oldest items and says how many).
+// Thread-safe.
+#ifndef ONLINEPS_MCP_BRIDGE_CONTEXT_STORE_H_
+#define ONLINEPS_MCP_BRIDGE_CONTEXT_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+
+namespace onlineps::bridge {
+
+struct ContextStoreOptions {
+  size_t max_sessions = 10000;
+  int64_t ttl_ms = 30 * 60 * 1000;  // <= 0: never expire
+  size_t max_items = 16;            // the worker keeps 16 by default too
+  size_t max_bytes = 16 * 1024;
+  size_t max_features = 4096;
+};
+
+struct Context {
+  std::vector<std::string> items;  // oldest first
+  std::vector<float> features;
+  uint64_t revision = 0;  // bumped by every change; lets the bridge know a worker's copy is current
+  int64_t used_ms = 0;
+};
+
+struct ContextStats {
+  size_t sessions = 0;
+  uint64_t expired = 0, refused = 0, items_dropped = 0;
+};
+
+class ContextStore {
+ public:
+  explicit ContextStore(ContextStoreOptions options);
+  ContextStore(ContextStoreOptions options, std::function<int64_t()> now_ms);
+
+  // Replaces the context. kInvalidArgument naming the limit past one;
+  // kResourceExhausted when the store is full of live sessions.
+  StatusOr<Context> Set(const std::string& session, std::vector<std::string> items,
+                        std::vector<float> features);
+  // Adds one item; drops the oldest past max_items / max_bytes (counted in *dropped).
+  StatusOr<Context> Append(const std::string& session, std::string item, size_t* dropped);
+  bool Clear(const std::string& session);
+  std::optional<Context> Get(const std::string& session);
+
+  void Expire();
+  ContextStats stats() const;
+  const ContextStoreOptions& options() const { return options_; }
+
+ private:
+  Status CheckLimits(const std::vector<std::string>& items,
+                     const std::vector<float>& features) const;
+  StatusOr<Context*> Slot(const std::string& session, int64_t now);  // REQUIRES: mu_
+  void ExpireLocked(int64_t now);                                    // REQUIRES: mu_
+
+  const ContextStoreOptions options_;
+  const std::function<int64_t()> now_ms_;
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, Context> contexts_;  // guarded by mu_
+  ContextStats stats_;                                 // guarded by mu_
+  uint64_t next_revision_ = 1;                         // guarded by mu_
+  int64_t last_sweep_ms_ = 0;                          // guarded by mu_
+};
+
+}  // namespace onlineps::bridge
+
+#endif  // ONLINEPS_MCP_BRIDGE_CONTEXT_STORE_H_

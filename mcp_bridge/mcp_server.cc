@@ -1,0 +1,487 @@
+#include "mcp_bridge/mcp_server.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/random.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace onlineps::bridge {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr auto kSweepEvery = std::chrono::seconds(10);
+constexpr char kServerTitle[] = "onlineps MCP bridge";
+constexpr char kInstructions[] =
+    "onlineps serves a model that keeps learning. Call infer for predictions, learn with "
+    "labelled examples to teach it, and the context tools to give your session extra input "
+    "that never enters the shared model. model_info describes the model.";
+
+Reply Error(int http, const json& id, int code, const std::string& message,
+            const json& data = nullptr) {
+  Reply r;
+  r.http_status = http;
+  r.body = JsonRpcError(id, code, message, data);
+  return r;
+}
+
+Reply Result(const json& id, json result) {
+  Reply r;
+  r.body = {{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}};
+  return r;
+}
+
+Reply Accepted() {
+  Reply r;
+  r.http_status = 202;
+  return r;
+}
+
+json Capabilities() { return {{"tools", {{"listChanged", false}}}, {"logging", json::object()}}; }
+
+json ServerInfo(const McpServerOptions& o) {
+  return {{"name", o.name}, {"version", o.version}, {"title", kServerTitle}};
+}
+
+bool ValidLogLevel(const std::string& l) {
+  static const char* kLevels[] = {"debug", "info",     "notice", "warning",
+                                  "error", "critical", "alert",  "emergency"};
+  return std::find(std::begin(kLevels), std::end(kLevels), l) != std::end(kLevels);
+}
+
+const json& ParamsOf(const json& m) {
+  static const json empty = json::object();
+  auto it = m.find("params");
+  return it != m.end() && it->is_object() ? *it : empty;
+}
+
+std::string SessionPrefix(const std::string& principal) {
+  return principal.empty() ? std::string() : principal + "/";
+}
+
+}  // namespace
+
+bool IsLegacyVersion(const std::string& v) {
+  return v == "2025-11-25" || v == "2025-06-18" || v == "2025-03-26";
+}
+
+json JsonRpcError(const json& id, int code, const std::string& message, const json& data) {
+  json e = {{"code", code}, {"message", message}};
+  if (!data.is_null()) e["data"] = data;
+  json m = {{"jsonrpc", "2.0"}, {"error", e}};
+  if (!id.is_null()) m["id"] = id;
+  return m;
+}
+
+McpServer::McpServer(McpServerOptions options, Tools* tools, Recorder* recorder,
+                     std::function<void(const std::string&)> end_session)
+    : options_(std::move(options)),
+      tools_(tools),
+      recorder_(recorder),
+      end_session_(std::move(end_session)),
+      last_sweep_(Clock::now()) {}
+
+std::string McpServer::NewSessionId() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof bytes) {
+    ssize_t n = getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string id;
+  for (unsigned char b : bytes) {
+    id += kHex[b >> 4];
+    id += kHex[b & 15];
+  }
+  return id;
+}
+
+std::vector<std::string> McpServer::Sweep() {
+  last_sweep_ = Clock::now();
+  std::vector<std::string> ended;
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    if (last_sweep_ - it->second.used > options_.session_idle) {
+      ended.push_back(SessionPrefix(it->second.principal) + "m:" + it->first);
+      it = sessions_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return ended;
+}
+
+Reply McpServer::Handle(const Request& req) {
+  const json& m = req.message;
+  if (m.is_array()) {
+    return Error(400, nullptr, kInvalidRequest,
+                 "JSON-RPC batches are not supported (removed in MCP 2025-06-18): send one message "
+                 "per request");
+  }
+  if (!m.is_object())
+    return Error(400, nullptr, kInvalidRequest, "a message must be a JSON object");
+  json id = m.contains("id") ? m["id"] : json();
+  if (m.contains("id") && !id.is_string() && !id.is_number_integer()) {
+    return Error(400, nullptr, kInvalidRequest, "id must be a string or an integer");
+  }
+  if (m.value("jsonrpc", json()) != "2.0") {
+    return Error(400, id, kInvalidRequest, "jsonrpc must be \"2.0\"");
+  }
+  if (!m.contains("method")) {
+    if (m.contains("id") && (m.contains("result") || m.contains("error"))) return Accepted();
+    return Error(400, id, kInvalidRequest, "a request needs a method");
+  }
+  if (!m["method"].is_string()) return Error(400, id, kInvalidRequest, "method must be a string");
+  if (m.contains("params") && !m["params"].is_object()) {
+    return Error(400, id, kInvalidParams, "params must be an object");
+  }
+  if (req.stateless) return Stateless(req);
+  const std::string method = m["method"];
+  if (method == "initialize") return m.contains("id") ? Initialize(req) : Accepted();
+
+  if (req.session_id.empty()) {
+    return Error(400, id, kServerError,
+                 "Bad Request: Mcp-Session-Id header is required (send initialize first)");
+  }
+  std::string version;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(req.session_id);
+    if (it == sessions_.end() || it->second.principal != req.principal ||
+        Clock::now() - it->second.used > options_.session_idle) {
+      return Error(404, id, kSessionNotFound, "Session not found: initialize a new session");
+    }
+    it->second.used = Clock::now();
+    version = it->second.version;
+  }
+  if (!req.header_version.empty() && !IsLegacyVersion(req.header_version)) {
+    return Error(400, id, kServerError,
+                 "Bad Request: unsupported MCP-Protocol-Version: " + req.header_version +
+                     " (this session speaks " + version + ")");
+  }
+  if (!m.contains("id")) {
+    Notification(req, nullptr);
+    return Accepted();
+  }
+  return Dispatch(req, nullptr);
+}
+
+Reply McpServer::Initialize(const Request& req) {
+  const json& id = req.message["id"];
+  const json& params = ParamsOf(req.message);
+  if (!params.contains("protocolVersion") || !params["protocolVersion"].is_string()) {
+    return Error(400, id, kInvalidParams, "initialize needs params.protocolVersion (a string)");
+  }
+  const std::string requested = params["protocolVersion"];
+  const std::string version = IsLegacyVersion(requested) ? requested : kLatestLegacyVersion;
+  std::string sid;
+  std::vector<std::string> expired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (sessions_.size() >= options_.max_sessions || Clock::now() - last_sweep_ > kSweepEvery) {
+      expired = Sweep();
+    }
+  }
+  // Ending a session talks to its worker: never under mu_.
+  for (const std::string& key : expired) {
+    if (end_session_) end_session_(key);
+  }
+  if (!expired.empty()) spdlog::info("mcp: {} idle sessions expired", expired.size());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (sessions_.size() >= options_.max_sessions) {
+      return Error(503, id, kServerError,
+                   "the bridge holds " + std::to_string(sessions_.size()) +
+                       " sessions, its limit (--max-sessions); try again later");
+    }
+    sid =
+        req.session_id.empty() || sessions_.count(req.session_id) ? NewSessionId() : req.session_id;
+    Session& s = sessions_[sid];
+    s.principal = req.principal;
+    s.version = version;
+    s.used = Clock::now();
+  }
+  spdlog::debug("mcp: session {} initialized ({} requested, {} negotiated)", sid.substr(0, 8),
+                requested, version);
+  Reply r = Result(id, {{"protocolVersion", version},
+                        {"capabilities", Capabilities()},
+                        {"serverInfo", ServerInfo(options_)},
+                        {"instructions", kInstructions}});
+  r.new_session_id = sid;
+  return r;
+}
+
+void McpServer::Notification(const Request& req, Session*) {
+  const std::string method = req.message["method"];
+  if (method != "notifications/cancelled") return;  // initialized, progress, ...: nothing to do
+  const json& params = ParamsOf(req.message);
+  if (!params.contains("requestId")) return;
+  const std::string rid = params["requestId"].dump();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(req.session_id);
+  if (it == sessions_.end()) return;
+  if (auto c = it->second.inflight.find(rid); c != it->second.inflight.end()) {
+    c->second->store(true);
+    spdlog::debug("mcp: request {} cancelled", rid);
+  }
+}
+
+Reply McpServer::Dispatch(const Request& req, Session*) {
+  const json& m = req.message;
+  const json& id = m["id"];
+  const std::string method = m["method"];
+  const json& params = ParamsOf(m);
+  if (method == "ping") return Result(id, json::object());
+  if (method == "tools/list") {
+    if (params.contains("cursor")) return Error(200, id, kInvalidParams, "invalid cursor");
+    return Result(id, {{"tools", tools_->List()}});
+  }
+  if (method == "logging/setLevel") {
+    const std::string level = params.value("level", json("")).is_string()
+                                  ? params.value("level", std::string())
+                                  : std::string();
+    if (!ValidLogLevel(level)) {
+      return Error(200, id, kInvalidParams,
+                   "params.level must be one of debug, info, notice, warning, error, critical, "
+                   "alert, emergency");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = sessions_.find(req.session_id); it != sessions_.end())
+      it->second.log_level = level;
+    return Result(id, json::object());
+  }
+  if (method == "tools/call") {
+    auto cancelled = std::make_shared<std::atomic<bool>>(false);
+    const std::string rid = id.dump();
+    std::string version;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = sessions_.find(req.session_id);
+      if (it == sessions_.end()) return Error(404, id, kSessionNotFound, "Session not found");
+      if (it->second.inflight.size() >= 1024) {
+        return Error(429, id, kServerError, "too many requests in flight on this session");
+      }
+      it->second.inflight[rid] = cancelled;
+      version = it->second.version;
+    }
+    Reply r =
+        CallTool(req, SessionPrefix(req.principal) + "m:" + req.session_id, version, cancelled);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = sessions_.find(req.session_id); it != sessions_.end())
+      it->second.inflight.erase(rid);
+    return r;
+  }
+  return Error(200, id, kMethodNotFound, "Method not found: " + method);
+}
+
+bool McpServer::Allow(const std::string& key) {
+  if (options_.rate_limit <= 0) return true;
+  std::lock_guard<std::mutex> lock(rate_mu_);
+  const auto now = Clock::now();
+  if (buckets_.size() > 2 * options_.max_sessions) buckets_.clear();  // bounded; refills all
+  auto [it, fresh] = buckets_.try_emplace(key, Bucket{options_.rate_burst, now});
+  Bucket& b = it->second;
+  const double dt = std::chrono::duration<double>(now - b.at).count();
+  b.tokens = std::min(options_.rate_burst, b.tokens + dt * options_.rate_limit);
+  b.at = now;
+  if (b.tokens < 1) return false;
+  b.tokens -= 1;
+  return true;
+}
+
+Reply McpServer::CallTool(const Request& req, const std::string& legacy_key,
+                          const std::string& version,
+                          std::shared_ptr<std::atomic<bool>> cancelled) {
+  const auto start = Clock::now();
+  const json& id = req.message["id"];
+  const json& params = ParamsOf(req.message);
+  if (!params.contains("name") || !params["name"].is_string()) {
+    return Error(200, id, kInvalidParams, "tools/call needs params.name (a string)");
+  }
+  const std::string name = params["name"];
+  if (!tools_->Has(name)) return Error(200, id, kInvalidParams, "Unknown tool: " + name);
+  ToolCall call;
+  call.name = name;
+  call.arguments = params.contains("arguments") ? params["arguments"] : json::object();
+  if (!call.arguments.is_object()) {
+    return Error(200, id, kInvalidParams, "params.arguments must be an object");
+  }
+  ToolResult result;
+  bool bad_session = false;
+  if (auto s = call.arguments.find("session"); s != call.arguments.end()) {
+    std::string problem = s->is_string() ? CheckSessionName(*s) : "session must be a string";
+    if (!problem.empty()) {
+      result.is_error = bad_session = true;
+      result.error = problem;
+    } else {
+      call.session = SessionPrefix(req.principal) + "s:" + s->get<std::string>();
+    }
+  } else if (!req.stateless) {
+    call.session = legacy_key;
+  }
+  const std::string rate_key = call.session.empty() ? req.principal + "|" : call.session;
+  if (!Allow(rate_key)) {
+    return Error(429, id, kServerError,
+                 "rate limit: more than " + std::to_string(options_.rate_limit) +
+                     " calls/s on this session (--rate-limit); slow down and retry");
+  }
+  const json token = params.contains("_meta") && params["_meta"].is_object()
+                         ? params["_meta"].value("progressToken", json())
+                         : json();
+  if (req.notify && (token.is_string() || token.is_number_integer())) {
+    call.progress = [&req, token](double p, double total, const std::string& msg) {
+      req.notify(
+          {{"jsonrpc", "2.0"},
+           {"method", "notifications/progress"},
+           {"params",
+            {{"progressToken", token}, {"progress", p}, {"total", total}, {"message", msg}}}});
+    };
+  }
+  call.cancelled = cancelled.get();
+  if (!bad_session) {
+    // Calls of one session run one at a time, in the order they arrived.
+    std::unique_lock<std::mutex> lock(gate_mu_);
+    Gate& g = gates_[call.session];
+    ++g.users;
+    const uint64_t ticket = g.next++;
+    gate_cv_.wait(lock, [&] { return g.serving == ticket; });
+    lock.unlock();
+    try {
+      result = tools_->Call(call);
+    } catch (const std::exception& e) {  // nothing may escape into the transport's threads
+      result = ToolResult();
+      result.is_error = true;
+      result.error = std::string("internal error: ") + e.what();
+    }
+    lock.lock();
+    ++g.serving;
+    if (--g.users == 0) gates_.erase(call.session);
+    lock.unlock();
+    gate_cv_.notify_all();
+  }
+  json out;
+  if (result.is_error) {
+    out = {{"content", {{{"type", "text"}, {"text", result.error}}}}, {"isError", true}};
+  } else {
+    out = {{"content", {{{"type", "text"}, {"text", result.structured.dump()}}}},
+           {"structuredContent", result.structured},
+           {"isError", false}};
+  }
+  if (req.stateless) {
+    out["resultType"] = "complete";
+    out["_meta"] = {{"io.modelcontextprotocol/serverInfo", ServerInfo(options_)}};
+  }
+  const int64_t latency =
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
+  if (recorder_) {
+    TraceRecord rec;
+    rec.session = call.session;
+    rec.tool = name;
+    rec.arguments = call.arguments;
+    rec.is_error = result.is_error;
+    rec.summary = result.is_error ? result.error : result.summary;
+    rec.worker = result.worker;
+    rec.version = result.version;
+    rec.tau = result.tau;
+    rec.latency_us = latency;
+    recorder_->Record(rec);
+  }
+  (void)version;
+  Reply r = Result(id, std::move(out));
+  if (cancelled->load()) {
+    r.body = JsonRpcError(id, -32800, "request cancelled");
+    r.http_status = 200;
+  }
+  return r;
+}
+
+Reply McpServer::Stateless(const Request& req) {
+  const json& m = req.message;
+  const json id = m.contains("id") ? m["id"] : json();
+  const std::string method = m["method"];
+  if (!m.contains("id")) return Accepted();
+  const json& params = ParamsOf(m);
+  const json meta = params.value("_meta", json::object());
+  const std::string kVersionKey = "io.modelcontextprotocol/protocolVersion";
+  if (!meta.is_object() || !meta.contains(kVersionKey) || !meta[kVersionKey].is_string()) {
+    return Error(400, id, kInvalidParams,
+                 "params._meta[\"" + kVersionKey + "\"] is required in revision " + kModernVersion);
+  }
+  const std::string v = meta[kVersionKey];
+  if (v != kModernVersion) {
+    return Error(400, id, kUnsupportedVersion, "Unsupported protocol version: " + v,
+                 {{"supported", {kModernVersion, "2025-11-25", "2025-06-18", "2025-03-26"}},
+                  {"requested", v}});
+  }
+  if (!meta.contains("io.modelcontextprotocol/clientCapabilities") ||
+      !meta["io.modelcontextprotocol/clientCapabilities"].is_object()) {
+    return Error(400, id, kInvalidParams,
+                 "params._meta[\"io.modelcontextprotocol/clientCapabilities\"] is required");
+  }
+  const json server_meta = {{"io.modelcontextprotocol/serverInfo", ServerInfo(options_)}};
+  if (method == "server/discover") {
+    return Result(
+        id, {{"supportedVersions", {kModernVersion, "2025-11-25", "2025-06-18", "2025-03-26"}},
+             {"capabilities", {{"tools", {{"listChanged", false}}}}},
+             {"serverInfo", ServerInfo(options_)},
+             {"instructions", kInstructions},
+             {"ttlMs", 3600 * 1000},
+             {"cacheScope", "public"},
+             {"resultType", "complete"},
+             {"_meta", server_meta}});
+  }
+  if (method == "ping") return Result(id, {{"resultType", "complete"}, {"_meta", server_meta}});
+  if (method == "tools/list") {
+    if (params.contains("cursor")) return Error(400, id, kInvalidParams, "invalid cursor");
+    return Result(id, {{"tools", tools_->List()},
+                       {"ttlMs", 3600 * 1000},
+                       {"cacheScope", "public"},
+                       {"resultType", "complete"},
+                       {"_meta", server_meta}});
+  }
+  if (method == "tools/call") {
+    return CallTool(req, "", kModernVersion, std::make_shared<std::atomic<bool>>(false));
+  }
+  return Error(404, id, kMethodNotFound, "Method not found: " + method);
+}
+
+bool McpServer::EndSession(const std::string& session_id, const std::string& principal) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end() || it->second.principal != principal) return false;
+    for (auto& [rid, c] : it->second.inflight) c->store(true);
+    sessions_.erase(it);
+  }
+  if (end_session_) end_session_(SessionPrefix(principal) + "m:" + session_id);
+  return true;
+}
+
+bool McpServer::WantsStream(const json& m) const {
+  if (!m.is_object() || m.value("method", json()) != "tools/call") return false;
+  const json& params = ParamsOf(m);
+  if (!params.contains("_meta") || !params["_meta"].is_object() ||
+      !params["_meta"].contains("progressToken")) {
+    return false;
+  }
+  if (params.value("name", json()) != "learn") return false;
+  const json args = params.value("arguments", json::object());
+  return args.is_object() && args.contains("examples") && args["examples"].is_array() &&
+         args["examples"].size() > 1;
+}
+
+bool McpServer::HasSession(const std::string& session_id, const std::string& principal) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(session_id);
+  return it != sessions_.end() && it->second.principal == principal;
+}
+
+size_t McpServer::sessions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sessions_.size();
+}
+
+}  // namespace onlineps::bridge

@@ -1,0 +1,108 @@
+#include "mcp_bridge/recorder.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <random>
+
+namespace onlineps::bridge {
+
+using nlohmann::json;
+
+namespace {
+
+int64_t SteadyUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int64_t UnixUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string RunId() {
+  std::random_device rd;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
+  return buf;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Recorder>> Recorder::Open(const std::string& path, uint64_t max_bytes,
+                                                   const json& header_fields) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) return Unavailable("--record " + path + ": " + std::strerror(errno));
+  std::unique_ptr<Recorder> r(new Recorder(f, path, max_bytes));
+  json header = header_fields.is_object() ? header_fields : json::object();
+  header["kind"] = "header";
+  header["format"] = "onlineps-trace";
+  header["format_version"] = 1;
+  header["run_id"] = RunId();
+  header["source"] = "mcp_bridge";
+  header["clock"] = {{"t_us", "microseconds since start_unix_us (monotonic)"},
+                     {"latency_us", "microseconds"}};
+  header["start_unix_us"] = UnixUs();
+  std::lock_guard<std::mutex> lock(r->mu_);
+  if (!r->WriteLine(header.dump())) return Unavailable("--record " + path + ": write failed");
+  return r;
+}
+
+Recorder::Recorder(std::FILE* f, std::string path, uint64_t max_bytes)
+    : path_(std::move(path)), max_bytes_(max_bytes), file_(f), start_us_(SteadyUs()) {}
+
+Recorder::~Recorder() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (file_) std::fclose(file_);
+}
+
+bool Recorder::WriteLine(const std::string& line) {
+  if (!file_) return false;
+  if (bytes_ + line.size() + 1 > max_bytes_) {
+    spdlog::warn("recorder: {} reached --record-max-bytes ({}); recording stopped", path_,
+                 max_bytes_);
+    std::fclose(file_);
+    file_ = nullptr;
+    return false;
+  }
+  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() ||
+      std::fputc('\n', file_) == EOF || std::fflush(file_) != 0) {
+    spdlog::error("recorder: writing {} failed ({}); recording stopped", path_,
+                  std::strerror(errno));
+    std::fclose(file_);
+    file_ = nullptr;
+    return false;
+  }
+  bytes_ += line.size() + 1;
+  return true;
+}
+
+void Recorder::Record(const TraceRecord& r) {
+  json rec = {{"kind", "call"},
+              {"t_us", SteadyUs() - start_us_},
+              {"session", r.session},
+              {"tool", r.tool},
+              {"arguments", r.arguments},
+              {"is_error", r.is_error},
+              {"summary", r.summary},
+              {"worker", r.worker},
+              {"version", r.version},
+              {"tau", r.tau},
+              {"latency_us", r.latency_us}};
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!file_) return;
+  rec["seq"] = ++seq_;
+  WriteLine(rec.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+uint64_t Recorder::records() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return seq_;
+}
+
+}  // namespace onlineps::bridge

@@ -1,0 +1,165 @@
+#include "mcp_bridge/router.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/partition.h"
+
+namespace onlineps::bridge {
+
+Router::Router(RouterOptions options) : options_(options) {}
+
+size_t Router::Cap(size_t sessions) const {
+  if (loads_.empty()) return 0;
+  const double c = std::max(1.0, options_.load_factor);
+  const double mean = static_cast<double>(sessions) / static_cast<double>(loads_.size());
+  return std::max<size_t>(1, static_cast<size_t>(std::ceil(c * mean - 1e-9)));
+}
+
+void Router::RebuildRing() {
+  ring_.clear();
+  for (const auto& [worker, load] : loads_) {
+    for (int i = 0; i < options_.virtual_nodes; ++i) {
+      ring_.push_back({HashString(worker + "#" + std::to_string(i)), worker});
+    }
+  }
+  std::sort(ring_.begin(), ring_.end(), [](const Point& a, const Point& b) {
+    return a.hash != b.hash ? a.hash < b.hash : a.worker < b.worker;
+  });
+}
+
+std::string Router::Preferred(uint64_t h) const {
+  auto it = std::lower_bound(ring_.begin(), ring_.end(), h,
+                             [](const Point& p, uint64_t v) { return p.hash < v; });
+  if (it == ring_.end()) it = ring_.begin();
+  return it->worker;
+}
+
+// Walks the ring clockwise from h to the first worker below `cap`. The walk visits
+// every point at most once, so it ends even when all workers are full (then the
+// least loaded one takes the session).
+std::string Router::Place(const std::string& session, uint64_t h, size_t cap) {
+  auto start = std::lower_bound(ring_.begin(), ring_.end(), h,
+                                [](const Point& p, uint64_t v) { return p.hash < v; });
+  const size_t first = static_cast<size_t>(start - ring_.begin());
+  for (size_t i = 0; i < ring_.size(); ++i) {
+    const Point& p = ring_[(first + i) % ring_.size()];
+    if (loads_[p.worker] < cap) return p.worker;
+  }
+  return std::min_element(loads_.begin(), loads_.end(),
+                          [](const auto& a, const auto& b) { return a.second < b.second; })
+      ->first;
+}
+
+void Router::Assign(const std::string& session, const std::string& worker) {
+  auto [it, inserted] = owner_.try_emplace(session, worker);
+  if (!inserted) {
+    if (it->second == worker) return;
+    if (auto old = loads_.find(it->second); old != loads_.end() && old->second > 0) --old->second;
+    it->second = worker;
+  }
+  ++loads_[worker];
+}
+
+StatusOr<std::string> Router::Route(const std::string& session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = owner_.find(session); it != owner_.end()) return it->second;
+  if (loads_.empty()) return Unavailable("no healthy worker to route session to");
+  if (owner_.size() >= options_.max_sessions) {
+    return ResourceExhausted("router holds " + std::to_string(owner_.size()) +
+                             " sessions, the limit (--max-sessions)");
+  }
+  const std::string worker = Place(session, HashString(session), Cap(owner_.size() + 1));
+  Assign(session, worker);
+  return worker;
+}
+
+std::string Router::OwnerOf(const std::string& session) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = owner_.find(session);
+  return it == owner_.end() ? std::string() : it->second;
+}
+
+bool Router::Release(const std::string& session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = owner_.find(session);
+  if (it == owner_.end()) return false;
+  if (auto l = loads_.find(it->second); l != loads_.end() && l->second > 0) --l->second;
+  owner_.erase(it);
+  return true;
+}
+
+// Sessions are visited in hash order so the result does not depend on insertion order.
+static std::vector<std::pair<uint64_t, std::string>> ByHash(
+    const std::unordered_map<std::string, std::string>& owner) {
+  std::vector<std::pair<uint64_t, std::string>> v;
+  v.reserve(owner.size());
+  for (const auto& [s, w] : owner) v.emplace_back(HashString(s), s);
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+void Router::ShedOverload() {
+  const size_t cap = Cap(owner_.size());
+  for (const auto& [h, s] : ByHash(owner_)) {
+    const std::string w = owner_[s];  // a copy: erased below
+    if (loads_[w] <= cap) continue;
+    --loads_[w];  // take it out before choosing so it is not placed back
+    owner_.erase(s);
+    const std::string dest = Place(s, h, cap);
+    owner_[s] = dest;
+    ++loads_[dest];
+    if (dest != w) ++moves_;
+  }
+}
+
+bool Router::AddWorker(const std::string& worker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!loads_.emplace(worker, 0).second) return false;
+  RebuildRing();
+  const size_t cap = Cap(owner_.size());
+  for (const auto& [h, s] : ByHash(owner_)) {
+    if (loads_[worker] >= cap) break;
+    if (Preferred(h) != worker) continue;
+    Assign(s, worker);
+    ++moves_;
+  }
+  ShedOverload();
+  return true;
+}
+
+bool Router::RemoveWorker(const std::string& worker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (loads_.erase(worker) == 0) return false;
+  RebuildRing();
+  std::vector<std::pair<uint64_t, std::string>> orphans;
+  for (const auto& [h, s] : ByHash(owner_)) {
+    if (owner_[s] == worker) orphans.emplace_back(h, s);
+  }
+  for (const auto& [h, s] : orphans) {
+    owner_.erase(s);
+    if (loads_.empty()) continue;  // the last worker left: its sessions are unplaced
+    const std::string dest = Place(s, h, Cap(owner_.size() + 1));
+    Assign(s, dest);
+    ++moves_;
+  }
+  return true;
+}
+
+std::vector<std::string> Router::Workers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  for (const auto& [w, load] : loads_) out.push_back(w);
+  return out;
+}
+
+RouterStats Router::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  RouterStats s;
+  s.sessions = owner_.size();
+  s.moves = moves_;
+  s.loads = loads_;
+  return s;
+}
+
+}  // namespace onlineps::bridge

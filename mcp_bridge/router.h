@@ -1,0 +1,75 @@
+// Router: places each session on one worker by consistent hashing with bounded loads
+// (Mirrokni, Thorup, Zadimoghaddam 2018): a new session walks the hash ring from its
+// hash to the first worker holding fewer than ceil(c * m / n) sessions (m sessions
+// including the new one, n workers, c = load_factor). A placed session stays where it
+// is until its worker leaves; adding a worker moves to it the sessions whose ring
+// position it now owns (about 1/N of them), and whatever keeps another worker above
+// the bound. Thread-safe.
+#ifndef ONLINEPS_MCP_BRIDGE_ROUTER_H_
+#define ONLINEPS_MCP_BRIDGE_ROUTER_H_
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+
+namespace onlineps::bridge {
+
+struct RouterOptions {
+  double load_factor = 1.25;  // c >= 1: no worker above ceil(c * mean) sessions
+  int virtual_nodes = 160;    // ring points per worker
+  size_t max_sessions = 100000;
+};
+
+struct RouterStats {
+  size_t sessions = 0;
+  uint64_t moves = 0;                   // sessions moved by membership changes, in all
+  std::map<std::string, size_t> loads;  // worker -> sessions (every member, even 0)
+};
+
+class Router {
+ public:
+  explicit Router(RouterOptions options);
+
+  // Membership. Add/Remove return false when nothing changed. Both may move sessions.
+  bool AddWorker(const std::string& worker);
+  bool RemoveWorker(const std::string& worker);
+  std::vector<std::string> Workers() const;
+
+  // The worker owning `session`, placing it first if needed. kUnavailable when there
+  // is no worker; kResourceExhausted past max_sessions.
+  StatusOr<std::string> Route(const std::string& session);
+  // The owner without placing; "" when the session is not placed.
+  std::string OwnerOf(const std::string& session) const;
+  // Forgets a session (it ended or expired). Returns whether it was placed.
+  bool Release(const std::string& session);
+
+  RouterStats stats() const;
+
+ private:
+  struct Point {
+    uint64_t hash;
+    std::string worker;
+  };
+  size_t Cap(size_t sessions) const;                                      // REQUIRES: mu_
+  std::string Place(const std::string& session, uint64_t h, size_t cap);  // REQUIRES: mu_
+  std::string Preferred(uint64_t h) const;                                // REQUIRES: mu_
+  void RebuildRing();                                                     // REQUIRES: mu_
+  void Assign(const std::string& session, const std::string& worker);     // REQUIRES: mu_
+  void ShedOverload();                                                    // REQUIRES: mu_
+
+  const RouterOptions options_;
+  mutable std::mutex mu_;
+  std::vector<Point> ring_;                             // guarded by mu_, sorted
+  std::map<std::string, size_t> loads_;                 // guarded by mu_
+  std::unordered_map<std::string, std::string> owner_;  // guarded by mu_
+  uint64_t moves_ = 0;                                  // guarded by mu_
+};
+
+}  // namespace onlineps::bridge
+
+#endif  // ONLINEPS_MCP_BRIDGE_ROUTER_H_

@@ -1,0 +1,120 @@
+#include "mcp_bridge/stdio_transport.h"
+
+#include <spdlog/spdlog.h>
+
+#include <condition_variable>
+#include <deque>
+#include <thread>
+
+namespace onlineps::bridge {
+
+using nlohmann::json;
+
+StdioTransport::StdioTransport(StdioTransportOptions options, McpServer* server, std::FILE* in,
+                               std::FILE* out)
+    : options_(options), mcp_(server), in_(in), out_(out) {}
+
+void StdioTransport::Write(const json& message) {
+  const std::string line = message.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  std::lock_guard<std::mutex> lock(out_mu_);
+  std::fwrite(line.data(), 1, line.size(), out_);
+  std::fflush(out_);
+}
+
+size_t StdioTransport::Run() {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<json> queue;  // guarded by mu
+  bool eof = false;        // guarded by mu
+  auto session = [this] {
+    std::lock_guard<std::mutex> lock(session_mu_);
+    return session_id_;
+  };
+  auto handle = [this, &session](json m) {
+    Request r;
+    r.message = std::move(m);
+    r.session_id = session();
+    r.notify = [this](const json& n) { Write(n); };
+    const bool is_init = r.message.is_object() && r.message.value("method", json()) == "initialize";
+    if (!is_init && r.session_id.empty() && r.message.is_object() && r.message.contains("method")) {
+      if (r.message.contains("id")) {
+        Write(JsonRpcError(r.message["id"], kInvalidRequest,
+                           "Server not initialized: send initialize first"));
+      }
+      return;
+    }
+    Reply reply = mcp_->Handle(r);
+    if (!reply.new_session_id.empty()) {
+      std::lock_guard<std::mutex> lock(session_mu_);
+      if (!session_id_.empty()) mcp_->EndSession(session_id_, "");
+      session_id_ = reply.new_session_id;
+    }
+    const bool cancelled = reply.body.is_object() && reply.body.contains("error") &&
+                           reply.body["error"].value("code", 0) == -32800;
+    if (!reply.body.is_null() && !cancelled) Write(reply.body);
+  };
+  std::thread executor([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    while (true) {
+      cv.wait(lock, [&] { return eof || !queue.empty(); });
+      if (queue.empty()) return;
+      json m = std::move(queue.front());
+      queue.pop_front();
+      lock.unlock();
+      handle(std::move(m));
+      lock.lock();
+    }
+  });
+  size_t messages = 0;
+  std::string line;
+  char buf[65536];
+  bool too_long = false;
+  while (std::fgets(buf, sizeof buf, in_)) {
+    line += buf;
+    if (line.size() > options_.max_line_bytes) too_long = true;
+    if (line.empty() || line.back() != '\n') {
+      if (too_long) line.clear();  // keep reading to the end of the line, storing nothing
+      if (!std::feof(in_)) continue;
+    }
+    ++messages;
+    if (too_long) {
+      Write(JsonRpcError(nullptr, kInvalidRequest, "message longer than the line limit"));
+      too_long = false;
+      line.clear();
+      continue;
+    }
+    json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    line.clear();
+    if (m.is_discarded()) {
+      Write(JsonRpcError(nullptr, kParseError, "Parse error: the line is not valid JSON"));
+      continue;
+    }
+    // Cancellations and pings must not wait behind the call they are about.
+    const std::string method = m.is_object() && m.contains("method") && m["method"].is_string()
+                                   ? m["method"].get<std::string>()
+                                   : std::string();
+    if (method == "notifications/cancelled" || method == "ping") {
+      handle(std::move(m));
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (queue.size() >= options_.max_queued) {
+      if (m.is_object() && m.contains("id")) {
+        Write(JsonRpcError(m["id"], kServerError, "too many queued requests; retry later"));
+      }
+      continue;
+    }
+    queue.push_back(std::move(m));
+    cv.notify_one();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    eof = true;
+  }
+  cv.notify_one();
+  executor.join();
+  if (const std::string sid = session(); !sid.empty()) mcp_->EndSession(sid, "");
+  return messages;
+}
+
+}  // namespace onlineps::bridge

@@ -1,0 +1,45 @@
+// StdioTransport: MCP over stdin/stdout, one JSON-RPC message per line, one session
+// per process. Requests run in arrival order on one executor thread while the reader
+// keeps reading, so notifications/cancelled and ping are handled during a long call.
+// Only MCP messages go to stdout; logs go to stderr. Run() returns when stdin closes
+// (after the queued requests finish) or Stop() is called.
+#ifndef ONLINEPS_MCP_BRIDGE_STDIO_TRANSPORT_H_
+#define ONLINEPS_MCP_BRIDGE_STDIO_TRANSPORT_H_
+
+#include <cstdio>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "mcp_bridge/mcp_server.h"
+
+namespace onlineps::bridge {
+
+struct StdioTransportOptions {
+  size_t max_line_bytes = 4 << 20;
+  size_t max_queued = 1024;
+};
+
+class StdioTransport {
+ public:
+  StdioTransport(StdioTransportOptions options, McpServer* server, std::FILE* in = stdin,
+                 std::FILE* out = stdout);
+  // Serves until EOF on `in`. Returns the number of messages read.
+  size_t Run();
+
+ private:
+  void Write(const nlohmann::json& message);
+  void HandleLine(const std::string& line);
+
+  const StdioTransportOptions options_;
+  McpServer* const mcp_;
+  std::FILE* const in_;
+  std::FILE* const out_;
+  std::mutex out_mu_;
+  std::mutex session_mu_;
+  std::string session_id_;  // guarded by session_mu_; set by initialize
+};
+
+}  // namespace onlineps::bridge
+
+#endif  // ONLINEPS_MCP_BRIDGE_STDIO_TRANSPORT_H_

@@ -1,0 +1,386 @@
+#include "mcp_bridge/tools.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "mcp_bridge/tool_schemas.h"
+
+namespace onlineps::bridge {
+
+using nlohmann::json;
+
+namespace {
+
+ToolResult Error(std::string message) {
+  ToolResult r;
+  r.is_error = true;
+  r.error = std::move(message);
+  r.summary = "error";
+  return r;
+}
+
+// Names the first argument the tool does not take.
+std::string CheckKeys(const json& args, const std::set<std::string>& allowed,
+                      const std::string& tool) {
+  for (const auto& [k, v] : args.items()) {
+    if (allowed.count(k)) continue;
+    std::string names;
+    for (const auto& a : allowed) names += (names.empty() ? "" : ", ") + a;
+    return "unknown argument '" + k + "': " + tool + " takes " + (names.empty() ? "none" : names);
+  }
+  return "";
+}
+
+std::string CheckFeatures(const json& f, const std::string& where) {
+  if (!f.is_array()) return where + " must be an array of numbers";
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (!f[i].is_number() || !std::isfinite(f[i].get<double>())) {
+      return where + "[" + std::to_string(i) + "] is not a finite number";
+    }
+  }
+  return "";
+}
+
+// One example: exactly one of text / features, plus label when `labelled`.
+std::string CheckExample(const json& e, const std::string& where, bool labelled, size_t max_text) {
+  if (!e.is_object()) return where + " must be an object";
+  std::set<std::string> allowed = {"text", "features"};
+  if (labelled) allowed.insert("label");
+  for (const auto& [k, v] : e.items()) {
+    if (!allowed.count(k)) return where + " has an unknown field '" + k + "'";
+  }
+  const bool text = e.contains("text"), features = e.contains("features");
+  if (text == features) return where + " needs exactly one of 'text' or 'features'";
+  if (text) {
+    if (!e["text"].is_string()) return where + ".text must be a string";
+    if (e["text"].get_ref<const std::string&>().size() > max_text) {
+      return where + ".text is longer than " + std::to_string(max_text) + " bytes";
+    }
+  } else if (std::string m = CheckFeatures(e["features"], where + ".features"); !m.empty()) {
+    return m;
+  }
+  if (labelled) {
+    if (!e.contains("label")) return where + " needs a 'label'";
+    const json& l = e["label"];
+    if (!l.is_string() && !(l.is_number_integer() && l.get<int64_t>() >= 0)) {
+      return where + ".label must be a label name or a non-negative index";
+    }
+  }
+  return "";
+}
+
+// The examples of an infer or learn call: `examples`, or one at top level.
+StatusOr<json> ExamplesOf(const json& args, bool labelled, size_t max_examples, size_t max_text) {
+  json examples = json::array();
+  if (args.contains("examples")) {
+    if (args.contains("text") || args.contains("features") || args.contains("label")) {
+      return InvalidArgument("give either 'examples' or one example (text/features), not both");
+    }
+    const json& ex = args["examples"];
+    if (!ex.is_array() || ex.empty())
+      return InvalidArgument("'examples' must be a non-empty array");
+    if (ex.size() > max_examples) {
+      return InvalidArgument("'examples' has " + std::to_string(ex.size()) + " items; at most " +
+                             std::to_string(max_examples) + " per call (--max-examples)");
+    }
+    for (size_t i = 0; i < ex.size(); ++i) {
+      std::string m =
+          CheckExample(ex[i], "examples[" + std::to_string(i) + "]", labelled, max_text);
+      if (!m.empty()) return InvalidArgument(m);
+    }
+    return ex;
+  }
+  json one = json::object();
+  for (const char* k : {"text", "features", "label"}) {
+    if (args.contains(k)) one[k] = args[k];
+  }
+  if (!one.contains("text") && !one.contains("features")) {
+    return InvalidArgument(std::string("give 'text', 'features' or 'examples'") +
+                           (labelled ? " with a 'label'" : ""));
+  }
+  std::string m = CheckExample(one, "the example", labelled, max_text);
+  if (!m.empty()) return InvalidArgument(m);
+  examples.push_back(std::move(one));
+  return examples;
+}
+
+std::string WorkerError(const Status& s) { return s.ToString(); }
+
+json ContextJson(const Context& c, bool found) {
+  return {{"found", found}, {"items", c.items}, {"features", c.features}};
+}
+
+}  // namespace
+
+std::string CheckSessionName(const std::string& s) {
+  if (s.empty()) return "session must not be empty";
+  if (s.size() > 128) return "session is longer than 128 characters";
+  for (unsigned char ch : s) {
+    if (!std::isalnum(ch) && ch != '.' && ch != '_' && ch != ':' && ch != '@' && ch != '-') {
+      return "session may hold only letters, digits and . _ : @ -";
+    }
+  }
+  return "";
+}
+
+Tools::Tools(ToolsOptions options, Backend* backend, ContextStore* contexts, WorkerPool* pool,
+             Router* router)
+    : options_(options),
+      backend_(backend),
+      contexts_(contexts),
+      pool_(pool),
+      router_(router),
+      list_(ToolList()),
+      tau_hist_(1025, 0) {}
+
+bool Tools::Has(const std::string& name) const {
+  for (const json& t : list_) {
+    if (t["name"] == name) return true;
+  }
+  return false;
+}
+
+ToolResult Tools::Call(const ToolCall& c) {
+  if (!c.arguments.is_object()) return Error("arguments must be an object");
+  if (c.name == "infer") return Infer(c);
+  if (c.name == "learn") return Learn(c);
+  if (c.name == "set_context") return SetContext(c, false);
+  if (c.name == "append_context") return SetContext(c, true);
+  if (c.name == "clear_context") return ClearContext(c);
+  if (c.name == "get_context") return GetContext(c);
+  if (c.name == "model_info") return ModelInfo(c);
+  return Error("unknown tool '" + c.name + "'");
+}
+
+ToolResult Tools::Infer(const ToolCall& c) {
+  if (auto m = CheckKeys(c.arguments, {"session", "text", "features", "examples"}, "infer");
+      !m.empty()) {
+    return Error(m);
+  }
+  auto examples = ExamplesOf(c.arguments, false, options_.max_examples, options_.max_text_bytes);
+  if (!examples.ok()) return Error(examples.status().message());
+  auto r = backend_->Call(c.session, Op::kInfer, {{"examples", *examples}});
+  if (!r.ok()) return Error("infer failed: " + WorkerError(r.status()));
+  std::vector<std::string> labels;
+  for (const WorkerInfo& w : pool_->Workers()) {
+    if (w.endpoint == r->worker && w.stats.contains("labels")) {
+      labels = w.stats["labels"].get<std::vector<std::string>>();
+    }
+  }
+  json predictions = json::array();
+  for (const json& p : r->reply.value("predictions", json::array())) {
+    json scores = json::object();
+    const json& s = p.value("scores", json::array());
+    for (size_t i = 0; i < s.size(); ++i) {
+      scores[i < labels.size() ? labels[i] : std::to_string(i)] = s[i];
+    }
+    predictions.push_back(
+        {{"label", p.value("label", "")}, {"index", p.value("index", 0)}, {"scores", scores}});
+  }
+  if (predictions.empty()) return Error("infer failed: the worker returned no prediction");
+  ToolResult out;
+  out.worker = r->worker;
+  out.version = r->reply.value("version", int64_t{0});
+  out.structured = {{"label", predictions[0]["label"]},
+                    {"scores", predictions[0]["scores"]},
+                    {"predictions", predictions},
+                    {"model_version", out.version},
+                    {"params_age_ms", r->reply.value("params_age_ms", 0.0)},
+                    {"worker", r->worker}};
+  out.summary = predictions[0]["label"].get<std::string>();
+  return out;
+}
+
+void Tools::NoteLearn(int64_t version, int64_t tau) {
+  std::lock_guard<std::mutex> lock(mu_);
+  max_version_ = std::max(max_version_, version);
+  if (tau < 0) return;
+  const uint64_t t = static_cast<uint64_t>(tau);
+  ++tau_hist_[std::min<uint64_t>(t, tau_hist_.size() - 1)];
+  ++tau_count_;
+  tau_sum_ += t;
+  tau_max_ = std::max(tau_max_, t);
+}
+
+ToolResult Tools::Learn(const ToolCall& c) {
+  if (auto m =
+          CheckKeys(c.arguments, {"session", "examples", "text", "features", "label"}, "learn");
+      !m.empty()) {
+    return Error(m);
+  }
+  auto examples = ExamplesOf(c.arguments, true, options_.max_examples, options_.max_text_bytes);
+  if (!examples.ok()) return Error(examples.status().message());
+  const size_t total = examples->size(), chunk = std::max<size_t>(1, options_.learn_chunk);
+  size_t done = 0, chunks = 0;
+  double loss_sum = 0;
+  int64_t version = 0, tau = 0;
+  std::set<std::string> outcomes;
+  std::string worker;
+  while (done < total) {
+    if (c.cancelled && c.cancelled->load()) {
+      return Error("cancelled after " + std::to_string(done) + " of " + std::to_string(total) +
+                   " examples (those were learned)");
+    }
+    const size_t n = std::min(chunk, total - done);
+    json part(examples->begin() + static_cast<ptrdiff_t>(done),
+              examples->begin() + static_cast<ptrdiff_t>(done + n));
+    auto r = backend_->Call(c.session, Op::kLearn, {{"examples", part}});
+    if (!r.ok()) {
+      const bool unknown = r.status().code() == StatusCode::kDeadlineExceeded;
+      std::string m = "learn failed on examples " + std::to_string(done) + ".." +
+                      std::to_string(done + n - 1) + ": " + WorkerError(r.status());
+      m += unknown ? ". Their outcome is unknown: the worker did not answer, so they may or "
+                     "may not have been applied."
+                   : ". They were not applied.";
+      if (done > 0) m += " Examples 0.." + std::to_string(done - 1) + " were learned.";
+      ToolResult e = Error(m);
+      e.worker = worker;
+      return e;
+    }
+    worker = r->worker;
+    loss_sum += r->reply.value("loss", 0.0) * static_cast<double>(n);
+    version = std::max(version, r->reply.value("version", int64_t{0}));
+    tau = std::max(tau, r->reply.value("tau", int64_t{0}));
+    outcomes.insert(r->reply.value("outcome", std::string("applied")));
+    NoteLearn(r->reply.value("version", int64_t{0}), r->reply.value("tau", int64_t{0}));
+    done += n;
+    ++chunks;
+    if (c.progress) {
+      c.progress(static_cast<double>(done), static_cast<double>(total),
+                 "learned " + std::to_string(done) + "/" + std::to_string(total) + " examples");
+    }
+  }
+  ToolResult out;
+  out.worker = worker;
+  out.version = version;
+  out.tau = tau;
+  const std::string outcome = outcomes.size() == 1 ? *outcomes.begin() : "mixed";
+  out.structured = {{"examples", total},
+                    {"applied_examples", outcome == "applied" ? total : 0},
+                    {"loss", loss_sum / static_cast<double>(total)},
+                    {"outcome", outcome},
+                    {"model_version", version},
+                    {"staleness", tau},
+                    {"chunks", chunks},
+                    {"worker", worker}};
+  out.summary = outcome;
+  return out;
+}
+
+ToolResult Tools::SetContext(const ToolCall& c, bool append) {
+  const std::string tool = append ? "append_context" : "set_context";
+  std::set<std::string> keys = {"session", "text"};
+  if (!append) keys.insert({"items", "features"});
+  if (auto m = CheckKeys(c.arguments, keys, tool); !m.empty()) return Error(m);
+  if (c.session.empty()) {
+    return Error(tool + " needs a session: pass 'session', or call it on a stateful MCP session");
+  }
+  const json& a = c.arguments;
+  if (a.contains("text") && !a["text"].is_string()) return Error("'text' must be a string");
+  StatusOr<Context> ctx = Status(StatusCode::kInternal, "unset");
+  size_t dropped = 0;
+  if (append) {
+    if (!a.contains("text")) return Error("append_context needs 'text'");
+    ctx = contexts_->Append(c.session, a["text"].get<std::string>(), &dropped);
+  } else {
+    std::vector<std::string> items;
+    if (a.contains("items")) {
+      if (!a["items"].is_array()) return Error("'items' must be an array of strings");
+      for (size_t i = 0; i < a["items"].size(); ++i) {
+        if (!a["items"][i].is_string())
+          return Error("items[" + std::to_string(i) + "] is not a string");
+        items.push_back(a["items"][i].get<std::string>());
+      }
+    }
+    if (a.contains("text")) items.push_back(a["text"].get<std::string>());
+    std::vector<float> features;
+    if (a.contains("features")) {
+      if (auto m = CheckFeatures(a["features"], "features"); !m.empty()) return Error(m);
+      features = a["features"].get<std::vector<float>>();
+    }
+    ctx = contexts_->Set(c.session, std::move(items), std::move(features));
+  }
+  if (!ctx.ok()) return Error(tool + " refused: " + ctx.status().message());
+  ToolResult out;
+  out.structured = ContextJson(*ctx, true);
+  if (append) out.structured["dropped_items"] = dropped;
+  if (Status s = backend_->SyncContext(c.session); !s.ok()) {
+    // Stored in the bridge (authoritative); the worker gets it with the next call.
+    out.summary = "stored; worker copy pending: " + s.ToString();
+  } else {
+    out.summary = "stored";
+  }
+  return out;
+}
+
+ToolResult Tools::ClearContext(const ToolCall& c) {
+  if (auto m = CheckKeys(c.arguments, {"session"}, "clear_context"); !m.empty()) return Error(m);
+  if (c.session.empty()) return Error("clear_context needs a session");
+  ToolResult out;
+  out.structured = {{"cleared", contexts_->Clear(c.session)}};
+  (void)backend_->SyncContext(c.session);  // a failure is retried by the next call
+  out.summary = out.structured["cleared"] ? "cleared" : "none";
+  return out;
+}
+
+ToolResult Tools::GetContext(const ToolCall& c) {
+  if (auto m = CheckKeys(c.arguments, {"session"}, "get_context"); !m.empty()) return Error(m);
+  if (c.session.empty()) return Error("get_context needs a session");
+  std::optional<Context> ctx = contexts_->Get(c.session);
+  ToolResult out;
+  out.structured = ctx ? ContextJson(*ctx, true) : ContextJson(Context(), false);
+  out.summary = ctx ? "found" : "none";
+  return out;
+}
+
+ToolResult Tools::ModelInfo(const ToolCall& c) {
+  if (auto m = CheckKeys(c.arguments, {}, "model_info"); !m.empty()) return Error(m);
+  const RouterStats rs = router_->stats();
+  json workers = json::array(), labels = json::array(), tables = json::array();
+  for (const WorkerInfo& w : pool_->Workers()) {
+    auto load = rs.loads.find(w.endpoint);
+    json entry = {{"endpoint", w.endpoint},
+                  {"healthy", w.healthy},
+                  {"sessions", load == rs.loads.end() ? 0 : load->second}};
+    if (!w.last_error.empty()) entry["last_error"] = w.last_error;
+    if (w.healthy && labels.empty()) {
+      labels = w.stats.value("labels", json::array());
+      tables = w.stats.value("params", json::array());
+    }
+    if (w.stats.is_object()) {
+      entry["max_tau"] = w.stats.value("max_tau", 0);
+      entry["learn_examples"] = w.stats.value("learn_examples", 0);
+      entry["device"] = w.stats.value("device", "");
+    }
+    workers.push_back(entry);
+  }
+  json staleness;
+  int64_t version;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto quantile = [&](double q) -> int64_t {
+      if (tau_count_ == 0) return 0;
+      const uint64_t rank = static_cast<uint64_t>(std::ceil(q * static_cast<double>(tau_count_)));
+      uint64_t seen = 0;
+      for (size_t i = 0; i < tau_hist_.size(); ++i) {
+        seen += tau_hist_[i];
+        if (seen >= std::max<uint64_t>(rank, 1)) return static_cast<int64_t>(i);
+      }
+      return static_cast<int64_t>(tau_max_);
+    };
+    staleness = {{"learn_calls", tau_count_},
+                 {"mean", tau_count_ ? static_cast<double>(tau_sum_) / tau_count_ : 0.0},
+                 {"p50", quantile(0.5)},
+                 {"p99", quantile(0.99)},
+                 {"max", tau_max_}};
+    version = max_version_;
+  }
+  ToolResult out;
+  out.structured = {{"labels", labels},       {"tables", tables},   {"model_version", version},
+                    {"staleness", staleness}, {"workers", workers}, {"sessions", rs.sessions}};
+  out.summary = std::to_string(workers.size()) + " workers";
+  return out;
+}
+
+}  // namespace onlineps::bridge

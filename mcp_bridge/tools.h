@@ -1,0 +1,90 @@
+// Tools: the MCP tools the bridge serves (infer, learn, set_context, append_context,
+// clear_context, get_context, model_info), their JSON schemas, argument validation and
+// execution through the Backend. Invalid arguments and worker errors become results
+// with is_error and a message saying what is wrong (MCP: isError results, so an agent
+// can correct itself). Thread-safe.
+#ifndef ONLINEPS_MCP_BRIDGE_TOOLS_H_
+#define ONLINEPS_MCP_BRIDGE_TOOLS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "mcp_bridge/backend.h"
+#include "mcp_bridge/context_store.h"
+#include "mcp_bridge/router.h"
+#include "mcp_bridge/worker_pool.h"
+
+namespace onlineps::bridge {
+
+struct ToolsOptions {
+  size_t max_examples = 4096;  // per learn or infer call
+  size_t learn_chunk = 64;     // examples per worker call; progress is sent after each
+  size_t max_text_bytes = 64 * 1024;
+};
+
+// One tools/call as the tools see it.
+struct ToolCall {
+  std::string name;
+  nlohmann::json arguments;  // an object
+  std::string session;       // routing and context key; empty: no session
+  // Sends notifications/progress when set (the client asked with a progressToken).
+  std::function<void(double progress, double total, const std::string& message)> progress;
+  // Sends notifications/message (logging) when set.
+  std::function<void(const std::string& level, const nlohmann::json& data)> log;
+  const std::atomic<bool>* cancelled = nullptr;
+};
+
+struct ToolResult {
+  nlohmann::json structured = nlohmann::json::object();
+  bool is_error = false;
+  std::string error;  // the message when is_error
+  // For the recorder.
+  std::string worker;
+  int64_t version = -1, tau = -1;
+  std::string summary;
+};
+
+// The "session" argument of a tool: at most 128 characters of [A-Za-z0-9._:@-].
+// Returns an error message, or "" when `s` is valid.
+std::string CheckSessionName(const std::string& s);
+
+class Tools {
+ public:
+  Tools(ToolsOptions options, Backend* backend, ContextStore* contexts, WorkerPool* pool,
+        Router* router);
+
+  // The tools/list "tools" array (deterministic, the same for every client).
+  const nlohmann::json& List() const { return list_; }
+  bool Has(const std::string& name) const;
+  ToolResult Call(const ToolCall& call);
+
+ private:
+  ToolResult Infer(const ToolCall& c);
+  ToolResult Learn(const ToolCall& c);
+  ToolResult SetContext(const ToolCall& c, bool append);
+  ToolResult ClearContext(const ToolCall& c);
+  ToolResult GetContext(const ToolCall& c);
+  ToolResult ModelInfo(const ToolCall& c);
+  void NoteLearn(int64_t version, int64_t tau);
+
+  const ToolsOptions options_;
+  Backend* const backend_;
+  ContextStore* const contexts_;
+  WorkerPool* const pool_;
+  Router* const router_;
+  nlohmann::json list_;
+
+  std::mutex mu_;                   // staleness statistics from learn replies
+  std::vector<uint64_t> tau_hist_;  // guarded by mu_; [0, 1023] and one overflow bucket
+  uint64_t tau_count_ = 0, tau_sum_ = 0, tau_max_ = 0;  // guarded by mu_
+  int64_t max_version_ = 0;                             // guarded by mu_
+};
+
+}  // namespace onlineps::bridge
+
+#endif  // ONLINEPS_MCP_BRIDGE_TOOLS_H_

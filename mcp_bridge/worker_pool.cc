@@ -1,0 +1,236 @@
+#include "mcp_bridge/worker_pool.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <future>
+#include <set>
+
+namespace onlineps::bridge {
+
+using nlohmann::json;
+
+StatusOr<std::vector<std::string>> ResolveWorkers(const std::string& host_port) {
+  const size_t colon = host_port.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == host_port.size()) {
+    return InvalidArgument("--workers-dns '" + host_port + "' is not host:port");
+  }
+  const std::string host = host_port.substr(0, colon), port = host_port.substr(colon + 1);
+  if (port.find_first_not_of("0123456789") != std::string::npos) {
+    return InvalidArgument("--workers-dns '" + host_port + "': port is not a number");
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res); rc != 0) {
+    return Unavailable("cannot resolve '" + host + "': " + gai_strerror(rc));
+  }
+  std::set<std::string> out;
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    char buf[INET6_ADDRSTRLEN] = {};
+    if (a->ai_family == AF_INET) {
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr, buf, sizeof buf);
+      out.insert("tcp://" + std::string(buf) + ":" + port);
+    } else if (a->ai_family == AF_INET6) {
+      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr, buf, sizeof buf);
+      out.insert("tcp://[" + std::string(buf) + "]:" + port);
+    }
+  }
+  freeaddrinfo(res);
+  return std::vector<std::string>(out.begin(), out.end());
+}
+
+WorkerPool::WorkerPool(WorkerPoolOptions options, Router* router)
+    : options_(std::move(options)), router_(router) {}
+
+WorkerPool::~WorkerPool() { Stop(); }
+
+Status WorkerPool::Start() {
+  if (options_.endpoints.empty() && options_.dns.empty()) {
+    return InvalidArgument("no workers: give --workers and/or --workers-dns");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::string& e : options_.endpoints) {
+      if (e.rfind("tcp://", 0) != 0 && e.rfind("ipc://", 0) != 0) {
+        return InvalidArgument("worker endpoint '" + e + "' is not tcp://host:port");
+      }
+      workers_[e].info.endpoint = e;
+    }
+  }
+  if (!options_.dns.empty()) {
+    Status s = Resolve();
+    if (s.code() == StatusCode::kInvalidArgument) return s;
+    if (!s.ok())
+      spdlog::warn("worker pool: {} (retrying every {} ms)", s.ToString(),
+                   options_.dns_interval.count());
+  }
+  ProbeAll();
+  thread_ = std::thread([this] { Loop(); });
+  return Status::Ok();
+}
+
+void WorkerPool::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Status WorkerPool::Resolve() {
+  ONLINEPS_ASSIGN_OR_RETURN(std::vector<std::string> found, ResolveWorkers(options_.dns));
+  std::vector<std::string> gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::string& e : found) workers_[e].info.endpoint = e;
+    for (const std::string& e : dns_members_) {
+      const bool listed = std::count(options_.endpoints.begin(), options_.endpoints.end(), e) > 0;
+      if (!listed && std::find(found.begin(), found.end(), e) == found.end()) {
+        workers_.erase(e);
+        gone.push_back(e);
+      }
+    }
+    dns_members_ = found;
+  }
+  for (const std::string& e : gone) {
+    if (router_->RemoveWorker(e)) spdlog::info("worker pool: {} left DNS; sessions moved", e);
+  }
+  return Status::Ok();
+}
+
+std::shared_ptr<worker::WorkerClient> WorkerPool::ClientOf(const std::string& endpoint) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(endpoint);
+  if (it == workers_.end()) return nullptr;
+  if (!it->second.client) {
+    worker::WorkerClientOptions o;
+    o.endpoint = endpoint;
+    auto c = worker::WorkerClient::Connect(o);
+    if (!c.ok()) {
+      it->second.info.last_error = c.status().ToString();
+      return nullptr;
+    }
+    it->second.client = std::move(*c);
+  }
+  return it->second.client;
+}
+
+StatusOr<json> WorkerPool::Call(const std::string& endpoint, Op op, const json& body,
+                                std::chrono::milliseconds timeout) {
+  auto client = ClientOf(endpoint);
+  if (!client) return Unavailable("worker " + endpoint + " is not connected");
+  return client->Call(op, body, timeout);
+}
+
+void WorkerPool::Apply(const std::string& endpoint, const StatusOr<json>& reply) {
+  bool joined = false, left = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = workers_.find(endpoint);
+    if (it == workers_.end()) return;
+    Entry& e = it->second;
+    if (reply.ok()) {
+      const std::string instance = reply->value("instance", std::string());
+      if (!e.info.healthy || instance != e.info.instance) {
+        e.info.incarnation = next_incarnation_++;  // a new process or back from down
+        joined = !e.info.healthy;
+      }
+      e.info.healthy = true;
+      e.info.instance = instance;
+      e.info.stats = *reply;
+      e.info.last_error.clear();
+      e.failures = 0;
+    } else {
+      e.info.last_error = reply.status().ToString();
+      if (++e.failures >= options_.failures_to_down && e.info.healthy) {
+        e.info.healthy = false;
+        left = true;
+      }
+    }
+  }
+  if (joined && router_->AddWorker(endpoint)) spdlog::info("worker pool: {} is healthy", endpoint);
+  if (left && router_->RemoveWorker(endpoint)) {
+    spdlog::warn("worker pool: {} is down ({}); its sessions moved", endpoint,
+                 reply.status().ToString());
+  }
+}
+
+bool WorkerPool::Probe(const std::string& endpoint) {
+  auto client = ClientOf(endpoint);
+  StatusOr<json> reply =
+      client ? client->Call(Op::kWorkerStats, json::object(), options_.health_timeout)
+             : StatusOr<json>(Unavailable("not connected"));
+  Apply(endpoint, reply);
+  return reply.ok();
+}
+
+void WorkerPool::ProbeAll() {
+  std::vector<std::string> endpoints;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [e, entry] : workers_) endpoints.push_back(e);
+  }
+  std::vector<std::future<bool>> probes;
+  for (const std::string& e : endpoints) {
+    probes.push_back(std::async(std::launch::async, [this, e] { return Probe(e); }));
+  }
+  for (auto& p : probes) p.wait();
+}
+
+bool WorkerPool::ReportFailure(const std::string& endpoint) {
+  auto client = ClientOf(endpoint);
+  StatusOr<json> reply =
+      client ? client->Call(Op::kWorkerStats, json::object(), options_.health_timeout)
+             : StatusOr<json>(Unavailable("not connected"));
+  if (!reply.ok()) {
+    // The call already failed once: one failed probe is enough to leave the ring.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = workers_.find(endpoint); it != workers_.end()) {
+      it->second.failures = std::max(it->second.failures, options_.failures_to_down - 1);
+    }
+  }
+  Apply(endpoint, reply);
+  return reply.ok();
+}
+
+void WorkerPool::Loop() {
+  auto next_dns = std::chrono::steady_clock::now() + options_.dns_interval;
+  std::unique_lock<std::mutex> lock(stop_mu_);
+  while (!stop_cv_.wait_for(lock, options_.health_interval, [this] { return stopping_; })) {
+    lock.unlock();
+    if (!options_.dns.empty() && std::chrono::steady_clock::now() >= next_dns) {
+      if (Status s = Resolve(); !s.ok()) spdlog::warn("worker pool: {}", s.ToString());
+      next_dns = std::chrono::steady_clock::now() + options_.dns_interval;
+    }
+    ProbeAll();
+    lock.lock();
+  }
+}
+
+uint64_t WorkerPool::Incarnation(const std::string& endpoint) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(endpoint);
+  return it == workers_.end() ? 0 : it->second.info.incarnation;
+}
+
+std::vector<WorkerInfo> WorkerPool::Workers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<WorkerInfo> out;
+  for (const auto& [e, entry] : workers_) out.push_back(entry.info);
+  return out;
+}
+
+size_t WorkerPool::healthy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& [e, entry] : workers_) n += entry.info.healthy ? 1 : 0;
+  return n;
+}
+
+}  // namespace onlineps::bridge

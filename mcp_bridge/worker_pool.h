@@ -1,0 +1,100 @@
+// WorkerPool: the bridge's view of its workers. Keeps one WorkerClient per worker,
+// probes each one (worker_stats) every health_interval, and keeps the Router's
+// membership equal to the set of healthy workers. Workers come from a static list
+// and/or a DNS name resolved every dns_interval (each address becomes
+// tcp://ADDRESS:PORT, as a headless Kubernetes Service gives one per pod).
+// Thread-safe; Start/Stop from one owning thread.
+#ifndef ONLINEPS_MCP_BRIDGE_WORKER_POOL_H_
+#define ONLINEPS_MCP_BRIDGE_WORKER_POOL_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "common/wire.h"
+#include "mcp_bridge/router.h"
+#include "worker/worker_client.h"
+
+namespace onlineps::bridge {
+
+struct WorkerPoolOptions {
+  std::vector<std::string> endpoints;  // tcp://host:port
+  std::string dns;                     // "host:port"; empty: none
+  std::chrono::milliseconds dns_interval{5000};
+  std::chrono::milliseconds health_interval{500};
+  std::chrono::milliseconds health_timeout{1000};
+  int failures_to_down = 2;  // consecutive failed probes before a worker leaves the ring
+};
+
+struct WorkerInfo {
+  std::string endpoint;
+  bool healthy = false;
+  uint64_t incarnation = 0;  // changes each time the worker (re)joins or restarts
+  std::string instance;      // the worker process's instance id (worker_stats)
+  std::string last_error;
+  nlohmann::json stats;  // the last worker_stats reply
+};
+
+class WorkerPool {
+ public:
+  WorkerPool(WorkerPoolOptions options, Router* router);
+  ~WorkerPool();  // Stop()s
+
+  // Resolves, connects and runs one probe round before returning, so a healthy worker
+  // is routable at once. kInvalidArgument for a bad endpoint or DNS name.
+  Status Start();
+  void Stop();
+
+  // One call to `endpoint`. kUnavailable for a worker the pool does not know.
+  StatusOr<nlohmann::json> Call(const std::string& endpoint, Op op, const nlohmann::json& body,
+                                std::chrono::milliseconds timeout);
+  // A call to `endpoint` got no reply: probe it now and take it out of the ring if the
+  // probe fails too. Returns whether it is still healthy.
+  bool ReportFailure(const std::string& endpoint);
+
+  uint64_t Incarnation(const std::string& endpoint) const;
+  std::vector<WorkerInfo> Workers() const;
+  size_t healthy() const;
+
+ private:
+  struct Entry {
+    WorkerInfo info;
+    std::shared_ptr<worker::WorkerClient> client;  // shared: a call in flight keeps it alive
+    int failures = 0;
+  };
+  Status Resolve();  // adds and drops DNS workers
+  void ProbeAll();
+  bool Probe(const std::string& endpoint);  // returns healthy
+  void Apply(const std::string& endpoint, const StatusOr<nlohmann::json>& reply);
+  void Loop();
+  std::shared_ptr<worker::WorkerClient> ClientOf(const std::string& endpoint);
+
+  const WorkerPoolOptions options_;
+  Router* const router_;
+
+  mutable std::mutex mu_;
+  std::map<std::string, Entry> workers_;  // guarded by mu_
+  std::vector<std::string> dns_members_;  // guarded by mu_
+  uint64_t next_incarnation_ = 1;         // guarded by mu_
+
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;  // guarded by stop_mu_
+  std::thread thread_;
+};
+
+// "host:port" -> tcp://ADDRESS:PORT for each address the name resolves to (IPv6 in
+// brackets). kInvalidArgument for a bad form; kUnavailable when resolution fails.
+StatusOr<std::vector<std::string>> ResolveWorkers(const std::string& host_port);
+
+}  // namespace onlineps::bridge
+
+#endif  // ONLINEPS_MCP_BRIDGE_WORKER_POOL_H_
