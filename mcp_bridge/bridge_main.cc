@@ -67,8 +67,13 @@ void AddFlags(CLI::App& app, Flags* f) {
                  "bound to the identity)");
   app.add_option("--max-request-bytes", f->http.max_request_bytes, "Largest request body")
       ->capture_default_str();
-  app.add_option("--http-threads", f->http.threads, "HTTP connections served at once")
+  app.add_option("--http-threads", f->http.threads,
+                 "HTTP connections served at once (an idle keep-alive connection holds one "
+                 "for --keep-alive-s)")
       ->check(CLI::Range(2, 4096))
+      ->capture_default_str();
+  app.add_option("--keep-alive-s", f->http.keep_alive_s, "Idle keep-alive connection timeout")
+      ->check(CLI::Range(1, 3600))
       ->capture_default_str();
   app.add_option("--max-sessions", f->mcp.max_sessions, "MCP sessions held at once")
       ->capture_default_str();

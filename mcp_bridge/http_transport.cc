@@ -151,6 +151,7 @@ void HttpTransport::Impl::Configure() {
   server_.set_socket_options(ReuseAddrOnly);
   server_.set_payload_max_length(options_.max_request_bytes);
   server_.set_keep_alive_timeout(options_.keep_alive_s);
+  server_.set_keep_alive_max_count(options_.keep_alive_requests);
   server_.set_read_timeout(30, 0);
   server_.set_write_timeout(30, 0);
   server_.Post(options_.path,

@@ -28,8 +28,11 @@ struct HttpTransportOptions {
   std::vector<std::string> allowed_origins;
   std::map<std::string, std::string> tokens;  // bearer token -> identity; empty: no auth
   size_t max_request_bytes = 4 << 20;
-  int threads = 64;  // concurrent connections served (keep-alive holds one each)
+  // Connections served at once: each open connection, idle keep-alive ones too, holds
+  // one thread until keep_alive_s passes without a request.
+  int threads = 256;
   int keep_alive_s = 5;
+  size_t keep_alive_requests = 100000;  // requests per connection before it is closed
 };
 
 class HttpTransport {

@@ -1,0 +1,324 @@
+// The bridge's Streamable HTTP rules, through the real binary: status codes, JSON-RPC
+// errors, sessions, security checks, the stateless revision and recording.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <regex>
+
+#include "tests/bridge_cluster.h"
+
+namespace onlineps::testing {
+namespace {
+
+class BridgeHttpTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(cluster_.StartShard());
+    worker_ = cluster_.StartWorker();
+    ASSERT_FALSE(worker_.empty());
+  }
+  int Start(std::vector<std::string> flags = {}) {
+    const int port = cluster_.StartBridge({worker_}, std::move(flags));
+    EXPECT_GT(port, 0);
+    return port;
+  }
+  BridgeCluster cluster_;
+  std::string worker_;
+};
+
+json Request(int id, const std::string& method, json params = json::object()) {
+  return {{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", params}};
+}
+
+TEST_F(BridgeHttpTest, InitializeMintsAnUnguessableSessionAndNegotiates) {
+  const int port = Start();
+  McpHttp c(port), d(port);
+  const std::string sid = c.Initialize();
+  EXPECT_TRUE(std::regex_match(sid, std::regex("[0-9a-f]{32}"))) << sid;  // 128 bits
+  EXPECT_NE(d.Initialize(), sid);
+  // Every supported revision is echoed; an unknown one gets the latest.
+  for (const std::string v : {"2025-03-26", "2025-06-18", "2025-11-25", "1999-01-01"}) {
+    McpHttp e(port);
+    HttpReply r = e.Send(Request(1, "initialize",
+                                 {{"protocolVersion", v},
+                                  {"capabilities", json::object()},
+                                  {"clientInfo", {{"name", "t"}, {"version", "1"}}}}));
+    ASSERT_EQ(r.status, 200);
+    EXPECT_EQ(r.body["result"]["protocolVersion"], v == "1999-01-01" ? "2025-11-25" : v);
+    EXPECT_TRUE(r.body["result"]["capabilities"].contains("tools"));
+  }
+  McpHttp f(port);
+  HttpReply bad = f.Send(Request(1, "initialize", json::object()));
+  EXPECT_EQ(bad.body["error"]["code"], -32602);
+}
+
+TEST_F(BridgeHttpTest, StatusCodesFollowTheSpec) {
+  const int port = Start({"--max-request-bytes", "65536"});
+  McpHttp c(port);
+  ASSERT_FALSE(c.Initialize().empty());
+  // Notifications and responses: 202, no body.
+  HttpReply n = c.Send({{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}});
+  EXPECT_EQ(n.status, 202);
+  EXPECT_TRUE(n.raw.empty());
+  EXPECT_EQ(c.Send({{"jsonrpc", "2.0"}, {"id", 99}, {"result", json::object()}}).status, 202);
+  // A request without a session id: 400; an unknown one: 404.
+  McpHttp none(port);
+  EXPECT_EQ(none.Send(Request(1, "tools/list")).status, 400);
+  McpHttp unknown(port);
+  unknown.set_session("00000000000000000000000000000000");
+  HttpReply u = unknown.Send(Request(1, "tools/list"));
+  EXPECT_EQ(u.status, 404);
+  EXPECT_EQ(u.body["error"]["code"], -32001);
+  // An unsupported MCP-Protocol-Version header: 400.
+  auto h = c.Headers();
+  h.erase("MCP-Protocol-Version");
+  h.emplace("MCP-Protocol-Version", "2024-01-01");
+  EXPECT_EQ(c.Post(Request(2, "tools/list").dump(), h).status, 400);
+  // Accept without text/event-stream: 406. Content-Type not JSON: 415.
+  h = c.Headers();
+  h.erase("Accept");
+  h.emplace("Accept", "application/json");
+  EXPECT_EQ(c.Post(Request(3, "ping").dump(), h).status, 406);
+  EXPECT_EQ(c.Post(Request(4, "ping").dump(), c.Headers(), "text/plain").status, 415);
+  // Not JSON: 400 with -32700; a batch: -32600; no method: -32600.
+  HttpReply p = c.Post("{not json", c.Headers());
+  EXPECT_EQ(p.status, 400);
+  EXPECT_EQ(p.body["error"]["code"], -32700);
+  HttpReply b = c.Post("[" + Request(5, "ping").dump() + "]", c.Headers());
+  EXPECT_EQ(b.status, 400);
+  EXPECT_EQ(b.body["error"]["code"], -32600);
+  EXPECT_EQ(c.Send({{"jsonrpc", "2.0"}, {"id", 6}}).body["error"]["code"], -32600);
+  EXPECT_EQ(c.Send({{"jsonrpc", "2.0"}, {"id", nullptr}, {"method", "ping"}}).body["error"]["code"],
+            -32600);
+  // Unknown method: -32601; unknown tool: -32602; ping answers {}.
+  EXPECT_EQ(c.Send(Request(7, "resources/list")).body["error"]["code"], -32601);
+  EXPECT_EQ(c.Send(Request(8, "tools/call", {{"name", "nope"}})).body["error"]["code"], -32602);
+  EXPECT_EQ(c.Send(Request(9, "ping")).body["result"], json::object());
+  EXPECT_EQ(c.Send(Request(10, "logging/setLevel", {{"level", "loud"}})).body["error"]["code"],
+            -32602);
+  EXPECT_EQ(c.Send(Request(11, "logging/setLevel", {{"level", "info"}})).body["result"],
+            json::object());
+  // Too large: 413. GET: 405.
+  EXPECT_EQ(c.Post(std::string(70000, ' '), c.Headers()).status, 413);
+  httplib::Client raw("127.0.0.1", port);
+  EXPECT_EQ(raw.Get("/mcp", c.Headers())->status, 405);
+  // The session still serves after all of that; DELETE ends it, then 404.
+  EXPECT_EQ(c.Send(Request(12, "ping")).status, 200);
+  EXPECT_EQ(raw.Delete("/mcp", c.Headers())->status, 200);
+  EXPECT_EQ(c.Send(Request(13, "ping")).status, 404);
+  EXPECT_EQ(raw.Delete("/mcp", c.Headers())->status, 404);
+}
+
+TEST_F(BridgeHttpTest, ForeignHostAndOriginAreRefused) {
+  const int port = Start();
+  McpHttp c(port);
+  ASSERT_FALSE(c.Initialize().empty());
+  auto h = c.Headers();
+  h.emplace("Origin", "http://evil.example.com");
+  HttpReply o = c.Post(Request(1, "ping").dump(), h);
+  EXPECT_EQ(o.status, 403);
+  EXPECT_NE(o.raw.find("Origin"), std::string::npos);
+  h = c.Headers();
+  h.emplace("Origin", "http://localhost:6274");
+  EXPECT_EQ(c.Post(Request(2, "ping").dump(), h).status, 200);
+  h = c.Headers();
+  h.emplace("Host", "evil.example.com");
+  EXPECT_EQ(c.Post(Request(3, "ping").dump(), h).status, 403);
+}
+
+TEST_F(BridgeHttpTest, BearerTokensBindSessionsToTheirIdentity) {
+  const std::string file = ::testing::TempDir() + "/bridge_tokens";
+  {
+    std::ofstream f(file);
+    f << "# identity token\nalice alice-token-0123456789\nbob bob-token-0123456789ab\n";
+  }
+  const int port = Start({"--tokens-file", file});
+  McpHttp anon(port);
+  HttpReply r = anon.Send(Request(1, "initialize", {{"protocolVersion", "2025-11-25"}}));
+  EXPECT_EQ(r.status, 401);
+  anon.set_token("wrong-token-0123456789");
+  EXPECT_EQ(anon.Send(Request(1, "initialize", {{"protocolVersion", "2025-11-25"}})).status, 401);
+  McpHttp alice(port);
+  alice.set_token("alice-token-0123456789");
+  ASSERT_FALSE(alice.Initialize().empty());
+  ASSERT_FALSE(alice.Call("set_context", {{"items", {"alice's secret"}}}).value("isError", true));
+  // Bob presenting Alice's session id finds nothing.
+  McpHttp bob(port);
+  bob.set_token("bob-token-0123456789ab");
+  bob.set_session(alice.session());
+  EXPECT_EQ(
+      bob.Send(Request(2, "tools/call", {{"name", "get_context"}, {"arguments", json::object()}}))
+          .status,
+      404);
+  // Named sessions are per identity too: the same name is two contexts.
+  ASSERT_FALSE(bob.Initialize().empty());
+  alice.Call("set_context", {{"session", "shared-name"}, {"items", {"from alice"}}});
+  json got = bob.Call("get_context", {{"session", "shared-name"}});
+  EXPECT_FALSE(got["structuredContent"]["found"].get<bool>());
+}
+
+TEST_F(BridgeHttpTest, PerSessionRateLimitIsAClearError) {
+  McpHttp c(Start({"--rate-limit", "2", "--rate-burst", "3"}));
+  ASSERT_FALSE(c.Initialize().empty());
+  int limited = 0, ok = 0;
+  std::string message;
+  for (int i = 0; i < 8; ++i) {
+    int status = 0;
+    json r = c.Call("get_context", json::object(), &status);
+    if (status == 429) {
+      ++limited;
+      message = r["error"]["message"];
+    } else if (status == 200) {
+      ++ok;
+    }
+  }
+  EXPECT_GE(ok, 3);
+  EXPECT_GE(limited, 1);
+  EXPECT_NE(message.find("--rate-limit"), std::string::npos);
+}
+
+TEST_F(BridgeHttpTest, InvalidArgumentsAreToolErrorsNamingTheProblem) {
+  McpHttp c(Start());
+  ASSERT_FALSE(c.Initialize().empty());
+  struct Case {
+    std::string tool;
+    json args;
+    std::string says;
+  } cases[] = {
+      {"infer", {{"txt", "x"}}, "unknown argument 'txt'"},
+      {"infer", json::object(), "give 'text', 'features' or 'examples'"},
+      {"infer", {{"text", 5}}, "text must be a string"},
+      {"infer", {{"features", {1, "a"}}}, "features[1] is not a finite number"},
+      {"learn", {{"text", "good"}}, "needs a 'label'"},
+      {"learn", {{"examples", {{{"text", "good"}, {"label", "meh"}}}}}, "meh"},
+      {"infer", {{"session", "bad name!"}, {"text", "x"}}, "session may hold only"},
+      {"set_context", {{"items", {1}}}, "items[0] is not a string"},
+      {"append_context", json::object(), "needs 'text'"},
+  };
+  for (const Case& k : cases) {
+    json r = c.Call(k.tool, k.args);
+    EXPECT_TRUE(r.value("isError", false)) << k.tool << " " << k.args.dump();
+    const std::string text = r["content"][0]["text"];
+    EXPECT_NE(text.find(k.says), std::string::npos) << text;
+  }
+  EXPECT_FALSE(c.Call("infer", {{"text", "still serving"}}).value("isError", true));
+}
+
+TEST_F(BridgeHttpTest, LongLearnStreamsProgressOverSse) {
+  McpHttp c(Start({"--learn-chunk", "8"}));
+  ASSERT_FALSE(c.Initialize().empty());
+  json examples = json::array();
+  for (int i = 0; i < 40; ++i) {
+    examples.push_back(
+        {{"text", i % 2 ? "great fun" : "dull mess"}, {"label", i % 2 ? "positive" : "negative"}});
+  }
+  HttpReply r = c.Send(Request(5, "tools/call",
+                               {{"name", "learn"},
+                                {"arguments", {{"examples", examples}}},
+                                {"_meta", {{"progressToken", "tok"}}}}));
+  ASSERT_EQ(r.status, 200);
+  ASSERT_EQ(r.events.size(), 6u);  // 5 chunks of 8, then the result
+  double last = 0;
+  for (size_t i = 0; i + 1 < r.events.size(); ++i) {
+    EXPECT_EQ(r.events[i]["method"], "notifications/progress");
+    EXPECT_EQ(r.events[i]["params"]["progressToken"], "tok");
+    EXPECT_GT(r.events[i]["params"]["progress"].get<double>(), last);
+    last = r.events[i]["params"]["progress"];
+  }
+  EXPECT_EQ(last, 40.0);
+  EXPECT_EQ(r.body["id"], 5);
+  EXPECT_EQ(r.body["result"]["structuredContent"]["examples"], 40);
+  EXPECT_EQ(r.body["result"]["structuredContent"]["chunks"], 5);
+}
+
+json Modern(int id, const std::string& method, json params = json::object()) {
+  params["_meta"] = {{"io.modelcontextprotocol/protocolVersion", "2026-07-28"},
+                     {"io.modelcontextprotocol/clientCapabilities", json::object()}};
+  return Request(id, method, params);
+}
+
+httplib::Headers ModernHeaders(const std::string& method, const std::string& name = "") {
+  httplib::Headers h = {{"Accept", "application/json, text/event-stream"},
+                        {"MCP-Protocol-Version", "2026-07-28"},
+                        {"Mcp-Method", method}};
+  if (!name.empty()) h.emplace("Mcp-Name", name);
+  return h;
+}
+
+TEST_F(BridgeHttpTest, StatelessRevisionRoutesOnTheSessionHeader) {
+  McpHttp c(Start());
+  HttpReply d = c.Post(Modern(1, "server/discover").dump(), ModernHeaders("server/discover"));
+  ASSERT_EQ(d.status, 200) << d.raw;
+  EXPECT_EQ(d.body["result"]["supportedVersions"][0], "2026-07-28");
+  EXPECT_EQ(d.body["result"]["resultType"], "complete");
+  EXPECT_TRUE(d.session_id.empty());
+  // tools/list: the session property is marked for the Mcp-Param-Session header.
+  HttpReply l = c.Post(Modern(2, "tools/list").dump(), ModernHeaders("tools/list"));
+  ASSERT_EQ(l.status, 200);
+  EXPECT_EQ(l.body["result"]["tools"][0]["inputSchema"]["properties"]["session"]["x-mcp-header"],
+            "Session");
+  // A call with a session: the header must match the argument.
+  json call =
+      Modern(3, "tools/call",
+             {{"name", "set_context"}, {"arguments", {{"session", "s-42"}, {"items", {"x"}}}}});
+  HttpReply missing = c.Post(call.dump(), ModernHeaders("tools/call", "set_context"));
+  EXPECT_EQ(missing.status, 400);
+  EXPECT_EQ(missing.body["error"]["code"], -32020);
+  auto h = ModernHeaders("tools/call", "set_context");
+  h.emplace("Mcp-Param-Session", "s-42");
+  HttpReply ok = c.Post(call.dump(), h);
+  ASSERT_EQ(ok.status, 200) << ok.raw;
+  EXPECT_EQ(ok.body["result"]["resultType"], "complete");
+  json get =
+      Modern(4, "tools/call", {{"name", "get_context"}, {"arguments", {{"session", "s-42"}}}});
+  h = ModernHeaders("tools/call", "get_context");
+  h.emplace("Mcp-Param-Session", "s-42");
+  EXPECT_EQ(c.Post(get.dump(), h).body["result"]["structuredContent"]["items"], json({"x"}));
+  // Mismatches and unknowns.
+  EXPECT_EQ(c.Post(Modern(5, "tools/list").dump(), ModernHeaders("ping")).body["error"]["code"],
+            -32020);
+  HttpReply nf = c.Post(Modern(6, "nope/nothing").dump(), ModernHeaders("nope/nothing"));
+  EXPECT_EQ(nf.status, 404);
+  EXPECT_EQ(nf.body["error"]["code"], -32601);
+  json old = Modern(7, "tools/list");
+  old["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = "2030-01-01";
+  auto vh = ModernHeaders("tools/list");
+  vh.erase("MCP-Protocol-Version");
+  vh.emplace("MCP-Protocol-Version", "2026-07-28");
+  HttpReply v = c.Post(old.dump(), vh);
+  EXPECT_EQ(v.status, 400);
+}
+
+TEST_F(BridgeHttpTest, RecordWritesEveryToolCall) {
+  const std::string trace = ::testing::TempDir() + "/bridge_trace.jsonl";
+  McpHttp c(Start({"--record", trace}));
+  ASSERT_FALSE(c.Initialize().empty());
+  c.Call("learn", {{"text", "lovely"}, {"label", "positive"}});
+  c.Call("infer", {{"text", "lovely"}});
+  c.Call("infer", {{"bad", 1}});
+  std::ifstream in(trace);
+  std::vector<json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0]["kind"], "header");
+  EXPECT_EQ(lines[0]["format"], "onlineps-trace");
+  EXPECT_EQ(lines[1]["tool"], "learn");
+  EXPECT_EQ(lines[1]["seq"], 1);
+  EXPECT_EQ(lines[1]["session"], "m:" + c.session());
+  EXPECT_EQ(lines[1]["worker"], worker_);
+  EXPECT_GE(lines[1]["version"].get<int64_t>(), 1);
+  EXPECT_EQ(lines[1]["summary"], "applied");
+  EXPECT_EQ(lines[2]["tool"], "infer");
+  EXPECT_EQ(lines[2]["arguments"]["text"], "lovely");
+  EXPECT_TRUE(lines[3]["is_error"].get<bool>());
+  EXPECT_GT(lines[2]["latency_us"].get<int64_t>(), 0);
+}
+
+TEST_F(BridgeHttpTest, SigtermExitsCleanly) {
+  McpHttp c(Start());
+  ASSERT_FALSE(c.Initialize().empty());
+  EXPECT_EQ(cluster_.StopBridge(), 0);
+}
+
+}  // namespace
+}  // namespace onlineps::testing

@@ -1,0 +1,155 @@
+#include "mcp_bridge/router.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace onlineps::bridge {
+namespace {
+
+std::vector<std::string> Workers(int n) {
+  std::vector<std::string> w;
+  for (int i = 0; i < n; ++i) w.push_back("tcp://10.0.0." + std::to_string(i) + ":7400");
+  return w;
+}
+
+std::string Session(int i) { return "m:session-" + std::to_string(i); }
+
+size_t MaxLoad(const RouterStats& s) {
+  size_t m = 0;
+  for (const auto& [w, l] : s.loads) m = std::max(m, l);
+  return m;
+}
+
+TEST(RouterTest, NoWorkerIsUnavailable) {
+  Router r({});
+  auto w = r.Route("s");
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), StatusCode::kUnavailable);
+}
+
+TEST(RouterTest, SessionStaysOnItsWorker) {
+  Router r({});
+  for (const auto& w : Workers(3)) r.AddWorker(w);
+  const std::string first = r.Route("abc").value();
+  for (int i = 0; i < 100; ++i) r.Route(Session(i)).value();
+  EXPECT_EQ(r.Route("abc").value(), first);
+  EXPECT_EQ(r.OwnerOf("abc"), first);
+  EXPECT_TRUE(r.Release("abc"));
+  EXPECT_EQ(r.OwnerOf("abc"), "");
+  EXPECT_FALSE(r.Release("abc"));
+}
+
+TEST(RouterTest, NoWorkerAboveTheLoadBound) {
+  for (double c : {1.1, 1.25, 1.5}) {
+    RouterOptions o;
+    o.load_factor = c;
+    Router r(o);
+    for (const auto& w : Workers(5)) r.AddWorker(w);
+    const int m = 3000;
+    for (int i = 0; i < m; ++i) r.Route(Session(i)).value();
+    const RouterStats s = r.stats();
+    EXPECT_EQ(s.sessions, static_cast<size_t>(m));
+    EXPECT_LE(MaxLoad(s), static_cast<size_t>(std::ceil(c * m / 5.0))) << "c=" << c;
+  }
+}
+
+TEST(RouterTest, UnboundedHashingIsLessBalancedThanBoundedLoads) {
+  // The bound does work: with c = 100 (effectively plain consistent hashing) and few
+  // ring points, the fullest worker holds more than with c = 1.25.
+  auto max_load = [](double c) {
+    RouterOptions o;
+    o.load_factor = c;
+    o.virtual_nodes = 4;
+    Router r(o);
+    for (const auto& w : Workers(5)) r.AddWorker(w);
+    for (int i = 0; i < 3000; ++i) r.Route(Session(i)).value();
+    return MaxLoad(r.stats());
+  };
+  EXPECT_GT(max_load(100.0), max_load(1.25));
+}
+
+TEST(RouterTest, AddingAWorkerMovesAboutOneNthOfTheSessions) {
+  Router r({});
+  for (const auto& w : Workers(4)) r.AddWorker(w);
+  const int m = 4000;
+  std::map<std::string, std::string> before;
+  for (int i = 0; i < m; ++i) before[Session(i)] = r.Route(Session(i)).value();
+  const std::string added = "tcp://10.0.1.1:7400";
+  ASSERT_TRUE(r.AddWorker(added));
+  ASSERT_FALSE(r.AddWorker(added));
+  int moved = 0, moved_elsewhere = 0;
+  for (const auto& [s, w] : before) {
+    const std::string now = r.OwnerOf(s);
+    if (now != w) {
+      ++moved;
+      if (now != added) ++moved_elsewhere;
+    }
+  }
+  // Ideal: 1/5 of the sessions, all to the new worker.
+  EXPECT_GT(moved, m / 10);
+  EXPECT_LT(moved, m * 3 / 10);
+  EXPECT_LT(moved_elsewhere, m / 50);
+  EXPECT_EQ(r.stats().moves, static_cast<uint64_t>(moved));
+  EXPECT_LE(MaxLoad(r.stats()), static_cast<size_t>(std::ceil(1.25 * m / 5.0)));
+}
+
+TEST(RouterTest, RemovingAWorkerMovesOnlyItsSessions) {
+  Router r({});
+  const auto workers = Workers(4);
+  for (const auto& w : workers) r.AddWorker(w);
+  std::map<std::string, std::string> before;
+  for (int i = 0; i < 2000; ++i) before[Session(i)] = r.Route(Session(i)).value();
+  ASSERT_TRUE(r.RemoveWorker(workers[2]));
+  ASSERT_FALSE(r.RemoveWorker(workers[2]));
+  for (const auto& [s, w] : before) {
+    const std::string now = r.OwnerOf(s);
+    if (w == workers[2]) {
+      EXPECT_NE(now, workers[2]);
+      EXPECT_FALSE(now.empty());
+    } else {
+      EXPECT_EQ(now, w) << s;
+    }
+  }
+  EXPECT_LE(MaxLoad(r.stats()), static_cast<size_t>(std::ceil(1.25 * 2000 / 3.0)));
+}
+
+TEST(RouterTest, LastWorkerLeavingUnplacesItsSessions) {
+  Router r({});
+  r.AddWorker("tcp://a:1");
+  r.Route("s1").value();
+  r.RemoveWorker("tcp://a:1");
+  EXPECT_EQ(r.OwnerOf("s1"), "");
+  EXPECT_EQ(r.stats().sessions, 0u);
+  r.AddWorker("tcp://b:1");
+  EXPECT_EQ(r.Route("s1").value(), "tcp://b:1");
+}
+
+TEST(RouterTest, PlacementIsDeterministic) {
+  Router a({}), b({});
+  for (const auto& w : Workers(4)) a.AddWorker(w);
+  auto ws = Workers(4);
+  std::reverse(ws.begin(), ws.end());
+  for (const auto& w : ws) b.AddWorker(w);
+  for (int i = 0; i < 500; ++i) EXPECT_EQ(a.Route(Session(i)).value(), b.Route(Session(i)).value());
+}
+
+TEST(RouterTest, SessionLimitIsAClearError) {
+  RouterOptions o;
+  o.max_sessions = 3;
+  Router r(o);
+  r.AddWorker("tcp://a:1");
+  for (int i = 0; i < 3; ++i) r.Route(Session(i)).value();
+  auto w = r.Route("one-more");
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(w.status().message().find("--max-sessions"), std::string::npos);
+  EXPECT_TRUE(r.Route(Session(0)).ok());  // placed sessions still route
+}
+
+}  // namespace
+}  // namespace onlineps::bridge
