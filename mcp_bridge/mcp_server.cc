@@ -4,6 +4,7 @@
 #include <sys/random.h>
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 namespace onlineps::bridge {
@@ -131,7 +132,10 @@ Reply McpServer::Handle(const Request& req) {
     return Error(400, id, kInvalidRequest, "jsonrpc must be \"2.0\"");
   }
   if (!m.contains("method")) {
-    if (m.contains("id") && (m.contains("result") || m.contains("error"))) return Accepted();
+    if (m.contains("id") && (m.contains("result") || m.contains("error"))) {
+      DeliverResponse(m, req.session_id);
+      return Accepted();
+    }
     return Error(400, id, kInvalidRequest, "a request needs a method");
   }
   if (!m["method"].is_string()) return Error(400, id, kInvalidRequest, "method must be a string");
@@ -200,14 +204,17 @@ Reply McpServer::Initialize(const Request& req) {
     sid =
         req.session_id.empty() || sessions_.count(req.session_id) ? NewSessionId() : req.session_id;
     Session& s = sessions_[sid];
+    s.client_capabilities = params.value("capabilities", json::object());
     s.principal = req.principal;
     s.version = version;
     s.used = Clock::now();
   }
   spdlog::debug("mcp: session {} initialized ({} requested, {} negotiated)", sid.substr(0, 8),
                 requested, version);
+  json caps = Capabilities();
+  if (fixtures_) caps.update(fixtures_->Capabilities());
   Reply r = Result(id, {{"protocolVersion", version},
-                        {"capabilities", Capabilities()},
+                        {"capabilities", caps},
                         {"serverInfo", ServerInfo(options_)},
                         {"instructions", kInstructions}});
   r.new_session_id = sid;
@@ -237,7 +244,11 @@ Reply McpServer::Dispatch(const Request& req, Session*) {
   if (method == "ping") return Result(id, json::object());
   if (method == "tools/list") {
     if (params.contains("cursor")) return Error(200, id, kInvalidParams, "invalid cursor");
-    return Result(id, {{"tools", tools_->List()}});
+    json tools = tools_->List();
+    if (fixtures_) {
+      for (const json& t : fixtures_->Tools()) tools.push_back(t);
+    }
+    return Result(id, {{"tools", tools}});
   }
   if (method == "logging/setLevel") {
     const std::string level = params.value("level", json("")).is_string()
@@ -274,6 +285,12 @@ Reply McpServer::Dispatch(const Request& req, Session*) {
       it->second.inflight.erase(rid);
     return r;
   }
+  if (fixtures_) {
+    if (std::optional<FixtureReply> f = fixtures_->Handle(method, params)) {
+      if (f->error_code != 0) return Error(200, id, f->error_code, f->error_message);
+      return Result(id, f->result);
+    }
+  }
   return Error(200, id, kMethodNotFound, "Method not found: " + method);
 }
 
@@ -302,6 +319,9 @@ Reply McpServer::CallTool(const Request& req, const std::string& legacy_key,
     return Error(200, id, kInvalidParams, "tools/call needs params.name (a string)");
   }
   const std::string name = params["name"];
+  if (fixtures_ && fixtures_->HasTool(name)) {
+    return CallFixture(req, name, params.value("arguments", json::object()));
+  }
   if (!tools_->Has(name)) return Error(200, id, kInvalidParams, "Unknown tool: " + name);
   ToolCall call;
   call.name = name;
@@ -436,7 +456,11 @@ Reply McpServer::Stateless(const Request& req) {
   if (method == "ping") return Result(id, {{"resultType", "complete"}, {"_meta", server_meta}});
   if (method == "tools/list") {
     if (params.contains("cursor")) return Error(400, id, kInvalidParams, "invalid cursor");
-    return Result(id, {{"tools", tools_->List()},
+    json tools = tools_->List();
+    if (fixtures_) {
+      for (const json& t : fixtures_->Tools()) tools.push_back(t);
+    }
+    return Result(id, {{"tools", tools},
                        {"ttlMs", 3600 * 1000},
                        {"cacheScope", "public"},
                        {"resultType", "complete"},
@@ -463,6 +487,10 @@ bool McpServer::EndSession(const std::string& session_id, const std::string& pri
 bool McpServer::WantsStream(const json& m) const {
   if (!m.is_object() || m.value("method", json()) != "tools/call") return false;
   const json& params = ParamsOf(m);
+  if (fixtures_ && params.contains("name") && params["name"].is_string() &&
+      fixtures_->HasTool(params["name"])) {
+    return fixtures_->ToolStreams(params["name"]);
+  }
   if (!params.contains("_meta") || !params["_meta"].is_object() ||
       !params["_meta"].contains("progressToken")) {
     return false;
@@ -477,6 +505,85 @@ bool McpServer::HasSession(const std::string& session_id, const std::string& pri
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
   return it != sessions_.end() && it->second.principal == principal;
+}
+
+Reply McpServer::CallFixture(const Request& req, const std::string& name, const json& args) {
+  const json& id = req.message["id"];
+  const json& params = ParamsOf(req.message);
+  FixtureContext ctx;
+  ctx.notify = req.notify;
+  if (params.contains("_meta") && params["_meta"].is_object()) {
+    ctx.progress_token = params["_meta"].value("progressToken", json());
+    ctx.client_capabilities =
+        params["_meta"].value("io.modelcontextprotocol/clientCapabilities", json::object());
+  }
+  if (!req.stateless) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = sessions_.find(req.session_id); it != sessions_.end()) {
+      ctx.log_level = it->second.log_level;
+      ctx.client_capabilities = it->second.client_capabilities;
+    }
+  }
+  ctx.ask_client = [this, &req](const std::string& method, const json& p) {
+    return AskClient(req, method, p);
+  };
+  json result;
+  try {
+    result = fixtures_->CallTool(name, args.is_object() ? args : json::object(), ctx);
+  } catch (const std::exception& e) {
+    result = {{"content", {{{"type", "text"}, {"text", std::string("fixture: ") + e.what()}}}},
+              {"isError", true}};
+  }
+  if (req.stateless) result["resultType"] = "complete";
+  return Result(id, std::move(result));
+}
+
+StatusOr<json> McpServer::AskClient(const Request& req, const std::string& method,
+                                    const json& params) {
+  if (!req.notify || req.stateless) {
+    return Unavailable("no stream to send " + method + " on");
+  }
+  auto ask = std::make_shared<Ask>();
+  std::string id;
+  {
+    std::lock_guard<std::mutex> lock(ask_mu_);
+    if (asks_.size() >= 1024) return ResourceExhausted("too many requests to clients pending");
+    id = "onlineps-" + std::to_string(next_ask_++);
+    ask->session_id = req.session_id;
+    asks_[id] = ask;
+  }
+  req.notify({{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", params}});
+  std::unique_lock<std::mutex> lock(ask->mu);
+  const bool done = ask->cv.wait_for(lock, std::chrono::seconds(30), [&] { return ask->done; });
+  {
+    std::lock_guard<std::mutex> l(ask_mu_);
+    asks_.erase(id);
+  }
+  if (!done) return DeadlineExceeded("the client did not answer " + method + " within 30 s");
+  if (ask->response.contains("error")) {
+    return Status(
+        StatusCode::kFailedPrecondition,
+        "the client answered " + method + " with an error: " + ask->response["error"].dump());
+  }
+  return ask->response.value("result", json::object());
+}
+
+bool McpServer::DeliverResponse(const json& m, const std::string& session_id) {
+  if (!m["id"].is_string()) return false;
+  std::shared_ptr<Ask> ask;
+  {
+    std::lock_guard<std::mutex> lock(ask_mu_);
+    auto it = asks_.find(m["id"].get<std::string>());
+    if (it == asks_.end() || it->second->session_id != session_id) return false;
+    ask = it->second;
+  }
+  {
+    std::lock_guard<std::mutex> lock(ask->mu);
+    ask->response = m;
+    ask->done = true;
+  }
+  ask->cv.notify_all();
+  return true;
 }
 
 size_t McpServer::sessions() const {

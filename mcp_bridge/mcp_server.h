@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "mcp_bridge/fixtures.h"
 #include "mcp_bridge/recorder.h"
 #include "mcp_bridge/tools.h"
 
@@ -70,6 +71,9 @@ class McpServer {
   McpServer(McpServerOptions options, Tools* tools, Recorder* recorder,
             std::function<void(const std::string& session_key)> end_session);
 
+  // Serves the conformance fixtures too (--test-fixtures). Call before serving.
+  void SetFixtures(Fixtures* fixtures) { fixtures_ = fixtures; }
+
   Reply Handle(const Request& req);
   // DELETE: ends a session. Returns false when there is no such session (404).
   bool EndSession(const std::string& session_id, const std::string& principal);
@@ -86,6 +90,14 @@ class McpServer {
     std::string log_level = "";  // set by logging/setLevel; "" sends no log messages
     std::chrono::steady_clock::time_point used;
     std::map<std::string, std::shared_ptr<std::atomic<bool>>> inflight;  // request id -> cancel
+    nlohmann::json client_capabilities = nlohmann::json::object();
+  };
+  struct Ask {  // a request the server sent to the client, waiting for its response
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    nlohmann::json response;
+    std::string session_id;  // only that session may answer
   };
   struct Gate {  // FIFO order of one session's calls
     uint64_t next = 0, serving = 0;
@@ -103,12 +115,17 @@ class McpServer {
                  std::shared_ptr<std::atomic<bool>> cancelled);
   void Notification(const Request& req, Session* s);
   bool Allow(const std::string& key);
+  Reply CallFixture(const Request& req, const std::string& name, const nlohmann::json& args);
+  StatusOr<nlohmann::json> AskClient(const Request& req, const std::string& method,
+                                     const nlohmann::json& params);
+  bool DeliverResponse(const nlohmann::json& m, const std::string& session_id);
   std::vector<std::string> Sweep();  // REQUIRES: mu_; returns the ended session keys
   std::string NewSessionId();
 
   const McpServerOptions options_;
   Tools* const tools_;
   Recorder* const recorder_;
+  Fixtures* fixtures_ = nullptr;
   const std::function<void(const std::string&)> end_session_;
 
   mutable std::mutex mu_;
@@ -118,6 +135,10 @@ class McpServer {
   std::mutex gate_mu_;
   std::condition_variable gate_cv_;
   std::unordered_map<std::string, Gate> gates_;  // guarded by gate_mu_; erased when unused
+
+  std::mutex ask_mu_;
+  std::map<std::string, std::shared_ptr<Ask>> asks_;  // guarded by ask_mu_
+  uint64_t next_ask_ = 1;                             // guarded by ask_mu_
 
   std::mutex rate_mu_;
   std::unordered_map<std::string, Bucket> buckets_;  // guarded by rate_mu_; bounded
