@@ -149,6 +149,7 @@ void HttpTransport::Impl::Configure() {
   const int threads = std::max(2, options_.threads);
   server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   server_.set_socket_options(ReuseAddrOnly);
+  server_.set_tcp_nodelay(true);  // headers and body go out as separate writes
   server_.set_payload_max_length(options_.max_request_bytes);
   server_.set_keep_alive_timeout(options_.keep_alive_s);
   server_.set_keep_alive_max_count(options_.keep_alive_requests);

@@ -162,12 +162,9 @@ ToolResult Tools::Infer(const ToolCall& c) {
   if (!examples.ok()) return Error(examples.status().message());
   auto r = backend_->Call(c.session, Op::kInfer, {{"examples", *examples}});
   if (!r.ok()) return Error("infer failed: " + WorkerError(r.status()));
-  std::vector<std::string> labels;
-  for (const WorkerInfo& w : pool_->Workers()) {
-    if (w.endpoint == r->worker && w.stats.contains("labels")) {
-      labels = w.stats["labels"].get<std::vector<std::string>>();
-    }
-  }
+  auto labels_ptr = pool_->Labels(r->worker);
+  static const std::vector<std::string> kNone;
+  const std::vector<std::string>& labels = labels_ptr ? *labels_ptr : kNone;
   json predictions = json::array();
   for (const json& p : r->reply.value("predictions", json::array())) {
     json scores = json::object();

@@ -144,6 +144,12 @@ void WorkerPool::Apply(const std::string& endpoint, const StatusOr<json>& reply)
       e.info.healthy = true;
       e.info.instance = instance;
       e.info.stats = *reply;
+      const json& labels = reply->value("labels", json::array());
+      if (!e.labels || labels.size() != e.labels->size()) {
+        std::vector<std::string> v;
+        for (const json& l : labels) v.push_back(l.is_string() ? l.get<std::string>() : l.dump());
+        e.labels = std::make_shared<const std::vector<std::string>>(std::move(v));
+      }
       e.info.last_error.clear();
       e.failures = 0;
     } else {
@@ -217,6 +223,13 @@ uint64_t WorkerPool::Incarnation(const std::string& endpoint) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = workers_.find(endpoint);
   return it == workers_.end() ? 0 : it->second.info.incarnation;
+}
+
+std::shared_ptr<const std::vector<std::string>> WorkerPool::Labels(
+    const std::string& endpoint) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(endpoint);
+  return it == workers_.end() ? nullptr : it->second.labels;
 }
 
 std::vector<WorkerInfo> WorkerPool::Workers() const {

@@ -61,6 +61,9 @@ class WorkerPool {
   bool ReportFailure(const std::string& endpoint);
 
   uint64_t Incarnation(const std::string& endpoint) const;
+  // The model's labels as the worker reported them (empty until its first probe). Cheap:
+  // no copy of the worker's stats.
+  std::shared_ptr<const std::vector<std::string>> Labels(const std::string& endpoint) const;
   std::vector<WorkerInfo> Workers() const;
   size_t healthy() const;
 
@@ -68,6 +71,7 @@ class WorkerPool {
   struct Entry {
     WorkerInfo info;
     std::shared_ptr<worker::WorkerClient> client;  // shared: a call in flight keeps it alive
+    std::shared_ptr<const std::vector<std::string>> labels;
     int failures = 0;
   };
   Status Resolve();  // adds and drops DNS workers

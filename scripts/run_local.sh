@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
-# Sets everything up, builds, starts a local cluster on loopback (PS shards + libtorch
-# workers serving the built-in `text` demo model), teaches it a small sentiment task
-# through the worker RPC, shows predictions and the effect of a session's context, then
-# runs a short asynchronous PS workload (pushes, staleness). Ctrl-C stops everything.
+# Sets everything up, builds, and starts a local cluster on loopback: PS shards,
+# libtorch workers serving the built-in `text` demo model, and the MCP bridge. Teaches
+# the model a small sentiment task through MCP (scripts/mcp_demo.sh), runs a short
+# asynchronous PS workload, then keeps serving MCP until Ctrl-C.
 #
 # Usage: scripts/run_local.sh [--shards N] [--workers M] [--steps S] [--base-port P]
-#                             [--staleness POLICY] [--keep]
+#                             [--mcp-port P] [--staleness POLICY] [--exit]
 #   --shards N         PS shard processes (default 2)
 #   --workers M        worker processes (default 2); also threads of the PS workload
 #   --steps S          pushes per thread of the PS workload (default 300)
-#   --base-port P      shard i on P+i (admin P+100+i); worker j on P+200+j (admin P+300+j)
-#                      (default 7000)
+#   --base-port P      shard i on P+i (admin P+100+i); worker j on P+200+j (admin P+300+j);
+#                      bridge admin on P+401 (default 7000)
+#   --mcp-port P       the MCP endpoint http://127.0.0.1:P/mcp (default 7400)
 #   --staleness NAME   none | lr_over_tau | dc_constant | dc_adaptive (default lr_over_tau)
-#   --keep             keep the cluster running after the demo until Ctrl-C
+#   --exit             stop after the demo instead of serving until Ctrl-C
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-shards=2 workers=2 steps=300 base_port=7000 staleness=lr_over_tau keep=0
+shards=2 workers=2 steps=300 base_port=7000 mcp_port=7400 staleness=lr_over_tau keep=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --shards) shards=$2; shift 2 ;;
@@ -23,8 +24,10 @@ while [ $# -gt 0 ]; do
     --steps) steps=$2; shift 2 ;;
     --base-port) base_port=$2; shift 2 ;;
     --staleness) staleness=$2; shift 2 ;;
+    --mcp-port) mcp_port=$2; shift 2 ;;
     --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --exit) keep=0; shift ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_local: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -72,7 +75,14 @@ for w in "${workers_list[@]}"; do
   done
 done
 echo "run_local: $workers worker(s) (text model) on ${workers_list[*]}"
-"$root/scripts/worker_demo.sh" "$bin/onlineps_worker_cli" "${workers_list[@]}"
+"$bin/onlineps_mcp_bridge" --workers "$(IFS=,; echo "${workers_list[*]}")" --port "$mcp_port" \
+  --admin-port $((base_port + 401)) --log-level warn >"$data/bridge.out" 2>&1 &
+pids+=($!)
+mcp_url="http://127.0.0.1:$mcp_port/mcp"
+for _ in $(seq 100); do grep -q '^LISTENING' "$data/bridge.out" 2>/dev/null && break; sleep 0.1; done
+grep -q '^LISTENING' "$data/bridge.out" || { echo "run_local: the bridge did not start:" >&2; cat "$data/bridge.out" >&2; exit 1; }
+echo "run_local: MCP bridge on $mcp_url (metrics http://127.0.0.1:$((base_port + 401))/metrics)"
+"$root/scripts/mcp_demo.sh" "$mcp_url"
 
 echo "run_local: asynchronous PS workload ($workers threads x $steps pushes):"
 "$bin/onlineps_ps_cli" --shards "$list" --log-level warn demo \
@@ -80,6 +90,19 @@ echo "run_local: asynchronous PS workload ($workers threads x $steps pushes):"
 echo "run_local: staleness histogram of shard 0:"
 curl -s "http://127.0.0.1:$((base_port + 100))/metrics" | grep '^onlineps_ps_push_staleness' || true
 if [ "$keep" = 1 ]; then
-  echo "run_local: cluster keeps running; Ctrl-C to stop"
-  while true; do sleep 3600; done
+  cat <<EOT
+
+run_local: serving MCP on $mcp_url (Streamable HTTP; tools infer, learn, set_context,
+append_context, clear_context, get_context, model_info). Try it:
+
+  npx -y -p node@22 -p @modelcontextprotocol/inspector@2.12.0 -c \\
+    'mcp-inspector --cli $mcp_url --transport http --method tools/call --tool-name infer --tool-arg text="a lovely film"'
+
+or add it to an MCP client's config:
+
+  {"mcpServers": {"onlineps": {"type": "streamable-http", "url": "$mcp_url"}}}
+
+Ctrl-C stops the cluster.
+EOT
+  while true; do sleep 3600 & wait $!; done
 fi

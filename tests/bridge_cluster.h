@@ -105,6 +105,7 @@ class McpHttp {
   explicit McpHttp(int port) : client_("127.0.0.1", port) {
     client_.set_read_timeout(60, 0);
     client_.set_keep_alive(true);
+    client_.set_tcp_nodelay(true);
   }
   httplib::Headers Headers() const {
     httplib::Headers h = {{"Accept", "application/json, text/event-stream"}};

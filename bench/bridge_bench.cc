@@ -1,0 +1,321 @@
+// bridge_bench: MCP tools/call latency and throughput through the bridge, beside the
+// same infer sent straight to the worker (the floor the bridge adds to) and the same
+// load against the TypeScript reference MCP server (npm
+// @modelcontextprotocol/server-everything, its echo tool), all measured in one run.
+// Processes: a PS shard, one text-model worker, the bridge, and the TypeScript server,
+// on loopback; the load generator's threads share the machine's cores with them.
+//   bridge_bench [--seconds S] [--sessions 1,64] [--rounds R] [--bin-dir DIR]
+//                [--everything DIR]   (DIR holds node_modules/@modelcontextprotocol/...)
+// Not a test.
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/subprocess.h"
+#include "worker/worker_client.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+using onlineps::testing::Subprocess;
+
+struct Flags {
+  double seconds = 3.0;  // per figure, split over the rounds
+  int rounds = 3;        // targets alternate within each round so noise hits all
+  std::vector<int> sessions = {1, 64};
+  std::string bin_dir = ONLINEPS_BIN_DIR;
+  std::string everything = ONLINEPS_SOURCE_DIR "/bench/node";
+};
+
+struct Figure {
+  std::vector<double> us;
+  double seconds = 0;
+  uint64_t errors = 0;
+  std::string first_error;
+  double Quantile(double q) {
+    if (us.empty()) return 0;
+    std::sort(us.begin(), us.end());
+    return us[std::min(us.size() - 1, static_cast<size_t>(q * static_cast<double>(us.size())))];
+  }
+  double PerSecond() const { return seconds > 0 ? static_cast<double>(us.size()) / seconds : 0; }
+};
+
+// One client of a target: Prepare runs once per thread, Call per request.
+struct Target {
+  std::string name;
+  std::function<std::function<bool(std::string*)>(int thread)> make_caller;
+};
+
+// An MCP client over HTTP, parsing JSON or SSE replies.
+class Mcp {
+ public:
+  explicit Mcp(int port) : http_("127.0.0.1", port) {
+    http_.set_keep_alive(true);
+    http_.set_tcp_nodelay(true);
+    http_.set_read_timeout(30, 0);
+  }
+  bool Initialize(std::string* error) {
+    json r;
+    if (!Post({{"jsonrpc", "2.0"},
+               {"id", 0},
+               {"method", "initialize"},
+               {"params",
+                {{"protocolVersion", "2025-11-25"},
+                 {"capabilities", json::object()},
+                 {"clientInfo", {{"name", "bridge_bench"}, {"version", "1"}}}}}},
+              &r, error)) {
+      return false;
+    }
+    json ignored;
+    std::string e;
+    Post({{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}}, &ignored, &e);
+    return true;
+  }
+  bool Call(const std::string& tool, const json& args, std::string* error) {
+    json r;
+    if (!Post({{"jsonrpc", "2.0"},
+               {"id", ++id_},
+               {"method", "tools/call"},
+               {"params", {{"name", tool}, {"arguments", args}}}},
+              &r, error)) {
+      return false;
+    }
+    if (!r.contains("result") || r["result"].value("isError", false)) {
+      *error = r.dump().substr(0, 300);
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  bool Post(const json& m, json* reply, std::string* error) {
+    httplib::Headers h = {{"Accept", "application/json, text/event-stream"}};
+    if (!session_.empty()) {
+      h.emplace("Mcp-Session-Id", session_);
+      h.emplace("MCP-Protocol-Version", "2025-11-25");
+    }
+    auto r = http_.Post("/mcp", h, m.dump(), "application/json");
+    if (!r) {
+      *error = "HTTP error " + httplib::to_string(r.error());
+      return false;
+    }
+    if (r->status >= 300) {
+      *error = "HTTP " + std::to_string(r->status) + ": " + r->body.substr(0, 200);
+      return false;
+    }
+    if (session_.empty()) session_ = r->get_header_value("Mcp-Session-Id");
+    std::string body = r->body;
+    if (r->get_header_value("Content-Type").rfind("text/event-stream", 0) == 0) {
+      const size_t pos = body.rfind("data: ");
+      body = pos == std::string::npos ? "" : body.substr(pos + 6, body.find('\n', pos) - pos - 6);
+    }
+    *reply = body.empty() ? json() : json::parse(body, nullptr, false);
+    return true;
+  }
+
+  httplib::Client http_;
+  std::string session_;
+  int id_ = 0;
+};
+
+// Runs `threads` callers of `target` for `seconds`, appending to `fig`.
+void Run(const Target& target, int threads, double seconds, Figure* fig) {
+  std::vector<std::function<bool(std::string*)>> callers(threads);
+  for (int t = 0; t < threads; ++t) callers[t] = target.make_caller(t);
+  std::vector<std::vector<double>> lat(threads);
+  std::vector<uint64_t> errors(threads, 0);
+  std::vector<std::string> first(threads);
+  std::atomic<bool> go{false};
+  const auto warm = std::chrono::milliseconds(200);
+  std::vector<std::thread> pool;
+  Clock::time_point start, stop;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      while (!go) std::this_thread::yield();
+      const auto measure_from = start + warm;
+      while (true) {
+        const auto a = Clock::now();
+        if (a >= stop) break;
+        std::string e;
+        const bool ok = callers[t](&e);
+        const auto b = Clock::now();
+        if (a < measure_from) continue;
+        if (ok) {
+          lat[t].push_back(std::chrono::duration<double, std::micro>(b - a).count());
+        } else if (errors[t]++ == 0) {
+          first[t] = e;
+        }
+      }
+    });
+  }
+  start = Clock::now();
+  stop = start + warm +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  go = true;
+  for (auto& th : pool) th.join();
+  fig->seconds += seconds;
+  for (int t = 0; t < threads; ++t) {
+    fig->us.insert(fig->us.end(), lat[t].begin(), lat[t].end());
+    fig->errors += errors[t];
+    if (fig->first_error.empty()) fig->first_error = first[t];
+  }
+}
+
+bool WaitForHttp(int port, std::chrono::seconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    Mcp m(port);
+    std::string e;
+    if (m.Initialize(&e)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return false;
+}
+
+std::vector<int> ParseList(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  for (std::string part; std::getline(ss, part, ',');) out.push_back(std::stoi(part));
+  return out;
+}
+
+bool ParseFlags(int argc, char** argv, Flags* f) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--seconds") {
+      f->seconds = std::atof(next().c_str());
+    } else if (a == "--rounds") {
+      f->rounds = std::max(1, std::atoi(next().c_str()));
+    } else if (a == "--sessions") {
+      f->sessions = ParseList(next());
+    } else if (a == "--bin-dir") {
+      f->bin_dir = next();
+    } else if (a == "--everything") {
+      f->everything = next();
+    } else {
+      std::fprintf(stderr,
+                   "bridge_bench: unknown argument '%s'\nusage: bridge_bench [--seconds S] "
+                   "[--rounds R] [--sessions 1,64] [--bin-dir DIR] [--everything DIR]\n",
+                   a.c_str());
+      return false;
+    }
+  }
+  return f->seconds > 0 && !f->sessions.empty();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  if (!ParseFlags(argc, argv, &f)) return 2;
+  const std::string b = f.bin_dir;
+  Subprocess ps({b + "/onlineps_ps", "--shard-index", "0", "--num-shards", "1", "--listen",
+                 "tcp://127.0.0.1:0", "--admin-port", "-1", "--log-level", "warn"});
+  const std::string ps_ep = ps.WaitForLine("LISTENING ", std::chrono::seconds(30));
+  Subprocess worker({b + "/onlineps_worker", "--ps", ps_ep, "--listen", "tcp://127.0.0.1:0",
+                     "--model", "text", "--labels", "negative,positive", "--admin-port", "-1",
+                     "--log-level", "warn"});
+  const std::string worker_ep = worker.WaitForLine("LISTENING ", std::chrono::seconds(60));
+  Subprocess bridge({b + "/onlineps_mcp_bridge", "--workers", worker_ep, "--port", "0",
+                     "--admin-port", "-1", "--log-level", "warn"});
+  const std::string url = bridge.WaitForLine("LISTENING ", std::chrono::seconds(30));
+  if (ps_ep.empty() || worker_ep.empty() || url.empty()) {
+    std::fprintf(stderr, "bridge_bench: the cluster did not start (binaries in %s?)\n", b.c_str());
+    return 1;
+  }
+  const int bridge_port = std::stoi(url.substr(url.rfind(':') + 1));
+  // The TypeScript reference server on a free port.
+  const int ts_port = 20000 + static_cast<int>(getpid() % 20000);
+  setenv("PORT", std::to_string(ts_port).c_str(), 1);
+  const std::string ts_main =
+      f.everything + "/node_modules/@modelcontextprotocol/server-everything/dist/index.js";
+  Subprocess ts({"/usr/bin/node", ts_main, "streamableHttp"});
+  const bool have_ts = WaitForHttp(ts_port, std::chrono::seconds(30));
+  if (!have_ts) {
+    std::fprintf(stderr,
+                 "bridge_bench: the TypeScript server did not start (%s; run npm ci in %s)\n",
+                 ts_main.c_str(), f.everything.c_str());
+  }
+
+  onlineps::worker::WorkerClientOptions wo;
+  wo.endpoint = worker_ep;
+  auto direct = onlineps::worker::WorkerClient::Connect(wo);
+  if (!direct.ok()) return 1;
+  onlineps::worker::WorkerClient* client = direct->get();
+  const std::string text = "a lovely warm film with a dull ending";
+  std::vector<Target> targets = {
+      {"direct worker RPC",
+       [&](int t) {
+         const json body = {{"session", "bench-" + std::to_string(t)},
+                            {"examples", {{{"text", text}}}}};
+         return std::function<bool(std::string*)>([client, body](std::string* e) {
+           auto r = client->Call(onlineps::Op::kInfer, body);
+           if (!r.ok()) *e = r.status().ToString();
+           return r.ok();
+         });
+       }},
+      {"bridge tools/call infer",
+       [&](int) {
+         auto m = std::make_shared<Mcp>(bridge_port);
+         std::string e;
+         m->Initialize(&e);
+         return std::function<bool(std::string*)>([m, text](std::string* e) {
+           return m->Call("infer", {{"text", text}}, e);
+         });
+       }},
+  };
+  if (have_ts) {
+    targets.push_back({"TypeScript server-everything echo", [&](int) {
+                         auto m = std::make_shared<Mcp>(ts_port);
+                         std::string e;
+                         m->Initialize(&e);
+                         return std::function<bool(std::string*)>([m, text](std::string* e) {
+                           return m->Call("echo", {{"message", text}}, e);
+                         });
+                       }});
+  }
+  std::printf(
+      "bridge_bench: 1 PS shard, 1 text-model worker, bridge (HTTP, JSON replies), %u "
+      "cores; %.1f s per figure in %d alternating rounds\n",
+      std::thread::hardware_concurrency(), f.seconds, f.rounds);
+  std::printf("%-36s %8s %10s %10s %10s %7s\n", "target", "sessions", "p50 us", "p99 us", "calls/s",
+              "errors");
+  for (int sessions : f.sessions) {
+    std::vector<Figure> figs(targets.size());
+    for (int r = 0; r < f.rounds; ++r) {
+      for (size_t i = 0; i < targets.size(); ++i) {
+        Run(targets[i], sessions, f.seconds / f.rounds, &figs[i]);
+      }
+    }
+    for (size_t i = 0; i < targets.size(); ++i) {
+      Figure& g = figs[i];
+      std::printf("%-36s %8d %10.1f %10.1f %10.0f %7llu\n", targets[i].name.c_str(), sessions,
+                  g.Quantile(0.5), g.Quantile(0.99), g.PerSecond(),
+                  static_cast<unsigned long long>(g.errors));
+      if (g.errors) std::printf("    first error: %s\n", g.first_error.c_str());
+    }
+    const double overhead = figs[1].Quantile(0.5) - figs[0].Quantile(0.5);
+    std::printf("  sessions %d: bridge p50 overhead over direct %.1f us (target <= 500 us: %s)",
+                sessions, overhead, overhead <= 500 ? "met" : "MISSED");
+    if (have_ts) {
+      const double ratio = figs[1].PerSecond() / std::max(1.0, figs[2].PerSecond());
+      std::printf("; bridge / TypeScript calls/s %.2fx (target >= 5x: %s)", ratio,
+                  ratio >= 5 ? "met" : "MISSED");
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
