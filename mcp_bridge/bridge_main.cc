@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/signals.h"
 #include "mcp_bridge/backend.h"
+#include "mcp_bridge/bridge_metrics.h"
 #include "mcp_bridge/context_store.h"
 #include "mcp_bridge/http_transport.h"
 #include "mcp_bridge/mcp_server.h"
@@ -232,8 +233,13 @@ int main(int argc, char** argv) {
   });
 
   std::unique_ptr<onlineps::AdminServer> admin;
+  std::unique_ptr<bridge::BridgeMetrics> metrics;
   if (f.admin_port >= 0) {
     admin = std::make_unique<onlineps::AdminServer>();
+    metrics =
+        std::make_unique<bridge::BridgeMetrics>(admin->registry(), &mcp, &router, &pool, &contexts);
+    mcp.SetCallObserver([m = metrics.get()](const bridge::TraceRecord& r) { m->Observe(r); });
+    metrics->Start();
     admin->SetReadyCheck([&pool]() -> onlineps::Status {
       if (pool.healthy() == 0) return onlineps::Unavailable("no healthy worker");
       return onlineps::Status::Ok();
@@ -244,12 +250,14 @@ int main(int argc, char** argv) {
       return 2;
     }
     spdlog::info("admin on http://{}:{}/metrics", f.admin_host, *port);
+    if (f.transport == "http") std::cout << "ADMIN " << f.admin_host << ":" << *port << std::endl;
   }
 
   if (f.transport == "stdio") {
     bridge::StdioTransport stdio({}, &mcp);
     spdlog::info("serving MCP on stdio with {} healthy worker(s)", pool.healthy());
     stdio.Run();
+    if (metrics) metrics->Stop();
     pool.Stop();
     return 0;
   }
@@ -265,6 +273,7 @@ int main(int argc, char** argv) {
   const int sig = onlineps::WaitForShutdownSignal();
   spdlog::info("signal {}: stopping (in-flight calls finish first)", sig);
   http.Stop();
+  if (metrics) metrics->Stop();
   pool.Stop();
   if (admin) admin->Stop();
   return 0;

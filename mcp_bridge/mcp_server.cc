@@ -396,7 +396,7 @@ Reply McpServer::CallTool(const Request& req, const std::string& legacy_key,
   }
   const int64_t latency =
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
-  if (recorder_) {
+  if (recorder_ || observer_) {
     TraceRecord rec;
     rec.session = call.session;
     rec.tool = name;
@@ -407,7 +407,8 @@ Reply McpServer::CallTool(const Request& req, const std::string& legacy_key,
     rec.version = result.version;
     rec.tau = result.tau;
     rec.latency_us = latency;
-    recorder_->Record(rec);
+    if (recorder_) recorder_->Record(rec);
+    if (observer_) observer_(rec);
   }
   (void)version;
   Reply r = Result(id, std::move(out));

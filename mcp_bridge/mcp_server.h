@@ -73,6 +73,10 @@ class McpServer {
 
   // Serves the conformance fixtures too (--test-fixtures). Call before serving.
   void SetFixtures(Fixtures* fixtures) { fixtures_ = fixtures; }
+  // Called after every tools/call (metrics). Call before serving.
+  void SetCallObserver(std::function<void(const TraceRecord&)> observer) {
+    observer_ = std::move(observer);
+  }
 
   Reply Handle(const Request& req);
   // DELETE: ends a session. Returns false when there is no such session (404).
@@ -126,6 +130,7 @@ class McpServer {
   Tools* const tools_;
   Recorder* const recorder_;
   Fixtures* fixtures_ = nullptr;
+  std::function<void(const TraceRecord&)> observer_;
   const std::function<void(const std::string&)> end_session_;
 
   mutable std::mutex mu_;

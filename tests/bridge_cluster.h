@@ -60,7 +60,9 @@ class BridgeCluster {
     workers_[i].reset();
   }
   // Starts the bridge on any port; returns its port, or 0.
-  int StartBridge(const std::vector<std::string>& workers, std::vector<std::string> flags = {}) {
+  // With `admin_port`, the admin endpoint listens on a free port, stored there.
+  int StartBridge(const std::vector<std::string>& workers, std::vector<std::string> flags = {},
+                  int* admin_port = nullptr) {
     std::string list;
     for (const auto& w : workers) list += (list.empty() ? "" : ",") + w;
     std::vector<std::string> argv = {ONLINEPS_BIN_DIR "/onlineps_mcp_bridge",
@@ -69,7 +71,7 @@ class BridgeCluster {
                                      "--port",
                                      "0",
                                      "--admin-port",
-                                     "-1",
+                                     admin_port ? "0" : "-1",
                                      "--log-level",
                                      "warn",
                                      "--health-interval-ms",
@@ -78,6 +80,10 @@ class BridgeCluster {
                                      "500"};
     argv.insert(argv.end(), flags.begin(), flags.end());
     bridge_ = std::make_unique<Subprocess>(argv);
+    if (admin_port) {
+      const std::string admin = bridge_->WaitForLine("ADMIN ", kProcessStart);
+      *admin_port = admin.empty() ? 0 : std::stoi(admin.substr(admin.rfind(':') + 1));
+    }
     const std::string url = bridge_->WaitForLine("LISTENING ", kProcessStart);
     if (url.empty()) return 0;
     const size_t colon = url.rfind(':');

@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <regex>
+#include <thread>
 
 #include "tests/bridge_cluster.h"
 
@@ -312,6 +313,34 @@ TEST_F(BridgeHttpTest, RecordWritesEveryToolCall) {
   EXPECT_EQ(lines[2]["arguments"]["text"], "lovely");
   EXPECT_TRUE(lines[3]["is_error"].get<bool>());
   EXPECT_GT(lines[2]["latency_us"].get<int64_t>(), 0);
+}
+
+TEST_F(BridgeHttpTest, MetricsCountToolCallsAndReadinessFollowsWorkers) {
+  int admin = 0;
+  const int port = cluster_.StartBridge({worker_}, {}, &admin);
+  ASSERT_GT(admin, 0);
+  McpHttp c(port);
+  ASSERT_FALSE(c.Initialize().empty());
+  c.Call("infer", {{"text", "good"}});
+  c.Call("infer", {{"text", "good"}});
+  c.Call("infer", {{"nope", 1}});
+  c.Call("learn", {{"text", "good"}, {"label", "positive"}});
+  httplib::Client a("127.0.0.1", admin);
+  std::string metrics;
+  for (int i = 0; i < 30; ++i) {  // gauges are copied once a second
+    metrics = a.Get("/metrics")->body;
+    if (metrics.find("onlineps_bridge_mcp_sessions 1") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_NE(metrics.find("onlineps_bridge_tool_calls_total{result=\"ok\",tool=\"infer\"} 2"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("onlineps_bridge_tool_calls_total{result=\"error\",tool=\"infer\"} 1"),
+            std::string::npos);
+  EXPECT_NE(metrics.find("onlineps_bridge_learn_staleness_count 1"), std::string::npos);
+  EXPECT_NE(metrics.find("onlineps_bridge_workers{state=\"healthy\"} 1"), std::string::npos);
+  EXPECT_NE(metrics.find("onlineps_bridge_mcp_sessions 1"), std::string::npos);
+  EXPECT_EQ(a.Get("/readyz")->status, 200);
 }
 
 TEST_F(BridgeHttpTest, SigtermExitsCleanly) {

@@ -1,0 +1,97 @@
+#include "mcp_bridge/bridge_metrics.h"
+
+namespace onlineps::bridge {
+namespace {
+
+prometheus::Gauge* NewGauge(prometheus::Registry& r, const std::string& name,
+                            const std::string& help, const prometheus::Labels& labels = {}) {
+  return &prometheus::BuildGauge().Name(name).Help(help).Register(r).Add(labels);
+}
+
+prometheus::Histogram::BucketBoundaries LatencyBuckets() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+          0.1,    0.25,    0.5,    1,     2.5,    5,     10,   30};
+}
+
+}  // namespace
+
+BridgeMetrics::BridgeMetrics(std::shared_ptr<prometheus::Registry> registry, const McpServer* mcp,
+                             const Router* router, const WorkerPool* pool,
+                             const ContextStore* contexts)
+    : mcp_(mcp), router_(router), pool_(pool), contexts_(contexts) {
+  auto& r = *registry;
+  calls_ = &prometheus::BuildCounter()
+                .Name("onlineps_bridge_tool_calls_total")
+                .Help("tools/call served, by tool and result (ok or error)")
+                .Register(r);
+  duration_ = &prometheus::BuildHistogram()
+                   .Name("onlineps_bridge_tool_call_duration_seconds")
+                   .Help("time the bridge spent on a tools/call, by tool")
+                   .Register(r);
+  staleness_ = &prometheus::BuildHistogram()
+                    .Name("onlineps_bridge_learn_staleness")
+                    .Help("largest staleness (tau) the PS measured for a learn call's pushes")
+                    .Register(r)
+                    .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128,
+                                                                     256, 1024});
+  sessions_ = NewGauge(r, "onlineps_bridge_mcp_sessions", "stateful MCP sessions held");
+  routed_ = NewGauge(r, "onlineps_bridge_routed_sessions", "sessions placed on a worker");
+  contexts_gauge_ = NewGauge(r, "onlineps_bridge_contexts", "session contexts held");
+  auto& workers = prometheus::BuildGauge()
+                      .Name("onlineps_bridge_workers")
+                      .Help("workers known to the bridge, by state")
+                      .Register(r);
+  healthy_ = &workers.Add({{"state", "healthy"}});
+  down_ = &workers.Add({{"state", "down"}});
+  moves_ = &prometheus::BuildCounter()
+                .Name("onlineps_bridge_session_moves_total")
+                .Help("sessions moved to another worker by membership changes")
+                .Register(r)
+                .Add({});
+}
+
+BridgeMetrics::~BridgeMetrics() { Stop(); }
+
+void BridgeMetrics::Observe(const TraceRecord& call) {
+  calls_->Add({{"tool", call.tool}, {"result", call.is_error ? "error" : "ok"}}).Increment();
+  duration_->Add({{"tool", call.tool}}, LatencyBuckets())
+      .Observe(static_cast<double>(call.latency_us) * 1e-6);
+  if (call.tool == "learn" && call.tau >= 0) staleness_->Observe(static_cast<double>(call.tau));
+}
+
+void BridgeMetrics::Update() {
+  sessions_->Set(static_cast<double>(mcp_->sessions()));
+  const RouterStats rs = router_->stats();
+  routed_->Set(static_cast<double>(rs.sessions));
+  contexts_gauge_->Set(static_cast<double>(contexts_->stats().sessions));
+  const size_t healthy = pool_->healthy();
+  healthy_->Set(static_cast<double>(healthy));
+  down_->Set(static_cast<double>(pool_->Workers().size() - healthy));
+  std::lock_guard<std::mutex> lock(mu_);
+  const double moves = static_cast<double>(rs.moves);
+  if (moves > moves_seen_) moves_->Increment(moves - moves_seen_);
+  moves_seen_ = moves;
+}
+
+void BridgeMetrics::Start(std::chrono::milliseconds period) {
+  Update();
+  thread_ = std::thread([this, period] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, period, [this] { return stopping_; })) {
+      lock.unlock();
+      Update();
+      lock.lock();
+    }
+  });
+}
+
+void BridgeMetrics::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace onlineps::bridge
