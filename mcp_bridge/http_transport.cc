@@ -266,11 +266,16 @@ bool HttpTransport::Impl::CheckModernHeaders(const httplib::Request& req, const 
     const json args = params.value("arguments", json::object());
     const bool in_body = args.is_object() && args.contains("session");
     const bool in_header = req.has_header("Mcp-Param-Session");
-    if (in_body != in_header ||
-        (in_body && (!args["session"].is_string() ||
-                     DecodeHeaderValue(req.get_header_value("Mcp-Param-Session")) !=
-                         args["session"].get<std::string>()))) {
-      return mismatch("Mcp-Param-Session header and arguments.session differ");
+    if (in_body && !in_header) {
+      return mismatch("arguments.session is set but the Mcp-Param-Session header is missing");
+    }
+    if (in_header && !in_body) {
+      return mismatch("the Mcp-Param-Session header is set but arguments.session is not");
+    }
+    if (in_body && (!args["session"].is_string() ||
+                    DecodeHeaderValue(req.get_header_value("Mcp-Param-Session")) !=
+                        args["session"].get<std::string>())) {
+      return mismatch("the Mcp-Param-Session header and arguments.session differ");
     }
   }
   return true;

@@ -313,6 +313,7 @@ Reply McpServer::CallTool(const Request& req, const std::string& legacy_key,
                           const std::string& version,
                           std::shared_ptr<std::atomic<bool>> cancelled) {
   const auto start = Clock::now();
+  auto admitted = start, released = start;  // the span the call held its session
   const json& id = req.message["id"];
   const json& params = ParamsOf(req.message);
   if (!params.contains("name") || !params["name"].is_string()) {
@@ -368,6 +369,7 @@ Reply McpServer::CallTool(const Request& req, const std::string& legacy_key,
     ++g.users;
     const uint64_t ticket = g.next++;
     gate_cv_.wait(lock, [&] { return g.serving == ticket; });
+    admitted = Clock::now();
     lock.unlock();
     try {
       result = tools_->Call(call);
@@ -376,6 +378,7 @@ Reply McpServer::CallTool(const Request& req, const std::string& legacy_key,
       result.is_error = true;
       result.error = std::string("internal error: ") + e.what();
     }
+    released = Clock::now();
     lock.lock();
     ++g.serving;
     if (--g.users == 0) gates_.erase(call.session);
@@ -394,8 +397,9 @@ Reply McpServer::CallTool(const Request& req, const std::string& legacy_key,
     out["resultType"] = "complete";
     out["_meta"] = {{"io.modelcontextprotocol/serverInfo", ServerInfo(options_)}};
   }
+  const auto end = Clock::now();
   const int64_t latency =
-      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
+      std::chrono::duration_cast<std::chrono::microseconds>(end - start).count();
   if (recorder_ || observer_) {
     TraceRecord rec;
     rec.session = call.session;
@@ -407,6 +411,10 @@ Reply McpServer::CallTool(const Request& req, const std::string& legacy_key,
     rec.version = result.version;
     rec.tau = result.tau;
     rec.latency_us = latency;
+    rec.end_steady_us =
+        std::chrono::duration_cast<std::chrono::microseconds>(end.time_since_epoch()).count();
+    rec.wait_us = std::chrono::duration_cast<std::chrono::microseconds>(admitted - start).count();
+    rec.run_us = std::chrono::duration_cast<std::chrono::microseconds>(released - admitted).count();
     if (recorder_) recorder_->Record(rec);
     if (observer_) observer_(rec);
   }

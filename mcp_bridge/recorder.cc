@@ -46,7 +46,9 @@ StatusOr<std::unique_ptr<Recorder>> Recorder::Open(const std::string& path, uint
   header["run_id"] = RunId();
   header["source"] = "mcp_bridge";
   header["clock"] = {{"t_us", "microseconds since start_unix_us (monotonic)"},
-                     {"latency_us", "microseconds"}};
+                     {"latency_us", "microseconds"},
+                     {"wait_us", "microseconds"},
+                     {"run_us", "microseconds"}};
   header["start_unix_us"] = UnixUs();
   std::lock_guard<std::mutex> lock(r->mu_);
   if (!r->WriteLine(header.dump())) return Unavailable("--record " + path + ": write failed");
@@ -84,7 +86,7 @@ bool Recorder::WriteLine(const std::string& line) {
 
 void Recorder::Record(const TraceRecord& r) {
   json rec = {{"kind", "call"},
-              {"t_us", SteadyUs() - start_us_},
+              {"t_us", (r.end_steady_us ? r.end_steady_us : SteadyUs()) - start_us_},
               {"session", r.session},
               {"tool", r.tool},
               {"arguments", r.arguments},
@@ -93,7 +95,9 @@ void Recorder::Record(const TraceRecord& r) {
               {"worker", r.worker},
               {"version", r.version},
               {"tau", r.tau},
-              {"latency_us", r.latency_us}};
+              {"latency_us", r.latency_us},
+              {"wait_us", r.wait_us},
+              {"run_us", r.run_us}};
   std::lock_guard<std::mutex> lock(mu_);
   if (!file_) return;
   rec["seq"] = ++seq_;

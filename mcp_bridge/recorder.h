@@ -20,6 +20,9 @@ struct TraceRecord {
   bool is_error = false;
   int64_t version = -1, tau = -1;
   int64_t latency_us = 0;
+  int64_t wait_us = 0;        // of latency_us: waiting for the session's earlier calls
+  int64_t run_us = 0;         // of latency_us: the tool's own work, holding the session
+  int64_t end_steady_us = 0;  // when the call ended (steady clock, us); 0: now
 };
 
 class Recorder {

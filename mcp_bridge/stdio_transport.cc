@@ -10,6 +10,18 @@ namespace onlineps::bridge {
 
 using nlohmann::json;
 
+namespace {
+
+// A request of revision 2026-07-28 names it in its _meta; it needs no initialize.
+bool IsModern(const json& m) {
+  if (!m.is_object() || !m.contains("params") || !m["params"].is_object()) return false;
+  const json& meta = m["params"].value("_meta", json::object());
+  return meta.is_object() &&
+         meta.value("io.modelcontextprotocol/protocolVersion", json()) == kModernVersion;
+}
+
+}  // namespace
+
 StdioTransport::StdioTransport(StdioTransportOptions options, McpServer* server, std::FILE* in,
                                std::FILE* out)
     : options_(options), mcp_(server), in_(in), out_(out) {}
@@ -36,7 +48,9 @@ size_t StdioTransport::Run() {
     r.session_id = session();
     r.notify = [this](const json& n) { Write(n); };
     const bool is_init = r.message.is_object() && r.message.value("method", json()) == "initialize";
-    if (!is_init && r.session_id.empty() && r.message.is_object() && r.message.contains("method")) {
+    r.stateless = !is_init && r.session_id.empty() && IsModern(r.message);
+    if (!is_init && !r.stateless && r.session_id.empty() && r.message.is_object() &&
+        r.message.contains("method")) {
       if (r.message.contains("id")) {
         Write(JsonRpcError(r.message["id"], kInvalidRequest,
                            "Server not initialized: send initialize first"));

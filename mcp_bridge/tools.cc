@@ -42,29 +42,32 @@ std::string CheckFeatures(const json& f, const std::string& where) {
   return "";
 }
 
-// One example: exactly one of text / features, plus label when `labelled`.
+// One example: exactly one of text / features, plus label when `labelled`. `where`
+// names it in messages ("examples[3]"); empty for the call's own top-level example.
 std::string CheckExample(const json& e, const std::string& where, bool labelled, size_t max_text) {
-  if (!e.is_object()) return where + " must be an object";
+  auto field = [&](const std::string& f) { return where.empty() ? f : where + "." + f; };
+  const std::string self = where.empty() ? "the call" : where;
+  if (!e.is_object()) return self + " must be an object";
   std::set<std::string> allowed = {"text", "features"};
   if (labelled) allowed.insert("label");
   for (const auto& [k, v] : e.items()) {
-    if (!allowed.count(k)) return where + " has an unknown field '" + k + "'";
+    if (!allowed.count(k)) return self + " has an unknown field '" + k + "'";
   }
   const bool text = e.contains("text"), features = e.contains("features");
-  if (text == features) return where + " needs exactly one of 'text' or 'features'";
+  if (text == features) return self + " needs exactly one of 'text' or 'features'";
   if (text) {
-    if (!e["text"].is_string()) return where + ".text must be a string";
+    if (!e["text"].is_string()) return field("text") + " must be a string";
     if (e["text"].get_ref<const std::string&>().size() > max_text) {
-      return where + ".text is longer than " + std::to_string(max_text) + " bytes";
+      return field("text") + " is longer than " + std::to_string(max_text) + " bytes";
     }
-  } else if (std::string m = CheckFeatures(e["features"], where + ".features"); !m.empty()) {
+  } else if (std::string m = CheckFeatures(e["features"], field("features")); !m.empty()) {
     return m;
   }
   if (labelled) {
-    if (!e.contains("label")) return where + " needs a 'label'";
+    if (!e.contains("label")) return self + " needs a 'label'";
     const json& l = e["label"];
     if (!l.is_string() && !(l.is_number_integer() && l.get<int64_t>() >= 0)) {
-      return where + ".label must be a label name or a non-negative index";
+      return field("label") + " must be a label name or a non-negative index";
     }
   }
   return "";
@@ -99,7 +102,7 @@ StatusOr<json> ExamplesOf(const json& args, bool labelled, size_t max_examples, 
     return InvalidArgument(std::string("give 'text', 'features' or 'examples'") +
                            (labelled ? " with a 'label'" : ""));
   }
-  std::string m = CheckExample(one, "the example", labelled, max_text);
+  std::string m = CheckExample(one, "", labelled, max_text);
   if (!m.empty()) return InvalidArgument(m);
   examples.push_back(std::move(one));
   return examples;

@@ -343,6 +343,47 @@ TEST_F(BridgeHttpTest, MetricsCountToolCallsAndReadinessFollowsWorkers) {
   EXPECT_EQ(a.Get("/readyz")->status, 200);
 }
 
+TEST_F(BridgeHttpTest, CallsOfOneSessionRunOneAtATime) {
+  const std::string trace = ::testing::TempDir() + "/bridge_order.jsonl";
+  const int port = Start({"--record", trace});
+  McpHttp first(port);
+  const std::string sid = first.Initialize();
+  ASSERT_FALSE(sid.empty());
+  // Six connections send into the same session at once.
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([port, sid, t] {
+      McpHttp c(port);
+      c.set_session(sid);
+      for (int k = 0; k < 5; ++k) {
+        c.Call("learn", {{"examples",
+                          {{{"text", "fun " + std::to_string(t)}, {"label", "positive"}},
+                           {{"text", "dull " + std::to_string(k)}, {"label", "negative"}}}}});
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::ifstream in(trace);
+  std::vector<std::pair<int64_t, int64_t>> runs;  // [start, end] of each call's own work
+  int64_t waited = 0;
+  for (std::string line; std::getline(in, line);) {
+    json r = json::parse(line);
+    if (r["kind"] != "call") continue;
+    const int64_t start =
+        r["t_us"].get<int64_t>() - r["latency_us"].get<int64_t>() + r["wait_us"].get<int64_t>();
+    runs.emplace_back(start, start + r["run_us"].get<int64_t>());
+    waited += r["wait_us"].get<int64_t>();
+  }
+  ASSERT_EQ(runs.size(), 30u);
+  std::sort(runs.begin(), runs.end());
+  for (size_t i = 1; i < runs.size(); ++i) {
+    // +2: each of the three durations is rounded down to a microsecond.
+    EXPECT_GE(runs[i].first + 2, runs[i - 1].second)
+        << "calls " << i - 1 << " and " << i << " overlap";
+  }
+  EXPECT_GT(waited, 0);  // some calls did arrive while another one ran
+}
+
 TEST_F(BridgeHttpTest, SigtermExitsCleanly) {
   McpHttp c(Start());
   ASSERT_FALSE(c.Initialize().empty());
