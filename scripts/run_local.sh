@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
     --mcp-port) mcp_port=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     --exit) keep=0; shift ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_local: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done

@@ -27,6 +27,13 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+# Node.js and npm run the MCP client tests (tests/mcp, tests/conformance) and the
+# TypeScript peer of bench/bridge_bench. Any node >= 18 with npm will do (the tests fetch
+# node@22 from npm where they need it); Debian's packages when there is none.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  missing+=(nodejs npm)
+fi
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} packages present"
   exit 0

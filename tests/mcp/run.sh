@@ -28,4 +28,9 @@ if needs_install; then
   fi
   flock -u 9
 fi
+# The v2 SDK needs node >= 20; Debian 12's own nodejs is 18: then run on the npm package node@22.
+major=$(node -p 'process.versions.node.split(".")[0]')
+if (( major < 20 )); then
+  exec npx -y -p node@22 -c "node --test $*"
+fi
 exec node --test "$@"
