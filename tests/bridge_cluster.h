@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -71,13 +72,17 @@ class BridgeCluster {
                                      "--port",
                                      "0",
                                      "--admin-port",
-                                     admin_port ? "0" : "-1",
-                                     "--log-level",
-                                     "warn",
-                                     "--health-interval-ms",
-                                     "200",
-                                     "--health-timeout-ms",
-                                     "500"};
+                                     admin_port ? "0" : "-1"};
+    // Defaults for tests, unless `flags` sets them (a flag may be given once).
+    for (const auto& [flag, value] :
+         std::vector<std::pair<std::string, std::string>>{{"--log-level", "warn"},
+                                                          {"--health-interval-ms", "200"},
+                                                          {"--health-timeout-ms", "500"}}) {
+      if (std::find(flags.begin(), flags.end(), flag) == flags.end()) {
+        argv.push_back(flag);
+        argv.push_back(value);
+      }
+    }
     argv.insert(argv.end(), flags.begin(), flags.end());
     bridge_ = std::make_unique<Subprocess>(argv);
     if (admin_port) {

@@ -232,6 +232,38 @@ TEST_F(BridgeHttpTest, LongLearnStreamsProgressOverSse) {
   EXPECT_EQ(r.body["result"]["structuredContent"]["chunks"], 5);
 }
 
+TEST_F(BridgeHttpTest, CancelledLearnStopsBetweenChunks) {
+  const int port = Start({"--learn-chunk", "1"});
+  McpHttp c(port);
+  ASSERT_FALSE(c.Initialize().empty());
+  json examples = json::array();
+  for (int i = 0; i < 3000; ++i)
+    examples.push_back({{"text", "slow " + std::to_string(i)}, {"label", "positive"}});
+  HttpReply reply;
+  std::thread call([&] {
+    reply = c.Send(Request(77, "tools/call",
+                           {{"name", "learn"},
+                            {"arguments", {{"examples", examples}}},
+                            {"_meta", {{"progressToken", 1}}}}));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  McpHttp other(port);
+  other.set_session(c.session());
+  EXPECT_EQ(other
+                .Send({{"jsonrpc", "2.0"},
+                       {"method", "notifications/cancelled"},
+                       {"params", {{"requestId", 77}, {"reason", "test"}}}})
+                .status,
+            202);
+  call.join();
+  ASSERT_EQ(reply.status, 200);
+  EXPECT_EQ(reply.body["error"]["code"], -32800) << reply.body.dump();
+  ASSERT_GE(reply.events.size(), 2u);  // some progress, then the cancellation
+  EXPECT_LT(reply.events[reply.events.size() - 2]["params"]["progress"].get<double>(), 3000);
+  // The session serves its next call at once.
+  EXPECT_FALSE(c.Call("infer", {{"text", "after"}}).value("isError", true));
+}
+
 json Modern(int id, const std::string& method, json params = json::object()) {
   params["_meta"] = {{"io.modelcontextprotocol/protocolVersion", "2026-07-28"},
                      {"io.modelcontextprotocol/clientCapabilities", json::object()}};

@@ -186,9 +186,64 @@ TEST(BridgeRoutingTest, KillingAWorkerMidTrafficLosesNoContextAndNoAcknowledgedL
   }
   McpHttp admin(port);
   ASSERT_FALSE(admin.Initialize().empty());
-  for (const json& w : ModelInfo(admin)["workers"]) {
+  const json final_info = ModelInfo(admin);
+  for (const json& w : final_info["workers"]) {
     EXPECT_EQ(w["healthy"].get<bool>(), w["endpoint"] == w1) << w.dump();
   }
+}
+
+TEST(BridgeRoutingTest, AnInferInFlightToADeadWorkerIsRetriedOnce) {
+  BridgeCluster cluster;
+  ASSERT_TRUE(cluster.StartShard());
+  const std::string w0 = cluster.StartWorker(), w1 = cluster.StartWorker();
+  // Slow probes, so the bridge learns of the death only through the failed call.
+  const int port = cluster.StartBridge(
+      {w0, w1}, {"--infer-timeout-ms", "1500", "--health-interval-ms", "60000"});
+  ASSERT_GT(port, 0);
+  std::vector<std::unique_ptr<McpHttp>> on_w0;
+  for (int i = 0; i < 40 && on_w0.size() < 3; ++i) {
+    auto c = std::make_unique<McpHttp>(port);
+    ASSERT_FALSE(c->Initialize().empty());
+    ASSERT_FALSE(
+        c->Call("set_context", {{"items", {"kept across the retry"}}}).value("isError", true));
+    json r = c->Call("infer", {{"text", "hello"}});
+    if (r["structuredContent"]["worker"] == w0) on_w0.push_back(std::move(c));
+  }
+  ASSERT_FALSE(on_w0.empty());
+  cluster.KillWorker(0);
+  for (auto& c : on_w0) {
+    json r = c->Call("infer", {{"text", "hello"}});
+    ASSERT_FALSE(r.value("isError", true)) << r.dump();
+    EXPECT_EQ(r["structuredContent"]["worker"], w1);
+    EXPECT_EQ(c->Call("get_context", json::object())["structuredContent"]["items"][0],
+              "kept across the retry");
+  }
+}
+
+TEST(BridgeRoutingTest, WorkersFromDns) {
+  BridgeCluster cluster;
+  ASSERT_TRUE(cluster.StartShard());
+  const int wport = FreePort();
+  const std::string w = cluster.StartWorker("tcp://127.0.0.1:" + std::to_string(wport));
+  ASSERT_EQ(w, "tcp://127.0.0.1:" + std::to_string(wport));
+  // No --workers list: "localhost" resolves to 127.0.0.1 (and maybe ::1, where no worker
+  // listens: that one stays down).
+  const std::string bin = ONLINEPS_BIN_DIR "/onlineps_mcp_bridge";
+  Subprocess bridge({bin, "--workers-dns", "localhost:" + std::to_string(wport), "--port", "0",
+                     "--admin-port", "-1", "--log-level", "warn", "--health-interval-ms", "200"});
+  const std::string url = bridge.WaitForLine("LISTENING ", kProcessStart);
+  ASSERT_FALSE(url.empty());
+  McpHttp c(std::stoi(url.substr(url.rfind(':') + 1)));
+  ASSERT_FALSE(c.Initialize().empty());
+  json r = c.Call("infer", {{"text", "hello"}});
+  ASSERT_FALSE(r.value("isError", true)) << r.dump();
+  EXPECT_EQ(r["structuredContent"]["worker"], w);
+  bool listed = false;
+  const json info = ModelInfo(c);
+  for (const json& e : info["workers"]) {
+    if (e["endpoint"] == w) listed = e["healthy"].get<bool>();
+  }
+  EXPECT_TRUE(listed) << info.dump();
 }
 
 }  // namespace
