@@ -8,12 +8,14 @@
 //                [--everything DIR]   (DIR holds node_modules/@modelcontextprotocol/...)
 // Not a test.
 #include <httplib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -42,6 +44,7 @@ struct Flags {
 struct Figure {
   std::vector<double> us;
   double seconds = 0;
+  double server_cpu = 0;  // CPU seconds of the target's server processes
   uint64_t errors = 0;
   std::string first_error;
   double Quantile(double q) {
@@ -52,11 +55,29 @@ struct Figure {
   double PerSecond() const { return seconds > 0 ? static_cast<double>(us.size()) / seconds : 0; }
 };
 
-// One client of a target: Prepare runs once per thread, Call per request.
+// One client of a target: make_caller runs once per thread, its result per request.
+// `servers` are the processes serving the target, whose CPU time is charged to it.
 struct Target {
   std::string name;
   std::function<std::function<bool(std::string*)>(int thread)> make_caller;
+  std::vector<pid_t> servers;
 };
+
+// User + system CPU seconds a process has used (/proc/PID/stat), 0 if unreadable.
+double CpuSeconds(pid_t pid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (!f) return 0;
+  char buf[4096];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces
+  if (!p) return 0;
+  unsigned long utime = 0, stime = 0;
+  // Fields after ')': state(3) ... utime(14) stime(15).
+  std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime);
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
 
 // An MCP client over HTTP, parsing JSON or SSE replies.
 class Mcp {
@@ -160,11 +181,17 @@ void Run(const Target& target, int threads, double seconds, Figure* fig) {
       }
     });
   }
+  double cpu_before = 0;
+  for (pid_t p : target.servers) cpu_before += CpuSeconds(p);
   start = Clock::now();
   stop = start + warm +
          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   go = true;
   for (auto& th : pool) th.join();
+  double cpu_after = 0;
+  for (pid_t p : target.servers) cpu_after += CpuSeconds(p);
+  // The warm-up's calls are not counted; charge its CPU pro rata.
+  fig->server_cpu += (cpu_after - cpu_before) * seconds / (seconds + 0.2);
   fig->seconds += seconds;
   for (int t = 0; t < threads; ++t) {
     fig->us.insert(fig->us.end(), lat[t].begin(), lat[t].end());
@@ -266,7 +293,8 @@ int main(int argc, char** argv) {
            if (!r.ok()) *e = r.status().ToString();
            return r.ok();
          });
-       }},
+       },
+       {worker.pid()}},
       {"bridge tools/call infer",
        [&](int) {
          auto m = std::make_shared<Mcp>(bridge_port);
@@ -275,17 +303,20 @@ int main(int argc, char** argv) {
          return std::function<bool(std::string*)>([m, text](std::string* e) {
            return m->Call("infer", {{"text", text}}, e);
          });
-       }},
+       },
+       {bridge.pid(), worker.pid()}},
   };
   if (have_ts) {
-    targets.push_back({"TypeScript server-everything echo", [&](int) {
+    targets.push_back({"TypeScript server-everything echo",
+                       [&](int) {
                          auto m = std::make_shared<Mcp>(ts_port);
                          std::string e;
                          m->Initialize(&e);
                          return std::function<bool(std::string*)>([m, text](std::string* e) {
                            return m->Call("echo", {{"message", text}}, e);
                          });
-                       }});
+                       },
+                       {ts.pid()}});
   }
   std::printf(
       "bridge_bench: 1 PS shard, 1 text-model worker, bridge (HTTP, JSON replies), %u "
@@ -300,13 +331,21 @@ int main(int argc, char** argv) {
         Run(targets[i], sessions, f.seconds / f.rounds, &figs[i]);
       }
     }
+    auto cpu_per_call = [](const Figure& g) {
+      return g.us.empty() ? 0.0 : g.server_cpu * 1e6 / static_cast<double>(g.us.size());
+    };
     for (size_t i = 0; i < targets.size(); ++i) {
       Figure& g = figs[i];
-      std::printf("%-36s %8d %10.1f %10.1f %10.0f %7llu\n", targets[i].name.c_str(), sessions,
-                  g.Quantile(0.5), g.Quantile(0.99), g.PerSecond(),
+      const double cpu_us = cpu_per_call(g);
+      std::printf("%-36s %8d %10.1f %10.1f %10.0f %12.1fus %7llu\n", targets[i].name.c_str(),
+                  sessions, g.Quantile(0.5), g.Quantile(0.99), g.PerSecond(), cpu_us,
                   static_cast<unsigned long long>(g.errors));
       if (g.errors) std::printf("    first error: %s\n", g.first_error.c_str());
     }
+    std::printf(
+        "  sessions %d: the bridge's own CPU per call (bridge+worker minus worker alone) "
+        "%.1f us\n",
+        sessions, cpu_per_call(figs[1]) - cpu_per_call(figs[0]));
     const double overhead = figs[1].Quantile(0.5) - figs[0].Quantile(0.5);
     std::printf("  sessions %d: bridge p50 overhead over direct %.1f us (target <= 500 us: %s)",
                 sessions, overhead, overhead <= 500 ? "met" : "MISSED");

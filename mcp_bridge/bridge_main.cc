@@ -14,6 +14,7 @@
 #include "mcp_bridge/backend.h"
 #include "mcp_bridge/bridge_metrics.h"
 #include "mcp_bridge/context_store.h"
+#include "mcp_bridge/fixtures.h"
 #include "mcp_bridge/http_transport.h"
 #include "mcp_bridge/mcp_server.h"
 #include "mcp_bridge/recorder.h"
@@ -44,6 +45,7 @@ struct Flags {
   uint64_t record_max_bytes = 1ull << 30;
   std::string admin_host = "127.0.0.1";
   int admin_port = 9300;
+  bool test_fixtures = false;
   onlineps::LogOptions log;
 };
 
@@ -141,6 +143,9 @@ void AddToolFlags(CLI::App& app, Flags* f) {
       ->capture_default_str();
   app.add_option("--admin-port", f->admin_port, "Admin HTTP port (-1: off, 0: any)")
       ->capture_default_str();
+  app.add_flag(
+      "--test-fixtures", f->test_fixtures,
+      "Serve the MCP conformance suite's fixture tools, resources and prompts (tests only)");
   onlineps::AddLoggingFlags(app, &f->log);
 }
 
@@ -227,10 +232,16 @@ int main(int argc, char** argv) {
     }
     recorder = std::move(*r);
   }
+  std::unique_ptr<bridge::Fixtures> fixtures;  // outlives mcp
   bridge::McpServer mcp(f.mcp, &tools, recorder.get(), [&](const std::string& key) {
     contexts.Clear(key);
     backend.EndSession(key);
   });
+  if (f.test_fixtures) {
+    fixtures = bridge::NewConformanceFixtures();
+    mcp.SetFixtures(fixtures.get());
+    spdlog::warn("--test-fixtures: serving the MCP conformance fixtures (tests only)");
+  }
 
   std::unique_ptr<onlineps::AdminServer> admin;
   std::unique_ptr<bridge::BridgeMetrics> metrics;

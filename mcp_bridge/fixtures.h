@@ -34,6 +34,7 @@ struct FixtureReply {
   nlohmann::json result;
   int error_code = 0;  // 0: result
   std::string error_message;
+  nlohmann::json error_data;  // the error's "data"; null for none
 };
 
 class Fixtures {

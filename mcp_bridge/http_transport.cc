@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -69,18 +70,26 @@ void SendError(httplib::Response& res, int status, int code, const std::string& 
   res.set_content(JsonRpcError(id, code, message).dump(), kJson);
 }
 
-// Mcp-Param-* values that are not plain ASCII arrive as =?base64?...?=.
-std::string DecodeHeaderValue(const std::string& v) {
-  if (v.size() < 12 || v.rfind("=?base64?", 0) != 0 || v.substr(v.size() - 2) != "?=") return v;
+// Mcp-Param-* values that are not plain ASCII arrive as =?base64?...?= (padded base64);
+// nullopt for a malformed encoding.
+std::optional<std::string> DecodeHeaderValue(const std::string& v) {
+  if (v.size() < 11 || v.rfind("=?base64?", 0) != 0 || v.substr(v.size() - 2) != "?=") return v;
   const std::string b64 = v.substr(9, v.size() - 11);
+  if (b64.size() % 4 != 0) return std::nullopt;
   static const std::string kAlphabet =
       "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   std::string out;
   int val = 0, bits = -8;
-  for (char c : b64) {
-    const size_t pos = kAlphabet.find(c);
-    if (pos == std::string::npos) break;
-    val = (val << 6) + static_cast<int>(pos);
+  for (size_t i = 0; i < b64.size(); ++i) {
+    if (b64[i] == '=') {
+      if (i + 2 < b64.size() || b64.find_first_not_of('=', i) != std::string::npos) {
+        return std::nullopt;
+      }
+      break;
+    }
+    const size_t pos = kAlphabet.find(b64[i]);
+    if (pos == std::string::npos) return std::nullopt;
+    val = ((val << 6) + static_cast<int>(pos)) & 0xffffff;
     bits += 6;
     if (bits >= 0) {
       out.push_back(static_cast<char>((val >> bits) & 0xff));
@@ -258,7 +267,9 @@ bool HttpTransport::Impl::CheckModernHeaders(const httplib::Request& req, const 
     const std::string key = method == "resources/read" ? "uri" : "name";
     const json name = params.is_object() ? params.value(key, json()) : json();
     if (!req.has_header("Mcp-Name")) return mismatch("the Mcp-Name header is required");
-    if (!name.is_string() || DecodeHeaderValue(req.get_header_value("Mcp-Name")) != name) {
+    const auto header_name = DecodeHeaderValue(req.get_header_value("Mcp-Name"));
+    if (!header_name) return mismatch("Mcp-Name is not valid =?base64?...?= encoding");
+    if (!name.is_string() || *header_name != name.get<std::string>()) {
       return mismatch("Mcp-Name header != params." + key);
     }
   }
@@ -272,9 +283,12 @@ bool HttpTransport::Impl::CheckModernHeaders(const httplib::Request& req, const 
     if (in_header && !in_body) {
       return mismatch("the Mcp-Param-Session header is set but arguments.session is not");
     }
-    if (in_body && (!args["session"].is_string() ||
-                    DecodeHeaderValue(req.get_header_value("Mcp-Param-Session")) !=
-                        args["session"].get<std::string>())) {
+    const auto header_session = DecodeHeaderValue(req.get_header_value("Mcp-Param-Session"));
+    if (in_header && !header_session) {
+      return mismatch("Mcp-Param-Session is not valid =?base64?...?= encoding");
+    }
+    if (in_body &&
+        (!args["session"].is_string() || *header_session != args["session"].get<std::string>())) {
       return mismatch("the Mcp-Param-Session header and arguments.session differ");
     }
   }
@@ -316,6 +330,25 @@ void HttpTransport::Impl::Post(const httplib::Request& req, httplib::Response& r
   r.header_version = req.get_header_value("MCP-Protocol-Version");
   const bool is_init = m.is_object() && m.value("method", json()) == "initialize";
   r.stateless = !is_init && r.session_id.empty() && r.header_version == kModernVersion;
+  if (r.session_id.empty() && r.header_version == kModernVersion && is_init) {
+    SendError(res, 404, kMethodNotFound,
+              "Method not found: initialize is not part of revision 2026-07-28 (use "
+              "server/discover)",
+              m.value("id", json()));
+    return;
+  }
+  if (!is_init && r.session_id.empty() && !r.header_version.empty() &&
+      r.header_version != kModernVersion && !IsLegacyVersion(r.header_version)) {
+    res.status = 400;
+    res.set_content(
+        JsonRpcError(m.is_object() ? m.value("id", json()) : json(), kUnsupportedVersion,
+                     "Unsupported protocol version: " + r.header_version,
+                     {{"supported", {kModernVersion, "2025-11-25", "2025-06-18", "2025-03-26"}},
+                      {"requested", r.header_version}})
+            .dump(),
+        kJson);
+    return;
+  }
   if (!is_init && r.session_id.empty() && r.header_version.empty() && m.is_object()) {
     // A modern request without the version header still announces itself in _meta.
     const json p = m.value("params", json::object());

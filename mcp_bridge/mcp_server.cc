@@ -287,7 +287,7 @@ Reply McpServer::Dispatch(const Request& req, Session*) {
   }
   if (fixtures_) {
     if (std::optional<FixtureReply> f = fixtures_->Handle(method, params)) {
-      if (f->error_code != 0) return Error(200, id, f->error_code, f->error_message);
+      if (f->error_code != 0) return Error(200, id, f->error_code, f->error_message, f->error_data);
       return Result(id, f->result);
     }
   }
@@ -427,6 +427,17 @@ Reply McpServer::CallTool(const Request& req, const std::string& legacy_key,
   return r;
 }
 
+// Revision 2026-07-28 has no resources/subscribe (subscriptions/listen replaces it).
+json McpServer::ModernCapabilities() const {
+  json caps = {{"tools", {{"listChanged", false}}}};
+  if (fixtures_) {
+    caps.update(fixtures_->Capabilities());
+    caps.erase("logging");
+    if (caps.contains("resources")) caps["resources"].erase("subscribe");
+  }
+  return caps;
+}
+
 Reply McpServer::Stateless(const Request& req) {
   const json& m = req.message;
   const json id = m.contains("id") ? m["id"] : json();
@@ -454,7 +465,7 @@ Reply McpServer::Stateless(const Request& req) {
   if (method == "server/discover") {
     return Result(
         id, {{"supportedVersions", {kModernVersion, "2025-11-25", "2025-06-18", "2025-03-26"}},
-             {"capabilities", {{"tools", {{"listChanged", false}}}}},
+             {"capabilities", ModernCapabilities()},
              {"serverInfo", ServerInfo(options_)},
              {"instructions", kInstructions},
              {"ttlMs", 3600 * 1000},
@@ -462,7 +473,7 @@ Reply McpServer::Stateless(const Request& req) {
              {"resultType", "complete"},
              {"_meta", server_meta}});
   }
-  if (method == "ping") return Result(id, {{"resultType", "complete"}, {"_meta", server_meta}});
+  // initialize and ping are gone from 2026-07-28 (server/discover replaces both).
   if (method == "tools/list") {
     if (params.contains("cursor")) return Error(400, id, kInvalidParams, "invalid cursor");
     json tools = tools_->List();
@@ -477,6 +488,19 @@ Reply McpServer::Stateless(const Request& req) {
   }
   if (method == "tools/call") {
     return CallTool(req, "", kModernVersion, std::make_shared<std::atomic<bool>>(false));
+  }
+  static const char* kFixtureMethods[] = {"resources/list", "resources/templates/list",
+                                          "resources/read", "prompts/list",
+                                          "prompts/get",    "completion/complete"};
+  if (fixtures_ && std::find(std::begin(kFixtureMethods), std::end(kFixtureMethods), method) !=
+                       std::end(kFixtureMethods)) {
+    if (std::optional<FixtureReply> f = fixtures_->Handle(method, params)) {
+      if (f->error_code != 0) return Error(200, id, f->error_code, f->error_message, f->error_data);
+      json r = f->result;
+      r["resultType"] = "complete";
+      r["_meta"] = server_meta;
+      return Result(id, r);
+    }
   }
   return Error(404, id, kMethodNotFound, "Method not found: " + method);
 }

@@ -115,6 +115,7 @@ class McpServer {
   Reply Initialize(const Request& req);
   Reply Dispatch(const Request& req, Session* s);
   Reply Stateless(const Request& req);
+  nlohmann::json ModernCapabilities() const;
   Reply CallTool(const Request& req, const std::string& session_key, const std::string& version,
                  std::shared_ptr<std::atomic<bool>> cancelled);
   void Notification(const Request& req, Session* s);

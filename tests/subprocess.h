@@ -43,6 +43,7 @@ class Subprocess {
     if (out_ >= 0) close(out_);
   }
   bool started() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
 
   // Next stdout line starting with `prefix` (the rest of it), or "" on timeout/EOF.
   std::string WaitForLine(const std::string& prefix, std::chrono::milliseconds timeout) {
