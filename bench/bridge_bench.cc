@@ -322,8 +322,8 @@ int main(int argc, char** argv) {
       "bridge_bench: 1 PS shard, 1 text-model worker, bridge (HTTP, JSON replies), %u "
       "cores; %.1f s per figure in %d alternating rounds\n",
       std::thread::hardware_concurrency(), f.seconds, f.rounds);
-  std::printf("%-36s %8s %10s %10s %10s %7s\n", "target", "sessions", "p50 us", "p99 us", "calls/s",
-              "errors");
+  std::printf("%-36s %8s %10s %10s %10s %14s %7s\n", "target", "sessions", "p50 us", "p99 us",
+              "calls/s", "server CPU/call", "errors");
   for (int sessions : f.sessions) {
     std::vector<Figure> figs(targets.size());
     for (int r = 0; r < f.rounds; ++r) {
@@ -337,7 +337,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < targets.size(); ++i) {
       Figure& g = figs[i];
       const double cpu_us = cpu_per_call(g);
-      std::printf("%-36s %8d %10.1f %10.1f %10.0f %12.1fus %7llu\n", targets[i].name.c_str(),
+      std::printf("%-36s %8d %10.1f %10.1f %10.0f %12.1f us %7llu\n", targets[i].name.c_str(),
                   sessions, g.Quantile(0.5), g.Quantile(0.99), g.PerSecond(), cpu_us,
                   static_cast<unsigned long long>(g.errors));
       if (g.errors) std::printf("    first error: %s\n", g.first_error.c_str());

@@ -45,7 +45,7 @@ probe='{"text": "a lovely warm film"}'
 
 agent=$(open_session)
 before=$(call "$agent" infer "$probe")
-echo "mcp_demo: before learning, infer \"a lovely warm film\" -> $(field 'd["label"]' "$before") $(field 'd["scores"]' "$before")"
+echo "mcp_demo: before learning, infer \"a lovely warm film\" -> $(field 'd["label"]' "$before") $(field '{k: round(v, 3) for k, v in d["scores"].items()}' "$before")"
 for round in $(seq 40); do
   out=$(call "$agent" learn "{\"examples\": $train}")
   if [ $((round % 10)) = 0 ]; then
@@ -53,7 +53,7 @@ for round in $(seq 40); do
   fi
 done
 after=$(call "$agent" infer "$probe")
-echo "mcp_demo: after learning,  infer \"a lovely warm film\" -> $(field 'd["label"]' "$after") $(field 'd["scores"]' "$after")"
+echo "mcp_demo: after learning,  infer \"a lovely warm film\" -> $(field 'd["label"]' "$after") $(field '{k: round(v, 3) for k, v in d["scores"].items()}' "$after")"
 neg=$(call "$agent" infer '{"text": "a dull and tedious waste"}')
 echo "mcp_demo:                  infer \"a dull and tedious waste\" -> $(field 'd["label"]' "$neg")"
 
@@ -61,7 +61,7 @@ other=$(open_session)
 call "$agent" set_context '{"items": ["awful dreadful boring"]}' >/dev/null
 with=$(call "$agent" infer "$probe")
 without=$(call "$other" infer "$probe")
-echo "mcp_demo: session A with context \"awful dreadful boring\": $(field 'd["scores"]' "$with")"
-echo "mcp_demo: session B, no context:                        $(field 'd["scores"]' "$without") (context never enters the shared model)"
+echo "mcp_demo: session A with context \"awful dreadful boring\": $(field '{k: round(v, 3) for k, v in d["scores"].items()}' "$with")"
+echo "mcp_demo: session B, no context:                        $(field '{k: round(v, 3) for k, v in d["scores"].items()}' "$without") (context never enters the shared model)"
 info=$(call "$agent" model_info '{}')
 echo "mcp_demo: model_info: version $(field 'd["model_version"]' "$info"), staleness $(field 'd["staleness"]' "$info"), workers $(field '[(w["endpoint"], w["sessions"]) for w in d["workers"]]' "$info")"
