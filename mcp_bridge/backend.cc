@@ -99,6 +99,11 @@ Status Backend::SyncContext(const std::string& session) {
   return s;
 }
 
+void Backend::Forget(const std::vector<std::string>& sessions) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const std::string& s : sessions) copies_.erase(s);
+}
+
 void Backend::EndSession(const std::string& session) {
   const std::string worker = router_->OwnerOf(session);
   bool had_copy = false;

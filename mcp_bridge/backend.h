@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "common/status.h"
 #include "common/wire.h"
@@ -48,6 +49,9 @@ class Backend {
   StatusOr<Routed> Call(const std::string& session, Op op, nlohmann::json body);
   // The session ended: forgets its placement and drops the worker's copy of its context.
   void EndSession(const std::string& session);
+  // Forgets the worker copies of sessions the router released (idle): their next call
+  // re-sends the context wherever they land.
+  void Forget(const std::vector<std::string>& sessions);
   // The context changed: pushes it to the owner now (if the session is placed).
   Status SyncContext(const std::string& session);
 

@@ -4,7 +4,10 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <iostream>
+#include <mutex>
 #include <thread>
 
 #include "common/admin_server.h"
@@ -26,6 +29,36 @@
 namespace {
 
 namespace bridge = onlineps::bridge;
+
+// Runs `sweep` every 10 s on its own thread until destroyed.
+class Sweeper {
+ public:
+  explicit Sweeper(std::function<void()> sweep) : sweep_(std::move(sweep)) {
+    thread_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!cv_.wait_for(lock, std::chrono::seconds(10), [this] { return stop_; })) {
+        lock.unlock();
+        sweep_();
+        lock.lock();
+      }
+    });
+  }
+  ~Sweeper() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  const std::function<void()> sweep_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;  // guarded by mu_
+  std::thread thread_;
+};
 using std::chrono::milliseconds;
 
 struct Flags {
@@ -264,9 +297,25 @@ int main(int argc, char** argv) {
     if (f.transport == "http") std::cout << "ADMIN " << f.admin_host << ":" << *port << std::endl;
   }
 
+  // Ends idle MCP sessions, expired contexts and idle placements, so that clients that
+  // walk away without DELETE (or stateless handles never used again) free their state.
+  Sweeper sweeper([&] {
+    mcp.ExpireIdle();
+    contexts.Expire();
+    backend.Forget(router.ReleaseIdle(std::chrono::seconds(f.session_idle_s)));
+  });
+
   if (f.transport == "stdio") {
     bridge::StdioTransport stdio({}, &mcp);
     spdlog::info("serving MCP on stdio with {} healthy worker(s)", pool.healthy());
+    // The MCP stdio shutdown is: close stdin, then SIGTERM. A SIGTERM while stdin is still
+    // open must end the process too; the reader blocks in fgets, so exit from here once
+    // the message being written is out.
+    std::thread([&stdio] {
+      const int sig = onlineps::WaitForShutdownSignal();
+      spdlog::info("signal {}: exiting", sig);
+      stdio.FlushAndExit(0);
+    }).detach();
     stdio.Run();
     if (metrics) metrics->Stop();
     pool.Stop();

@@ -534,6 +534,18 @@ bool McpServer::WantsStream(const json& m) const {
          args["examples"].size() > 1;
 }
 
+size_t McpServer::ExpireIdle() {
+  std::vector<std::string> expired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    expired = Sweep();
+  }
+  for (const std::string& key : expired) {
+    if (end_session_) end_session_(key);
+  }
+  return expired.size();
+}
+
 bool McpServer::HasSession(const std::string& session_id, const std::string& principal) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);

@@ -85,6 +85,9 @@ class McpServer {
   // progress and will send some.
   bool WantsStream(const nlohmann::json& message) const;
   size_t sessions() const;
+  // Ends the MCP sessions idle past session_idle (their contexts go with them); returns
+  // how many. Called periodically by the owner (and by initialize when full).
+  size_t ExpireIdle();
   bool HasSession(const std::string& session_id, const std::string& principal) const;
 
  private:

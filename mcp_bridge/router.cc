@@ -7,7 +7,18 @@
 
 namespace onlineps::bridge {
 
-Router::Router(RouterOptions options) : options_(options) {}
+namespace {
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+Router::Router(RouterOptions options) : Router(options, SteadyMs) {}
+
+Router::Router(RouterOptions options, std::function<int64_t()> now_ms)
+    : options_(options), now_ms_(std::move(now_ms)) {}
 
 size_t Router::Cap(size_t sessions) const {
   if (loads_.empty()) return 0;
@@ -63,7 +74,10 @@ void Router::Assign(const std::string& session, const std::string& worker) {
 
 StatusOr<std::string> Router::Route(const std::string& session) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = owner_.find(session); it != owner_.end()) return it->second;
+  if (auto it = owner_.find(session); it != owner_.end()) {
+    used_ms_[session] = now_ms_();
+    return it->second;
+  }
   if (loads_.empty()) return Unavailable("no healthy worker to route session to");
   if (owner_.size() >= options_.max_sessions) {
     return ResourceExhausted("router holds " + std::to_string(owner_.size()) +
@@ -71,6 +85,7 @@ StatusOr<std::string> Router::Route(const std::string& session) {
   }
   const std::string worker = Place(session, HashString(session), Cap(owner_.size() + 1));
   Assign(session, worker);
+  used_ms_[session] = now_ms_();
   return worker;
 }
 
@@ -86,7 +101,24 @@ bool Router::Release(const std::string& session) {
   if (it == owner_.end()) return false;
   if (auto l = loads_.find(it->second); l != loads_.end() && l->second > 0) --l->second;
   owner_.erase(it);
+  used_ms_.erase(session);
   return true;
+}
+
+std::vector<std::string> Router::ReleaseIdle(std::chrono::milliseconds idle) {
+  std::vector<std::string> idle_sessions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t cutoff = now_ms_() - idle.count();
+    for (const auto& [s, t] : used_ms_) {
+      if (t < cutoff) idle_sessions.push_back(s);
+    }
+  }
+  std::vector<std::string> released;
+  for (const std::string& s : idle_sessions) {
+    if (Release(s)) released.push_back(s);
+  }
+  return released;
 }
 
 // Sessions are visited in hash order so the result does not depend on insertion order.
@@ -138,7 +170,10 @@ bool Router::RemoveWorker(const std::string& worker) {
   }
   for (const auto& [h, s] : orphans) {
     owner_.erase(s);
-    if (loads_.empty()) continue;  // the last worker left: its sessions are unplaced
+    if (loads_.empty()) {  // the last worker left: its sessions are unplaced
+      used_ms_.erase(s);
+      continue;
+    }
     const std::string dest = Place(s, h, Cap(owner_.size() + 1));
     Assign(s, dest);
     ++moves_;

@@ -8,7 +8,9 @@
 #ifndef ONLINEPS_MCP_BRIDGE_ROUTER_H_
 #define ONLINEPS_MCP_BRIDGE_ROUTER_H_
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -34,6 +36,9 @@ struct RouterStats {
 class Router {
  public:
   explicit Router(RouterOptions options);
+  // As above, reading time (ms, never going backwards) from `now_ms`: lets tests step
+  // through idle expiry.
+  Router(RouterOptions options, std::function<int64_t()> now_ms);
 
   // Membership. Add/Remove return false when nothing changed. Both may move sessions.
   bool AddWorker(const std::string& worker);
@@ -47,6 +52,9 @@ class Router {
   std::string OwnerOf(const std::string& session) const;
   // Forgets a session (it ended or expired). Returns whether it was placed.
   bool Release(const std::string& session);
+  // Forgets every session not routed for `idle`; returns them. Keeps the placement map
+  // bounded when clients stop using session handles without ending them.
+  std::vector<std::string> ReleaseIdle(std::chrono::milliseconds idle);
 
   RouterStats stats() const;
 
@@ -67,7 +75,9 @@ class Router {
   std::vector<Point> ring_;                             // guarded by mu_, sorted
   std::map<std::string, size_t> loads_;                 // guarded by mu_
   std::unordered_map<std::string, std::string> owner_;  // guarded by mu_
-  uint64_t moves_ = 0;                                  // guarded by mu_
+  std::unordered_map<std::string, int64_t> used_ms_;    // guarded by mu_; last Route
+  const std::function<int64_t()> now_ms_;
+  uint64_t moves_ = 0;  // guarded by mu_
 };
 
 }  // namespace onlineps::bridge

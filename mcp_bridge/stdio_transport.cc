@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <thread>
 
@@ -31,6 +32,12 @@ void StdioTransport::Write(const json& message) {
   std::lock_guard<std::mutex> lock(out_mu_);
   std::fwrite(line.data(), 1, line.size(), out_);
   std::fflush(out_);
+}
+
+void StdioTransport::FlushAndExit(int code) {
+  std::lock_guard<std::mutex> lock(out_mu_);  // held until exit: no half-written line
+  std::fflush(out_);
+  std::_Exit(code);
 }
 
 size_t StdioTransport::Run() {

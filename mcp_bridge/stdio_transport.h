@@ -26,6 +26,9 @@ class StdioTransport {
                  std::FILE* out = stdout);
   // Serves until EOF on `in`. Returns the number of messages read.
   size_t Run();
+  // Waits for a message being written to finish, flushes `out` and ends the process
+  // with `code` (for a shutdown signal while Run() blocks reading).
+  [[noreturn]] void FlushAndExit(int code);
 
  private:
   void Write(const nlohmann::json& message);

@@ -151,5 +151,27 @@ TEST(RouterTest, SessionLimitIsAClearError) {
   EXPECT_TRUE(r.Route(Session(0)).ok());  // placed sessions still route
 }
 
+TEST(RouterTest, IdleSessionsAreReleased) {
+  int64_t now = 0;
+  Router r({}, [&now] { return now; });
+  r.AddWorker("tcp://a:1");
+  r.AddWorker("tcp://b:1");
+  r.Route("old").value();
+  r.Route("busy").value();
+  now = 5000;
+  r.Route("busy").value();  // a route refreshes it
+  r.Route("new").value();
+  now = 9000;
+  std::vector<std::string> released = r.ReleaseIdle(std::chrono::milliseconds(6000));
+  EXPECT_EQ(released, std::vector<std::string>{"old"});
+  EXPECT_EQ(r.OwnerOf("old"), "");
+  EXPECT_NE(r.OwnerOf("busy"), "");
+  EXPECT_EQ(r.stats().sessions, 2u);
+  size_t total = 0;
+  for (const auto& [w, l] : r.stats().loads) total += l;
+  EXPECT_EQ(total, 2u);  // loads follow
+  EXPECT_TRUE(r.ReleaseIdle(std::chrono::milliseconds(6000)).empty());
+}
+
 }  // namespace
 }  // namespace onlineps::bridge

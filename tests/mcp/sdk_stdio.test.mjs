@@ -1,6 +1,7 @@
 // The official MCP TypeScript SDK (v1 line) over stdio: StdioClientTransport spawns
 // onlineps_mcp_bridge --transport stdio against a PS shard and one worker started here.
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
 import { after, before, test } from "node:test";
 
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
@@ -177,4 +178,25 @@ test("closing stdin ends the bridge", T, async () => {
   for (let i = 0; i < 50 && isAlive(bridgePid); i++) await new Promise((r) => setTimeout(r, 100));
   assert.equal(isAlive(bridgePid), false, "bridge process gone");
   untrack();
+});
+
+test("SIGTERM with stdin still open ends the bridge with status 0", T, async () => {
+  const child = spawn(bin("onlineps_mcp_bridge"), cluster.bridgeArgs(["--transport", "stdio"]), {
+    stdio: ["pipe", "pipe", "pipe"],
+  });
+  const stopUntrack = trackPid(child.pid);
+  let out = "";
+  child.stdout.on("data", (d) => (out += d.toString()));
+  child.stderr.resume();
+  const exited = new Promise((resolve) => child.once("exit", (code, signal) => resolve({ code, signal })));
+  child.stdin.write(JSON.stringify({ jsonrpc: "2.0", id: 1, method: "initialize",
+    params: { protocolVersion: "2025-11-25", capabilities: {}, clientInfo: { name: "t", version: "0" } } }) + "\n");
+  for (let i = 0; i < 100 && !out.includes("\n"); i++) await new Promise((r) => setTimeout(r, 50));
+  assert.match(out, /"protocolVersion":"2025-11-25"/, "initialize answered before the signal");
+  const t0 = Date.now();
+  child.kill("SIGTERM");  // stdin stays open
+  const { code, signal } = await Promise.race([
+    exited, new Promise((r) => setTimeout(() => r({ code: "timeout" }), 5000))]);
+  assert.equal(code, 0, `exit code (signal ${signal}) after ${Date.now() - t0} ms`);
+  stopUntrack();
 });
