@@ -34,15 +34,30 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   missing+=(nodejs npm)
 fi
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: all ${#PACKAGES[@]} packages present"
-  exit 0
-fi
-
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "setup: installing ${#missing[@]} packages: ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-echo "setup: done"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PACKAGES[@]} packages present"
+else
+  echo "setup: installing ${#missing[@]} packages: ${missing[*]}"
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  echo "setup: packages installed"
+fi
+
+# promtool (tests/metrics_lint.sh checks every binary's /metrics with it) comes from
+# Debian's prometheus package, unpacked without installing it (no server, no service).
+tools=${ONLINEPS_TOOLS_DIR:-$(cd "$(dirname "$0")/.." && pwd)/build/tools}
+if [ ! -x "$tools/prom/usr/bin/promtool" ]; then
+  echo "setup: unpacking promtool from Debian's prometheus package into $tools/prom"
+  tmp=$(mktemp -d)
+  if ! (cd "$tmp" && apt-get download prometheus >/dev/null 2>&1); then
+    $SUDO apt-get update -qq
+    (cd "$tmp" && apt-get download prometheus >/dev/null)
+  fi
+  mkdir -p "$tools/prom"
+  dpkg-deb -x "$tmp"/prometheus_*.deb "$tools/prom"
+  rm -rf "$tmp"
+fi
+
