@@ -35,7 +35,11 @@ Status Backend::EnsureContext(const std::string& session, const std::string& wor
     body["features"] = ctx->features;
   }
   auto r = pool_->Call(worker, op, body, options_.infer_timeout);
-  if (!r.ok()) return r.status().WithContext("sending the session's context to " + worker);
+  if (!r.ok()) {
+    // Nothing of the call itself was sent: say so with a code that means "not done".
+    return Unavailable("sending the session's context to " + worker + " failed (" +
+                       r.status().ToString() + "); the call was not sent");
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (ctx) {
     copies_[session] = Copy{worker, incarnation, ctx->revision, now};

@@ -306,16 +306,18 @@ int main(int argc, char** argv) {
   });
 
   if (f.transport == "stdio") {
-    bridge::StdioTransport stdio({}, &mcp);
+    // Never destroyed: the signal thread may still use it while main() winds down.
+    auto& stdio = *new bridge::StdioTransport({}, &mcp);
     spdlog::info("serving MCP on stdio with {} healthy worker(s)", pool.healthy());
     // The MCP stdio shutdown is: close stdin, then SIGTERM. A SIGTERM while stdin is still
     // open must end the process too; the reader blocks in fgets, so exit from here once
     // the message being written is out.
-    std::thread([&stdio] {
+    std::thread([&stdio] {  // NOLINT: stdio lives to the end of the process
       const int sig = onlineps::WaitForShutdownSignal();
       spdlog::info("signal {}: exiting", sig);
       stdio.FlushAndExit(0);
-    }).detach();
+    })
+        .detach();
     stdio.Run();
     if (metrics) metrics->Stop();
     pool.Stop();

@@ -64,9 +64,9 @@ void BridgeMetrics::Update() {
   const RouterStats rs = router_->stats();
   routed_->Set(static_cast<double>(rs.sessions));
   contexts_gauge_->Set(static_cast<double>(contexts_->stats().sessions));
-  const size_t healthy = pool_->healthy();
+  const auto [known, healthy] = pool_->Counts();
   healthy_->Set(static_cast<double>(healthy));
-  down_->Set(static_cast<double>(pool_->Workers().size() - healthy));
+  down_->Set(static_cast<double>(known - healthy));
   std::lock_guard<std::mutex> lock(mu_);
   const double moves = static_cast<double>(rs.moves);
   if (moves > moves_seen_) moves_->Increment(moves - moves_seen_);

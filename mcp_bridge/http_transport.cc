@@ -67,7 +67,9 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
 void SendError(httplib::Response& res, int status, int code, const std::string& message,
                const json& id = nullptr) {
   res.status = status;
-  res.set_content(JsonRpcError(id, code, message).dump(), kJson);
+  // Messages may quote header values: never let a bad byte turn a 4xx into a 500.
+  res.set_content(
+      JsonRpcError(id, code, message).dump(-1, ' ', false, json::error_handler_t::replace), kJson);
 }
 
 // Mcp-Param-* values that are not plain ASCII arrive as =?base64?...?= (padded base64);

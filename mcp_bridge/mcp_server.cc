@@ -116,6 +116,20 @@ std::vector<std::string> McpServer::Sweep() {
 }
 
 Reply McpServer::Handle(const Request& req) {
+  // The barrier for everything below: no exception reaches a transport's thread.
+  try {
+    return HandleMessage(req);
+  } catch (const std::exception& e) {
+    spdlog::error("mcp: internal error handling a message: {}", e.what());
+    const json id = req.message.is_object() ? req.message.value("id", json()) : json();
+    return Error(500, id.is_string() || id.is_number_integer() ? id : json(), kInternalError,
+                 std::string("internal error: ") + e.what());
+  } catch (...) {
+    return Error(500, nullptr, kInternalError, "internal error");
+  }
+}
+
+Reply McpServer::HandleMessage(const Request& req) {
   const json& m = req.message;
   if (m.is_array()) {
     return Error(400, nullptr, kInvalidRequest,
@@ -201,8 +215,7 @@ Reply McpServer::Initialize(const Request& req) {
                    "the bridge holds " + std::to_string(sessions_.size()) +
                        " sessions, its limit (--max-sessions); try again later");
     }
-    sid =
-        req.session_id.empty() || sessions_.count(req.session_id) ? NewSessionId() : req.session_id;
+    sid = NewSessionId();  // never a client-chosen id (session fixation)
     Session& s = sessions_[sid];
     s.client_capabilities = params.value("capabilities", json::object());
     s.principal = req.principal;
@@ -294,11 +307,40 @@ Reply McpServer::Dispatch(const Request& req, Session*) {
   return Error(200, id, kMethodNotFound, "Method not found: " + method);
 }
 
+McpServer::GateTicket::GateTicket(McpServer* server, const std::string& key)
+    : server_(server), key_(key) {
+  std::unique_lock<std::mutex> lock(server_->gate_mu_);
+  Gate& g = server_->gates_[key_];
+  ++g.users;
+  const uint64_t ticket = g.next++;
+  server_->gate_cv_.wait(lock, [&] { return g.serving == ticket; });
+}
+
+McpServer::GateTicket::~GateTicket() {
+  {
+    std::lock_guard<std::mutex> lock(server_->gate_mu_);
+    Gate& g = server_->gates_[key_];
+    ++g.serving;
+    if (--g.users == 0) server_->gates_.erase(key_);
+  }
+  server_->gate_cv_.notify_all();
+}
+
 bool McpServer::Allow(const std::string& key) {
   if (options_.rate_limit <= 0) return true;
   std::lock_guard<std::mutex> lock(rate_mu_);
   const auto now = Clock::now();
-  if (buckets_.size() > 2 * options_.max_sessions) buckets_.clear();  // bounded; refills all
+  if (buckets_.size() > 2 * options_.max_sessions) {
+    // Bounded: drop the buckets that have refilled anyway (idle callers), not everyone's.
+    for (auto it = buckets_.begin(); it != buckets_.end();) {
+      const double idle_s = std::chrono::duration<double>(now - it->second.at).count();
+      if (it->second.tokens + idle_s * options_.rate_limit >= options_.rate_burst) {
+        it = buckets_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
   auto [it, fresh] = buckets_.try_emplace(key, Bucket{options_.rate_burst, now});
   Bucket& b = it->second;
   const double dt = std::chrono::duration<double>(now - b.at).count();
@@ -343,7 +385,10 @@ Reply McpServer::CallTool(const Request& req, const std::string& legacy_key,
   } else if (!req.stateless) {
     call.session = legacy_key;
   }
-  const std::string rate_key = call.session.empty() ? req.principal + "|" : call.session;
+  // Stateless handles are chosen by the client: a new one per call must not dodge the
+  // limit, so stateless calls are limited per identity.
+  const std::string rate_key =
+      req.stateless ? "identity|" + req.principal : "session|" + req.session_id;
   if (!Allow(rate_key)) {
     return Error(429, id, kServerError,
                  "rate limit: more than " + std::to_string(options_.rate_limit) +
@@ -363,33 +408,31 @@ Reply McpServer::CallTool(const Request& req, const std::string& legacy_key,
   }
   call.cancelled = cancelled.get();
   if (!bad_session) {
-    // Calls of one session run one at a time, in the order they arrived.
-    std::unique_lock<std::mutex> lock(gate_mu_);
-    Gate& g = gates_[call.session];
-    ++g.users;
-    const uint64_t ticket = g.next++;
-    gate_cv_.wait(lock, [&] { return g.serving == ticket; });
+    // Calls of one session run one at a time, in the order they arrived. Calls without a
+    // session share nothing, so they take no gate.
+    std::optional<GateTicket> turn;
+    if (!call.session.empty()) turn.emplace(this, call.session);
     admitted = Clock::now();
-    lock.unlock();
     try {
       result = tools_->Call(call);
     } catch (const std::exception& e) {  // nothing may escape into the transport's threads
       result = ToolResult();
       result.is_error = true;
       result.error = std::string("internal error: ") + e.what();
+    } catch (...) {
+      result = ToolResult();
+      result.is_error = true;
+      result.error = "internal error";
     }
     released = Clock::now();
-    lock.lock();
-    ++g.serving;
-    if (--g.users == 0) gates_.erase(call.session);
-    lock.unlock();
-    gate_cv_.notify_all();
   }
   json out;
   if (result.is_error) {
     out = {{"content", {{{"type", "text"}, {"text", result.error}}}}, {"isError", true}};
   } else {
-    out = {{"content", {{{"type", "text"}, {"text", result.structured.dump()}}}},
+    out = {{"content",
+            {{{"type", "text"},
+              {"text", result.structured.dump(-1, ' ', false, json::error_handler_t::replace)}}}},
            {"structuredContent", result.structured},
            {"isError", false}};
   }

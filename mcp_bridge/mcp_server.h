@@ -78,6 +78,7 @@ class McpServer {
     observer_ = std::move(observer);
   }
 
+  // Never throws: an unexpected exception becomes a -32603 reply (HTTP 500).
   Reply Handle(const Request& req);
   // DELETE: ends a session. Returns false when there is no such session (404).
   bool EndSession(const std::string& session_id, const std::string& principal);
@@ -110,11 +111,25 @@ class McpServer {
     uint64_t next = 0, serving = 0;
     int users = 0;
   };
+  // Waits for this call's turn in its session on construction; hands the turn on when
+  // destroyed, whatever the call did.
+  class GateTicket {
+   public:
+    GateTicket(McpServer* server, const std::string& key);
+    ~GateTicket();
+    GateTicket(const GateTicket&) = delete;
+    GateTicket& operator=(const GateTicket&) = delete;
+
+   private:
+    McpServer* const server_;
+    const std::string key_;
+  };
   struct Bucket {
     double tokens = 0;
     std::chrono::steady_clock::time_point at;
   };
 
+  Reply HandleMessage(const Request& req);
   Reply Initialize(const Request& req);
   Reply Dispatch(const Request& req, Session* s);
   Reply Stateless(const Request& req);

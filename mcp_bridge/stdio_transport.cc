@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <deque>
 #include <thread>
+#include <utility>
 
 namespace onlineps::bridge {
 
@@ -56,6 +57,11 @@ size_t StdioTransport::Run() {
     r.notify = [this](const json& n) { Write(n); };
     const bool is_init = r.message.is_object() && r.message.value("method", json()) == "initialize";
     r.stateless = !is_init && r.session_id.empty() && IsModern(r.message);
+    const bool is_ping = r.message.is_object() && r.message.value("method", json()) == "ping";
+    if (is_ping && r.session_id.empty() && !r.stateless && r.message.contains("id")) {
+      Write({{"jsonrpc", "2.0"}, {"id", r.message["id"]}, {"result", json::object()}});
+      return;  // ping is allowed before initialize
+    }
     if (!is_init && !r.stateless && r.session_id.empty() && r.message.is_object() &&
         r.message.contains("method")) {
       if (r.message.contains("id")) {
@@ -66,9 +72,12 @@ size_t StdioTransport::Run() {
     }
     Reply reply = mcp_->Handle(r);
     if (!reply.new_session_id.empty()) {
-      std::lock_guard<std::mutex> lock(session_mu_);
-      if (!session_id_.empty()) mcp_->EndSession(session_id_, "");
-      session_id_ = reply.new_session_id;
+      std::string previous;
+      {
+        std::lock_guard<std::mutex> lock(session_mu_);
+        previous = std::exchange(session_id_, reply.new_session_id);
+      }
+      if (!previous.empty()) mcp_->EndSession(previous, "");  // a worker call: not under the lock
     }
     const bool cancelled = reply.body.is_object() && reply.body.contains("error") &&
                            reply.body["error"].value("code", 0) == -32800;
@@ -114,7 +123,10 @@ size_t StdioTransport::Run() {
     const std::string method = m.is_object() && m.contains("method") && m["method"].is_string()
                                    ? m["method"].get<std::string>()
                                    : std::string();
-    if (method == "notifications/cancelled" || method == "ping") {
+    // Cancellations, pings and the client's responses (to sampling or elicitation
+    // requests a running call waits for) must not queue behind the calls they concern.
+    const bool response = m.is_object() && !m.contains("method");
+    if (method == "notifications/cancelled" || method == "ping" || response) {
       handle(std::move(m));
       continue;
     }

@@ -110,6 +110,25 @@ StatusOr<json> ExamplesOf(const json& args, bool labelled, size_t max_examples, 
 
 std::string WorkerError(const Status& s) { return s.ToString(); }
 
+// Fields of a worker reply, read without trusting their types.
+double Number(const json& j, const char* key, double fallback) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : fallback;
+}
+int64_t Integer(const json& j, const char* key, int64_t fallback) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? static_cast<int64_t>(it->get<double>()) : fallback;
+}
+std::string Text(const json& j, const char* key, const std::string& fallback) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+const json& Array(const json& j, const char* key) {
+  static const json kEmpty = json::array();
+  auto it = j.find(key);
+  return it != j.end() && it->is_array() ? *it : kEmpty;
+}
+
 json ContextJson(const Context& c, bool found) {
   return {{"found", found}, {"items", c.items}, {"features", c.features}};
 }
@@ -169,24 +188,25 @@ ToolResult Tools::Infer(const ToolCall& c) {
   static const std::vector<std::string> kNone;
   const std::vector<std::string>& labels = labels_ptr ? *labels_ptr : kNone;
   json predictions = json::array();
-  for (const json& p : r->reply.value("predictions", json::array())) {
+  for (const json& p : Array(r->reply, "predictions")) {
+    if (!p.is_object()) continue;
     json scores = json::object();
-    const json& s = p.value("scores", json::array());
+    const json& s = Array(p, "scores");
     for (size_t i = 0; i < s.size(); ++i) {
       scores[i < labels.size() ? labels[i] : std::to_string(i)] = s[i];
     }
     predictions.push_back(
-        {{"label", p.value("label", "")}, {"index", p.value("index", 0)}, {"scores", scores}});
+        {{"label", Text(p, "label", "")}, {"index", Integer(p, "index", 0)}, {"scores", scores}});
   }
   if (predictions.empty()) return Error("infer failed: the worker returned no prediction");
   ToolResult out;
   out.worker = r->worker;
-  out.version = r->reply.value("version", int64_t{0});
+  out.version = Integer(r->reply, "version", 0);
   out.structured = {{"label", predictions[0]["label"]},
                     {"scores", predictions[0]["scores"]},
                     {"predictions", predictions},
                     {"model_version", out.version},
-                    {"params_age_ms", r->reply.value("params_age_ms", 0.0)},
+                    {"params_age_ms", Number(r->reply, "params_age_ms", 0.0)},
                     {"worker", r->worker}};
   out.summary = predictions[0]["label"].get<std::string>();
   return out;
@@ -239,11 +259,11 @@ ToolResult Tools::Learn(const ToolCall& c) {
       return e;
     }
     worker = r->worker;
-    loss_sum += r->reply.value("loss", 0.0) * static_cast<double>(n);
-    version = std::max(version, r->reply.value("version", int64_t{0}));
-    tau = std::max(tau, r->reply.value("tau", int64_t{0}));
-    outcomes.insert(r->reply.value("outcome", std::string("applied")));
-    NoteLearn(r->reply.value("version", int64_t{0}), r->reply.value("tau", int64_t{0}));
+    loss_sum += Number(r->reply, "loss", 0.0) * static_cast<double>(n);
+    version = std::max(version, Integer(r->reply, "version", 0));
+    tau = std::max(tau, Integer(r->reply, "tau", 0));
+    outcomes.insert(Text(r->reply, "outcome", "applied"));
+    NoteLearn(Integer(r->reply, "version", 0), Integer(r->reply, "tau", 0));
     done += n;
     ++chunks;
     if (c.progress) {
@@ -349,9 +369,9 @@ ToolResult Tools::ModelInfo(const ToolCall& c) {
       tables = w.stats.value("params", json::array());
     }
     if (w.stats.is_object()) {
-      entry["max_tau"] = w.stats.value("max_tau", 0);
-      entry["learn_examples"] = w.stats.value("learn_examples", 0);
-      entry["device"] = w.stats.value("device", "");
+      entry["max_tau"] = Integer(w.stats, "max_tau", 0);
+      entry["learn_examples"] = Integer(w.stats, "learn_examples", 0);
+      entry["device"] = Text(w.stats, "device", "");
     }
     workers.push_back(entry);
   }

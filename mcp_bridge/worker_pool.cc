@@ -85,6 +85,7 @@ void WorkerPool::Stop() {
 
 Status WorkerPool::Resolve() {
   ONLINEPS_ASSIGN_OR_RETURN(std::vector<std::string> found, ResolveWorkers(options_.dns));
+  std::lock_guard<std::mutex> membership(membership_mu_);
   std::vector<std::string> gone;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -129,39 +130,46 @@ StatusOr<json> WorkerPool::Call(const std::string& endpoint, Op op, const json& 
 }
 
 void WorkerPool::Apply(const std::string& endpoint, const StatusOr<json>& reply) {
-  bool joined = false, left = false;
+  // Held across the state change and the router call, so that two probes of one worker
+  // (the loop's and a failed call's) cannot leave the ring and the health flag apart.
+  std::lock_guard<std::mutex> membership(membership_mu_);
+  bool healthy = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = workers_.find(endpoint);
     if (it == workers_.end()) return;
     Entry& e = it->second;
     if (reply.ok()) {
-      const std::string instance = reply->value("instance", std::string());
+      const json& id = reply->value("instance", json());
+      const std::string instance = id.is_string() ? id.get<std::string>() : std::string();
       if (!e.info.healthy || instance != e.info.instance) {
         e.info.incarnation = next_incarnation_++;  // a new process or back from down
-        joined = !e.info.healthy;
       }
       e.info.healthy = true;
       e.info.instance = instance;
       e.info.stats = *reply;
       const json& labels = reply->value("labels", json::array());
-      if (!e.labels || labels.size() != e.labels->size()) {
-        std::vector<std::string> v;
-        for (const json& l : labels) v.push_back(l.is_string() ? l.get<std::string>() : l.dump());
+      std::vector<std::string> v;
+      if (labels.is_array()) {
+        for (const json& l : labels) {
+          v.push_back(l.is_string() ? l.get<std::string>()
+                                    : l.dump(-1, ' ', false, json::error_handler_t::replace));
+        }
+      }
+      if (!e.labels || *e.labels != v) {
         e.labels = std::make_shared<const std::vector<std::string>>(std::move(v));
       }
       e.info.last_error.clear();
       e.failures = 0;
     } else {
       e.info.last_error = reply.status().ToString();
-      if (++e.failures >= options_.failures_to_down && e.info.healthy) {
-        e.info.healthy = false;
-        left = true;
-      }
+      if (++e.failures >= options_.failures_to_down) e.info.healthy = false;
     }
+    healthy = e.info.healthy;
   }
-  if (joined && router_->AddWorker(endpoint)) spdlog::info("worker pool: {} is healthy", endpoint);
-  if (left && router_->RemoveWorker(endpoint)) {
+  // Reconciled on every probe: the ring holds exactly the healthy workers.
+  if (healthy && router_->AddWorker(endpoint)) spdlog::info("worker pool: {} is healthy", endpoint);
+  if (!healthy && router_->RemoveWorker(endpoint)) {
     spdlog::warn("worker pool: {} is down ({}); its sessions moved", endpoint,
                  reply.status().ToString());
   }
@@ -237,6 +245,13 @@ std::vector<WorkerInfo> WorkerPool::Workers() const {
   std::vector<WorkerInfo> out;
   for (const auto& [e, entry] : workers_) out.push_back(entry.info);
   return out;
+}
+
+std::pair<size_t, size_t> WorkerPool::Counts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t healthy = 0;
+  for (const auto& [e, entry] : workers_) healthy += entry.info.healthy ? 1 : 0;
+  return {workers_.size(), healthy};
 }
 
 size_t WorkerPool::healthy() const {

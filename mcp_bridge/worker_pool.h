@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -66,6 +67,8 @@ class WorkerPool {
   std::shared_ptr<const std::vector<std::string>> Labels(const std::string& endpoint) const;
   std::vector<WorkerInfo> Workers() const;
   size_t healthy() const;
+  // {workers known, healthy}, read together.
+  std::pair<size_t, size_t> Counts() const;
 
  private:
   struct Entry {
@@ -84,7 +87,8 @@ class WorkerPool {
   const WorkerPoolOptions options_;
   Router* const router_;
 
-  mutable std::mutex mu_;
+  std::mutex membership_mu_;              // serializes health transitions with their router calls
+  mutable std::mutex mu_;                 // taken after membership_mu_, never before
   std::map<std::string, Entry> workers_;  // guarded by mu_
   std::vector<std::string> dns_members_;  // guarded by mu_
   uint64_t next_incarnation_ = 1;         // guarded by mu_

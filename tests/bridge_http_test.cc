@@ -51,6 +51,13 @@ TEST_F(BridgeHttpTest, InitializeMintsAnUnguessableSessionAndNegotiates) {
   McpHttp f(port);
   HttpReply bad = f.Send(Request(1, "initialize", json::object()));
   EXPECT_EQ(bad.body["error"]["code"], -32602);
+  // A client cannot choose its session id (session fixation).
+  McpHttp g(port);
+  g.set_session("1");
+  HttpReply fixed = g.Send(Request(1, "initialize", {{"protocolVersion", "2025-11-25"}}));
+  ASSERT_EQ(fixed.status, 200);
+  EXPECT_NE(fixed.session_id, "1");
+  EXPECT_TRUE(std::regex_match(fixed.session_id, std::regex("[0-9a-f]{32}")));
 }
 
 TEST_F(BridgeHttpTest, StatusCodesFollowTheSpec) {

@@ -189,9 +189,12 @@ test("SIGTERM with stdin still open ends the bridge with status 0", T, async () 
   child.stdout.on("data", (d) => (out += d.toString()));
   child.stderr.resume();
   const exited = new Promise((resolve) => child.once("exit", (code, signal) => resolve({ code, signal })));
+  child.stdin.write(JSON.stringify({ jsonrpc: "2.0", id: 0, method: "ping" }) + "\n");
   child.stdin.write(JSON.stringify({ jsonrpc: "2.0", id: 1, method: "initialize",
     params: { protocolVersion: "2025-11-25", capabilities: {}, clientInfo: { name: "t", version: "0" } } }) + "\n");
   for (let i = 0; i < 100 && !out.includes("\n"); i++) await new Promise((r) => setTimeout(r, 50));
+  for (let i = 0; i < 100 && !out.includes("protocolVersion"); i++) await new Promise((r) => setTimeout(r, 50));
+  assert.match(out, /^\{"id":0,"jsonrpc":"2.0","result":\{\}\}$/m, "ping before initialize answered");
   assert.match(out, /"protocolVersion":"2025-11-25"/, "initialize answered before the signal");
   const t0 = Date.now();
   child.kill("SIGTERM");  // stdin stays open
