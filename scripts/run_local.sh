@@ -5,18 +5,24 @@
 # asynchronous PS workload, then keeps serving MCP until Ctrl-C.
 #
 # Usage: scripts/run_local.sh [--shards N] [--workers M] [--steps S] [--base-port P]
-#                             [--mcp-port P] [--staleness POLICY] [--exit]
+#                             [--mcp-port P] [--model NAME] [--optimizer NAME]
+#                             [--staleness POLICY] [--exit]
 #   --shards N         PS shard processes (default 2)
 #   --workers M        worker processes (default 2); also threads of the PS workload
 #   --steps S          pushes per thread of the PS workload (default 300)
 #   --base-port P      shard i on P+i (admin P+100+i); worker j on P+200+j (admin P+300+j);
 #                      bridge admin on P+401 (default 7000)
 #   --mcp-port P       the MCP endpoint http://127.0.0.1:P/mcp (default 7400)
-#   --staleness NAME   none | lr_over_tau | dc_constant | dc_adaptive (default lr_over_tau)
+#   --model NAME       text (the demo: hashed words -> sentiment) | mlp (64 features -> 10
+#                      digits, sklearn's digits layout; no demo, infer takes `features`)
+#   --optimizer NAME   sgd | adagrad | ftrl | adam for the model's tables (default sgd)
+#   --staleness NAME   none | lr_over_tau | dc_constant | dc_adaptive for the model's tables
+#                      and the PS workload (default lr_over_tau)
 #   --exit             stop after the demo instead of serving until Ctrl-C
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 shards=2 workers=2 steps=300 base_port=7000 mcp_port=7400 staleness=lr_over_tau keep=1
+model=text optimizer=sgd
 while [ $# -gt 0 ]; do
   case "$1" in
     --shards) shards=$2; shift 2 ;;
@@ -24,13 +30,20 @@ while [ $# -gt 0 ]; do
     --steps) steps=$2; shift 2 ;;
     --base-port) base_port=$2; shift 2 ;;
     --staleness) staleness=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
+    --optimizer) optimizer=$2; shift 2 ;;
     --mcp-port) mcp_port=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     --exit) keep=0; shift ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_local: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+case "$model" in
+  text) model_flags=(--model text --labels "negative,positive" --lr 1.0) ;;
+  mlp) model_flags=(--model mlp --input-dim 64 --hidden 32 --labels "0,1,2,3,4,5,6,7,8,9" --lr 0.05) ;;
+  *) echo "run_local: --model must be text or mlp, got '$model'" >&2; exit 2 ;;
+esac
 
 "$root/scripts/setup.sh"
 "$root/scripts/build.sh"
@@ -63,18 +76,25 @@ workers_list=()
 for ((j = 0; j < workers; j++)); do
   port=$((base_port + 200 + j))
   "$bin/onlineps_worker" --ps "$list" --listen "tcp://127.0.0.1:$port" \
-    --admin-port $((base_port + 300 + j)) --model text --labels negative,positive \
-    --lr 1.0 --log-level warn >"$data/worker-$j.out" 2>&1 &
+    --admin-port $((base_port + 300 + j)) "${model_flags[@]}" --optimizer "$optimizer" \
+    --staleness-policy "$staleness" --log-level warn >"$data/worker-$j.out" 2>&1 &
   pids+=($!)
   workers_list+=("tcp://127.0.0.1:$port")
 done
-for w in "${workers_list[@]}"; do
+for j in "${!workers_list[@]}"; do
+  ok=0
   for _ in $(seq 100); do
-    "$bin/onlineps_worker_cli" --worker "$w" --timeout-ms 300 worker_stats >/dev/null 2>&1 && break
+    if "$bin/onlineps_worker_cli" --worker "${workers_list[$j]}" --timeout-ms 300 worker_stats \
+      >/dev/null 2>&1; then ok=1; break; fi
     sleep 0.2
   done
+  if [ "$ok" = 0 ]; then
+    echo "run_local: worker $j did not come up:" >&2
+    tail -5 "$data/worker-$j.out" >&2
+    exit 1
+  fi
 done
-echo "run_local: $workers worker(s) (text model) on ${workers_list[*]}"
+echo "run_local: $workers worker(s) ($model model, $optimizer, $staleness) on ${workers_list[*]}"
 "$bin/onlineps_mcp_bridge" --workers "$(IFS=,; echo "${workers_list[*]}")" --port "$mcp_port" \
   --admin-port $((base_port + 401)) --log-level warn >"$data/bridge.out" 2>&1 &
 pids+=($!)
@@ -82,7 +102,11 @@ mcp_url="http://127.0.0.1:$mcp_port/mcp"
 for _ in $(seq 100); do grep -q '^LISTENING' "$data/bridge.out" 2>/dev/null && break; sleep 0.1; done
 grep -q '^LISTENING' "$data/bridge.out" || { echo "run_local: the bridge did not start:" >&2; cat "$data/bridge.out" >&2; exit 1; }
 echo "run_local: MCP bridge on $mcp_url (metrics http://127.0.0.1:$((base_port + 401))/metrics)"
-"$root/scripts/mcp_demo.sh" "$mcp_url"
+if [ "$model" = text ]; then
+  "$root/scripts/mcp_demo.sh" "$mcp_url"
+else
+  echo "run_local: the mlp model takes 64 features: tools/call infer {\"features\": [0, 1, ...]}"
+fi
 
 echo "run_local: asynchronous PS workload ($workers threads x $steps pushes):"
 "$bin/onlineps_ps_cli" --shards "$list" --log-level warn demo \
@@ -104,5 +128,9 @@ or add it to an MCP client's config:
 
 Ctrl-C stops the cluster.
 EOT
-  while true; do sleep 3600 & wait $!; done
+  while true; do
+    sleep 3600 &
+    pids+=($!)  # a background sleep ignores SIGINT: cleanup ends it
+    wait $!
+  done
 fi

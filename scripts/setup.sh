@@ -18,6 +18,7 @@ PACKAGES=(
   prometheus-cpp-dev
   libbenchmark-dev
   clang-format
+  yamllint shellcheck
 )
 
 missing=()
