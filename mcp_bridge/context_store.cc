@@ -1,16 +1,11 @@
 #include "mcp_bridge/context_store.h"
 
-#include <chrono>
 #include <cmath>
+
+#include "common/clock.h"
 
 namespace onlineps::bridge {
 namespace {
-
-int64_t SteadyMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 size_t TextBytes(const std::vector<std::string>& items) {
   size_t n = 0;
@@ -20,7 +15,8 @@ size_t TextBytes(const std::vector<std::string>& items) {
 
 }  // namespace
 
-ContextStore::ContextStore(ContextStoreOptions options) : ContextStore(options, SteadyMs) {}
+ContextStore::ContextStore(ContextStoreOptions options)
+    : ContextStore(options, [] { return static_cast<int64_t>(NowMs()); }) {}
 
 ContextStore::ContextStore(ContextStoreOptions options, std::function<int64_t()> now_ms)
     : options_(options), now_ms_(std::move(now_ms)) {}

@@ -3,19 +3,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/clock.h"
 #include "common/partition.h"
 
 namespace onlineps::bridge {
 
-namespace {
-int64_t SteadyMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
-
-Router::Router(RouterOptions options) : Router(options, SteadyMs) {}
+Router::Router(RouterOptions options)
+    : Router(options, [] { return static_cast<int64_t>(NowMs()); }) {}
 
 Router::Router(RouterOptions options, std::function<int64_t()> now_ms)
     : options_(options), now_ms_(std::move(now_ms)) {}
