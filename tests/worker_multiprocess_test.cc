@@ -529,5 +529,17 @@ TEST(WorkerMultiProcessTest, KilledWorkerLosesNoAcknowledgedUpdate) {
   cluster.StopAll();
 }
 
+// Regression: a worker waiting for shards that are not up took its shutdown signal only
+// after that wait (up to 30 s), so a pod stopped then ran into SIGKILL.
+TEST(WorkerMultiProcessTest, SigtermWhileWaitingForShardsExitsAtOnce) {
+  Subprocess w({ONLINEPS_BIN_DIR "/onlineps_worker", "--ps", "tcp://127.0.0.1:9", "--listen",
+                "tcp://127.0.0.1:0", "--admin-port", "-1", "--log-level", "warn"});
+  ASSERT_TRUE(w.started());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // past flag parsing, into the wait
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(w.Stop(SIGTERM, std::chrono::milliseconds(5000)), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+}
+
 }  // namespace
 }  // namespace onlineps::worker

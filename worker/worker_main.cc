@@ -3,7 +3,11 @@
 // docs/configuration.md; `onlineps_worker --help` lists them.
 #include <spdlog/spdlog.h>
 
+#include <condition_variable>
+#include <cstdlib>
 #include <iostream>
+#include <mutex>
+#include <thread>
 
 #include "common/admin_server.h"
 #include "common/config.h"
@@ -275,7 +279,43 @@ Status Finish(Flags* f) {
   return ParseFreshness(*f, &f->service.cache.tables);
 }
 
+// The only thread that takes shutdown signals. Before the worker serves there is nothing
+// to drain, so a signal then ends the process at once (a pod stopped while it waits for
+// its shards must not wait for that wait); once serving, it hands the signal to main().
+class SignalWatcher {
+ public:
+  SignalWatcher() {
+    std::thread([this] {
+      const int sig = onlineps::WaitForShutdownSignal();
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!serving_) {
+        spdlog::info("signal {} during start-up: exiting", sig);
+        spdlog::shutdown();
+        std::_Exit(0);
+      }
+      sig_ = sig;
+      cv_.notify_all();
+    }).detach();
+  }
+  void Serving() {
+    std::lock_guard<std::mutex> lock(mu_);
+    serving_ = true;
+  }
+  int Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return sig_ != 0; });
+    return sig_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool serving_ = false;  // guarded by mu_
+  int sig_ = 0;           // guarded by mu_
+};
+
 int Run(Flags& f) {
+  static SignalWatcher signals;  // lives as long as its detached thread
   onlineps::ps::PsClientOptions pso;
   pso.shards = f.ps;
   pso.sender_id = f.sender_id;
@@ -325,8 +365,9 @@ int Run(Flags& f) {
   admin->SetReadyCheck([] { return Status::Ok(); });  // serving implies tables exist
   spdlog::info("worker ({} model on {}, {} tables) serving on {}", f.model.kind, (*model)->device(),
                (*model)->params().size(), *endpoint);
+  signals.Serving();
   std::cout << "LISTENING " << *endpoint << std::endl;
-  const int sig = onlineps::WaitForShutdownSignal();
+  const int sig = signals.Wait();
   spdlog::info("signal {}: draining", sig);
   server.Stop();
   Status st = service.Stop();  // pushes what is accumulated
