@@ -3,6 +3,7 @@
 // docs/configuration.md; `onlineps_worker --help` lists them.
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <iostream>
@@ -314,6 +315,44 @@ class SignalWatcher {
   int sig_ = 0;           // guarded by mu_
 };
 
+// Pings every shard every 2 s on its own thread; /readyz reports the last result, so a
+// probe never waits on a shard that is down.
+class ShardProbe {
+ public:
+  explicit ShardProbe(onlineps::ps::PsClient* ps) : ps_(ps) {
+    thread_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!stop_) {
+        lock.unlock();
+        Status st = ps_->WaitForShards(std::chrono::milliseconds(1000));
+        lock.lock();
+        last_ = st;
+        cv_.wait_for(lock, std::chrono::seconds(2), [this] { return stop_; });
+      }
+    });
+  }
+  ~ShardProbe() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  Status last() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_;
+  }
+
+ private:
+  onlineps::ps::PsClient* const ps_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;                                             // guarded by mu_
+  Status last_ = onlineps::Unavailable("shards not probed yet");  // guarded by mu_
+  std::thread thread_;
+};
+
 int Run(Flags& f) {
   static SignalWatcher signals;  // lives as long as its detached thread
   onlineps::ps::PsClientOptions pso;
@@ -324,6 +363,26 @@ int Run(Flags& f) {
   if (!client.ok()) {
     spdlog::error("PS client: {}", client.status().ToString());
     return 1;
+  }
+  // Probes are served from the start: /livez at once, /readyz once the worker serves and
+  // reaches every shard.
+  // Before admin: its ready check reads these until it stops.
+  std::atomic<bool> serving{false};
+  ShardProbe shards(client->get());
+  auto admin = std::make_unique<onlineps::AdminServer>();
+  admin->SetReadyCheck([&serving, &shards]() -> Status {
+    if (!serving) {
+      return onlineps::Unavailable("starting: connecting to the PS and loading the model");
+    }
+    return shards.last();
+  });
+  if (f.admin_port >= 0) {
+    auto port = admin->Start(f.admin_host, f.admin_port);
+    if (!port.ok()) {
+      spdlog::error("admin port: {}", port.status().ToString());
+      return 1;
+    }
+    spdlog::info("admin endpoints on http://{}:{}/metrics", f.admin_host, *port);
   }
   if (auto st = (*client)->WaitForShards(std::chrono::seconds(30)); !st.ok()) {
     spdlog::error("PS shards {} not reachable: {}", fmt::join(f.ps, ","), st.ToString());
@@ -345,15 +404,6 @@ int Run(Flags& f) {
     spdlog::error("worker: {}", st.ToString());
     return 1;
   }
-  auto admin = std::make_unique<onlineps::AdminServer>();
-  if (f.admin_port >= 0) {
-    auto port = admin->Start(f.admin_host, f.admin_port);
-    if (!port.ok()) {
-      spdlog::error("admin port: {}", port.status().ToString());
-      return 1;
-    }
-    spdlog::info("admin endpoints on http://{}:{}/metrics", f.admin_host, *port);
-  }
   worker::WorkerServer server(&service, f.server);
   auto endpoint = server.Start();
   if (!endpoint.ok()) {
@@ -362,7 +412,7 @@ int Run(Flags& f) {
   }
   worker::WorkerMetrics metrics(&service, &server, admin->registry());
   metrics.Start();
-  admin->SetReadyCheck([] { return Status::Ok(); });  // serving implies tables exist
+  serving = true;  // tables exist and the RPC port is open
   spdlog::info("worker ({} model on {}, {} tables) serving on {}", f.model.kind, (*model)->device(),
                (*model)->params().size(), *endpoint);
   signals.Serving();
