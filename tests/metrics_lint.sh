@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every binary's /metrics passes `promtool check metrics` (Prometheus naming: _total on
-# counters, base units, help text, no bad label names), and /healthz, /livez and /readyz
-# answer 200 once it serves. Starts a PS shard, a worker and the MCP bridge on loopback,
+# counters, base units, help text, no bad label names), /healthz, /livez and /readyz
+# answer 200 once it serves, and readiness (not liveness) follows the dependencies. Starts a PS shard, a worker and the MCP bridge on loopback,
 # makes a few MCP calls so histograms and labelled counters have samples, then checks.
 # Usage: tests/metrics_lint.sh    (ONLINEPS_BIN_DIR: the binaries; PROMTOOL: promtool)
 set -euo pipefail
@@ -92,4 +92,29 @@ for target in "ps:127.0.0.1:$ps_admin" "worker:127.0.0.1:$worker_admin" "bridge:
     failed=1
   fi
 done
+# Readiness follows dependencies while liveness does not: without its shard a worker turns
+# not ready, and without a healthy worker so does the bridge.
+# wait_status URL CODE: whether URL answers CODE within 15 s.
+wait_status() {
+  for _ in $(seq 150); do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "$1")" = "$2" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+kill -KILL "${pids[0]}"  # the PS shard
+if ! wait_status "http://127.0.0.1:$worker_admin/readyz" 503; then
+  echo "metrics_lint: worker /readyz stayed ready with its shard gone" >&2
+  failed=1
+fi
+if [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$worker_admin/livez")" != 200 ]; then
+  echo "metrics_lint: worker /livez failed with its shard gone (liveness must not check peers)" >&2
+  failed=1
+fi
+kill -KILL "${pids[1]}"  # the worker
+if ! wait_status "http://$bridge_admin/readyz" 503; then
+  echo "metrics_lint: bridge /readyz stayed ready with no worker" >&2
+  failed=1
+fi
+[ "$failed" = 0 ] && echo "metrics_lint: readiness follows the shard and the worker; liveness does not"
 exit "$failed"
