@@ -4,15 +4,13 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
-#include <condition_variable>
-#include <functional>
 #include <iostream>
-#include <mutex>
 #include <thread>
 
 #include "common/admin_server.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "common/periodic_thread.h"
 #include "common/signals.h"
 #include "mcp_bridge/backend.h"
 #include "mcp_bridge/bridge_metrics.h"
@@ -30,35 +28,6 @@ namespace {
 
 namespace bridge = onlineps::bridge;
 
-// Runs `sweep` every 10 s on its own thread until destroyed.
-class Sweeper {
- public:
-  explicit Sweeper(std::function<void()> sweep) : sweep_(std::move(sweep)) {
-    thread_ = std::thread([this] {
-      std::unique_lock<std::mutex> lock(mu_);
-      while (!cv_.wait_for(lock, std::chrono::seconds(10), [this] { return stop_; })) {
-        lock.unlock();
-        sweep_();
-        lock.lock();
-      }
-    });
-  }
-  ~Sweeper() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  const std::function<void()> sweep_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;  // guarded by mu_
-  std::thread thread_;
-};
 using std::chrono::milliseconds;
 
 struct Flags {
@@ -299,11 +268,15 @@ int main(int argc, char** argv) {
 
   // Ends idle MCP sessions, expired contexts and idle placements, so that clients that
   // walk away without DELETE (or stateless handles never used again) free their state.
-  Sweeper sweeper([&] {
-    mcp.ExpireIdle();
-    contexts.Expire();
-    backend.Forget(router.ReleaseIdle(std::chrono::seconds(f.session_idle_s)));
-  });
+  onlineps::PeriodicThread sweeper;
+  sweeper.Start(
+      std::chrono::seconds(10),
+      [&] {
+        mcp.ExpireIdle();
+        contexts.Expire();
+        backend.Forget(router.ReleaseIdle(std::chrono::seconds(f.session_idle_s)));
+      },
+      /*tick_first=*/false);
 
   if (f.transport == "stdio") {
     // Never destroyed: the signal thread may still use it while main() winds down.

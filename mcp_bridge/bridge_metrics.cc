@@ -75,23 +75,10 @@ void BridgeMetrics::Update() {
 
 void BridgeMetrics::Start(std::chrono::milliseconds period) {
   Update();
-  thread_ = std::thread([this, period] {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!cv_.wait_for(lock, period, [this] { return stopping_; })) {
-      lock.unlock();
-      Update();
-      lock.lock();
-    }
-  });
+  thread_.Start(
+      period, [this] { Update(); }, /*tick_first=*/false);
 }
 
-void BridgeMetrics::Stop() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
+void BridgeMetrics::Stop() { thread_.Stop(); }
 
 }  // namespace onlineps::bridge

@@ -11,11 +11,10 @@
 #include <prometheus/registry.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
 #include <mutex>
-#include <thread>
 
+#include "common/periodic_thread.h"
 #include "mcp_bridge/context_store.h"
 #include "mcp_bridge/mcp_server.h"
 #include "mcp_bridge/recorder.h"
@@ -48,9 +47,7 @@ class BridgeMetrics {
   double moves_seen_ = 0;  // guarded by mu_
 
   std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;  // guarded by mu_
-  std::thread thread_;
+  onlineps::PeriodicThread thread_;
 };
 
 }  // namespace onlineps::bridge

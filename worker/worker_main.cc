@@ -13,6 +13,7 @@
 #include "common/admin_server.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "common/periodic_thread.h"
 #include "common/signals.h"
 #include "ps/ps_client.h"
 #include "worker/gpu_config.h"
@@ -319,25 +320,15 @@ class SignalWatcher {
 // probe never waits on a shard that is down.
 class ShardProbe {
  public:
-  explicit ShardProbe(onlineps::ps::PsClient* ps) : ps_(ps) {
-    thread_ = std::thread([this] {
-      std::unique_lock<std::mutex> lock(mu_);
-      while (!stop_) {
-        lock.unlock();
-        Status st = ps_->WaitForShards(std::chrono::milliseconds(1000));
-        lock.lock();
-        last_ = st;
-        cv_.wait_for(lock, std::chrono::seconds(2), [this] { return stop_; });
-      }
-    });
-  }
-  ~ShardProbe() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
+  explicit ShardProbe(onlineps::ps::PsClient* ps) {
+    thread_.Start(
+        std::chrono::seconds(2),
+        [this, ps] {
+          Status st = ps->WaitForShards(std::chrono::milliseconds(1000));
+          std::lock_guard<std::mutex> lock(mu_);
+          last_ = st;
+        },
+        /*tick_first=*/true);
   }
   Status last() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -345,12 +336,9 @@ class ShardProbe {
   }
 
  private:
-  onlineps::ps::PsClient* const ps_;
   std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;                                             // guarded by mu_
   Status last_ = onlineps::Unavailable("shards not probed yet");  // guarded by mu_
-  std::thread thread_;
+  onlineps::PeriodicThread thread_;  // last: stopped before the members it writes go
 };
 
 int Run(Flags& f) {
