@@ -65,11 +65,12 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
 }
 
 void SendError(httplib::Response& res, int status, int code, const std::string& message,
-               const json& id = nullptr) {
+               const json& id = nullptr, const json& data = nullptr) {
   res.status = status;
   // Messages may quote header values: never let a bad byte turn a 4xx into a 500.
   res.set_content(
-      JsonRpcError(id, code, message).dump(-1, ' ', false, json::error_handler_t::replace), kJson);
+      JsonRpcError(id, code, message, data).dump(-1, ' ', false, json::error_handler_t::replace),
+      kJson);
 }
 
 // Mcp-Param-* values that are not plain ASCII arrive as =?base64?...?= (padded base64);
@@ -341,14 +342,9 @@ void HttpTransport::Impl::Post(const httplib::Request& req, httplib::Response& r
   }
   if (!is_init && r.session_id.empty() && !r.header_version.empty() &&
       r.header_version != kModernVersion && !IsLegacyVersion(r.header_version)) {
-    res.status = 400;
-    res.set_content(
-        JsonRpcError(m.is_object() ? m.value("id", json()) : json(), kUnsupportedVersion,
-                     "Unsupported protocol version: " + r.header_version,
-                     {{"supported", {kModernVersion, "2025-11-25", "2025-06-18", "2025-03-26"}},
-                      {"requested", r.header_version}})
-            .dump(),
-        kJson);
+    SendError(res, 400, kUnsupportedVersion, "Unsupported protocol version: " + r.header_version,
+              m.is_object() ? m.value("id", json()) : json(),
+              {{"supported", SupportedVersions()}, {"requested", r.header_version}});
     return;
   }
   if (!is_init && r.session_id.empty() && r.header_version.empty() && m.is_object()) {

@@ -65,6 +65,8 @@ std::string SessionPrefix(const std::string& principal) {
 
 }  // namespace
 
+json SupportedVersions() { return {kModernVersion, "2025-11-25", "2025-06-18", "2025-03-26"}; }
+
 bool IsLegacyVersion(const std::string& v) {
   return v == "2025-11-25" || v == "2025-06-18" || v == "2025-03-26";
 }
@@ -496,8 +498,7 @@ Reply McpServer::Stateless(const Request& req) {
   const std::string v = meta[kVersionKey];
   if (v != kModernVersion) {
     return Error(400, id, kUnsupportedVersion, "Unsupported protocol version: " + v,
-                 {{"supported", {kModernVersion, "2025-11-25", "2025-06-18", "2025-03-26"}},
-                  {"requested", v}});
+                 {{"supported", SupportedVersions()}, {"requested", v}});
   }
   if (!meta.contains("io.modelcontextprotocol/clientCapabilities") ||
       !meta["io.modelcontextprotocol/clientCapabilities"].is_object()) {
@@ -506,15 +507,14 @@ Reply McpServer::Stateless(const Request& req) {
   }
   const json server_meta = {{"io.modelcontextprotocol/serverInfo", ServerInfo(options_)}};
   if (method == "server/discover") {
-    return Result(
-        id, {{"supportedVersions", {kModernVersion, "2025-11-25", "2025-06-18", "2025-03-26"}},
-             {"capabilities", ModernCapabilities()},
-             {"serverInfo", ServerInfo(options_)},
-             {"instructions", kInstructions},
-             {"ttlMs", 3600 * 1000},
-             {"cacheScope", "public"},
-             {"resultType", "complete"},
-             {"_meta", server_meta}});
+    return Result(id, {{"supportedVersions", SupportedVersions()},
+                       {"capabilities", ModernCapabilities()},
+                       {"serverInfo", ServerInfo(options_)},
+                       {"instructions", kInstructions},
+                       {"ttlMs", 3600 * 1000},
+                       {"cacheScope", "public"},
+                       {"resultType", "complete"},
+                       {"_meta", server_meta}});
   }
   // initialize and ping are gone from 2026-07-28 (server/discover replaces both).
   if (method == "tools/list") {

@@ -29,6 +29,7 @@ namespace onlineps::bridge {
 inline constexpr char kModernVersion[] = "2026-07-28";
 inline constexpr char kLatestLegacyVersion[] = "2025-11-25";
 bool IsLegacyVersion(const std::string& v);  // 2025-11-25, 2025-06-18, 2025-03-26
+nlohmann::json SupportedVersions();          // newest first, as server/discover lists them
 
 // JSON-RPC and MCP error codes.
 inline constexpr int kParseError = -32700, kInvalidRequest = -32600, kMethodNotFound = -32601,
