@@ -173,6 +173,7 @@ class McpHttp {
     return r.body.contains("result") ? r.body["result"] : r.body;
   }
   void set_token(std::string t) { token_ = std::move(t); }
+  void set_keep_alive(bool on) { client_.set_keep_alive(on); }
   void set_session(std::string s) { session_ = std::move(s); }
   const std::string& session() const { return session_; }
   int next_id() { return next_id_++; }

@@ -13,3 +13,27 @@ set_tests_properties(Ops.RunLocalServesAndStopsOnCtrlC PROPERTIES
   TIMEOUT 900
   RUN_SERIAL TRUE
   LABELS "ops")
+
+# SIGTERM under load, per binary: drains, exits 0, loses no acknowledged update.
+onlineps_test(drain_test onlineps_ps onlineps_worker_client PkgConfig::HTTPLIB
+              nlohmann_json::nlohmann_json)
+target_compile_definitions(drain_test PRIVATE ONLINEPS_BIN_DIR="${CMAKE_BINARY_DIR}/bin")
+add_dependencies(drain_test onlineps_ps_server onlineps_worker onlineps_mcp_bridge_bin)
+
+# PS, workers and the bridge in separate network namespaces (skipped, exit 77, where
+# namespaces cannot be created).
+add_test(NAME Ops.MultiHostNetworkNamespaces COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/netns_test.py)
+set_tests_properties(Ops.MultiHostNetworkNamespaces PROPERTIES
+  ENVIRONMENT "ONLINEPS_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
+  SKIP_RETURN_CODE 77
+  TIMEOUT 300
+  LABELS "ops")
+
+# JSON logs stay valid JSON, the config precedence holds, every flag is documented.
+foreach(check json-logs precedence docs-flags)
+  add_test(NAME Ops.Cli.${check} COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/ops_cli_test.py ${check})
+  set_tests_properties(Ops.Cli.${check} PROPERTIES
+    ENVIRONMENT "ONLINEPS_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
+    TIMEOUT 180
+    LABELS "ops")
+endforeach()
