@@ -120,7 +120,7 @@ def run_client(script):
 
 
 CLIENT = r"""
-import json, opslib
+import json, opslib, time
 url = "http://10.213.0.30:7400/mcp"
 train = [{"text": "a wonderful lovely film", "label": "positive"},
          {"text": "a dull tedious waste", "label": "negative"}]
