@@ -131,7 +131,9 @@ void AddToolFlags(CLI::App& app, Flags* f) {
                  "Re-send a context to its worker after this long (keep below the worker's "
                  "--context-ttl-s)")
       ->capture_default_str();
-  app.add_option("--max-examples", f->tools.max_examples, "Examples per infer or learn call")
+  app.add_option("--max-examples", f->tools.max_examples,
+                 "Examples per infer or learn call (an infer goes to the worker in one call: keep "
+                 "it at most the worker's --max-batch)")
       ->capture_default_str();
   app.add_option("--learn-chunk", f->tools.learn_chunk,
                  "Examples per worker call of a learn; progress is reported after each")

@@ -22,7 +22,7 @@
 namespace onlineps::bridge {
 
 struct ToolsOptions {
-  size_t max_examples = 4096;  // per learn or infer call
+  size_t max_examples = 1024;  // per learn or infer call; at most the worker's --max-batch
   size_t learn_chunk = 64;     // examples per worker call; progress is sent after each
   size_t max_text_bytes = 64 * 1024;
 };

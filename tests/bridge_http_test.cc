@@ -6,6 +6,7 @@
 #include <regex>
 #include <thread>
 
+#include "mcp_bridge/tools.h"
 #include "tests/bridge_cluster.h"
 
 namespace onlineps::testing {
@@ -212,6 +213,25 @@ TEST_F(BridgeHttpTest, InvalidArgumentsAreToolErrorsNamingTheProblem) {
   EXPECT_FALSE(c.Call("infer", {{"text", "still serving"}}).value("isError", true));
 }
 
+// With default flags on both sides, every infer the bridge accepts fits in one worker call
+// (--max-examples <= the worker's --max-batch), and one more example is refused by the
+// bridge with a message naming the flag.
+TEST_F(BridgeHttpTest, LargestDefaultInferIsServedAndOneMoreIsRefused) {
+  McpHttp c(Start());
+  ASSERT_FALSE(c.Initialize().empty());
+  const size_t limit = bridge::ToolsOptions{}.max_examples;
+  json examples = json::array();
+  for (size_t i = 0; i < limit; ++i) examples.push_back({{"text", "x " + std::to_string(i)}});
+  json r = c.Call("infer", {{"examples", examples}});
+  ASSERT_FALSE(r.value("isError", true)) << r.dump().substr(0, 400);
+  EXPECT_EQ(r["structuredContent"]["predictions"].size(), limit);
+  examples.push_back({{"text", "one too many"}});
+  r = c.Call("infer", {{"examples", examples}});
+  EXPECT_TRUE(r.value("isError", false));
+  EXPECT_NE(r["content"][0]["text"].get<std::string>().find("--max-examples"), std::string::npos)
+      << r.dump().substr(0, 400);
+}
+
 TEST_F(BridgeHttpTest, LongLearnStreamsProgressOverSse) {
   McpHttp c(Start({"--learn-chunk", "8"}));
   ASSERT_FALSE(c.Initialize().empty());
@@ -240,7 +260,7 @@ TEST_F(BridgeHttpTest, LongLearnStreamsProgressOverSse) {
 }
 
 TEST_F(BridgeHttpTest, CancelledLearnStopsBetweenChunks) {
-  const int port = Start({"--learn-chunk", "1"});
+  const int port = Start({"--learn-chunk", "1", "--max-examples", "3000"});
   McpHttp c(port);
   ASSERT_FALSE(c.Initialize().empty());
   json examples = json::array();
