@@ -97,5 +97,6 @@ int main(int argc, char** argv) {
   spdlog::info("signal {}: draining", sig);
   server.Stop();
   admin->Stop();
-  return 0;
+  // Non-zero so a supervisor sees that the updates since the last checkpoint are not on disk.
+  return server.final_checkpoint_failed() ? 1 : 0;
 }

@@ -114,7 +114,10 @@ void ShardServer::Stop() {
   transport_->Stop();  // handles what is queued, then flushes replies
   if (!options_.checkpoint_dir.empty()) {
     auto st = Checkpoint();
-    if (!st.ok()) spdlog::error("final checkpoint failed: {}", st.status().ToString());
+    if (!st.ok()) {
+      final_checkpoint_failed_ = true;
+      spdlog::error("final checkpoint failed: {}", st.status().ToString());
+    }
   }
   spdlog::info("shard {}/{} stopped", options_.shard, options_.num_shards);
 }
@@ -183,6 +186,12 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
       return Info(h, reply);
     case Op::kCheckpoint: {
       auto path = Checkpoint();
+      // A volume problem is not transient the way "draining" is: answer it as such, so the
+      // client reports it instead of retrying UNAVAILABLE until its deadline.
+      if (!path.ok() && path.status().code() == StatusCode::kUnavailable) {
+        return Status(StatusCode::kFailedPrecondition,
+                      "checkpoint not written: " + path.status().message());
+      }
       if (!path.ok()) return path.status();
       reply->message = *path;
       return Status::Ok();

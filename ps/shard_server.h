@@ -52,6 +52,8 @@ class ShardServer {
   StatusOr<std::string> Start();
   // Drains, checkpoints (when a directory is set) and stops. Idempotent.
   void Stop();
+  // After Stop(): whether the final checkpoint was wanted and could not be written.
+  bool final_checkpoint_failed() const { return final_checkpoint_failed_.load(); }
   // Writes a checkpoint now; returns its path.
   StatusOr<std::string> Checkpoint();
 
@@ -95,6 +97,7 @@ class ShardServer {
   Dedup dedup_;
   std::atomic<bool> ready_{false};
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> final_checkpoint_failed_{false};
 
   mutable std::mutex tables_mu_;            // serializes writers; readers load the snapshot
   std::shared_ptr<const TableMap> tables_;  // copy-on-write; atomic_load/atomic_store

@@ -29,8 +29,9 @@ set_tests_properties(Ops.MultiHostNetworkNamespaces PROPERTIES
   TIMEOUT 300
   LABELS "ops")
 
-# JSON logs stay valid JSON, the config precedence holds, every flag is documented.
-foreach(check json-logs precedence docs-flags)
+# JSON logs stay valid JSON, the config precedence holds, every flag is documented, a
+# failed final checkpoint is a non-zero exit.
+foreach(check json-logs precedence docs-flags final-checkpoint)
   add_test(NAME Ops.Cli.${check} COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/ops_cli_test.py ${check})
   set_tests_properties(Ops.Cli.${check} PROPERTIES
     ENVIRONMENT "ONLINEPS_BIN_DIR=${CMAKE_BINARY_DIR}/bin"

@@ -7,6 +7,11 @@
                object with ts, level, component and msg, and those characters survive.
   precedence   the documented precedence, flag > env > config file > default, holds for
                each binary (read back with --print-config).
+  final-checkpoint
+               a shard whose final checkpoint cannot be written (its directory was
+               replaced by a file) answers `ps_cli checkpoint` at once with the reason,
+               logs why and exits 1 on SIGTERM; with a writable
+               directory it exits 0 and the checkpoint is there.
   docs-flags   every long flag in each binary's --help is documented in
                docs/configuration.md, and so is each ONLINEPS_* env name the code reads
                outside the flag parser.
@@ -18,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -103,6 +109,44 @@ def json_logs():
         for p in procs:
             if p.alive():
                 p.stop(signal.SIGKILL)
+
+
+def final_checkpoint():
+    work = tempfile.mkdtemp(prefix="onlineps-finalckpt.")
+    for broken in (False, True):
+        ckpt = os.path.join(work, f"ck-{int(broken)}")
+        os.makedirs(ckpt)
+        shard = opslib.Proc(f"ps{int(broken)}", [
+            f"{BIN}/onlineps_ps", "--shard-index", "0", "--num-shards", "1", "--listen",
+            "tcp://127.0.0.1:0", "--admin-port", "-1", "--checkpoint-dir", ckpt], work)
+        try:
+            opslib.wait_until(lambda: "LISTENING " in shard.stdout() or not shard.alive(), 30,
+                              "the shard to listen")
+            if broken:
+                os.rmdir(ckpt)
+                with open(ckpt, "w") as f:
+                    f.write("not a directory\n")
+                # An on-demand checkpoint fails at once with the reason, not after retries.
+                ep = re.search(r"LISTENING (\S+)", shard.stdout()).group(1)
+                t0 = time.monotonic()
+                r = subprocess.run([f"{BIN}/onlineps_ps_cli", "--shards", ep, "checkpoint"],
+                                   capture_output=True, text=True, timeout=60)
+                took = time.monotonic() - t0
+                if r.returncode == 0 or "checkpoint not written" not in r.stdout + r.stderr \
+                        or took > 3:
+                    fail(f"ps_cli checkpoint on an unwritable dir: exit {r.returncode} after "
+                         f"{took:.1f} s:\n{r.stdout}{r.stderr}")
+            code = shard.stop(signal.SIGTERM)
+        finally:
+            if shard.alive():
+                shard.stop(signal.SIGKILL)
+        logged = "final checkpoint failed" in shard.stderr()
+        if broken and (code != 1 or not logged):
+            fail(f"unwritable checkpoint dir: exit {code}, logged {logged}:\n{shard.stderr()}")
+        if not broken and (code != 0 or logged or not os.listdir(ckpt)):
+            fail(f"writable checkpoint dir: exit {code}, files {os.listdir(ckpt)}:\n"
+                 f"{shard.stderr()}")
+    print("ops_cli_test: final-checkpoint PASS (exit 1 when it cannot be written, else 0)")
 
 
 def print_config(binary, args=(), env=None):
@@ -193,7 +237,8 @@ def docs_flags():
 
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
-    checks = {"json-logs": json_logs, "precedence": precedence, "docs-flags": docs_flags}
+    checks = {"json-logs": json_logs, "precedence": precedence, "docs-flags": docs_flags,
+              "final-checkpoint": final_checkpoint}
     if mode not in checks:
         print(f"usage: ops_cli_test.py {'|'.join(checks)}")
         sys.exit(2)
