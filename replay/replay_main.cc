@@ -1,0 +1,274 @@
+// onlineps_replay: staleness experiments and trace replay (docs/replay.md). A workload
+// (a dataset with a worker/delay model, or a recorded trace) is turned into pull/push
+// events and run against an in-process or running PS cluster; results go to --out.
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include "common/config.h"
+#include "common/logging.h"
+#include "replay/batches.h"
+#include "replay/models.h"
+#include "replay/replay_flags.h"
+#include "replay/report.h"
+#include "replay/trace_steps.h"
+#include "worker/model.h"
+
+#ifndef ONLINEPS_GIT_COMMIT
+#define ONLINEPS_GIT_COMMIT ""
+#endif
+
+namespace onlineps::replay {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// "\r" progress on a terminal only: a log file gets the summary, not 1,000 lines.
+class ProgressLine {
+ public:
+  explicit ProgressLine(bool quiet) : on_(!quiet && ::isatty(2)), start_(Clock::now()) {}
+  void operator()(uint64_t done, uint64_t total) {
+    if (!on_) return;
+    const double s = std::chrono::duration<double>(Clock::now() - start_).count();
+    const double rate = s > 0 ? static_cast<double>(done) / s : 0;
+    const double eta = rate > 0 && total > done ? static_cast<double>(total - done) / rate : 0;
+    std::fprintf(stderr, "\rreplay: %llu/%llu updates  %.0f/s  ETA %d:%02d   ",
+                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(total),
+                 rate, static_cast<int>(eta) / 60, static_cast<int>(eta) % 60);
+    if (done >= total) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  bool on_;
+  Clock::time_point start_;
+};
+
+// Sleeps so events keep their recorded gaps, scaled by 1/speed and capped at max_gap_ms.
+class Pacer {
+ public:
+  Pacer(double speed, double max_gap_ms) : speed_(speed), max_gap_ms_(max_gap_ms) {}
+  void Wait(double t_ms) {
+    if (!started_) {
+      started_ = true;
+      start_ = Clock::now();
+      last_t_ = t_ms;
+    }
+    double gap = std::max(0.0, t_ms - last_t_);
+    if (max_gap_ms_ > 0) gap = std::min(gap, max_gap_ms_);
+    last_t_ = std::max(last_t_, t_ms);
+    elapsed_ms_ += gap / speed_;
+    std::this_thread::sleep_until(
+        start_ + std::chrono::microseconds(static_cast<int64_t>(elapsed_ms_ * 1000)));
+  }
+
+ private:
+  double speed_, max_gap_ms_;
+  bool started_ = false;
+  Clock::time_point start_;
+  double last_t_ = 0, elapsed_ms_ = 0;
+};
+
+nlohmann::json ParamsJson(const worker::Model& m) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& p : m.params()) {
+    out.push_back({{"table", p.name},
+                   {"kind", p.kind == worker::ParamKind::kDense ? "dense" : "sparse"},
+                   {"shape", p.shape}});
+  }
+  return out;
+}
+
+void PrintHistogram(const StalenessStats& s) {
+  std::printf("staleness over %llu pushes: mean %.3f p50 %llu p90 %llu p99 %llu max %llu\n",
+              static_cast<unsigned long long>(s.count()), s.Mean(),
+              static_cast<unsigned long long>(s.Quantile(0.5)),
+              static_cast<unsigned long long>(s.Quantile(0.9)),
+              static_cast<unsigned long long>(s.Quantile(0.99)),
+              static_cast<unsigned long long>(s.Max()));
+  const auto& h = s.histogram();
+  for (size_t t = 0; t < h.size() && t < 64; ++t) {
+    if (!h[t]) continue;
+    const double f = static_cast<double>(h[t]) / static_cast<double>(s.count());
+    std::printf("  tau %3zu  %10llu  %6.2f%%  %s\n", t, static_cast<unsigned long long>(h[t]),
+                100 * f, std::string(static_cast<size_t>(f * 50 + 0.5), '#').c_str());
+  }
+  if (h.size() > 64) std::printf("  (tau above 63 not shown)\n");
+}
+
+// The event stream and what describes it in the manifest.
+struct Workload {
+  std::unique_ptr<BatchSource> batches;
+  std::unique_ptr<Scheduler> scheduler;  // dataset workloads
+  std::vector<Event> events;             // trace workloads
+  size_t next_event = 0;
+  uint64_t expected_pushes = 0;
+  nlohmann::json describe;
+  bool Next(Event* e) {
+    if (scheduler) return scheduler->Next(e);
+    if (next_event >= events.size()) return false;
+    *e = events[next_event++];
+    return true;
+  }
+};
+
+StatusOr<Workload> DatasetWorkload(const Flags& f, const Dataset& data) {
+  Workload w;
+  auto batches =
+      std::make_unique<DatasetBatches>(&data, f.batch, f.seed, !f.no_shuffle, f.eval_rows);
+  ONLINEPS_ASSIGN_OR_RETURN(ScheduleOptions so, ScheduleOptionsOf(f));
+  if (so.updates == 0) so.updates = batches->BatchesPerEpoch() * std::max<uint32_t>(f.epochs, 1);
+  w.expected_pushes = so.updates;
+  ONLINEPS_ASSIGN_OR_RETURN(w.scheduler, Scheduler::Create(so));
+  w.batches = std::move(batches);
+  w.describe = {{"dataset", data.Describe()}, {"updates", so.updates}};
+  return w;
+}
+
+StatusOr<Workload> TraceWorkload(const Flags& f, const TraceSteps& steps) {
+  Workload w;
+  std::optional<Delay> override;
+  if (!f.staleness.empty()) {
+    ONLINEPS_ASSIGN_OR_RETURN(Delay d, Delay::Parse(f.staleness));
+    override = d;
+  }
+  if (steps.steps.empty()) return FailedPrecondition(f.trace + " has no successful learn");
+  w.events = TraceEvents(steps, override, f.seed, f.loop);
+  w.expected_pushes = steps.steps.size() * std::max<uint32_t>(f.loop, 1);
+  w.batches = std::make_unique<TraceBatches>(&steps, std::vector<worker::Example>{});
+  w.describe = {{"trace", f.trace},
+                {"run_id", steps.header.run_id},
+                {"source", steps.header.source},
+                {"records", steps.records},
+                {"learn_steps", steps.steps.size()},
+                {"skipped_records", steps.skipped},
+                {"truncated_tail", steps.truncated_tail},
+                {"workers", steps.workers},
+                {"staleness", override ? override->ToString() : "as recorded"}};
+  return w;
+}
+
+// --dry-run: the staleness the PS would measure, and how long the run would take.
+int DryRun(const Flags& f, Workload* w, double recorded_ms) {
+  StalenessStats s;
+  double last_ms = 0;
+  Event e;
+  while (w->Next(&e)) {
+    if (e.kind == EventKind::kPush) s.Add(e.expected_tau);
+    last_ms = std::max(last_ms, e.t_ms);
+  }
+  PrintHistogram(s);
+  const double ms = recorded_ms > 0 ? recorded_ms : last_ms;
+  std::printf("virtual duration %.1f s; timed replay at --speed %g would take %.1f s\n", ms / 1000,
+              f.speed, ms / 1000 / f.speed);
+  return 0;
+}
+
+int Fail(const Status& st) {
+  std::fprintf(stderr, "onlineps_replay: %s\n", st.ToString().c_str());
+  return 1;
+}
+
+int Main(int argc, char** argv) {
+  Flags f;
+  LogOptions log;
+  log.component = "replay";
+  CLI::App app("onlineps_replay: staleness experiments and trace replay (docs/replay.md)");
+  AddFlags(app, &f);
+  AddLoggingFlags(app, &log);
+  auto parsed = ParseFlags(app, argc, argv);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "onlineps_replay: %s\n", parsed.status().message().c_str());
+    return 2;
+  }
+  if (parsed->exit_now) return 0;
+  if (auto st = InitLogging(log); !st.ok()) return Fail(st);
+  if (auto st = CheckFlags(f); !st.ok()) {
+    std::fprintf(stderr, "onlineps_replay: %s\n", st.message().c_str());
+    return 2;
+  }
+
+  Dataset data;
+  TraceSteps steps;
+  StatusOr<Workload> workload = Status(StatusCode::kInternal, "no workload");
+  if (f.trace.empty()) {
+    if (f.dataset != "none") {
+      spdlog::info("loading dataset {}", f.dataset);
+      auto d = LoadDataset(f.dataset, DatasetOptionsOf(f));
+      if (!d.ok()) return Fail(d.status());
+      data = std::move(*d);
+    }
+    workload = DatasetWorkload(f, data);
+  } else {
+    auto s = LoadTraceSteps(f.trace, f.labels, f.limit, f.learn_chunk);
+    if (!s.ok()) return Fail(s.status());
+    steps = std::move(*s);
+    if (steps.truncated_tail) spdlog::warn("{}: the last line is cut off; it was skipped", f.trace);
+    workload = TraceWorkload(f, steps);
+  }
+  if (!workload.ok()) return Fail(workload.status());
+  if (f.dry_run) return DryRun(f, &*workload, f.trace.empty() ? 0 : steps.duration_ms);
+
+  auto model = MakeModel(f, data, steps);
+  if (!model.ok()) return Fail(model.status());
+  if (auto st = CheckTraceTables(steps.header, **model); !st.ok()) return Fail(st);
+  ::mkdir(f.out.c_str(), 0755);
+  std::unique_ptr<TraceWriter> events;
+  if (f.events) {
+    TraceHeader h;
+    h.run_id = NewRunId();
+    h.source = "onlineps_replay";
+    h.commit = ONLINEPS_GIT_COMMIT;
+    h.model = {{"labels", (*model)->labels()}, {"tables", ParamsJson(**model)}};
+    h.dataset = workload->describe;
+    h.seeds = {{"seed", f.seed}};
+    auto w = TraceWriter::Create(f.out + "/events.jsonl", h, /*overwrite=*/true);
+    if (!w.ok()) return Fail(w.status());
+    events = std::move(*w);
+  }
+  ReplayOptions ro;
+  if (auto st = ReplayOptionsOf(f, &ro); !st.ok()) return Fail(st);
+  ro.events = events.get();
+  if (ro.eval_every == 0) ro.eval_every = std::max<uint64_t>(1, workload->expected_pushes / 20);
+  ProgressLine progress(f.quiet);
+  ro.progress = [&progress](uint64_t d, uint64_t t) { progress(d, t); };
+  auto replayer = Replayer::Create(model->get(), workload->batches.get(), ClusterOptionsOf(f), ro);
+  if (!replayer.ok()) return Fail(replayer.status());
+  Pacer pacer(f.speed, f.max_gap_ms);
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(f.duration_s * 1000));
+  auto next = [&](Event* e) {
+    if (!workload->Next(e)) return false;
+    if (f.mode == "timed") pacer.Wait(e->t_ms);
+    return f.duration_s <= 0 || Clock::now() < deadline;
+  };
+  spdlog::info("replaying {} updates on {} ({} mode)", workload->expected_pushes,
+               f.ps.empty() ? std::to_string(f.shards) + " in-process shard(s)" : "the cluster",
+               f.mode);
+  auto result = (*replayer)->Run(next, workload->expected_pushes);
+  if (!result.ok()) return Fail(result.status());
+  if (events) static_cast<void>(events->Close());
+
+  nlohmann::json manifest = {{"tool", "onlineps_replay"},
+                             {"commit", ONLINEPS_GIT_COMMIT},
+                             {"argv", std::vector<std::string>(argv, argv + argc)},
+                             {"config", EffectiveConfig(app)},
+                             {"workload", workload->describe},
+                             {"model", {{"kind", f.model}, {"params", ParamsJson(**model)}}},
+                             {"libraries", LibraryVersions()},
+                             {"seeds", {{"seed", f.seed}, {"split_seed", f.split_seed}}},
+                             {"result", ResultJson(*result)}};
+  Status st = WriteOutputs(f, manifest, *result);
+  if (!st.ok()) return Fail(st);
+  PrintSummary(f, *result);
+  return 0;
+}
+
+}  // namespace
+}  // namespace onlineps::replay
+
+int main(int argc, char** argv) { return onlineps::replay::Main(argc, argv); }

