@@ -337,4 +337,18 @@ StatusOr<ParseResult> ParseFlags(CLI::App& app, int argc, const char* const* arg
   return result;
 }
 
+Status ParseNamedNumbers(const std::vector<std::string>& items, const std::string& flag,
+                         std::map<std::string, double>* out) {
+  for (const std::string& kv : items) {
+    const size_t eq = kv.find('=');
+    char* end = nullptr;
+    const double v = eq == std::string::npos ? 0 : std::strtod(kv.c_str() + eq + 1, &end);
+    if (eq == std::string::npos || eq == 0 || end == nullptr || *end != '\0') {
+      return InvalidArgument(flag + " '" + kv + "' is not NAME=NUMBER");
+    }
+    (*out)[kv.substr(0, eq)] = v;
+  }
+  return Status::Ok();
+}
+
 }  // namespace onlineps

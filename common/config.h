@@ -7,7 +7,9 @@
 
 #include <CLI/CLI.hpp>
 #include <iostream>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -34,6 +36,11 @@ StatusOr<ParseResult> ParseFlags(CLI::App& app, int argc, const char* const* arg
 // The effective value of every long option after ParseFlags, one `key = value` per
 // line in config-file syntax (the output can be fed back with --config).
 std::string EffectiveConfig(const CLI::App& app);
+
+// Values of a repeated NAME=NUMBER flag (e.g. --opt-param lr=0.1) into `out`, later
+// ones overriding earlier. kInvalidArgument naming `flag` and the bad item.
+Status ParseNamedNumbers(const std::vector<std::string>& items, const std::string& flag,
+                         std::map<std::string, double>* out);
 
 // The environment variable ParseFlags gives a long option: "num-shards" ->
 // "ONLINEPS_NUM_SHARDS".

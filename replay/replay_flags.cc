@@ -4,25 +4,12 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "common/config.h"
 #include "replay/models.h"
 #include "replay/report.h"
 
 namespace onlineps::replay {
 namespace {
-
-Status ParseParams(const std::vector<std::string>& kvs, const std::string& flag,
-                   std::map<std::string, double>* out) {
-  for (const std::string& kv : kvs) {
-    const size_t eq = kv.find('=');
-    char* end = nullptr;
-    const double v = eq == std::string::npos ? 0 : std::strtod(kv.c_str() + eq + 1, &end);
-    if (eq == std::string::npos || eq == 0 || end == nullptr || *end != '\0') {
-      return InvalidArgument(flag + " '" + kv + "' is not NAME=NUMBER");
-    }
-    (*out)[kv.substr(0, eq)] = v;
-  }
-  return Status::Ok();
-}
 
 // "a:b:c" -> numbers; kInvalidArgument naming the flag and the expected form.
 StatusOr<std::vector<double>> Fields(const std::string& s, size_t n, const std::string& flag,
@@ -77,7 +64,8 @@ void AddWorkloadFlags(CLI::App& app, Flags* f) {
 void AddModelFlags(CLI::App& app, Flags* f) {
   app.add_option("--model", f->model, "mlp | text | sparse-lr | quadratic | torchscript")
       ->capture_default_str();
-  app.add_option("--hidden", f->hidden, "Hidden layer widths, comma separated (default: mlp 128, text none; 0: none)")
+  app.add_option("--hidden", f->hidden,
+                 "Hidden layer widths, comma separated (default: mlp 128, text none; 0: none)")
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--embed-dim", f->embed_dim, "text: embedding width")->capture_default_str();
@@ -240,10 +228,10 @@ Status ReplayOptionsOf(const Flags& f, ReplayOptions* out) {
   ps::TableSpec& t = out->table_template;
   t.optimizer = f.optimizer;
   t.optimizer_params[f.optimizer == "ftrl" ? "alpha" : "lr"] = f.lr;
-  ONLINEPS_RETURN_IF_ERROR(ParseParams(f.opt_params, "--opt-param", &t.optimizer_params));
+  ONLINEPS_RETURN_IF_ERROR(ParseNamedNumbers(f.opt_params, "--opt-param", &t.optimizer_params));
   t.staleness = f.staleness_policy;
   ONLINEPS_RETURN_IF_ERROR(
-      ParseParams(f.staleness_params, "--staleness-param", &t.staleness_params));
+      ParseNamedNumbers(f.staleness_params, "--staleness-param", &t.staleness_params));
   t.max_staleness = f.max_staleness;
   t.bound_mode = ps::BoundMode::kReject;
   t.accumulate = f.accumulate ? f.accumulate : (f.sync ? f.workers : 1);

@@ -13,11 +13,11 @@
 #include <map>
 #include <set>
 
-#include "common/partition.h"
 #include "ps/ps_client.h"
 #include "ps/shard_server.h"
 #include "replay/sha256.h"
 #include "replay/trace.h"
+#include "worker/worker_service.h"
 
 namespace onlineps::replay {
 namespace {
@@ -62,19 +62,7 @@ class ReplayerImpl : public Replayer {
     if (cluster_.shards.empty()) ONLINEPS_RETURN_IF_ERROR(StartInprocShards());
     ONLINEPS_ASSIGN_OR_RETURN(eval_, Connect(options_.sender_base - 1));
     for (const worker::ParamInfo& p : model_->params()) {
-      ps::TableSpec s = options_.table_template;
-      s.name = p.name;
-      s.init = p.init;
-      s.init_value = p.init_value;
-      s.seed = options_.table_template.seed ^ HashString(p.name);
-      if (p.kind == ParamKind::kDense) {
-        s.kind = ps::TableKind::kDense;
-        s.shape = p.shape;
-      } else {
-        s.kind = ps::TableKind::kSparse;
-        s.dim = static_cast<uint32_t>(p.size());
-      }
-      Status st = eval_->CreateTable(s);
+      Status st = eval_->CreateTable(worker::TableSpecFor(p, options_.table_template));
       if (!st.ok()) return st.WithContext("creating table '" + p.name + "'");
       scratch_.emplace_back(p.kind == ParamKind::kDense ? p.size() : 0);
     }

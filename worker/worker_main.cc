@@ -223,20 +223,6 @@ void AddServingFlags(CLI::App& app, Flags* f) {
       ->capture_default_str();
 }
 
-Status ParseParams(const std::vector<std::string>& kvs, const std::string& flag,
-                   std::map<std::string, double>* out) {
-  for (const std::string& kv : kvs) {
-    const size_t eq = kv.find('=');
-    char* end = nullptr;
-    const double v = eq == std::string::npos ? 0 : std::strtod(kv.c_str() + eq + 1, &end);
-    if (eq == std::string::npos || eq == 0 || end == nullptr || *end != '\0') {
-      return Status(StatusCode::kInvalidArgument, flag + " '" + kv + "' is not NAME=NUMBER");
-    }
-    (*out)[kv.substr(0, eq)] = v;
-  }
-  return Status::Ok();
-}
-
 Status ParseFreshness(const Flags& f, std::map<std::string, worker::FreshnessBound>* out) {
   for (const std::string& item : f.freshness) {
     const size_t eq = item.find('=');
@@ -268,9 +254,10 @@ Status ParseFreshness(const Flags& f, std::map<std::string, worker::FreshnessBou
 Status Finish(Flags* f) {
   auto& t = f->service.table_template;
   t.optimizer_params["lr"] = f->lr;
-  ONLINEPS_RETURN_IF_ERROR(ParseParams(f->opt_params, "--opt-param", &t.optimizer_params));
   ONLINEPS_RETURN_IF_ERROR(
-      ParseParams(f->staleness_params, "--staleness-param", &t.staleness_params));
+      onlineps::ParseNamedNumbers(f->opt_params, "--opt-param", &t.optimizer_params));
+  ONLINEPS_RETURN_IF_ERROR(
+      onlineps::ParseNamedNumbers(f->staleness_params, "--staleness-param", &t.staleness_params));
   t.bound_mode =
       f->bound_mode == "block" ? onlineps::ps::BoundMode::kBlock : onlineps::ps::BoundMode::kReject;
   f->service.reply_when =

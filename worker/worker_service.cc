@@ -59,23 +59,27 @@ WorkerService::WorkerService(ps::PsClient* client, Model* model, WorkerServiceOp
 
 WorkerService::~WorkerService() { static_cast<void>(Stop()); }
 
+ps::TableSpec TableSpecFor(const ParamInfo& p, const ps::TableSpec& table_template) {
+  ps::TableSpec s = table_template;
+  s.name = p.name;
+  s.init = p.init;
+  s.init_value = p.init_value;
+  // Different tables must not start from the same random stream.
+  s.seed = table_template.seed ^ HashString(p.name);
+  if (p.kind == ParamKind::kDense) {
+    s.kind = ps::TableKind::kDense;
+    s.shape = p.shape;
+  } else {
+    s.kind = ps::TableKind::kSparse;
+    s.dim = static_cast<uint32_t>(p.size());
+  }
+  return s;
+}
+
 std::vector<ps::TableSpec> WorkerService::TableSpecs() const {
   std::vector<ps::TableSpec> specs;
   for (const ParamInfo& p : model_->params()) {
-    ps::TableSpec s = options_.table_template;
-    s.name = p.name;
-    s.init = p.init;
-    s.init_value = p.init_value;
-    // Different tables must not start from the same random stream.
-    s.seed = options_.table_template.seed ^ HashString(p.name);
-    if (p.kind == ParamKind::kDense) {
-      s.kind = ps::TableKind::kDense;
-      s.shape = p.shape;
-    } else {
-      s.kind = ps::TableKind::kSparse;
-      s.dim = static_cast<uint32_t>(p.size());
-    }
-    specs.push_back(std::move(s));
+    specs.push_back(TableSpecFor(p, options_.table_template));
   }
   return specs;
 }

@@ -102,6 +102,10 @@ struct WorkerStats {
   ContextStoreStats context;
 };
 
+// The PS table of one model parameter: `table_template`'s rules with the parameter's
+// name, kind, shape and initializer, and a seed of its own.
+ps::TableSpec TableSpecFor(const ParamInfo& p, const ps::TableSpec& table_template);
+
 class WorkerService {
  public:
   // `client` and `model` must outlive the service.
