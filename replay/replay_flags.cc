@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 
 #include "common/config.h"
@@ -163,6 +164,20 @@ void AddOutputFlags(CLI::App& app, Flags* f) {
   app.add_flag("--quiet", f->quiet, "No progress line");
 }
 
+void AddBridgeFlags(CLI::App& app, Flags* f) {
+  app.add_option("--bridge", f->bridge,
+                 "Send the --trace's tool calls to this MCP bridge (http://HOST:PORT/mcp), paced "
+                 "by --speed and --max-gap-ms");
+  app.add_option("--bridge-token-file", f->bridge_token_file,
+                 "--bridge: file holding the bearer token (else $ONLINEPS_BRIDGE_TOKEN)");
+  app.add_option("--connections", f->connections, "--bridge: concurrent calls at most")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--call-timeout-ms", f->call_timeout_ms, "--bridge: per tool call")
+      ->check(CLI::Range(1, 3600000))
+      ->capture_default_str();
+}
+
 }  // namespace
 
 void AddFlags(CLI::App& app, Flags* f) {
@@ -171,6 +186,24 @@ void AddFlags(CLI::App& app, Flags* f) {
   AddScheduleFlags(app, f);
   AddPsFlags(app, f);
   AddOutputFlags(app, f);
+  AddBridgeFlags(app, f);
+}
+
+StatusOr<std::string> BridgeToken(const Flags& f) {
+  if (f.bridge_token_file.empty()) {
+    const char* env = std::getenv("ONLINEPS_BRIDGE_TOKEN");
+    return std::string(env ? env : "");
+  }
+  std::ifstream in(f.bridge_token_file);
+  if (!in) return NotFound("--bridge-token-file " + f.bridge_token_file + ": cannot be read");
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t a = line.find_first_not_of(" \t\r");
+    if (a == std::string::npos || line[a] == '#') continue;
+    const size_t b = line.find_last_not_of(" \t\r");
+    return line.substr(a, b - a + 1);
+  }
+  return InvalidArgument("--bridge-token-file " + f.bridge_token_file + " holds no token");
 }
 
 Status CheckFlags(const Flags& f) {
@@ -183,6 +216,12 @@ Status CheckFlags(const Flags& f) {
   }
   if (!f.trace.empty() && f.sync)
     return InvalidArgument("--sync applies to dataset runs, not --trace");
+  if (!f.bridge.empty() && f.trace.empty()) return InvalidArgument("--bridge needs --trace");
+  if (!f.bridge.empty() && (!f.staleness.empty() || !f.ps.empty())) {
+    return InvalidArgument(
+        "--bridge sends tool calls; the bridge's own cluster makes the staleness: drop "
+        "--staleness and --ps");
+  }
   return Status::Ok();
 }
 

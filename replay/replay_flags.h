@@ -81,9 +81,17 @@ struct Flags {
   size_t eval_rows = 0;
   bool progressive = false;
   bool quiet = false;
+  // --bridge: send the trace's tool calls to a running MCP bridge
+  std::string bridge;
+  std::string bridge_token_file;
+  uint32_t connections = 16;
+  int call_timeout_ms = 30000;
 };
 
 void AddFlags(CLI::App& app, Flags* f);
+// The bearer token for --bridge: the first non-blank, non-# line of --bridge-token-file,
+// else $ONLINEPS_BRIDGE_TOKEN, else "". Errors name the file.
+StatusOr<std::string> BridgeToken(const Flags& f);
 // Cross-flag checks: kInvalidArgument naming the flags.
 Status CheckFlags(const Flags& f);
 

@@ -1,6 +1,7 @@
 // onlineps_replay: staleness experiments and trace replay (docs/replay.md). A workload
 // (a dataset with a worker/delay model, or a recorded trace) is turned into pull/push
 // events and run against an in-process or running PS cluster; results go to --out.
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "replay/batches.h"
+#include "replay/bridge_replay.h"
 #include "replay/models.h"
 #include "replay/replay_flags.h"
 #include "replay/report.h"
@@ -173,6 +175,112 @@ int Fail(const Status& st) {
   return 1;
 }
 
+std::atomic<bool> g_stop{false};
+
+void OnSignal(int) { g_stop = true; }
+
+void PrintLatencyRow(const std::string& name, const ToolStats& t) {
+  std::printf("  %-16s %7llu %7llu %7llu %7llu %9.1f %9.1f %9.1f", name.c_str(),
+              static_cast<unsigned long long>(t.calls), static_cast<unsigned long long>(t.ok),
+              static_cast<unsigned long long>(t.tool_errors + t.failures),
+              static_cast<unsigned long long>(t.new_errors), t.latency.Quantile(0.5) / 1000,
+              t.latency.Quantile(0.99) / 1000, t.latency.Max() / 1000);
+  if (t.recorded_latency.count()) {
+    std::printf("   (recorded p50 %.1f p99 %.1f)", t.recorded_latency.Quantile(0.5) / 1000,
+                t.recorded_latency.Quantile(0.99) / 1000);
+  }
+  std::printf("\n");
+}
+
+// --bridge: the trace's tool calls, paced, against a running MCP bridge.
+int BridgeMain(const Flags& f, const CLI::App& app, int argc, char** argv) {
+  auto calls = LoadBridgeCalls(f.trace, f.limit);
+  if (!calls.ok()) return Fail(calls.status());
+  if (calls->truncated_tail) spdlog::warn("{}: the last line is cut off; it was skipped", f.trace);
+  if (calls->skipped_by_ref) {
+    spdlog::warn("{}: {} learn/infer records give their payload by reference; not sent", f.trace,
+                 calls->skipped_by_ref);
+  }
+  const double paced_ms = PacedDurationMs(*calls, f.speed, f.max_gap_ms, f.loop);
+  std::map<std::string, uint64_t> per_tool;
+  for (const auto& c : calls->calls) ++per_tool[c.tool];
+  if (f.dry_run || calls->calls.empty()) {
+    std::printf("%zu tool calls in %llu sessions over %.1f s recorded:", calls->calls.size(),
+                static_cast<unsigned long long>(calls->sessions), calls->span_ms / 1000);
+    for (const auto& [tool, n] : per_tool) {
+      std::printf(" %s %llu", tool.c_str(), static_cast<unsigned long long>(n));
+    }
+    std::printf("\nat --speed %g --max-gap-ms %g (0: no cap), %u loop(s) would take %.1f s\n",
+                f.speed, f.max_gap_ms, f.loop, paced_ms / 1000);
+    if (calls->calls.empty()) return Fail(FailedPrecondition(f.trace + " holds no tool calls"));
+    return 0;
+  }
+  auto token = BridgeToken(f);
+  if (!token.ok()) return Fail(token.status());
+  ::mkdir(f.out.c_str(), 0755);
+  BridgeReplayOptions o;
+  o.url = f.bridge;
+  o.token = *token;
+  o.speed = f.speed;
+  o.max_gap_ms = f.max_gap_ms;
+  o.loop = f.loop;
+  o.duration_s = f.duration_s;
+  o.timeout_ms = f.call_timeout_ms;
+  o.connections = f.connections;
+  o.stop = &g_stop;
+  o.csv_path = f.out + "/calls.csv";
+  ProgressLine progress(f.quiet);
+  o.progress = [&progress](uint64_t d, uint64_t t) { progress(d, t); };
+  ::signal(SIGINT, OnSignal);
+  ::signal(SIGTERM, OnSignal);
+  spdlog::info("sending {} tool calls ({} sessions, {} loop(s)) to {}; pacing alone takes {:.1f} s",
+               calls->calls.size() * f.loop, calls->sessions, f.loop, f.bridge, paced_ms / 1000);
+  auto r = ReplayOnBridge(*calls, o);
+  if (!r.ok()) return Fail(r.status());
+  nlohmann::json manifest = {{"tool", "onlineps_replay"},
+                             {"mode", "bridge"},
+                             {"commit", ONLINEPS_GIT_COMMIT},
+                             {"argv", std::vector<std::string>(argv, argv + argc)},
+                             {"config", EffectiveConfig(app)},
+                             {"workload",
+                              {{"trace", f.trace},
+                               {"run_id", calls->header.run_id},
+                               {"source", calls->header.source},
+                               {"records", calls->records},
+                               {"calls", calls->calls.size()},
+                               {"sessions", calls->sessions},
+                               {"skipped_by_ref", calls->skipped_by_ref},
+                               {"truncated_tail", calls->truncated_tail},
+                               {"recorded_span_s", calls->span_ms / 1000}}},
+                             {"libraries", LibraryVersions()},
+                             {"result", r->ToJson()}};
+  if (auto st = WriteJson(f.out + "/manifest.json", manifest); !st.ok()) return Fail(st);
+  std::printf(
+      "sent %llu calls in %.2f s (%.1f calls/s; pacing alone %.2f s)%s\n",
+      static_cast<unsigned long long>(r->sent), r->wall_s,
+      r->wall_s > 0 ? static_cast<double>(r->sent) / r->wall_s : 0.0, r->paced_s,
+      r->not_sent ? (", " + std::to_string(r->not_sent) + " not sent (stopped)").c_str() : "");
+  std::printf("  %-16s %7s %7s %7s %7s %9s %9s %9s\n", "tool", "calls", "ok", "errors", "new",
+              "p50 ms", "p99 ms", "max ms");
+  for (const auto& [tool, t] : r->tools) PrintLatencyRow(tool, t);
+  PrintLatencyRow("all", r->all);
+  if (r->tau.count() || r->recorded_tau.count()) {
+    std::printf(
+        "learn staleness: mean %.2f p99 %llu max %llu (recorded: mean %.2f p99 %llu max "
+        "%llu)\n",
+        r->tau.Mean(), static_cast<unsigned long long>(r->tau.Quantile(0.99)),
+        static_cast<unsigned long long>(r->tau.Max()), r->recorded_tau.Mean(),
+        static_cast<unsigned long long>(r->recorded_tau.Quantile(0.99)),
+        static_cast<unsigned long long>(r->recorded_tau.Max()));
+  }
+  std::printf("schedule lag p99 %.1f ms; %llu MCP sessions opened, %llu re-initialized\n",
+              r->lag.Quantile(0.99) / 1000, static_cast<unsigned long long>(r->sessions_opened),
+              static_cast<unsigned long long>(r->reinitialized));
+  for (const auto& e : r->first_errors) std::printf("  error: %s\n", e.c_str());
+  std::printf("wrote %s/calls.csv and %s/manifest.json\n", f.out.c_str(), f.out.c_str());
+  return r->all.new_errors > 0 ? 3 : 0;
+}
+
 int Main(int argc, char** argv) {
   Flags f;
   LogOptions log;
@@ -191,6 +299,8 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "onlineps_replay: %s\n", st.message().c_str());
     return 2;
   }
+
+  if (!f.bridge.empty()) return BridgeMain(f, app, argc, argv);
 
   Dataset data;
   TraceSteps steps;

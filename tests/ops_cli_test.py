@@ -32,7 +32,7 @@ import opslib  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("ONLINEPS_BIN_DIR", os.path.join(ROOT, "build", "bin"))
 BINARIES = ["onlineps_ps", "onlineps_ps_cli", "onlineps_worker", "onlineps_worker_cli",
-            "onlineps_mcp_bridge"]
+            "onlineps_mcp_bridge", "onlineps_replay"]
 
 
 def fail(msg):
@@ -220,7 +220,7 @@ def docs_flags():
         print(f"ops_cli_test: {binary}: {len(flags)} flags, documented")
     # Environment variables read directly by the code (not through the flag parser).
     env_names = set()
-    for d in ("common", "ps", "worker", "mcp_bridge"):
+    for d in ("common", "ps", "worker", "mcp_bridge", "replay"):
         for name in os.listdir(os.path.join(ROOT, d)):
             if name.endswith((".cc", ".h")):
                 text = open(os.path.join(ROOT, d, name)).read()

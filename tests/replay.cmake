@@ -7,3 +7,11 @@ set_tests_properties(Replay.TraceFromLiveBridge PROPERTIES
   ENVIRONMENT "ONLINEPS_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
   TIMEOUT 300
   LABELS "replay")
+
+# A recording sent to a running bridge over MCP with onlineps_replay --bridge (real processes).
+add_test(NAME Replay.TraceOnBridge
+         COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/replay_bridge_test.py)
+set_tests_properties(Replay.TraceOnBridge PROPERTIES
+  ENVIRONMENT "ONLINEPS_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
+  TIMEOUT 300
+  LABELS "replay")
