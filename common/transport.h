@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/curve.h"
 #include "common/frame.h"
 #include "common/status.h"
 
@@ -40,6 +41,10 @@ struct TransportOptions {
   size_t inline_max_bytes = 256 * 1024;
   // Client: how long Close() waits to flush unsent messages (ZMQ_LINGER).
   std::chrono::milliseconds linger{0};
+  // CurveZMQ on ZeroMQ sockets (common/curve.h); off when curve.secret_key is empty.
+  // A server needs its key pair; a client its key pair and the server's public key.
+  // mem:// ignores it (nothing leaves the process).
+  CurveOptions curve;
 };
 
 // An incoming request on a server: the opaque identity of the peer that sent it plus

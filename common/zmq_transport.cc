@@ -1,5 +1,7 @@
 #include "common/zmq_transport.h"
 
+#include <spdlog/spdlog.h>
+
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -8,6 +10,8 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
+#include <set>
 #include <utility>
 
 namespace onlineps {
@@ -170,6 +174,114 @@ bool RunGuarded(const char* where, bool exiting, Round round) {
   }
 }
 
+// The process's ZAP handler (ZeroMQ RFC 27): ZeroMQ asks it about every CURVE client
+// before the handshake completes. A server with an allow list registers it under its
+// own ZAP domain; a CURVE server without one uses the empty domain, where every client
+// that completed the key exchange is accepted. Started on first use, never stopped (like
+// the shared context).
+class ZapHandler {
+ public:
+  static ZapHandler& Get() {
+    static auto* h = new ZapHandler();
+    return *h;
+  }
+  std::string Register(const std::vector<std::string>& allowed) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string domain = "onlineps-" + std::to_string(next_++);
+    domains_[domain] = std::set<std::string>(allowed.begin(), allowed.end());
+    return domain;
+  }
+  void Unregister(const std::string& domain) {
+    std::lock_guard<std::mutex> lock(mu_);
+    domains_.erase(domain);
+  }
+
+ private:
+  ZapHandler() {
+    // Bound before any CURVE socket exists, so no handshake can skip it.
+    rep_ = zmq::socket_t(SharedContext(), zmq::socket_type::rep);
+    rep_.set(zmq::sockopt::linger, 0);
+    rep_.bind("inproc://zeromq.zap.01");
+    std::thread([this] { Loop(); }).detach();
+  }
+
+  void Loop() {
+    while (true) {
+      std::vector<zmq::message_t> req;
+      try {
+        do {
+          req.emplace_back();
+          if (!rep_.recv(req.back())) req.pop_back();
+        } while (!req.empty() && req.back().more());
+        if (req.empty()) continue;
+        while (req.size() < 6) req.emplace_back();  // malformed: refused, but REP must reply
+        const std::string domain = req[2].to_string(), address = req[3].to_string();
+        const std::string mechanism = req[5].to_string();
+        std::string key;
+        if (mechanism == "CURVE" && req.size() >= 7 && req[6].size() == 32) {
+          char z85[41];
+          zmq_z85_encode(z85, static_cast<const uint8_t*>(req[6].data()), 32);
+          key = z85;
+        }
+        const bool ok = Allowed(domain, mechanism, key);
+        if (!ok) Refused(address, key);
+        const char* code = ok ? "200" : "400";
+        const char* text = ok ? "OK" : "client key not allowed";
+        rep_.send(zmq::buffer(std::string("1.0")), zmq::send_flags::sndmore);
+        rep_.send(req[1], zmq::send_flags::sndmore);
+        rep_.send(zmq::buffer(code, 3), zmq::send_flags::sndmore);
+        rep_.send(zmq::buffer(text, std::strlen(text)), zmq::send_flags::sndmore);
+        rep_.send(zmq::message_t(), zmq::send_flags::sndmore);
+        rep_.send(zmq::message_t(), zmq::send_flags::none);
+      } catch (const zmq::error_t& e) {
+        if (e.num() == ETERM) return;
+        LogError("zap handler", e);
+      }
+    }
+  }
+
+  bool Allowed(const std::string& domain, const std::string& mechanism, const std::string& key) {
+    if (mechanism != "CURVE") return mechanism == "NULL";
+    if (domain.empty()) return true;  // a CURVE server without an allow list
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = domains_.find(domain);
+    return it != domains_.end() && it->second.count(key) > 0;
+  }
+
+  // Bounded: the first 10 refusals, then every 1000th.
+  void Refused(const std::string& address, const std::string& key) {
+    const uint64_t n = ++refused_;
+    if (n <= 10 || n % 1000 == 0) {
+      spdlog::warn("refused a CURVE client from {} with key {} (not in --curve-allow; {} refused)",
+                   address, key.empty() ? "?" : key, n);
+    }
+  }
+
+  zmq::socket_t rep_;
+  std::mutex mu_;
+  std::map<std::string, std::set<std::string>> domains_;
+  uint64_t next_ = 0;
+  std::atomic<uint64_t> refused_{0};
+};
+
+// CURVE on a network socket; throws zmq::error_t. Returns the ZAP domain registered.
+std::string ApplyCurve(zmq::socket_t& socket, const CurveOptions& c, bool server) {
+  if (!c.enabled()) return "";
+  if (server) {
+    ZapHandler& zap = ZapHandler::Get();
+    socket.set(zmq::sockopt::curve_server, true);
+    socket.set(zmq::sockopt::curve_secretkey, c.secret_key);
+    if (c.allowed_clients.empty()) return "";
+    const std::string domain = zap.Register(c.allowed_clients);
+    socket.set(zmq::sockopt::zap_domain, domain);
+    return domain;
+  }
+  socket.set(zmq::sockopt::curve_serverkey, c.server_public_key);
+  socket.set(zmq::sockopt::curve_publickey, c.public_key);
+  socket.set(zmq::sockopt::curve_secretkey, c.secret_key);
+  return "";
+}
+
 void CloseQuietly(zmq::socket_t* socket) {
   try {
     socket->close();
@@ -212,9 +324,12 @@ StatusOr<std::string> ZmqServerTransport::BindSockets(const std::string& endpoin
     router_ = zmq::socket_t(SharedContext(), zmq::socket_type::router);
     ApplyNetworkOptions(router_, options_);
     router_.set(zmq::sockopt::router_mandatory, 0);
+    zap_domain_ = ApplyCurve(router_, options_.curve, /*server=*/true);
     router_.bind(endpoint);
   } catch (const zmq::error_t& e) {
     CloseQuietly(&router_);
+    if (!zap_domain_.empty()) ZapHandler::Get().Unregister(zap_domain_);
+    zap_domain_.clear();
     return FromZmqError("bind " + endpoint, e);
   }
   try {
@@ -259,6 +374,7 @@ void ZmqServerTransport::Stop() {
     WakeIo(push_);
   }
   io_thread_.join();
+  if (!zap_domain_.empty()) ZapHandler::Get().Unregister(zap_domain_);
   std::lock_guard<std::mutex> send_lock(send_mu_);
   CloseQuietly(&push_);
 }
@@ -335,6 +451,11 @@ Status ZmqClientTransport::Connect(const std::vector<std::string>& endpoints, Ha
 }
 
 Status ZmqClientTransport::ConnectSockets(const std::vector<std::string>& endpoints) {
+  if (options_.curve.enabled() && options_.curve.server_public_key.empty()) {
+    return InvalidArgument(
+        "CURVE is on (--curve-cert) but the servers' public key is not "
+        "given (--curve-server-key)");
+  }
   std::string current = "client pipe";
   try {
     OpenPipe("client", options_.send_hwm, &pull_, &push_);
@@ -343,6 +464,7 @@ Status ZmqClientTransport::ConnectSockets(const std::vector<std::string>& endpoi
       // No ZMQ_IMMEDIATE: requests to a server that is not up yet wait for it.
       dealers_.emplace_back(SharedContext(), zmq::socket_type::dealer);
       ApplyNetworkOptions(dealers_.back(), options_);
+      ApplyCurve(dealers_.back(), options_.curve, /*server=*/false);
       dealers_.back().connect(endpoint);
     }
     return Status::Ok();

@@ -63,6 +63,8 @@ class ZmqServerTransport final : public ServerTransport {
   std::mutex send_mu_;
   zmq::socket_t push_;  // guarded by send_mu_
   bool open_ = false;   // guarded by send_mu_: Send accepted
+
+  std::string zap_domain_;  // registered with the ZAP handler while bound ("" : none)
 };
 
 class ZmqClientTransport final : public ClientTransport {

@@ -9,6 +9,7 @@
 
 #include "common/admin_server.h"
 #include "common/config.h"
+#include "common/curve.h"
 #include "common/logging.h"
 #include "common/periodic_thread.h"
 #include "common/signals.h"
@@ -34,6 +35,7 @@ struct Flags {
   std::string transport = "http";
   bridge::HttpTransportOptions http;
   std::string tokens_file;
+  onlineps::CurveFlags curve;
   bridge::McpServerOptions mcp;
   int64_t session_idle_s = 3600;
   bridge::RouterOptions router;
@@ -151,6 +153,7 @@ void AddToolFlags(CLI::App& app, Flags* f) {
       "--test-fixtures", f->test_fixtures,
       "Serve the MCP conformance suite's fixture tools, resources and prompts (tests only)");
   onlineps::AddLoggingFlags(app, &f->log);
+  onlineps::AddCurveFlags(app, &f->curve, /*server=*/false, /*client=*/true);
 }
 
 onlineps::Status Finish(Flags* f) {
@@ -160,6 +163,7 @@ onlineps::Status Finish(Flags* f) {
   if (!f->tokens_file.empty()) {
     ONLINEPS_ASSIGN_OR_RETURN(f->http.tokens, bridge::LoadTokens(f->tokens_file));
   }
+  ONLINEPS_ASSIGN_OR_RETURN(f->pool.curve, onlineps::LoadCurve(f->curve));
   f->mcp.session_idle = std::chrono::seconds(f->session_idle_s);
   f->pool.health_interval = milliseconds(f->health_interval_ms);
   f->pool.health_timeout = milliseconds(f->health_timeout_ms);

@@ -112,6 +112,7 @@ std::shared_ptr<worker::WorkerClient> WorkerPool::ClientOf(const std::string& en
   if (!it->second.client) {
     worker::WorkerClientOptions o;
     o.endpoint = endpoint;
+    o.transport.curve = options_.curve;
     auto c = worker::WorkerClient::Connect(o);
     if (!c.ok()) {
       it->second.info.last_error = c.status().ToString();

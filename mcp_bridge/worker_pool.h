@@ -33,6 +33,7 @@ struct WorkerPoolOptions {
   std::chrono::milliseconds health_interval{500};
   std::chrono::milliseconds health_timeout{1000};
   int failures_to_down = 2;  // consecutive failed probes before a worker leaves the ring
+  CurveOptions curve;        // CurveZMQ to the workers (common/curve.h); off by default
 };
 
 struct WorkerInfo {

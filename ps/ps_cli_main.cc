@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/config.h"
+#include "common/curve.h"
 #include "common/logging.h"
 #include "ps/ps_client.h"
 
@@ -24,12 +25,14 @@ namespace {
 struct Common {
   std::vector<std::string> shards;
   int timeout_ms = 5000;
+  CurveOptions curve;
 };
 
 StatusOr<std::unique_ptr<PsClient>> Connect(const Common& c) {
   PsClientOptions o;
   o.shards = c.shards;
   o.timeout = std::chrono::milliseconds(c.timeout_ms);
+  o.transport.curve = c.curve;
   auto client = PsClient::Connect(o);
   if (!client.ok()) return client.status();
   ONLINEPS_RETURN_IF_ERROR((*client)->WaitForShards(std::chrono::milliseconds(c.timeout_ms)));
@@ -194,11 +197,17 @@ int main(int argc, char** argv) {
   log.component = "ps-cli";
   CLI::App app("onlineps_ps_cli: talk to a running onlineps PS cluster");
   app.require_subcommand(1);
-  app.add_option("--shards", common.shards, "Shard endpoints in shard order (comma separated)")
-      ->delimiter(',')
-      ->required();
+  app.add_option("--shards", common.shards,
+                 "Shard endpoints in shard order (comma separated; all but curve-keygen)")
+      ->delimiter(',');
   app.add_option("--timeout-ms", common.timeout_ms, "Per-call timeout")->capture_default_str();
   onlineps::AddLoggingFlags(app, &log);
+  onlineps::CurveFlags curve;
+  onlineps::AddCurveFlags(app, &curve, /*server=*/false, /*client=*/true);
+  std::string keygen_path;
+  auto* keygen = app.add_subcommand(
+      "curve-keygen", "Write a new CURVE certificate FILE (mode 0600) and its public key FILE.pub");
+  keygen->add_option("file", keygen_path, "Certificate path")->required();
   auto* demo_cmd = app.add_subcommand("demo", "Asynchronous linear-regression workload");
   demo_cmd->add_option("--workers", demo.workers, "Worker threads")->capture_default_str();
   demo_cmd->add_option("--steps", demo.steps, "Pushes per worker")->capture_default_str();
@@ -223,6 +232,27 @@ int main(int argc, char** argv) {
     std::cerr << "onlineps_ps_cli: " << st.message() << "\n";
     return 2;
   }
+  if (keygen->parsed()) {
+    auto keys = onlineps::NewCurveKeyPair();
+    onlineps::Status st = keys.ok() ? onlineps::WriteCurveCert(keygen_path, *keys) : keys.status();
+    if (!st.ok()) {
+      std::cerr << "onlineps_ps_cli: " << st.ToString() << "\n";
+      return 1;
+    }
+    std::cout << "wrote " << keygen_path << " (secret) and " << keygen_path << ".pub; public key "
+              << keys->public_key << "\n";
+    return 0;
+  }
+  if (common.shards.empty()) {
+    std::cerr << "onlineps_ps_cli: --shards is required\n";
+    return 2;
+  }
+  auto loaded = onlineps::LoadCurve(curve);
+  if (!loaded.ok()) {
+    std::cerr << "onlineps_ps_cli: " << loaded.status().message() << "\n";
+    return 2;
+  }
+  common.curve = *loaded;
   onlineps::Status st;
   if (demo_cmd->parsed()) st = RunDemo(common, demo);
   if (pat->parsed()) st = RunPattern(common, pattern);

@@ -6,6 +6,7 @@
 
 #include "common/admin_server.h"
 #include "common/config.h"
+#include "common/curve.h"
 #include "common/logging.h"
 #include "common/signals.h"
 #include "ps/shard_server.h"
@@ -59,6 +60,8 @@ int main(int argc, char** argv) {
   CLI::App app("onlineps parameter-server shard");
   AddFlags(app, &options, &admin_host, &admin_port, &max_message_mb);
   onlineps::AddLoggingFlags(app, &log);
+  onlineps::CurveFlags curve;
+  onlineps::AddCurveFlags(app, &curve, /*server=*/true, /*client=*/false);
   auto parsed = onlineps::ParseFlags(app, argc, argv);
   if (!parsed.ok()) {
     std::cerr << "onlineps_ps: " << parsed.status().message() << "\n";
@@ -70,6 +73,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.max_message_bytes = max_message_mb << 20;
+  auto loaded = onlineps::LoadCurve(curve);
+  if (!loaded.ok()) {
+    std::cerr << "onlineps_ps: " << loaded.status().message() << "\n";
+    return 2;
+  }
+  options.curve = *loaded;
+  if (options.curve.enabled()) {
+    spdlog::info(
+        "CURVE on: public key {}, {}", options.curve.public_key,
+        options.curve.allowed_clients.empty()
+            ? std::string("any client holding it")
+            : std::to_string(options.curve.allowed_clients.size()) + " client key(s) allowed");
+  }
   spdlog::info("effective config:\n{}", onlineps::EffectiveConfig(app));
 
   auto admin = std::make_unique<onlineps::AdminServer>();

@@ -87,6 +87,7 @@ StatusOr<std::string> ShardServer::Start() {
   TransportOptions topts;
   topts.handler_threads = options_.handler_threads;
   topts.max_message_bytes = options_.max_message_bytes * 2;
+  topts.curve = options_.curve;
   transport_ = NewServerTransport(options_.listen, topts);
   auto bound = transport_->Start(options_.listen, [this](Incoming&& in) { Handle(std::move(in)); });
   if (!bound.ok()) return bound.status();

@@ -32,6 +32,7 @@ struct ShardServerOptions {
   uint32_t num_shards = 1;
   std::string listen = "tcp://127.0.0.1:7000";
   int handler_threads = 2;
+  CurveOptions curve;  // CurveZMQ on the listening socket (common/curve.h); off by default
   // Soft limit: larger requests get TOO_LARGE. The transport disconnects at 2x.
   size_t max_message_bytes = size_t{256} << 20;
   std::string checkpoint_dir;          // empty: no checkpoints

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <map>
 
+#include "common/curve.h"
 #include "worker/worker_client.h"
 
 int main(int argc, char** argv) {
@@ -33,6 +34,8 @@ int main(int argc, char** argv) {
                  "context_clear | context_get | worker_stats")
       ->required();
   app.add_option("body", body_text, "Request body as JSON (docs/protocol.md, Worker RPC)");
+  onlineps::CurveFlags curve;
+  onlineps::AddCurveFlags(app, &curve, /*server=*/false, /*client=*/true);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -51,6 +54,12 @@ int main(int argc, char** argv) {
   onlineps::worker::WorkerClientOptions o;
   o.endpoint = endpoint;
   o.timeout = std::chrono::milliseconds(timeout_ms);
+  auto loaded = onlineps::LoadCurve(curve);
+  if (!loaded.ok()) {
+    std::cerr << "onlineps_worker_cli: " << loaded.status().message() << "\n";
+    return 2;
+  }
+  o.transport.curve = *loaded;
   auto client = onlineps::worker::WorkerClient::Connect(o);
   if (!client.ok()) {
     std::cerr << "onlineps_worker_cli: " << client.status().ToString() << "\n";

@@ -12,6 +12,7 @@
 
 #include "common/admin_server.h"
 #include "common/config.h"
+#include "common/curve.h"
 #include "common/logging.h"
 #include "common/periodic_thread.h"
 #include "common/signals.h"
@@ -50,6 +51,8 @@ struct Flags {
   int group_rank = 0, group_size = 1, group_device = 0;
   std::string group_endpoint, group_id_file;
   int64_t group_timeout_ms = 10000;
+  onlineps::CurveFlags curve;
+  onlineps::CurveOptions curve_options;  // loaded from `curve` in Finish
 };
 
 void AddModelFlags(CLI::App& app, Flags* f) {
@@ -252,6 +255,8 @@ Status ParseFreshness(const Flags& f, std::map<std::string, worker::FreshnessBou
 }
 
 Status Finish(Flags* f) {
+  ONLINEPS_ASSIGN_OR_RETURN(f->curve_options, onlineps::LoadCurve(f->curve));
+  f->server.transport.curve = f->curve_options;
   auto& t = f->service.table_template;
   t.optimizer_params["lr"] = f->lr;
   ONLINEPS_RETURN_IF_ERROR(
@@ -334,6 +339,7 @@ int Run(Flags& f) {
   pso.shards = f.ps;
   pso.sender_id = f.sender_id;
   pso.timeout = std::chrono::milliseconds(f.ps_timeout_ms);
+  pso.transport.curve = f.curve_options;
   auto client = onlineps::ps::PsClient::Connect(pso);
   if (!client.ok()) {
     spdlog::error("PS client: {}", client.status().ToString());
@@ -416,6 +422,7 @@ int main(int argc, char** argv) {
   AddCacheFlags(app, &f);
   AddGroupFlags(app, &f);
   onlineps::AddLoggingFlags(app, &log);
+  onlineps::AddCurveFlags(app, &f.curve, /*server=*/true, /*client=*/true);
   auto parsed = onlineps::ParseFlags(app, argc, argv);
   if (!parsed.ok()) {
     std::cerr << "onlineps_worker: " << parsed.status().message() << "\n";
