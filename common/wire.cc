@@ -216,7 +216,12 @@ std::string EncodeHeader(const Header& h) {
 StatusOr<Header> DecodeHeader(const void* data, size_t size) {
   Header h;
   try {
-    msgpack::object_handle oh = msgpack::unpack(static_cast<const char*>(data), size);
+    // msgpack allocates a map's or array's elements as soon as it reads the count, so a
+    // 5-byte frame could claim billions of them. Every element takes at least one byte:
+    // no valid frame has a count above its size.
+    const msgpack::unpack_limit limit(size, size, size, size, size);
+    msgpack::object_handle oh =
+        msgpack::unpack(static_cast<const char*>(data), size, nullptr, nullptr, limit);
     const msgpack::object& o = oh.get();
     if (o.type != msgpack::type::MAP) return Malformed("header frame is not a msgpack map");
     bool saw_v = false, saw_op = false;

@@ -322,6 +322,12 @@ void HttpTransport::Impl::Post(const httplib::Request& req, httplib::Response& r
               "Not Acceptable: Accept must list both application/json and text/event-stream");
     return;
   }
+  if (NestsDeeperThan(req.body, kMaxJsonDepth)) {
+    SendError(res, 400, kInvalidRequest,
+              "Invalid Request: the body nests arrays or objects deeper than " +
+                  std::to_string(kMaxJsonDepth) + " levels");
+    return;
+  }
   json m = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (m.is_discarded()) {
     SendError(res, 400, kParseError, "Parse error: the body is not valid JSON");

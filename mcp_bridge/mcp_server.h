@@ -17,9 +17,11 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "common/json_depth.h"
 #include "mcp_bridge/fixtures.h"
 #include "mcp_bridge/recorder.h"
 #include "mcp_bridge/tools.h"
@@ -36,6 +38,12 @@ inline constexpr int kParseError = -32700, kInvalidRequest = -32600, kMethodNotF
                      kInvalidParams = -32602, kInternalError = -32603, kServerError = -32000,
                      kSessionNotFound = -32001, kHeaderMismatch = -32020,
                      kMissingCapability = -32021, kUnsupportedVersion = -32022;
+
+// Deepest nesting of arrays and objects a message may have. nlohmann::json copies and
+// prints values recursively: a body of a few hundred KB of '[' would overflow the stack of
+// the thread handling it, so the transports refuse deeper messages before parsing them.
+inline constexpr size_t kMaxJsonDepth = 64;
+using onlineps::NestsDeeperThan;  // common/json_depth.h
 
 nlohmann::json JsonRpcError(const nlohmann::json& id, int code, const std::string& message,
                             const nlohmann::json& data = nullptr);

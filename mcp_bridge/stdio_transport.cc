@@ -113,6 +113,13 @@ size_t StdioTransport::Run() {
       line.clear();
       continue;
     }
+    if (NestsDeeperThan(line, kMaxJsonDepth)) {
+      Write(JsonRpcError(nullptr, kInvalidRequest,
+                         "message nests arrays or objects deeper than " +
+                             std::to_string(kMaxJsonDepth) + " levels"));
+      line.clear();
+      continue;
+    }
     json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
     line.clear();
     if (m.is_discarded()) {

@@ -6,6 +6,8 @@
 #include <limits>
 #include <random>
 
+#include "common/json_depth.h"
+
 namespace onlineps::replay {
 
 using nlohmann::json;
@@ -13,6 +15,9 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kKindNames[] = {"call", "learn", "infer", "pull", "push"};
+
+// Records the bridge writes nest 64 levels at most (mcp_bridge kMaxJsonDepth).
+constexpr size_t kMaxDepth = 128;
 
 Status WrongType(const std::string& key, const char* want, const json& v) {
   return InvalidArgument("field '" + key + "' must be " + want + ", got " + v.type_name());
@@ -255,6 +260,10 @@ StatusOr<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string& path
   if (!std::getline(r->in_, line)) return InvalidArgument(path + ":1: empty trace file");
   r->line_ = 1;
   if (!line.empty() && line.back() == '\r') line.pop_back();
+  if (NestsDeeperThan(line, kMaxDepth)) {
+    return InvalidArgument(path + ":1: header nests deeper than " + std::to_string(kMaxDepth) +
+                           " levels");
+  }
   json j;
   try {
     j = json::parse(line);
@@ -276,6 +285,9 @@ StatusOr<bool> TraceReader::Next(TraceRecord* out) {
     const bool unterminated = in_.eof();
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    if (NestsDeeperThan(line, kMaxDepth)) {
+      return DataLoss(Where() + ": nests deeper than " + std::to_string(kMaxDepth) + " levels");
+    }
     json j;
     try {
       j = json::parse(line);

@@ -85,10 +85,11 @@ class TraceReader {
   const TraceHeader& header() const { return header_; }
 
   // Reads the next record into *out; false at the end. Blank lines are skipped. Errors
-  // name "path:line" (and the field): kDataLoss for a line that is not a JSON object,
-  // kInvalidArgument for an unknown kind or a field of the wrong type. A last line with
-  // no trailing newline that does not parse (a writer that crashed mid-line) ends the
-  // trace instead: Next returns false and truncated_tail() becomes true.
+  // name "path:line" (and the field): kDataLoss for a line that is not a JSON object or
+  // nests arrays/objects deeper than 128 levels, kInvalidArgument for an unknown kind or
+  // a field of the wrong type. A last line with no trailing newline that does not parse (a
+  // writer that crashed mid-line) ends the trace instead: Next returns false and
+  // truncated_tail() becomes true.
   StatusOr<bool> Next(TraceRecord* out);
 
   bool truncated_tail() const { return truncated_tail_; }

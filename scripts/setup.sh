@@ -17,7 +17,7 @@ PACKAGES=(
   libcli11-dev
   prometheus-cpp-dev
   libbenchmark-dev
-  clang-format
+  clang-format clang-14 libclang-rt-14-dev
   yamllint shellcheck
   gnuplot-nox
 )
