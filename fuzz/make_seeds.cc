@@ -82,22 +82,28 @@ void McpSeeds(const std::string& dir) {
         session + rpc(4, "tools/call",
                       {{"name", "infer"},
                        {"arguments", {{"session", "s1"}, {"examples", {{{"text", "hello"}}}}}}}));
-  Write(dir + "/http_learn_progress",
-        session + rpc(5, "tools/call",
-                      {{"name", "learn"},
-                       {"_meta", {{"progressToken", "t"}}},
-                       {"arguments",
-                        {{"examples",
-                          {{{"text", "a"}, {"label", "x"}}, {{"features", {1.0, 2.0}}, {"label", 1}}}}}}}));
+  Write(
+      dir + "/http_learn_progress",
+      session +
+          rpc(5, "tools/call",
+              {{"name", "learn"},
+               {"_meta", {{"progressToken", "t"}}},
+               {"arguments",
+                {{"examples",
+                  {{{"text", "a"}, {"label", "x"}}, {{"features", {1.0, 2.0}}, {"label", 1}}}}}}}));
   Write(dir + "/http_set_context",
-        session + rpc(6, "tools/call",
-                      {{"name", "set_context"},
-                       {"arguments", {{"session", "s1"}, {"items", {"a", "b"}}, {"features", {0.5}}}}}));
+        session +
+            rpc(6, "tools/call",
+                {{"name", "set_context"},
+                 {"arguments", {{"session", "s1"}, {"items", {"a", "b"}}, {"features", {0.5}}}}}));
   Write(dir + "/http_get_context",
-        session + rpc(7, "tools/call", {{"name", "get_context"}, {"arguments", {{"session", "s1"}}}}));
+        session +
+            rpc(7, "tools/call", {{"name", "get_context"}, {"arguments", {{"session", "s1"}}}}));
   Write(dir + "/http_model_info", session + rpc(8, "tools/call", {{"name", "model_info"}}));
-  Write(dir + "/http_cancelled", session + rpc(nullptr, "notifications/cancelled", {{"requestId", 4}}));
-  Write(dir + "/http_response", session + json({{"jsonrpc", "2.0"}, {"id", "onlineps-1"}, {"result", {}}}).dump());
+  Write(dir + "/http_cancelled",
+        session + rpc(nullptr, "notifications/cancelled", {{"requestId", 4}}));
+  Write(dir + "/http_response",
+        session + json({{"jsonrpc", "2.0"}, {"id", "onlineps-1"}, {"result", {}}}).dump());
   const std::string modern = std::string(1, '\x10');  // HTTP, no session, 2026-07-28
   Write(dir + "/http_discover", modern + rpc(9, "server/discover", {{"_meta", modern_meta}}));
   Write(dir + "/http_stateless_call",
@@ -106,7 +112,8 @@ void McpSeeds(const std::string& dir) {
                       {"_meta", modern_meta},
                       {"arguments", {{"session", "s2"}, {"text", "hi"}}}}));
   const std::string fixtures = std::string(1, '\x06');  // HTTP, fixtures, a live session
-  Write(dir + "/http_fixture_tool", fixtures + rpc(11, "tools/call", {{"name", "test_simple_text"}}));
+  Write(dir + "/http_fixture_tool",
+        fixtures + rpc(11, "tools/call", {{"name", "test_simple_text"}}));
   Write(dir + "/http_fixture_prompt",
         fixtures + rpc(12, "prompts/get",
                        {{"name", "test_prompt_with_arguments"}, {"arguments", {{"arg1", "a"}}}}));
@@ -123,9 +130,9 @@ void McpSeeds(const std::string& dir) {
       rpc(3, "tools/call", {{"name", "infer"}, {"arguments", {{"text", "x"}}}}) + "\n" +
       rpc(4, "ping", json::object()) + "\n";
   Write(dir + "/stdio_session", std::string(1, '\x01') + lines);
-  Write(dir + "/stdio_stateless",
-        std::string(1, '\x01') + rpc(1, "server/discover", {{"_meta", modern_meta}}) + "\n" +
-            rpc(2, "tools/list", {{"_meta", modern_meta}}) + "\n");
+  Write(dir + "/stdio_stateless", std::string(1, '\x01') +
+                                      rpc(1, "server/discover", {{"_meta", modern_meta}}) + "\n" +
+                                      rpc(2, "tools/list", {{"_meta", modern_meta}}) + "\n");
 }
 
 void TraceSeeds(const std::string& dir) {

@@ -113,10 +113,11 @@ std::string CheckReply(const Reply& r) {
 std::string Initialize(Bridge* b, const std::string& principal, std::string* session) {
   Request init;
   init.principal = principal;
-  init.message = {{"jsonrpc", "2.0"},
-                  {"id", 0},
-                  {"method", "initialize"},
-                  {"params", {{"protocolVersion", "2025-11-25"}, {"capabilities", json::object()}}}};
+  init.message = {
+      {"jsonrpc", "2.0"},
+      {"id", 0},
+      {"method", "initialize"},
+      {"params", {{"protocolVersion", "2025-11-25"}, {"capabilities", json::object()}}}};
   Reply r = b->mcp.Handle(init);
   *session = r.new_session_id;
   return session->empty() ? "initialize failed: " + Dump(r.body) : "";
@@ -132,7 +133,8 @@ std::string Http(uint8_t flags, const std::string& body) {
   r.header_version = kVersions[(flags >> 4) & 3];
   const int session_kind = (flags >> 2) & 3;
   if (session_kind == 1 || session_kind == 3) {
-    std::string problem = Initialize(&b, session_kind == 3 ? "mallory" : r.principal, &r.session_id);
+    std::string problem =
+        Initialize(&b, session_kind == 3 ? "mallory" : r.principal, &r.session_id);
     if (!problem.empty()) return problem;
   } else if (session_kind == 2) {
     r.session_id = "00000000000000000000000000000000";

@@ -13,14 +13,15 @@ namespace {
 
 // Fields a receiver reads, as one string (for the round-trip comparison).
 std::string Fingerprint(const Header& h) {
-  std::string s = std::to_string(h.protocol) + "|" + std::to_string(static_cast<int>(h.op)) +
-                  "|" + std::to_string(h.request_id) + "|" + std::to_string(h.sender) + "|" +
+  std::string s = std::to_string(h.protocol) + "|" + std::to_string(static_cast<int>(h.op)) + "|" +
+                  std::to_string(h.request_id) + "|" + std::to_string(h.sender) + "|" +
                   std::to_string(h.seq) + "|" + h.table + "|" + std::to_string(h.base_version) +
-                  "|" + std::to_string(h.flags) + "|" + h.message + "|" +
-                  std::to_string(h.queued) + "|";
+                  "|" + std::to_string(h.flags) + "|" + h.message + "|" + std::to_string(h.queued) +
+                  "|";
   for (uint64_t d : h.shape) s += std::to_string(d) + ",";
   s += "|";
-  for (const auto& [k, v] : h.spec) s += std::to_string(k.size()) + k + std::to_string(v.size()) + v;
+  for (const auto& [k, v] : h.spec)
+    s += std::to_string(k.size()) + k + std::to_string(v.size()) + v;
   if (h.op == Op::kReply) {
     s += "|" + std::to_string(static_cast<int>(h.code)) + "|" + std::to_string(h.version) + "|" +
          std::to_string(h.tau);
@@ -43,7 +44,8 @@ std::string WireOne(const uint8_t* data, size_t size) {
   const std::string encoded = EncodeHeader(*h);
   StatusOr<Header> again = DecodeHeader(encoded.data(), encoded.size());
   if (!again.ok()) return "re-encoded header does not decode: " + again.status().ToString();
-  if (Fingerprint(*again) != Fingerprint(*h)) return "header changed in an encode/decode round trip";
+  if (Fingerprint(*again) != Fingerprint(*h))
+    return "header changed in an encode/decode round trip";
   (void)ReplyStatus(*h);
   (void)MakeReply(*h, Status(StatusCode::kMalformed, h->message));
   // The shard server decodes the spec of every create_table request.

@@ -38,8 +38,7 @@ std::vector<fs::path> Inputs(const std::string& target) {
   return out;
 }
 
-void ReplayAll(const std::string& target,
-               std::string (*entry)(const uint8_t* data, size_t size)) {
+void ReplayAll(const std::string& target, std::string (*entry)(const uint8_t* data, size_t size)) {
   for (const fs::path& p : Inputs(target)) {
     SCOPED_TRACE(p.string());
     const std::string bytes = ReadAll(p);
