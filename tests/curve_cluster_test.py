@@ -10,7 +10,6 @@ only the keys in their --curve-allow lists.
   - a bad key file is refused at start, naming the file and line.
 """
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -28,12 +27,7 @@ def fail(msg):
     sys.exit(1)
 
 
-def endpoint(proc, what):
-    opslib.wait_until(lambda: "LISTENING " in proc.stdout() or not proc.alive(), 60, what)
-    m = re.search(r"LISTENING (\S+)", proc.stdout())
-    if not m:
-        fail(f"{what} did not start:\n{proc.stderr()}")
-    return m.group(1)
+endpoint = opslib.endpoint
 
 
 def run(argv, timeout=60):

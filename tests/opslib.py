@@ -5,6 +5,7 @@ Standard library only, so the tests run wherever python3 does.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -84,6 +85,16 @@ def wait_until(predicate, timeout, what, step=0.1):
             return
         time.sleep(step)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def endpoint(proc, what, timeout=60):
+    """The address a binary prints as `LISTENING ADDR` on stdout; AssertionError with its
+    logs if it exits or does not print one within `timeout` seconds."""
+    wait_until(lambda: "LISTENING " in proc.stdout() or not proc.alive(), timeout, what)
+    m = re.search(r"LISTENING (\S+)", proc.stdout())
+    if not m:
+        raise AssertionError(f"{what} did not start:\n{proc.stderr()}")
+    return m.group(1)
 
 
 class Proc:

@@ -18,7 +18,6 @@ auth and --record) is sent that trace by `onlineps_replay --bridge`:
 import csv
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -40,12 +39,7 @@ def fail(msg):
     sys.exit(1)
 
 
-def endpoint(proc, what):
-    opslib.wait_until(lambda: "LISTENING " in proc.stdout() or not proc.alive(), 60, what)
-    m = re.search(r"LISTENING (\S+)", proc.stdout())
-    if not m:
-        fail(f"{what} did not start:\n{proc.stderr()}")
-    return m.group(1)
+endpoint = opslib.endpoint
 
 
 def cluster(work, name, workers, trace, tokens=None):

@@ -12,7 +12,6 @@ learn concurrently, so some pushes are stale. Then, with the cluster gone:
 """
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -34,12 +33,7 @@ def fail(msg):
     sys.exit(1)
 
 
-def endpoint(proc, what):
-    opslib.wait_until(lambda: "LISTENING " in proc.stdout() or not proc.alive(), 60, what)
-    m = re.search(r"LISTENING (\S+)", proc.stdout())
-    if not m:
-        fail(f"{what} did not start:\n{proc.stderr()}")
-    return m.group(1)
+endpoint = opslib.endpoint
 
 
 def record(work, trace):
