@@ -43,6 +43,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "INTERNAL";
     case StatusCode::kCancelled:
       return "CANCELLED";
+    case StatusCode::kNotPrimary:
+      return "NOT_PRIMARY";
   }
   return "UNKNOWN_CODE";
 }

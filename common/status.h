@@ -32,6 +32,7 @@ enum class StatusCode : uint8_t {
   kFailedPrecondition = 15,  // e.g. checkpoint of another shard layout
   kInternal = 16,            // broken invariant; a bug
   kCancelled = 17,           // the caller or a shutdown cancelled the call
+  kNotPrimary = 18,          // a shard replica that is not its group's primary (msg names it)
 };
 
 // Human-readable name of a code ("kShapeMismatch" -> "SHAPE_MISMATCH").

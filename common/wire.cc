@@ -39,6 +39,12 @@ std::string_view OpName(Op op) {
       return "context_get";
     case Op::kWorkerStats:
       return "worker_stats";
+    case Op::kReplicate:
+      return "replicate";
+    case Op::kReplSnapshot:
+      return "repl_snapshot";
+    case Op::kReplStatus:
+      return "repl_status";
   }
   return "unknown";
 }
@@ -46,7 +52,7 @@ std::string_view OpName(Op op) {
 namespace {
 
 constexpr uint8_t kMaxOp = static_cast<uint8_t>(kLastOp);
-constexpr uint8_t kMaxCode = static_cast<uint8_t>(StatusCode::kCancelled);
+constexpr uint8_t kMaxCode = static_cast<uint8_t>(StatusCode::kNotPrimary);
 
 template <typename Packer>
 void PackKey(Packer& pk, const char* key) {
@@ -108,6 +114,8 @@ Status DecodeField(const msgpack::object& key, const msgpack::object& val, Heade
     }
   } else if (k == "base") {
     if (!GetUint(val, &h->base_version)) return FieldError(k, "an unsigned integer");
+  } else if (k == "ep") {
+    if (!GetUint(val, &h->epoch)) return FieldError(k, "an unsigned integer");
   } else if (k == "flags") {
     if (!GetUint(val, &u) || u > UINT32_MAX) return FieldError(k, "an unsigned 32-bit integer");
     h->flags = static_cast<uint32_t>(u);
@@ -150,6 +158,7 @@ std::string EncodeHeader(const Header& h) {
   n += !h.shape.empty();
   n += h.base_version != 0;
   n += h.flags != 0;
+  n += h.epoch != 0;
   n += reply ? 3 : 0;  // code, ver, tau
   n += !h.message.empty();
   n += h.queued;
@@ -185,6 +194,10 @@ std::string EncodeHeader(const Header& h) {
   if (h.flags != 0) {
     PackKey(pk, "flags");
     pk.pack_uint32(h.flags);
+  }
+  if (h.epoch != 0) {
+    PackKey(pk, "ep");
+    pk.pack_uint64(h.epoch);
   }
   if (reply) {
     PackKey(pk, "code");

@@ -35,9 +35,13 @@ enum class Op : uint8_t {
   kContextClear = 13,
   kContextGet = 14,
   kWorkerStats = 15,
+  // Shard replication (docs/protocol.md, "Replication"), between replicas of one shard.
+  kReplicate = 16,     // primary -> replica: seq = log index; frames: [entry header, payload...]
+  kReplSnapshot = 17,  // primary -> replica: seq = log index of the state in frame 1
+  kReplStatus = 18,    // any -> replica: reply spec holds role, epoch, lsn, in_sync
 };
 
-inline constexpr Op kLastOp = Op::kWorkerStats;
+inline constexpr Op kLastOp = Op::kReplStatus;
 // True for the ops a worker serves (a PS shard answers them with UNKNOWN_OP).
 inline bool IsWorkerOp(Op op) { return op >= Op::kInfer && op <= Op::kWorkerStats; }
 
@@ -60,6 +64,7 @@ struct Header {
   std::vector<uint64_t> shape;           // "shape": element counts of payload frames
   uint64_t base_version = 0;             // "base": version the gradient was computed from
   uint32_t flags = 0;                    // "flags"
+  uint64_t epoch = 0;                    // "ep": replication epoch known to the sender
   // Reply-only fields.
   StatusCode code = StatusCode::kOk;  // "code"
   std::string message;                // "msg"

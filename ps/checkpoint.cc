@@ -90,9 +90,9 @@ uint64_t Checksum64(const void* data, size_t size) {
   return Mix64(h[0] ^ Mix64(h[1] ^ Mix64(h[2] ^ Mix64(h[3] ^ size))));
 }
 
-StatusOr<uint64_t> WriteCheckpoint(const std::string& path, const ShardIdentity& id,
-                                   const std::map<std::string, std::shared_ptr<Table>>& tables,
-                                   const Dedup& dedup) {
+std::string SerializeShard(const ShardIdentity& id,
+                           const std::map<std::string, std::shared_ptr<Table>>& tables,
+                           const Dedup& dedup) {
   ByteWriter w;
   w.Append(kMagic, sizeof(kMagic));
   w.Put<uint32_t>(kFormat);
@@ -110,8 +110,15 @@ StatusOr<uint64_t> WriteCheckpoint(const std::string& path, const ShardIdentity&
   }
   dedup.Save(&w);
   w.Put<uint64_t>(Checksum64(w.buffer().data(), w.buffer().size()));
-  ONLINEPS_RETURN_IF_ERROR(WriteAll(path, w.buffer()));
-  return static_cast<uint64_t>(w.buffer().size());
+  return w.buffer();
+}
+
+StatusOr<uint64_t> WriteCheckpoint(const std::string& path, const ShardIdentity& id,
+                                   const std::map<std::string, std::shared_ptr<Table>>& tables,
+                                   const Dedup& dedup) {
+  const std::string bytes = SerializeShard(id, tables, dedup);
+  ONLINEPS_RETURN_IF_ERROR(WriteAll(path, bytes));
+  return static_cast<uint64_t>(bytes.size());
 }
 
 StatusOr<std::map<std::string, std::shared_ptr<Table>>> ReadCheckpoint(const std::string& path,
@@ -121,7 +128,13 @@ StatusOr<std::map<std::string, std::shared_ptr<Table>>> ReadCheckpoint(const std
   if (!in) return NotFound("no checkpoint at " + path);
   std::stringstream ss;
   ss << in.rdbuf();
-  const std::string bytes = ss.str();
+  return ParseShard(ss.str(), path, id, dedup);
+}
+
+StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseShard(const std::string& bytes,
+                                                                   const std::string& path,
+                                                                   const ShardIdentity& id,
+                                                                   Dedup* dedup) {
   if (bytes.size() < sizeof(kMagic) + 8 || std::memcmp(bytes.data(), kMagic, sizeof(kMagic))) {
     return DataLoss(path + " is not an onlineps checkpoint (bad magic or too short)");
   }

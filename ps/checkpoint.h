@@ -34,6 +34,15 @@ StatusOr<std::map<std::string, std::shared_ptr<Table>>> ReadCheckpoint(const std
                                                                        const ShardIdentity& id,
                                                                        Dedup* dedup);
 
+// The checkpoint format in memory (a replica's snapshot); `path` names it in errors.
+std::string SerializeShard(const ShardIdentity& id,
+                           const std::map<std::string, std::shared_ptr<Table>>& tables,
+                           const Dedup& dedup);
+StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseShard(const std::string& bytes,
+                                                                   const std::string& path,
+                                                                   const ShardIdentity& id,
+                                                                   Dedup* dedup);
+
 // 64-bit FNV-1a, mixed: the checkpoint checksum.
 uint64_t Checksum64(const void* data, size_t size);
 

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -71,6 +72,7 @@ namespace {
 struct Pending {
   std::shared_ptr<Ticket::State> call;
   size_t shard = 0;
+  size_t target = 0;  // transport endpoint of the attempt in flight (a replica of `shard`)
   Header header;
   Frames payload;
   std::function<Status(const Header&, const Frames&)> on_reply;
@@ -96,7 +98,11 @@ Frame CopyOf(const T* p, size_t n) {
 
 class PsClientImpl : public PsClient {
  public:
-  explicit PsClientImpl(PsClientOptions o) : options_(std::move(o)), seq_(options_.shards.size()) {
+  explicit PsClientImpl(PsClientOptions o)
+      : options_(std::move(o)),
+        seq_(options_.shards.size()),
+        primary_(options_.shards.size()),
+        epoch_(options_.shards.size()) {
     if (options_.sender_id == 0) {
       std::random_device rd;
       options_.sender_id = ((uint64_t{rd()} << 32) ^ rd()) | 1;  // never 0
@@ -136,6 +142,9 @@ class PsClientImpl : public PsClient {
                                        Op op, const std::string& table, const VersionVector& base,
                                        const PushOptions& opts);
   void Send(std::unique_ptr<Pending> p);
+  // Replicated shards: moves `shard` to another replica when `from` (an endpoint
+  // index) is not its primary; `hint` is the replica it named, if any.
+  void Failover(size_t shard, size_t from, int64_t hint);
   void OnReply(size_t shard, Frames&& frames);
   void TimerLoop();
   void Retry(std::unique_ptr<Pending> p, Clock::time_point now, const Status& why);
@@ -151,6 +160,11 @@ class PsClientImpl : public PsClient {
   PsClientOptions options_;
   std::unique_ptr<ClientTransport> transport_;
   std::vector<std::atomic<uint64_t>> seq_;  // per shard push sequence
+  // Shard i's replicas are endpoints_[groups_[i][0..]]; primary_[i] indexes groups_[i].
+  std::vector<std::string> endpoints_;
+  std::vector<std::vector<size_t>> groups_;
+  std::vector<std::atomic<size_t>> primary_;
+  std::vector<std::atomic<uint64_t>> epoch_;  // highest replication epoch seen per shard
 
   std::mutex mu_;
   RequestIdPool ids_;                                       // guarded by mu_
@@ -170,10 +184,25 @@ class PsClientImpl : public PsClient {
 
 Status PsClientImpl::Start() {
   if (options_.shards.empty()) return InvalidArgument("PsClient needs at least one shard endpoint");
+  for (size_t s = 0; s < options_.shards.size(); ++s) {
+    groups_.emplace_back();
+    primary_[s].store(0);
+    epoch_[s].store(0);
+    const std::string& group = options_.shards[s];
+    for (size_t b = 0; b <= group.size();) {
+      size_t e = std::min(group.find('|', b), group.size());
+      if (e == b)
+        return InvalidArgument("shard " + std::to_string(s) + " '" + group +
+                               "' has an empty replica endpoint (A|B|C expected)");
+      groups_[s].push_back(endpoints_.size());
+      endpoints_.push_back(group.substr(b, e - b));
+      b = e + 1;
+    }
+  }
   slots_.resize(ids_.capacity());
-  transport_ = NewClientTransport(options_.shards, options_.transport);
+  transport_ = NewClientTransport(endpoints_, options_.transport);
   ONLINEPS_RETURN_IF_ERROR(transport_->Connect(
-      options_.shards, [this](size_t shard, Frames&& f) { OnReply(shard, std::move(f)); }));
+      endpoints_, [this](size_t target, Frames&& f) { OnReply(target, std::move(f)); }));
   timer_ = std::thread([this] { TimerLoop(); });
   return Status::Ok();
 }
@@ -267,36 +296,76 @@ void PsClientImpl::Send(std::unique_ptr<Pending> p) {
       return;
     }
     p->header.request_id = *id;
+    p->target = groups_[p->shard][primary_[p->shard].load() % groups_[p->shard].size()];
+    p->header.epoch = epoch_[p->shard].load();
     frames.reserve(1 + p->payload.size());
     frames.push_back(Frame::FromString(EncodeHeader(p->header)));
     for (const Frame& f : p->payload) frames.push_back(f);
     deadlines_.emplace(p->attempt_deadline, *id);
-    const size_t shard = p->shard;
+    const size_t target = p->target;
     // Wake the timer only when this deadline comes before its planned wake-up; waking it
     // on every call would cost a thread switch per round trip.
     if (p->attempt_deadline < timer_wake_) timer_cv_.notify_one();
     slots_[*id & 0xffff] = std::move(p);
-    Status st = transport_->Send(shard, std::move(frames));
-    if (!st.ok()) spdlog::debug("send to shard {} failed: {}", shard, st.ToString());
+    Status st = transport_->Send(target, std::move(frames));
+    if (!st.ok()) spdlog::debug("send to {} failed: {}", endpoints_[target], st.ToString());
   }
 }
 
-void PsClientImpl::OnReply(size_t shard, Frames&& frames) {
+void PsClientImpl::Failover(size_t shard, size_t from, int64_t hint) {
+  const auto& group = groups_[shard];
+  if (group.size() < 2) return;
+  size_t cur = primary_[shard].load();
+  if (group[cur % group.size()] != from) return;  // another reply moved it already
+  size_t next = hint >= 0 && static_cast<size_t>(hint) < group.size() &&
+                        group[static_cast<size_t>(hint)] != from
+                    ? static_cast<size_t>(hint)
+                    : (cur + 1) % group.size();
+  if (primary_[shard].compare_exchange_strong(cur, next)) {
+    spdlog::debug("shard {}: {} is not the primary; trying {}", shard, endpoints_[from],
+                  endpoints_[group[next]]);
+  }
+}
+
+void PsClientImpl::OnReply(size_t target, Frames&& frames) {
   if (frames.empty()) return;
   auto h = DecodeHeader(frames[0].data(), frames[0].size());
   if (!h.ok()) {
-    spdlog::warn("undecodable reply from shard {}: {}", shard, h.status().ToString());
+    spdlog::warn("undecodable reply from {}: {}", endpoints_[target], h.status().ToString());
     return;
   }
   std::unique_ptr<Pending> p;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto slot = ids_.SlotOf(h->request_id);
-    if (!slot || !slots_[*slot] || slots_[*slot]->shard != shard) return;  // late or foreign
+    if (!slot || !slots_[*slot] || slots_[*slot]->target != target) return;  // late or foreign
     p = std::move(slots_[*slot]);
     ids_.Release(h->request_id);
   }
+  const size_t shard = p->shard;
   Status st = ReplyStatus(*h);
+  if (groups_[shard].size() > 1) {
+    // Epoch fencing: never take an answer from a primary older than one already seen.
+    uint64_t seen = epoch_[shard].load();
+    while (h->epoch > seen && !epoch_[shard].compare_exchange_weak(seen, h->epoch)) {
+    }
+    if (h->epoch < seen && st.code() != StatusCode::kNotPrimary) {
+      st = Status(StatusCode::kNotPrimary, "answer from a deposed primary (epoch " +
+                                               std::to_string(h->epoch) + " < " +
+                                               std::to_string(seen) + ")");
+    }
+  }
+  if (st.code() == StatusCode::kNotPrimary) {
+    int64_t hint = -1;
+    const std::string key = "primary is replica ";
+    if (auto at = st.message().find(key); at != std::string::npos) {
+      hint = std::strtoll(st.message().c_str() + at + key.size(), nullptr, 10);
+    }
+    Failover(shard, target, hint);
+    // Resend at once to a named primary; wait a little while an election runs.
+    return Retry(std::move(p), Clock::now(),
+                 hint >= 0 ? DeadlineExceeded(st.message()) : Unavailable(st.message()));
+  }
   if (st.code() == StatusCode::kUnavailable) return Retry(std::move(p), Clock::now(), st);
   if (st.ok()) st = p->on_reply(*h, frames);
   if (!st.ok())
@@ -349,7 +418,10 @@ void PsClientImpl::TimerLoop() {
       }
     }
     lock.unlock();
-    for (auto& p : expired) Retry(std::move(p), now, DeadlineExceeded("attempt timed out"));
+    for (auto& p : expired) {
+      Failover(p->shard, p->target, -1);  // a silent replica may be a dead primary
+      Retry(std::move(p), now, DeadlineExceeded("attempt timed out"));
+    }
     for (auto& p : due) Send(std::move(p));
     lock.lock();
   }

@@ -14,7 +14,7 @@
 namespace {
 
 void AddFlags(CLI::App& app, onlineps::ps::ShardServerOptions* o, std::string* admin_host,
-              int* admin_port, size_t* max_message_mb) {
+              int* admin_port, size_t* max_message_mb, std::string* replication_mode) {
   app.add_option("--shard-index", o->shard, "Index of this shard, 0 <= index < num-shards")
       ->capture_default_str();
   app.add_option("--num-shards", o->num_shards, "Number of shards in the cluster")
@@ -40,11 +40,54 @@ void AddFlags(CLI::App& app, onlineps::ps::ShardServerOptions* o, std::string* a
   app.add_option("--max-senders", o->max_senders,
                  "Clients whose exactly-once window is kept (LRU beyond)")
       ->capture_default_str();
+  auto& rep = o->replication;
+  app.add_option("--replicas", rep.members,
+                 "Endpoints of every replica of this shard, this one included, in the same "
+                 "order on each (comma-separated); empty: not replicated")
+      ->delimiter(',');
+  app.add_option("--replica-index", rep.index, "Position of this replica in --replicas")
+      ->capture_default_str();
+  app.add_option("--replication", *replication_mode,
+                 "sync: a push is acknowledged once every in-sync backup has it; async: at once")
+      ->check(CLI::IsMember({"sync", "async"}))
+      ->capture_default_str();
+  app.add_option("--replica-heartbeat-ms", rep.heartbeat_ms, "Primary -> backup heartbeat period")
+      ->check(CLI::Range(uint64_t{5}, uint64_t{60000}))
+      ->capture_default_str();
+  app.add_option("--replica-lease-ms", rep.lease_ms,
+                 "Primary silence after which the backups elect a new primary")
+      ->check(CLI::Range(uint64_t{20}, uint64_t{600000}))
+      ->capture_default_str();
+  app.add_option("--replica-timeout-ms", rep.follower_timeout_ms,
+                 "Backup silence after which the primary stops waiting for it (sync mode)")
+      ->check(CLI::Range(uint64_t{20}, uint64_t{600000}))
+      ->capture_default_str();
   app.add_option("--admin-host", *admin_host, "Address of the admin HTTP port")
       ->capture_default_str();
   app.add_option("--admin-port", *admin_port,
                  "Admin HTTP port for /metrics, /healthz, /readyz (0: any free port, -1: off)")
       ->capture_default_str();
+}
+
+onlineps::Status CheckReplication(const onlineps::ps::ShardServerOptions& o) {
+  const auto& rep = o.replication;
+  if (rep.members.empty()) return onlineps::Status::Ok();
+  if (rep.members.size() < 2) {
+    return onlineps::InvalidArgument("--replicas needs two or more endpoints, got 1");
+  }
+  if (rep.index >= rep.members.size()) {
+    return onlineps::InvalidArgument("--replica-index " + std::to_string(rep.index) +
+                                     " is not below the " + std::to_string(rep.members.size()) +
+                                     " endpoints of --replicas");
+  }
+  if (o.listen.size() > 2 && o.listen.compare(o.listen.size() - 2, 2, ":0") == 0) {
+    return onlineps::InvalidArgument("--listen " + o.listen +
+                                     ": a replica needs a fixed port, the one --replicas names");
+  }
+  if (rep.lease_ms <= 2 * rep.heartbeat_ms) {
+    return onlineps::InvalidArgument("--replica-lease-ms must exceed twice --replica-heartbeat-ms");
+  }
+  return onlineps::Status::Ok();
 }
 
 }  // namespace
@@ -58,7 +101,8 @@ int main(int argc, char** argv) {
   int admin_port = 9100;
   size_t max_message_mb = options.max_message_bytes >> 20;
   CLI::App app("onlineps parameter-server shard");
-  AddFlags(app, &options, &admin_host, &admin_port, &max_message_mb);
+  std::string replication_mode = "sync";
+  AddFlags(app, &options, &admin_host, &admin_port, &max_message_mb, &replication_mode);
   onlineps::AddLoggingFlags(app, &log);
   onlineps::CurveFlags curve;
   onlineps::AddCurveFlags(app, &curve, /*server=*/true, /*client=*/false);
@@ -73,6 +117,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.max_message_bytes = max_message_mb << 20;
+  options.replication.sync = replication_mode == "sync";
+  if (auto st = CheckReplication(options); !st.ok()) {
+    std::cerr << "onlineps_ps: " << st.message() << "\n";
+    return 2;
+  }
   auto loaded = onlineps::LoadCurve(curve);
   if (!loaded.ok()) {
     std::cerr << "onlineps_ps: " << loaded.status().message() << "\n";

@@ -39,7 +39,7 @@ class ShardServer::Metrics {
   void UpdateTable(const std::string& name, const TableStats& s);
 
  private:
-  static constexpr size_t kOps = static_cast<size_t>(kLastOp) + 1, kCodes = 18;
+  static constexpr size_t kOps = static_cast<size_t>(kLastOp) + 1, kCodes = 19;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& duration_family_;
   prometheus::Histogram& staleness_;

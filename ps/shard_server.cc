@@ -77,12 +77,27 @@ StatusOr<std::string> ShardServer::Start() {
     std::filesystem::create_directories(options_.checkpoint_dir, ec);
     if (ec) return Unavailable("cannot create " + options_.checkpoint_dir + ": " + ec.message());
   }
+  bool restored = false;
   if (!path.empty() && options_.restore && std::filesystem::exists(path)) {
+    restored = true;
     auto restored = ReadCheckpoint(path, {options_.shard, options_.num_shards}, &dedup_);
     if (!restored.ok()) return restored.status();
     spdlog::info("restored {} table(s) from {}", restored->size(), path);
     std::atomic_store(&tables_, std::shared_ptr<const TableMap>(
                                     std::make_shared<TableMap>(std::move(restored).value())));
+  }
+  if (options_.replication.members.size() >= 2) {
+    Replica::Hooks hooks;
+    hooks.snapshot = [this](uint64_t* lsn) { return Snapshot(lsn); };
+    hooks.load = [this](const std::string& bytes) { return LoadSnapshot(bytes); };
+    hooks.apply = [this](const Header& h, const Frames& f) { return ApplyReplicated(h, f); };
+    ReplicationOptions ropts = options_.replication;
+    ropts.transport.curve = options_.curve;  // replicas share the shard's key pair
+    if (ropts.transport.curve.server_public_key.empty()) {
+      ropts.transport.curve.server_public_key = options_.curve.public_key;
+    }
+    ropts.transport.max_message_bytes = options_.max_message_bytes * 2;
+    replica_ = std::make_unique<Replica>(std::move(ropts), std::move(hooks), restored);
   }
   TransportOptions topts;
   topts.handler_threads = options_.handler_threads;
@@ -91,6 +106,7 @@ StatusOr<std::string> ShardServer::Start() {
   transport_ = NewServerTransport(options_.listen, topts);
   auto bound = transport_->Start(options_.listen, [this](Incoming&& in) { Handle(std::move(in)); });
   if (!bound.ok()) return bound.status();
+  if (replica_) ONLINEPS_RETURN_IF_ERROR(replica_->Start());
   {
     std::lock_guard<std::mutex> lock(maint_mu_);
     started_ = true;
@@ -111,6 +127,7 @@ void ShardServer::Stop() {
   metrics_->SetReady(false);
   maint_cv_.notify_all();
   if (maintenance_.joinable()) maintenance_.join();
+  if (replica_) replica_->Stop();  // backups take over; waiting replies say NOT_PRIMARY
   ReleaseHeld(/*all=*/true);
   transport_->Stop();  // handles what is queued, then flushes replies
   if (!options_.checkpoint_dir.empty()) {
@@ -143,6 +160,7 @@ void ShardServer::Handle(Incoming&& in) {
   Header reply;
   Frames payload;
   bool held = false;
+  uint64_t commit_lsn = 0;
   size_t bytes = 0;
   for (const Frame& f : in.frames) bytes += f.size();
   Status st;
@@ -159,7 +177,7 @@ void ShardServer::Handle(Incoming&& in) {
                                              " bytes exceeds the limit of " +
                                              std::to_string(options_.max_message_bytes));
     } else {
-      st = Dispatch(req, in.frames, &reply, &payload, in.peer, &held);
+      st = Dispatch(req, in.frames, &reply, &payload, in.peer, &held, &commit_lsn);
     }
   }
   metrics_->CountRequest(req.op, st.code());
@@ -168,21 +186,50 @@ void ShardServer::Handle(Incoming&& in) {
     reply = MakeReply(req, st);
     payload.clear();
   }
-  if (!held) SendReply(in.peer, reply, std::move(payload));
+  if (replica_) reply.epoch = replica_->epoch();
+  if (!held && st.ok() && commit_lsn != 0) {
+    // Sync replication: the reply waits until the backups have the update.
+    replica_->WhenCommitted(commit_lsn, [this, req, peer = in.peer, reply](const Status& cst) {
+      Header r = cst.ok() ? reply : MakeReply(req, cst);
+      r.epoch = reply.epoch;
+      SendReply(peer, r, {});
+    });
+  } else if (!held) {
+    SendReply(in.peer, reply, std::move(payload));
+  }
   metrics_->ObserveDuration(req.op, SecondsSince(t0));
 }
 
 Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* reply, Frames* out,
-                             std::string_view peer, bool* held) {
+                             std::string_view peer, bool* held, uint64_t* commit_lsn) {
   *reply = MakeReply(h, Status::Ok());
   switch (h.op) {
     case Op::kPing:
       reply->spec = {{"shard", std::to_string(options_.shard)},
                      {"num_shards", std::to_string(options_.num_shards)},
                      {"ready", ready_ ? "true" : "false"}};
+      if (replica_) reply->spec["role"] = replica_->primary() ? "primary" : "backup";
       return Status::Ok();
-    case Op::kCreateTable:
-      return CreateTable(h, reply);
+    case Op::kReplicate:
+    case Op::kReplSnapshot:
+    case Op::kReplStatus:
+      if (!replica_) return FailedPrecondition("this shard is not replicated (no --replicas)");
+      replica_->Handle(h, frames, reply);  // the reply carries its own code, epoch and state
+      return Status::Ok();
+    default:
+      break;
+  }
+  if (replica_ && h.op != Op::kCheckpoint) {
+    ONLINEPS_RETURN_IF_ERROR(replica_->CheckPrimary(h.epoch));
+  }
+  switch (h.op) {
+    case Op::kCreateTable: {
+      if (!replica_) return CreateTable(h, reply);
+      std::lock_guard<std::mutex> order(order_mu_);
+      ONLINEPS_RETURN_IF_ERROR(CreateTable(h, reply));
+      *commit_lsn = reply->message == "created" ? replica_->Append(frames) : replica_->last_lsn();
+      return Status::Ok();
+    }
     case Op::kTableInfo:
       return Info(h, reply);
     case Op::kCheckpoint: {
@@ -226,13 +273,26 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
         return InvalidArgument("table '" + h.table + "' is " +
                                (dense ? "sparse; use push_sparse" : "dense; use push_dense"));
       }
-      bool hold = false;
-      ONLINEPS_RETURN_IF_ERROR(Push(h, frames, t, reply, &hold));
+      bool hold = false, applied = false;
+      if (replica_) {
+        ONLINEPS_RETURN_IF_ERROR(ApplyLogged(h, frames, t, reply, &hold, commit_lsn));
+      } else {
+        ONLINEPS_RETURN_IF_ERROR(Push(h, frames, t, reply, &hold, &applied));
+      }
       if (hold) {
         *held = true;
+        if (replica_) reply->epoch = replica_->epoch();
         Frames reply_frames{Frame::FromString(EncodeHeader(*reply))};
-        HoldReply(Held{t, h.sender, std::string(peer), std::move(reply_frames),
-                       NowMs() + t->spec().block_timeout_ms});
+        Held held_reply{t, h.sender, std::string(peer), std::move(reply_frames),
+                        NowMs() + t->spec().block_timeout_ms};
+        if (*commit_lsn == 0) {
+          HoldReply(std::move(held_reply));
+        } else {
+          replica_->WhenCommitted(*commit_lsn, [this, h, held_reply](const Status& st) {
+            if (st.ok()) return HoldReply(held_reply);
+            SendReply(held_reply.peer, MakeReply(h, st), {});
+          });
+        }
       }
       return Status::Ok();
     }
@@ -302,8 +362,47 @@ Status ShardServer::Pull(const Header& h, const Frames& frames, Table& t, Header
   return Status::Ok();
 }
 
+Status ShardServer::ApplyLogged(const Header& h, const Frames& frames, std::shared_ptr<Table> t,
+                                Header* reply, bool* hold, uint64_t* commit_lsn) {
+  std::lock_guard<std::mutex> order(order_mu_);
+  bool applied = false;
+  ONLINEPS_RETURN_IF_ERROR(Push(h, frames, std::move(t), reply, hold, &applied));
+  // A duplicate waits for everything logged so far, which includes its original.
+  *commit_lsn = applied ? replica_->Append(frames) : replica_->last_lsn();
+  return Status::Ok();
+}
+
+Status ShardServer::ApplyReplicated(const Header& h, const Frames& frames) {
+  Header reply = MakeReply(h, Status::Ok());
+  if (h.op == Op::kCreateTable) return CreateTable(h, &reply);
+  if (h.op != Op::kPushDense && h.op != Op::kPushSparse) {
+    return Malformed(std::string("op ") + std::string(OpName(h.op)) + " is not a logged update");
+  }
+  std::shared_ptr<Table> t = FindTable(h.table);
+  if (t == nullptr) return NotFound("unknown table '" + h.table + "'");
+  bool hold = false, applied = false;
+  return Push(h, frames, std::move(t), &reply, &hold, &applied);
+}
+
+StatusOr<std::string> ShardServer::Snapshot(uint64_t* lsn) {
+  std::lock_guard<std::mutex> order(order_mu_);
+  std::unique_lock<std::shared_mutex> gate(apply_gate_);
+  *lsn = replica_->last_lsn();
+  return SerializeShard({options_.shard, options_.num_shards}, *tables(), dedup_);
+}
+
+Status ShardServer::LoadSnapshot(const std::string& bytes) {
+  std::unique_lock<std::shared_mutex> gate(apply_gate_);
+  std::lock_guard<std::mutex> lock(tables_mu_);
+  auto loaded = ParseShard(bytes, "snapshot", {options_.shard, options_.num_shards}, &dedup_);
+  if (!loaded.ok()) return loaded.status();
+  std::atomic_store(&tables_, std::shared_ptr<const TableMap>(
+                                  std::make_shared<TableMap>(std::move(loaded).value())));
+  return Status::Ok();
+}
+
 Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<Table> t,
-                         Header* reply, bool* hold) {
+                         Header* reply, bool* hold, bool* applied) {
   PushRequest req;
   req.sender = h.sender;
   req.base_version = h.base_version;
@@ -340,6 +439,7 @@ Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<
     return res.status();
   }
   dedup_.Commit(h.sender, h.seq);
+  *applied = true;
   metrics_->ObserveStaleness(res->tau);
   reply->version = res->version;
   reply->tau = res->tau;

@@ -19,6 +19,7 @@
 #include "common/transport.h"
 #include "common/wire.h"
 #include "ps/dedup.h"
+#include "ps/replication.h"
 #include "ps/table.h"
 
 namespace prometheus {
@@ -41,6 +42,8 @@ struct ShardServerOptions {
   size_t max_senders = 16384;          // dedup windows kept (1 KiB each)
   size_t max_held_replies = 65536;     // block mode: replies waiting for slow workers
   uint64_t maintenance_interval_ms = 50;
+  // Primary/backup replication of this shard (ps/replication.h); off with < 2 members.
+  ReplicationOptions replication;
 };
 
 class ShardServer {
@@ -59,6 +62,8 @@ class ShardServer {
   StatusOr<std::string> Checkpoint();
 
   bool ready() const { return ready_.load(); }
+  // Null when the shard is not replicated.
+  const Replica* replica() const { return replica_.get(); }
   std::string checkpoint_path() const;
   std::shared_ptr<Table> FindTable(const std::string& name) const;
 
@@ -73,13 +78,22 @@ class ShardServer {
   using TableMap = std::map<std::string, std::shared_ptr<Table>>;
 
   void Handle(Incoming&& in);
+  // `commit_lsn`: set when the reply must wait for replication of that log entry.
   Status Dispatch(const Header& h, const Frames& frames, Header* reply, Frames* out,
-                  std::string_view peer, bool* held);
+                  std::string_view peer, bool* held, uint64_t* commit_lsn);
   Status CreateTable(const Header& h, Header* reply);
+  // Replicated shards: applies a client update in log order and logs it.
+  Status ApplyLogged(const Header& h, const Frames& frames, std::shared_ptr<Table> t, Header* reply,
+                     bool* hold, uint64_t* commit_lsn);
+  // Replica hooks: a backup applies a logged update; snapshots save / load all state.
+  Status ApplyReplicated(const Header& h, const Frames& frames);
+  StatusOr<std::string> Snapshot(uint64_t* lsn);
+  Status LoadSnapshot(const std::string& bytes);
   // Dense or sparse, by the table's kind (the op was checked against it).
   Status Pull(const Header& h, const Frames& frames, Table& t, Header* reply, Frames* out);
+  // `applied`: the push was new and applied (not a duplicate, not refused).
   Status Push(const Header& h, const Frames& frames, std::shared_ptr<Table> t, Header* reply,
-              bool* hold);
+              bool* hold, bool* applied);
   Status Info(const Header& h, Header* reply);
   // A client with the shard list in the wrong order would write rows to the wrong shard.
   Status CheckKeysOwned(const std::string& table, const uint64_t* keys, size_t n) const;
@@ -95,6 +109,9 @@ class ShardServer {
   std::unique_ptr<Metrics> metrics_;
 
   std::unique_ptr<ServerTransport> transport_;
+  std::unique_ptr<Replica> replica_;  // null when not replicated
+  // Replicated shards apply and log updates one at a time, so backups see the same order.
+  std::mutex order_mu_;
   Dedup dedup_;
   std::atomic<bool> ready_{false};
   std::atomic<bool> stopping_{false};

@@ -9,10 +9,12 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/wire.h"
 #include "fuzz/fuzz_entries.h"
+#include "mcp_bridge/mcp_server.h"
 
 namespace onlineps::fuzz {
 namespace {
@@ -57,6 +59,28 @@ TEST(FuzzRegressionTest, HeaderWithHugeMapCountIsMalformed) {
   StatusOr<Header> h = DecodeHeader(frame.data(), frame.size());
   ASSERT_FALSE(h.ok());
   EXPECT_EQ(h.status().code(), StatusCode::kMalformed);
+}
+
+// mcp_fuzz / trace_fuzz: nlohmann::json copies and prints recursively, so ~100k levels
+// of '[' overflowed the stack of the bridge's request thread and of the trace reader.
+TEST(FuzzRegressionTest, NestingDepthIsMeasuredOutsideStrings) {
+  EXPECT_FALSE(bridge::NestsDeeperThan(R"({"a":[[1]],"b":"[[[[[[\"[["})", 3));
+  EXPECT_TRUE(bridge::NestsDeeperThan("[[[[", 3));
+  EXPECT_FALSE(bridge::NestsDeeperThan("[[[]][[]]]", 3));
+  EXPECT_TRUE(bridge::NestsDeeperThan(std::string(1000000, '['), bridge::kMaxJsonDepth));
+}
+
+TEST(FuzzRegressionTest, SeedCorporaAreHandledCleanly) {
+  const fs::path corpus = fs::path(ONLINEPS_FUZZ_REGRESSIONS).parent_path() / "corpus";
+  const std::pair<const char*, std::string (*)(const uint8_t*, size_t)> targets[] = {
+      {"wire_fuzz", WireOne}, {"mcp_fuzz", McpOne}, {"trace_fuzz", TraceOne}};
+  for (const auto& [target, entry] : targets) {
+    for (const auto& e : fs::directory_iterator(corpus / target)) {
+      SCOPED_TRACE(e.path().string());
+      const std::string bytes = ReadAll(e.path());
+      EXPECT_EQ(entry(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()), "");
+    }
+  }
 }
 
 }  // namespace

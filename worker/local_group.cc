@@ -33,7 +33,7 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 constexpr uint32_t kMagic = 0x5247504F;  // "OPGR"
 constexpr uint8_t kVersion = 1;
 constexpr size_t kHeaderBytes = 32;
-constexpr auto kLastCode = static_cast<uint8_t>(StatusCode::kCancelled);
+constexpr auto kLastCode = static_cast<uint8_t>(StatusCode::kNotPrimary);
 // Calls a member may make before the leader makes them (it gave up waiting for a reply
 // the leader has not sent yet); more than that and the member is answered with an error.
 constexpr size_t kMaxEarlyCalls = 4;
