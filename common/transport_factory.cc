@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/fault_transport.h"
 #include "common/mem_transport.h"
 #include "common/transport.h"
 #include "common/zmq_transport.h"
@@ -83,8 +84,14 @@ std::unique_ptr<ClientTransport> NewClientTransport(const std::vector<std::strin
           "cannot mix mem:// and ZeroMQ endpoints: '" + endpoints[0] + "', '" + endpoint + "'"));
     }
   }
-  if (family == Family::kMem) return std::make_unique<MemClientTransport>(options);
-  return std::make_unique<ZmqClientTransport>(options);
+  std::unique_ptr<ClientTransport> transport;
+  if (family == Family::kMem) {
+    transport = std::make_unique<MemClientTransport>(options);
+  } else {
+    transport = std::make_unique<ZmqClientTransport>(options);
+  }
+  if (!options.faults.enabled()) return transport;
+  return std::make_unique<FaultyClientTransport>(std::move(transport), options.faults);
 }
 
 }  // namespace onlineps

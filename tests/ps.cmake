@@ -6,3 +6,5 @@ add_dependencies(multiprocess_test onlineps_ps_server onlineps_ps_cli)
 onlineps_test(replication_test onlineps_ps)
 target_compile_definitions(replication_test PRIVATE ONLINEPS_BIN_DIR="${CMAKE_BINARY_DIR}/bin")
 add_dependencies(replication_test onlineps_ps_server)
+# Exactly once through the fault-injecting transport (drops, duplicates, reordering).
+onlineps_test(fault_injection_test onlineps_ps)
