@@ -164,6 +164,22 @@ TEST_F(BridgeHttpTest, BearerTokensBindSessionsToTheirIdentity) {
   alice.Call("set_context", {{"session", "shared-name"}, {"items", {"from alice"}}});
   json got = bob.Call("get_context", {{"session", "shared-name"}});
   EXPECT_FALSE(got["structuredContent"]["found"].get<bool>());
+  // Nor can Bob change Alice's context, through her session id or the shared name.
+  McpHttp intruder(port);
+  intruder.set_token("bob-token-0123456789ab");
+  intruder.set_session(alice.session());
+  EXPECT_EQ(
+      intruder
+          .Send(Request(3, "tools/call",
+                        {{"name", "set_context"}, {"arguments", {{"items", {"bob was here"}}}}}))
+          .status,
+      404);
+  bob.Call("set_context", {{"session", "shared-name"}, {"items", {"from bob"}}});
+  bob.Call("clear_context", {{"session", "shared-name"}});
+  json mine = alice.Call("get_context", json::object());
+  EXPECT_EQ(mine["structuredContent"]["items"], json::array({"alice's secret"})) << mine.dump();
+  json named = alice.Call("get_context", {{"session", "shared-name"}});
+  EXPECT_EQ(named["structuredContent"]["items"], json::array({"from alice"})) << named.dump();
 }
 
 TEST_F(BridgeHttpTest, PerSessionRateLimitIsAClearError) {

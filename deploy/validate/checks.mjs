@@ -6,9 +6,11 @@
 //   node deploy/validate/checks.mjs --external-secret onlineps-mcp-tokens r.yaml
 //
 // --external-secret NAME: a Secret that is created out of band (not in the render).
+// The rules for files from Secrets (bearer tokens, CURVE keys) are in curve.mjs.
 // Exit status: 0 all checks pass, 1 a problem (each printed, naming the object), 2 usage.
 import { readFileSync } from "node:fs";
 import { parseAllDocuments } from "yaml";
+import { checkSecretFiles } from "./curve.mjs";
 
 const USAGE = "usage: checks.mjs [--external-secret NAME]... FILE...";
 const problems = [];
@@ -163,6 +165,12 @@ function main() {
       if (v.secret && !secrets.has(v.secret.secretName) && !args.external.has(v.secret.secretName) && !v.secret.optional) {
         fail(what, `volume ${v.name}: Secret ${v.secret.secretName} is neither in the render nor declared external`);
       }
+      // An overlay that generates the Secret (NAME-<hash>) but whose reference kustomize
+      // did not rewrite (e.g. the generator in another namespace) points at nothing.
+      const generated = v.secret && [...secrets].find((n) => n.startsWith(`${v.secret.secretName}-`) && /-[a-z0-9]{10}$/.test(n));
+      if (generated && !secrets.has(v.secret.secretName)) {
+        fail(what, `volume ${v.name}: Secret ${v.secret.secretName} is not in the render, which generates ${generated} instead`);
+      }
       if (v.configMap && !configMaps.has(v.configMap.name) && !v.configMap.optional) {
         fail(what, `volume ${v.name}: ConfigMap ${v.configMap.name} is not in the render`);
       }
@@ -298,14 +306,13 @@ function main() {
         if (!allowed.includes(h)) fail(what, `ONLINEPS_ALLOWED_HOSTS lacks ${h} (Service ${s.metadata.name} in namespace ${ns})`);
       }
     }
-    const tokens = env.ONLINEPS_TOKENS_FILE;
-    if (!tokens) fail(what, "ONLINEPS_TOKENS_FILE is not set (bearer tokens from a Secret)");
-    else {
-      const secretVolumes = new Set((b.spec.template.spec.volumes || []).filter((v) => v.secret).map((v) => v.name));
-      const m = (c.volumeMounts || []).find((vm) => secretVolumes.has(vm.name) && tokens.startsWith(vm.mountPath.replace(/\/?$/, "/")));
-      if (!m) fail(what, `ONLINEPS_TOKENS_FILE ${tokens} is not inside a mounted Secret volume`);
-    }
+    // Where the file comes from: curve.mjs (with the CURVE key files).
+    if (!env.ONLINEPS_TOKENS_FILE) fail(what, "ONLINEPS_TOKENS_FILE is not set (bearer tokens from a Secret)");
   }
+
+  // Files from Secrets: the bridge's tokens and the CURVE keys (curve.mjs).
+  const secretObjects = new Map(byKind("Secret").map((o) => [o.metadata.name, o]));
+  checkSecretFiles({ fail, id, env: (w) => envs.get(w)?.env, secrets: secretObjects, configMaps, ps, workers, bridges });
 
   if (problems.length > 0) {
     for (const p of problems) console.error(`checks.mjs: ${p}`);
