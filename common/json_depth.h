@@ -5,7 +5,9 @@
 #define ONLINEPS_COMMON_JSON_DEPTH_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace onlineps {
 
@@ -30,6 +32,68 @@ inline bool NestsDeeperThan(std::string_view text, size_t max_depth) {
     } else if ((c == ']' || c == '}') && depth > 0) {
       --depth;
     }
+  }
+  return false;
+}
+
+// The same for a msgpack value (nlohmann::json::from_msgpack parses recursively, one
+// stack frame per level, from one byte per level). A scan that builds nothing; stops
+// at the end of the first value. Invalid or truncated input: false (the decoder refuses
+// it).
+inline bool MsgpackNestsDeeperThan(const uint8_t* p, size_t n, size_t max_depth) {
+  auto be = [&](size_t at, int bytes) {
+    uint64_t v = 0;
+    for (int k = 0; k < bytes; ++k) v = v << 8 | p[at + k];
+    return v;
+  };
+  std::vector<uint64_t> left;  // items still to read in each open container
+  size_t i = 0;
+  while (i < n) {
+    const uint8_t b = p[i];
+    uint64_t size = 1, items = 0;  // header + payload bytes; child values
+    bool container = false;
+    int len_bytes = 0;   // a length field of 1, 2 or 4 bytes after the type byte
+    uint64_t extra = 0;  // fixed bytes besides the type byte and the length field
+    if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
+      size = 1;
+    } else if ((b & 0xf0) == 0x80 || (b & 0xf0) == 0x90) {
+      container = true;
+      items = (b & 0x0f) * ((b & 0xf0) == 0x80 ? 2 : 1);
+    } else if ((b & 0xe0) == 0xa0) {
+      size = 1 + (b & 0x1f);
+    } else if (b == 0xc4 || b == 0xc5 || b == 0xc6 || b == 0xd9 || b == 0xda || b == 0xdb) {
+      len_bytes = (b == 0xc4 || b == 0xd9) ? 1 : (b == 0xc5 || b == 0xda) ? 2 : 4;
+    } else if (b == 0xc7 || b == 0xc8 || b == 0xc9) {
+      len_bytes = b == 0xc7 ? 1 : b == 0xc8 ? 2 : 4;
+      extra = 1;  // the ext type
+    } else if (b == 0xca || b == 0xcb || (b >= 0xcc && b <= 0xd3)) {
+      static constexpr uint8_t kFixed[] = {4, 8, 1, 2, 4, 8, 1, 2, 4, 8};
+      size = 1 + kFixed[b - 0xca];
+    } else if (b >= 0xd4 && b <= 0xd8) {
+      size = 2 + (uint64_t{1} << (b - 0xd4));
+    } else if (b >= 0xdc && b <= 0xdf) {
+      if (i + 1 + ((b & 1) ? 4 : 2) > n) return false;
+      container = true;
+      size = 1 + ((b & 1) ? 4 : 2);
+      items = be(i + 1, (b & 1) ? 4 : 2) * (b >= 0xde ? 2 : 1);
+    } else {
+      return false;  // 0xc1: never used
+    }
+    if (len_bytes > 0) {
+      if (i + 1 + len_bytes > n) return false;
+      size = 1 + len_bytes + extra + be(i + 1, len_bytes);
+    }
+    if (size > n - i) return false;
+    i += size;
+    if (container) {
+      if (left.size() + 1 > max_depth) return true;
+      if (items > 0) {
+        left.push_back(items);
+        continue;
+      }
+    }
+    while (!left.empty() && --left.back() == 0) left.pop_back();
+    if (left.empty()) return false;  // the first value is complete
   }
   return false;
 }

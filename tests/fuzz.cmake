@@ -5,7 +5,7 @@ add_library(onlineps_fuzz_entries STATIC ${CMAKE_SOURCE_DIR}/fuzz/wire_entry.cc
             ${CMAKE_SOURCE_DIR}/fuzz/mcp_entry.cc ${CMAKE_SOURCE_DIR}/fuzz/trace_entry.cc)
 target_link_libraries(onlineps_fuzz_entries PUBLIC onlineps_ps onlineps_mcp_bridge
                       onlineps_replay_trace)
-onlineps_test(fuzz_regression_test onlineps_fuzz_entries)
+onlineps_test(fuzz_regression_test onlineps_fuzz_entries onlineps_worker_core)
 target_compile_definitions(fuzz_regression_test PRIVATE
                            ONLINEPS_FUZZ_REGRESSIONS="${CMAKE_SOURCE_DIR}/fuzz/regressions")
 

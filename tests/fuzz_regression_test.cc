@@ -12,9 +12,12 @@
 #include <utility>
 #include <vector>
 
+#include "common/json_depth.h"
 #include "common/wire.h"
 #include "fuzz/fuzz_entries.h"
 #include "mcp_bridge/mcp_server.h"
+#include "nlohmann/json.hpp"
+#include "worker/worker_rpc.h"
 
 namespace onlineps::fuzz {
 namespace {
@@ -80,6 +83,37 @@ TEST(FuzzRegressionTest, SeedCorporaAreHandledCleanly) {
       const std::string bytes = ReadAll(e.path());
       EXPECT_EQ(entry(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()), "");
     }
+  }
+}
+
+// The worker RPC decodes msgpack bodies with a recursive parser: 100,000 nested
+// one-element arrays (one byte a level) would overflow its stack. Refused first.
+TEST(FuzzRegressionTest, WorkerBodyNestingIsRefusedBeforeParsing) {
+  std::string deep = "\x81\xa8examples";  // {"examples": [[[...]]]}
+  deep.append(100000, '\x91');
+  deep.push_back('\x01');
+  auto body = worker::DecodeBody(deep.data(), deep.size());
+  ASSERT_FALSE(body.ok());
+  EXPECT_EQ(body.status().code(), StatusCode::kMalformed);
+  EXPECT_NE(body.status().message().find("nests deeper than 64"), std::string::npos)
+      << body.status().ToString();
+
+  // Real bodies, of every msgpack type, pass and decode; depth is counted exactly.
+  const nlohmann::json ok = {{"session", "s"},
+                             {"examples", {{{"text", "a \"[[[\" film"}, {"label", 1}}}},
+                             {"f", {1.5, -3, 70000, 5000000000LL, nullptr, true}},
+                             {"b", nlohmann::json::binary({1, 2, 3})}};
+  const std::vector<uint8_t> bytes = nlohmann::json::to_msgpack(ok);
+  EXPECT_FALSE(MsgpackNestsDeeperThan(bytes.data(), bytes.size(), 3));
+  EXPECT_TRUE(MsgpackNestsDeeperThan(bytes.data(), bytes.size(), 2));
+  auto decoded = worker::DecodeBody(bytes.data(), bytes.size());
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(*decoded, ok);
+  for (size_t depth : {1, 63, 64, 65}) {
+    std::string nest(depth, '\x91');
+    nest.push_back('\x01');
+    const auto* p = reinterpret_cast<const uint8_t*>(nest.data());
+    EXPECT_EQ(MsgpackNestsDeeperThan(p, nest.size(), 64), depth > 64) << depth;
   }
 }
 

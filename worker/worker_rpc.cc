@@ -5,6 +5,8 @@
 #include <cstring>
 #include <random>
 
+#include "common/json_depth.h"
+
 namespace onlineps::worker {
 namespace {
 
@@ -70,6 +72,9 @@ StatusOr<int64_t> LabelOf(const json& v, const std::string& where,
 }
 
 constexpr size_t kMaxFeatures = 1 << 20;
+// Deepest request body: the worker's bodies nest 4 levels; this leaves room and keeps
+// the recursive msgpack parser far from the end of the stack.
+constexpr size_t kMaxBodyDepth = 64;
 
 StatusOr<Example> ExampleOf(const json& e, const std::string& where,
                             const std::vector<std::string>& labels, bool need_labels) {
@@ -156,6 +161,10 @@ StatusOr<json> ContextOp(WorkerService* service, Op op, const json& body) {
 StatusOr<json> DecodeBody(const void* data, size_t size) {
   if (size == 0) return json::object();
   const auto* p = static_cast<const uint8_t*>(data);
+  if (MsgpackNestsDeeperThan(p, size, kMaxBodyDepth)) {
+    return Status(StatusCode::kMalformed,
+                  "body nests deeper than " + std::to_string(kMaxBodyDepth) + " levels");
+  }
   json body = json::from_msgpack(p, p + size, /*strict=*/true, /*allow_exceptions=*/false);
   if (body.is_discarded()) return Status(StatusCode::kMalformed, "body is not valid msgpack");
   if (!body.is_object()) return Status(StatusCode::kMalformed, "body must be a msgpack map");
