@@ -69,13 +69,18 @@ StatusOr<PushResult> DenseTable::Push(const PushRequest& req) {
     return Status(StatusCode::kNonFinite,
                   "table '" + spec_.name + "': push contains NaN or Inf; nothing applied");
   }
+  std::vector<float> clipped_values;
+  bool clipped = false;
+  const float* values =
+      ClipToNorm(req.values, req.num_values, spec_.clip_norm, &clipped_values, &clipped);
+  if (clipped) clipped_pushes_.fetch_add(1);
   PushResult res;
   {
     std::lock_guard<std::mutex> lock(mu_);
     res.tau = version_ >= req.base_version ? version_ - req.base_version : 0;
     ONLINEPS_RETURN_IF_ERROR(rules_.CheckBound(spec_.name, res.tau));
     if (req.delta) {
-      ApplyDeltaLocked(req.values);
+      ApplyDeltaLocked(values);
     } else {
       const float* w_bak = nullptr;
       if (rules_.needs_backup()) {
@@ -86,9 +91,9 @@ StatusOr<PushResult> DenseTable::Push(const PushRequest& req) {
           ++backup_misses_;
       }
       if (spec_.accumulate > 1) {
-        res.queued = !AccumulateLocked(req.values, w_bak, res.tau);
+        res.queued = !AccumulateLocked(values, w_bak, res.tau);
       } else {
-        ApplyLocked(req.values, w_bak, rules_.policy().LrScale(res.tau));
+        ApplyLocked(values, w_bak, rules_.policy().LrScale(res.tau));
       }
     }
     res.version = version_;
@@ -156,6 +161,7 @@ TableStats DenseTable::Stats() const {
   s.elements = n_;
   s.backups = backups_.size();
   s.backup_misses = backup_misses_;
+  s.clipped_pushes = clipped_pushes_.load();
   s.memory_bytes = 4 * (w_.size() + opt_state_.size() + pol_state_.size() + avg_.size() +
                         acc_.size() + backups_.size() * n_);
   return s;

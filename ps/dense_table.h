@@ -4,6 +4,7 @@
 #ifndef ONLINEPS_PS_DENSE_TABLE_H_
 #define ONLINEPS_PS_DENSE_TABLE_H_
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -56,8 +57,9 @@ class DenseTable : public Table {
   uint64_t acc_tau_sum_ = 0;                      // guarded by mu_
   LruMap<uint64_t, std::vector<float>> backups_;  // guarded by mu_; DC-ASGD w_bak
   uint64_t backup_misses_ = 0;                    // guarded by mu_
-  std::vector<float> scratch_;                    // guarded by mu_
-  std::optional<SspClock> ssp_;                   // block mode only; has its own lock
+  std::atomic<uint64_t> clipped_pushes_{0};
+  std::vector<float> scratch_;   // guarded by mu_
+  std::optional<SspClock> ssp_;  // block mode only; has its own lock
 };
 
 }  // namespace onlineps::ps

@@ -48,6 +48,21 @@ Status RuleSet::CheckBound(const std::string& table, uint64_t tau) const {
                                         "; pull fresh parameters and recompute");
 }
 
+const float* ClipToNorm(const float* v, size_t n, double max_norm, std::vector<float>* scratch,
+                        bool* clipped) {
+  *clipped = false;
+  if (max_norm <= 0) return v;
+  double sq = 0;
+  for (size_t i = 0; i < n; ++i) sq += static_cast<double>(v[i]) * v[i];
+  const double norm = std::sqrt(sq);
+  if (norm <= max_norm) return v;
+  const float scale = static_cast<float>(max_norm / norm);
+  scratch->resize(n);
+  for (size_t i = 0; i < n; ++i) (*scratch)[i] = v[i] * scale;
+  *clipped = true;
+  return scratch->data();
+}
+
 bool AllFinite(const float* v, size_t n) {
   // Integer test of the exponent bits (all ones = Inf or NaN) with a max reduction: it
   // vectorizes, unlike a float sum, which the compiler may not reorder.

@@ -50,6 +50,12 @@ class RuleSet {
 // True when every value is finite. Vectorizable (no early exit).
 bool AllFinite(const float* v, size_t n);
 
+// Gradient norm clip: when the L2 norm of v[0..n) exceeds max_norm (> 0), writes v
+// scaled to norm max_norm into *scratch and returns it (and sets *clipped); otherwise
+// returns v. max_norm 0: no clip.
+const float* ClipToNorm(const float* v, size_t n, double max_norm, std::vector<float>* scratch,
+                        bool* clipped);
+
 // Writes n initial values of the table's initializer for element `index` onwards
 // (dense: flattened element index; sparse: row id, column 0..n-1). Deterministic:
 // depends only on (spec.name, spec.seed, init, index), so every shard and replica

@@ -70,7 +70,11 @@ ShardServer::Metrics::Metrics(prometheus::Registry& r)
       backup_misses_(BuildGauge()
                          .Name("onlineps_ps_dc_backup_misses")
                          .Help("DC-ASGD pushes applied without compensation (no backup)")
-                         .Register(r)) {
+                         .Register(r)),
+      clipped_pushes_(BuildGauge()
+                          .Name("onlineps_ps_clipped_pushes")
+                          .Help("Pushes scaled down to the table's clip_norm on this shard")
+                          .Register(r)) {
   for (size_t op = 0; op < kOps; ++op) {
     durations_[op] =
         &duration_family_.Add({{"op", std::string(OpName(static_cast<Op>(op)))}},
@@ -112,6 +116,7 @@ void ShardServer::Metrics::UpdateTable(const std::string& name, const TableStats
   table_rows_.Add({{"table", name}}).Set(static_cast<double>(s.rows));
   table_memory_.Add({{"table", name}}).Set(static_cast<double>(s.memory_bytes));
   backup_misses_.Add({{"table", name}}).Set(static_cast<double>(s.backup_misses));
+  clipped_pushes_.Add({{"table", name}}).Set(static_cast<double>(s.clipped_pushes));
 }
 
 }  // namespace onlineps::ps

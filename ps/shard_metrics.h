@@ -54,6 +54,7 @@ class ShardServer::Metrics {
   prometheus::Family<prometheus::Gauge>& table_rows_;
   prometheus::Family<prometheus::Gauge>& table_memory_;
   prometheus::Family<prometheus::Gauge>& backup_misses_;
+  prometheus::Family<prometheus::Gauge>& clipped_pushes_;
   std::array<prometheus::Histogram*, kOps> durations_{};
   std::array<std::array<std::atomic<prometheus::Counter*>, kCodes>, kOps> counters_{};
   std::mutex mu_;  // creation of new series

@@ -475,6 +475,7 @@ Status ShardServer::Info(const Header& h, Header* reply) {
     reply->spec["stat.memory_bytes"] = std::to_string(s.memory_bytes);
     reply->spec["stat.backups"] = std::to_string(s.backups);
     reply->spec["stat.backup_misses"] = std::to_string(s.backup_misses);
+    reply->spec["stat.clipped_pushes"] = std::to_string(s.clipped_pushes);
     reply->spec["stat.evicted_rows"] = std::to_string(s.evicted_rows);
     return Status::Ok();
   }

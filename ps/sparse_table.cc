@@ -215,6 +215,16 @@ StatusOr<PushResult> SparseTable::Push(const PushRequest& req) {
     return Status(StatusCode::kNonFinite,
                   "table '" + spec_.name + "': push contains NaN or Inf; nothing applied");
   }
+  std::vector<float> clipped_values;
+  bool clipped = false;
+  PushRequest clipped_req = req;
+  clipped_req.values =
+      ClipToNorm(req.values, req.num_values, spec_.clip_norm, &clipped_values, &clipped);
+  if (clipped) clipped_pushes_.fetch_add(1);
+  return PushChecked(clipped_req);
+}
+
+StatusOr<PushResult> SparseTable::PushChecked(const PushRequest& req) {
   const uint64_t v = version_.load();
   const uint64_t tau = v >= req.base_version ? v - req.base_version : 0;
   ONLINEPS_RETURN_IF_ERROR(rules_.CheckBound(spec_.name, tau));
@@ -320,6 +330,7 @@ TableStats SparseTable::Stats() const {
   TableStats st;
   st.version = version_.load();
   st.backup_misses = backup_misses_.load();
+  st.clipped_pushes = clipped_pushes_.load();
   for (size_t si = 0; si < num_stripes_; ++si) {
     Stripe& s = *stripes_[si];
     std::lock_guard<std::mutex> lock(s.mu);

@@ -58,6 +58,8 @@ class SparseTable : public Table {
   // DC-ASGD for accumulation: rewrites g (a private copy) row by row.
   void CompensateEach(const PushRequest& req, float* g);
   Status LoadAccumulator(ByteReader* r, uint64_t version);
+  // Push after the shape, finiteness and clip checks.
+  StatusOr<PushResult> PushChecked(const PushRequest& req);
   StatusOr<PushResult> Accumulate(const PushRequest& req, uint64_t tau);
   void ApplyAccumulated(float lr_scale, uint64_t now_ms);  // REQUIRES: acc_mu_ held
 
@@ -72,6 +74,7 @@ class SparseTable : public Table {
   std::vector<std::unique_ptr<Stripe>> stripes_;
   std::atomic<uint64_t> version_{0};
   std::atomic<uint64_t> backup_misses_{0};
+  std::atomic<uint64_t> clipped_pushes_{0};
 
   mutable std::mutex acc_mu_;                             // accumulation (accumulate > 1) only
   std::unordered_map<uint64_t, std::vector<float>> acc_;  // guarded by acc_mu_

@@ -52,12 +52,13 @@ struct PushResult {
 // Counters a table exposes for metrics and table info.
 struct TableStats {
   uint64_t version = 0;
-  uint64_t elements = 0;       // dense elements or sparse rows * dim on this shard
-  uint64_t rows = 0;           // sparse rows held
-  uint64_t evicted_rows = 0;   // sparse: TTL or LRU evictions so far
-  uint64_t backups = 0;        // DC-ASGD copies held
-  uint64_t backup_misses = 0;  // DC pushes without a backup (uncompensated)
-  uint64_t memory_bytes = 0;   // approximate bytes of parameters and state
+  uint64_t elements = 0;        // dense elements or sparse rows * dim on this shard
+  uint64_t rows = 0;            // sparse rows held
+  uint64_t evicted_rows = 0;    // sparse: TTL or LRU evictions so far
+  uint64_t backups = 0;         // DC-ASGD copies held
+  uint64_t backup_misses = 0;   // DC pushes without a backup (uncompensated)
+  uint64_t clipped_pushes = 0;  // pushes scaled down to clip_norm
+  uint64_t memory_bytes = 0;    // approximate bytes of parameters and state
 };
 
 class Table {

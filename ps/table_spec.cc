@@ -126,6 +126,7 @@ Status DecodeField(const std::string& k, const std::string& v, TableSpec* s) {
   if (k == "accumulate") return ParseU32(k, v, &s->accumulate);
   if (k == "accumulate_mean") return ParseBool(k, v, &s->accumulate_mean);
   if (k == "delta_scale") return ParseDouble(k, v, &s->delta_scale);
+  if (k == "clip_norm") return ParseDouble(k, v, &s->clip_norm);
   if (k == "init") {
     if (v != "zeros" && v != "constant" && v != "uniform" && v != "normal") {
       return FieldError(k, v, "expected zeros, constant, uniform or normal");
@@ -161,6 +162,7 @@ Status Validate(const TableSpec& s) {
     return InvalidArgument("sparse table '" + s.name + "' needs dim in [1, 65536]");
   }
   if (s.accumulate == 0) return InvalidArgument("accumulate must be >= 1");
+  if (s.clip_norm < 0) return InvalidArgument("clip_norm must be >= 0 (0: no clip)");
   if (s.dc_max_backups == 0) return InvalidArgument("dc_max_backups must be >= 1");
   if (s.max_staleness < -1) return InvalidArgument("max_staleness must be >= 0, or -1 for none");
   auto opt = CreateOptimizer(s.optimizer, s.optimizer_params);
@@ -198,6 +200,7 @@ std::map<std::string, std::string> EncodeSpec(const TableSpec& s) {
   m["accumulate"] = std::to_string(s.accumulate);
   m["accumulate_mean"] = s.accumulate_mean ? "true" : "false";
   m["delta_scale"] = FormatDouble(s.delta_scale);
+  if (s.clip_norm > 0) m["clip_norm"] = FormatDouble(s.clip_norm);  // absent: off
   m["init"] = s.init;
   m["init_value"] = FormatDouble(s.init_value);
   m["seed"] = std::to_string(s.seed);

@@ -42,6 +42,7 @@ struct TableSpec {
   uint32_t accumulate = 1;      // apply once per K pushes (1: every push)
   bool accumulate_mean = true;  // apply sum/K (true) or the plain sum (false)
   double delta_scale = 1.0;     // parameter-delta pushes: w += delta_scale * delta
+  double clip_norm = 0.0;       // scale a push's values on a shard to this L2 norm (0: off)
 
   std::string init = "zeros";  // zeros | constant | uniform | normal
   double init_value = 0.0;     // constant: the value; uniform: half-width; normal: stddev

@@ -58,6 +58,36 @@ TEST_P(PsSmokeTest, DenseAndSparsePushThenPull) {
   for (auto& s : servers) s->Stop();
 }
 
+TEST_P(PsSmokeTest, ClipNormTravelsInTheSpecAndBoundsEachPush) {
+  const std::string scheme = GetParam();
+  ShardServerOptions o;
+  o.listen = scheme == "mem" ? "mem://smoke-clip" : "tcp://127.0.0.1:0";
+  ShardServer server(o, std::make_shared<prometheus::Registry>());
+  auto ep = server.Start();
+  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+  PsClientOptions co;
+  co.shards = {*ep};
+  auto client = PsClient::Connect(co);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  TableSpec spec;
+  spec.name = "clipped";
+  spec.shape = {2};
+  spec.optimizer_params = {{"lr", 1.0}};
+  spec.clip_norm = 5.0;
+  ASSERT_TRUE((*client)->CreateTable(spec).ok());
+  auto opened = (*client)->OpenTable("clipped");
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  EXPECT_EQ(opened->clip_norm, 5.0);
+  const std::vector<float> bad = {3e4f, 4e4f};  // norm 5e4: applied as {3, 4}
+  PushReply r;
+  ASSERT_TRUE((*client)->PushDense("clipped", bad.data(), {}, &r).Wait().ok());
+  std::vector<float> w(2);
+  ASSERT_TRUE((*client)->PullDense("clipped", w.data(), nullptr).Wait().ok());
+  EXPECT_NEAR(w[0], -3.0f, 1e-5);
+  EXPECT_NEAR(w[1], -4.0f, 1e-5);
+  server.Stop();
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, PsSmokeTest, ::testing::Values("mem", "tcp"));
 
 }  // namespace

@@ -167,6 +167,58 @@ TEST_P(TableKindTest, PushAppliesSgdClosedForm) {
   EXPECT_EQ(t->version(), 2u);
 }
 
+TEST_P(TableKindTest, ClipNormScalesLargePushesAndLeavesSmallOnes) {
+  TableSpec spec = Spec();
+  spec.clip_norm = 1.0;
+  auto t = NewTable(spec);
+  ASSERT_NE(t, nullptr);
+  // kG1 has norm sqrt(1 + 4 + 0.25 + 9) ~ 3.77: applied as kG1 / 3.77.
+  double norm = 0;
+  for (float g : kG1) norm += g * g;
+  norm = std::sqrt(norm);
+  std::vector<float> scaled;
+  for (float g : kG1) scaled.push_back(static_cast<float>(g / norm));
+  MustPush(*t, 1, 0, kG1);
+  std::vector<double> w = SgdStep(std::vector<double>(kFloats, kW0), scaled);
+  ExpectNear(Pull(*t, 1), w, 1e-6);
+  EXPECT_EQ(t->Stats().clipped_pushes, 1u);
+  // A push within the bound is applied as is, and not counted.
+  const std::vector<float> small = {0.1f, -0.2f, 0.3f, 0.1f};
+  MustPush(*t, 1, 1, small);
+  ExpectNear(Pull(*t, 1), SgdStep(w, small), 1e-6);
+  EXPECT_EQ(t->Stats().clipped_pushes, 1u);
+  // Deltas are clipped too (one bad worker cannot move the model far either way).
+  const std::vector<float> huge = {1e6f, 0, 0, 0};
+  const std::vector<double> before = ToDouble(Pull(*t, 1));
+  MustPush(*t, 1, 2, huge, /*delta=*/true);
+  std::vector<double> want = before;
+  want[0] += 1.0;
+  ExpectNear(Pull(*t, 1), want, 1e-6);
+  EXPECT_EQ(t->Stats().clipped_pushes, 2u);
+  // Off by default.
+  auto plain = NewTable(Spec());
+  MustPush(*plain, 1, 0, huge, /*delta=*/true);
+  EXPECT_NEAR(Pull(*plain, 1)[0], kW0 + 1e6, 1.0);
+  EXPECT_EQ(plain->Stats().clipped_pushes, 0u);
+}
+
+TEST(TableSpecClipTest, NegativeClipNormIsRefusedAndZeroIsOff) {
+  TableSpec s;
+  s.name = "t";
+  s.shape = {2};
+  auto m = EncodeSpec(s);
+  EXPECT_EQ(m.count("clip_norm"), 0u);
+  m["clip_norm"] = "-1";
+  auto bad = DecodeSpec(m);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("clip_norm"), std::string::npos) << bad.status().ToString();
+  m["clip_norm"] = "2.5";
+  auto good = DecodeSpec(m);
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  EXPECT_EQ(good->clip_norm, 2.5);
+  EXPECT_EQ(DecodeSpec(EncodeSpec(*good))->clip_norm, 2.5);
+}
+
 TEST_P(TableKindTest, PushWithStaleBaseReportsTau) {
   auto t = NewTable(Spec());
   ASSERT_NE(t, nullptr);

@@ -100,6 +100,10 @@ void AddLearnFlags(CLI::App& app, Flags* f) {
   app.add_option("--max-staleness", s.table_template.max_staleness,
                  "Bounded staleness s (-1: unbounded)")
       ->capture_default_str();
+  app.add_option("--clip-norm", s.table_template.clip_norm,
+                 "Shards scale each push of this worker's tables to at most this L2 norm (0: off)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--bound-mode", f->bound_mode, "reject | block (SSP)")
       ->check(CLI::IsMember({"reject", "block"}))
       ->capture_default_str();
