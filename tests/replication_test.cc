@@ -94,7 +94,7 @@ class ReplicationTest : public ::testing::Test {
         ASSERT_TRUE(client.ok());
         const float grad = -1.0f;  // SGD, lr 1: the row goes from 0 to 1
         for (uint64_t i = 0; !stop->load(); ++i) {
-          const uint64_t key = (uint64_t{t + 1} << 40) | i;
+          const uint64_t key = (static_cast<uint64_t>(t + 1) << 40) | i;
           {
             std::lock_guard<std::mutex> lock(mu_);
             sent_.push_back(key);
