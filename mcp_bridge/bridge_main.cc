@@ -21,6 +21,7 @@
 #include "mcp_bridge/mcp_server.h"
 #include "mcp_bridge/recorder.h"
 #include "mcp_bridge/router.h"
+#include "mcp_bridge/state_dir.h"
 #include "mcp_bridge/stdio_transport.h"
 #include "mcp_bridge/tools.h"
 #include "mcp_bridge/worker_pool.h"
@@ -42,6 +43,7 @@ struct Flags {
   bridge::WorkerPoolOptions pool;
   int64_t health_interval_ms = 500, health_timeout_ms = 1000, wait_workers_s = 10;
   bridge::ContextStoreOptions context;
+  bridge::StateDirOptions state;
   int64_t context_ttl_s = 1800, context_resync_s = 600;
   int64_t infer_timeout_ms = 5000, learn_timeout_ms = 30000;
   bridge::ToolsOptions tools;
@@ -129,6 +131,12 @@ void AddToolFlags(CLI::App& app, Flags* f) {
       ->capture_default_str();
   app.add_option("--context-ttl-s", f->context_ttl_s, "A context unused this long is dropped")
       ->capture_default_str();
+  app.add_option("--state-dir", f->state.path,
+                 "Keep MCP sessions and contexts in this directory so that they survive a bridge "
+                 "restart (one bridge per directory); default: in memory only");
+  app.add_flag("--state-fsync", f->state.fsync,
+               "Flush every --state-dir write to disk before answering (survives a host crash, "
+               "not only a process crash; slower)");
   app.add_option("--context-resync-s", f->context_resync_s,
                  "Re-send a context to its worker after this long (keep below the worker's "
                  "--context-ttl-s)")
@@ -208,6 +216,16 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  std::unique_ptr<bridge::StateDir> state;
+  if (!f.state.path.empty()) {
+    auto opened = bridge::StateDir::Open(f.state, {"sessions", "contexts"});
+    if (!opened.ok()) {
+      spdlog::error("{}", opened.status().ToString());
+      return 2;
+    }
+    state = std::move(*opened);
+  }
+
   bridge::Router router(f.router);
   bridge::WorkerPool pool(f.pool, &router);
   if (auto s = pool.Start(); !s.ok()) {
@@ -216,6 +234,10 @@ int main(int argc, char** argv) {
   }
   WaitForWorker(pool, f.wait_workers_s);
   bridge::ContextStore contexts(f.context);
+  if (state) {
+    spdlog::info("state: {} contexts restored from {}", contexts.Persist(state.get()),
+                 state->path());
+  }
   bridge::BackendOptions bo;
   bo.infer_timeout = milliseconds(f.infer_timeout_ms);
   bo.learn_timeout = milliseconds(f.learn_timeout_ms);
@@ -245,6 +267,10 @@ int main(int argc, char** argv) {
     contexts.Clear(key);
     backend.EndSession(key);
   });
+  if (state) {
+    spdlog::info("state: {} MCP sessions restored from {}", mcp.Persist(state.get()),
+                 state->path());
+  }
   if (f.test_fixtures) {
     fixtures = bridge::NewConformanceFixtures();
     mcp.SetFixtures(fixtures.get());

@@ -1,11 +1,16 @@
 #include "mcp_bridge/context_store.h"
 
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
 #include <cmath>
 
 #include "common/clock.h"
 
 namespace onlineps::bridge {
 namespace {
+
+constexpr char kKind[] = "contexts";
 
 size_t TextBytes(const std::vector<std::string>& items) {
   size_t n = 0;
@@ -46,27 +51,92 @@ Status ContextStore::CheckLimits(const std::vector<std::string>& items,
   return Status::Ok();
 }
 
+std::mutex& ContextStore::IoLock(const std::string& session) {
+  return io_mu_[std::hash<std::string>{}(session) % io_mu_.size()];
+}
+
+size_t ContextStore::Persist(StateDir* dir) {
+  std::vector<StateDir::Record> records = dir->Load(kKind);
+  // The most recently used first, so that a smaller --context-max-sessions keeps those.
+  std::sort(records.begin(), records.end(),
+            [](const auto& a, const auto& b) { return a.age_ms < b.age_ms; });
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = now_ms_();
+  for (StateDir::Record& r : records) {
+    Context c;
+    std::string problem;
+    try {
+      c.items = r.value.at("items").get<std::vector<std::string>>();
+      c.features = r.value.at("features").get<std::vector<float>>();
+      c.revision = r.value.value("revision", uint64_t{0});
+    } catch (const nlohmann::json::exception& e) {
+      problem = e.what();
+    }
+    if (problem.empty()) {
+      if (Status s = CheckLimits(c.items, c.features); !s.ok()) problem = s.message();
+    }
+    if (problem.empty() && contexts_.size() >= options_.max_sessions) {
+      problem = "the store is full (--context-max-sessions " +
+                std::to_string(options_.max_sessions) + ")";
+    }
+    const bool expired = options_.ttl_ms > 0 && r.age_ms > options_.ttl_ms;
+    if (expired || !problem.empty()) {
+      if (expired) {
+        ++stats_.expired;
+      } else {
+        spdlog::warn("contexts: dropping the saved context of {}: {}", r.key, problem);
+      }
+      dir->Remove(kKind, r.key);
+      continue;
+    }
+    c.used_ms = c.touched_ms = now - r.age_ms;
+    next_revision_ = std::max(next_revision_, c.revision + 1);
+    contexts_[r.key] = std::move(c);
+  }
+  dir_ = dir;
+  return contexts_.size();
+}
+
+void ContextStore::Drop(std::unordered_map<std::string, Context>::iterator it) {
+  if (dir_) dropped_.push_back(it->first);
+  contexts_.erase(it);
+}
+
 void ContextStore::ExpireLocked(int64_t now) {
   if (options_.ttl_ms <= 0) return;
   for (auto it = contexts_.begin(); it != contexts_.end();) {
+    auto next = std::next(it);
     if (now - it->second.used_ms > options_.ttl_ms) {
-      it = contexts_.erase(it);
+      Drop(it);
       ++stats_.expired;
-    } else {
-      ++it;
     }
+    it = next;
   }
   last_sweep_ms_ = now;
 }
 
-StatusOr<Context*> ContextStore::Slot(const std::string& session, int64_t now) {
+void ContextStore::RemoveDroppedFiles() {
+  std::vector<std::string> keys;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    keys.swap(dropped_);
+  }
+  for (const std::string& key : keys) {
+    // A change of that session in the meantime wrote the file again: keep it.
+    std::lock_guard<std::mutex> io(IoLock(key));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!contexts_.count(key)) dir_->Remove(kKind, key);
+  }
+}
+
+StatusOr<const Context*> ContextStore::Current(const std::string& session, int64_t now) {
   auto it = contexts_.find(session);
   if (it != contexts_.end()) {
     if (options_.ttl_ms > 0 && now - it->second.used_ms > options_.ttl_ms) {
-      it->second = Context();  // expired: start afresh in place
-      ++stats_.expired;
+      ++stats_.expired;  // expired: start afresh (the change rewrites its file)
+      return static_cast<const Context*>(nullptr);
     }
-    return &it->second;
+    return static_cast<const Context*>(&it->second);
   }
   if (contexts_.size() >= options_.max_sessions) ExpireLocked(now);
   if (contexts_.size() >= options_.max_sessions) {
@@ -75,20 +145,48 @@ StatusOr<Context*> ContextStore::Slot(const std::string& session, int64_t now) {
                              " sessions, the limit (--context-max-sessions); contexts expire "
                              "after --context-ttl-s without use, or clear_context frees one");
   }
-  return &contexts_[session];
+  return static_cast<const Context*>(nullptr);
+}
+
+StatusOr<Context> ContextStore::Change(const std::string& session,
+                                       const std::function<void(Context*)>& edit) {
+  StatusOr<Context> out = [&]() -> StatusOr<Context> {
+    std::lock_guard<std::mutex> io(IoLock(session));
+    Context next;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const int64_t now = now_ms_();
+      ONLINEPS_ASSIGN_OR_RETURN(const Context* current, Current(session, now));
+      if (current) next = *current;
+      edit(&next);
+      next.revision = next_revision_++;
+      next.used_ms = next.touched_ms = now;
+    }
+    if (dir_) {
+      Status saved = dir_->Put(
+          kKind, session,
+          {{"items", next.items}, {"features", next.features}, {"revision", next.revision}});
+      if (!saved.ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.save_errors;
+        return saved;  // nothing changed
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    contexts_[session] = next;
+    return next;
+  }();
+  if (dir_) RemoveDroppedFiles();
+  return out;
 }
 
 StatusOr<Context> ContextStore::Set(const std::string& session, std::vector<std::string> items,
                                     std::vector<float> features) {
   ONLINEPS_RETURN_IF_ERROR(CheckLimits(items, features));
-  std::lock_guard<std::mutex> lock(mu_);
-  const int64_t now = now_ms_();
-  ONLINEPS_ASSIGN_OR_RETURN(Context * c, Slot(session, now));
-  c->items = std::move(items);
-  c->features = std::move(features);
-  c->revision = next_revision_++;
-  c->used_ms = now;
-  return *c;
+  return Change(session, [&](Context* c) {
+    c->items = std::move(items);
+    c->features = std::move(features);
+  });
 }
 
 StatusOr<Context> ContextStore::Append(const std::string& session, std::string item,
@@ -99,47 +197,66 @@ StatusOr<Context> ContextStore::Append(const std::string& session, std::string i
                            " bytes; a context holds at most " + std::to_string(options_.max_bytes) +
                            " (--context-max-bytes)");
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  const int64_t now = now_ms_();
-  ONLINEPS_ASSIGN_OR_RETURN(Context * c, Slot(session, now));
-  c->items.push_back(std::move(item));
-  size_t bytes = TextBytes(c->items);
-  size_t drop = 0;
-  while (c->items.size() - drop > options_.max_items || bytes > options_.max_bytes) {
-    bytes -= c->items[drop].size();
-    ++drop;
+  StatusOr<Context> c = Change(session, [&](Context* c) {
+    c->items.push_back(std::move(item));
+    size_t bytes = TextBytes(c->items);
+    size_t drop = 0;
+    while (c->items.size() - drop > options_.max_items || bytes > options_.max_bytes) {
+      bytes -= c->items[drop].size();
+      ++drop;
+    }
+    c->items.erase(c->items.begin(), c->items.begin() + static_cast<ptrdiff_t>(drop));
+    *dropped = drop;
+  });
+  if (c.ok() && *dropped > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.items_dropped += *dropped;
   }
-  c->items.erase(c->items.begin(), c->items.begin() + static_cast<ptrdiff_t>(drop));
-  *dropped = drop;
-  stats_.items_dropped += drop;
-  c->revision = next_revision_++;
-  c->used_ms = now;
-  return *c;
+  return c;
 }
 
 bool ContextStore::Clear(const std::string& session) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return contexts_.erase(session) > 0;
+  std::lock_guard<std::mutex> io(IoLock(session));
+  bool had = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    had = contexts_.erase(session) > 0;
+  }
+  if (dir_ && had) dir_->Remove(kKind, session);
+  return had;
 }
 
 std::optional<Context> ContextStore::Get(const std::string& session) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const int64_t now = now_ms_();
-  if (options_.ttl_ms > 0 && now - last_sweep_ms_ > options_.ttl_ms / 4) ExpireLocked(now);
-  auto it = contexts_.find(session);
-  if (it == contexts_.end()) return std::nullopt;
-  if (options_.ttl_ms > 0 && now - it->second.used_ms > options_.ttl_ms) {
-    contexts_.erase(it);
-    ++stats_.expired;
-    return std::nullopt;
+  std::optional<Context> out;
+  bool touch = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t now = now_ms_();
+    if (options_.ttl_ms > 0 && now - last_sweep_ms_ > options_.ttl_ms / 4) ExpireLocked(now);
+    auto it = contexts_.find(session);
+    if (it != contexts_.end() && options_.ttl_ms > 0 &&
+        now - it->second.used_ms > options_.ttl_ms) {
+      Drop(it);
+      ++stats_.expired;
+    } else if (it != contexts_.end()) {
+      it->second.used_ms = now;
+      // The file's time is its last use: move it now and then, not on every read.
+      touch = dir_ && options_.ttl_ms > 0 && now - it->second.touched_ms > options_.ttl_ms / 8;
+      if (touch) it->second.touched_ms = now;
+      out = it->second;
+    }
   }
-  it->second.used_ms = now;
-  return it->second;
+  if (touch) dir_->Touch(kKind, session);
+  if (dir_) RemoveDroppedFiles();
+  return out;
 }
 
 void ContextStore::Expire() {
-  std::lock_guard<std::mutex> lock(mu_);
-  ExpireLocked(now_ms_());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLocked(now_ms_());
+  }
+  if (dir_) RemoveDroppedFiles();
 }
 
 ContextStats ContextStore::stats() const {

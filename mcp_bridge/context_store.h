@@ -4,10 +4,12 @@
 // with at most max_items items, max_bytes of text and max_features features. A call
 // past a limit fails with an error naming the limit and changes nothing, except that
 // Append keeps a rolling window (it drops the oldest items and says how many).
-// Thread-safe.
+// With Persist, every change is in the state directory before it returns, so contexts
+// survive a bridge restart. Thread-safe.
 #ifndef ONLINEPS_MCP_BRIDGE_CONTEXT_STORE_H_
 #define ONLINEPS_MCP_BRIDGE_CONTEXT_STORE_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "mcp_bridge/state_dir.h"
 
 namespace onlineps::bridge {
 
@@ -33,17 +36,24 @@ struct Context {
   std::vector<float> features;
   uint64_t revision = 0;  // bumped by every change; lets the bridge know a worker's copy is current
   int64_t used_ms = 0;
+  int64_t touched_ms = 0;  // when the state directory last learned of a use
 };
 
 struct ContextStats {
   size_t sessions = 0;
   uint64_t expired = 0, refused = 0, items_dropped = 0;
+  uint64_t save_errors = 0;  // changes refused because the state directory failed
 };
 
 class ContextStore {
  public:
   explicit ContextStore(ContextStoreOptions options);
   ContextStore(ContextStoreOptions options, std::function<int64_t()> now_ms);
+
+  // Loads the contexts already in `dir` (dropping, with a warning, those past the limits
+  // or unreadable; expired ones silently) and keeps every change there from now on.
+  // Returns how many were loaded. Call before serving; `dir` outlives the store.
+  size_t Persist(StateDir* dir);
 
   // Replaces the context. kInvalidArgument naming the limit past one;
   // kResourceExhausted when the store is full of live sessions.
@@ -61,8 +71,16 @@ class ContextStore {
  private:
   Status CheckLimits(const std::vector<std::string>& items,
                      const std::vector<float>& features) const;
-  StatusOr<Context*> Slot(const std::string& session, int64_t now);  // REQUIRES: mu_
-  void ExpireLocked(int64_t now);                                    // REQUIRES: mu_
+  // Applies `edit` to the session's context (a fresh one when there is none or it
+  // expired), saves it, then publishes it. Calls of one session are serialized.
+  StatusOr<Context> Change(const std::string& session, const std::function<void(Context*)>& edit);
+  // The live context, or null when there is none (then checks there is room for one).
+  StatusOr<const Context*> Current(const std::string& session, int64_t now);  // REQUIRES: mu_
+  void ExpireLocked(int64_t now);                                             // REQUIRES: mu_
+  void Drop(std::unordered_map<std::string, Context>::iterator it);           // REQUIRES: mu_
+  // Removes the files of the contexts dropped from memory, unless one came back.
+  void RemoveDroppedFiles();
+  std::mutex& IoLock(const std::string& session);
 
   const ContextStoreOptions options_;
   const std::function<int64_t()> now_ms_;
@@ -71,6 +89,11 @@ class ContextStore {
   ContextStats stats_;                                 // guarded by mu_
   uint64_t next_revision_ = 1;                         // guarded by mu_
   int64_t last_sweep_ms_ = 0;                          // guarded by mu_
+  std::vector<std::string> dropped_;                   // guarded by mu_; files to remove
+  StateDir* dir_ = nullptr;                            // set before serving
+  // Serializes the changes of one session (and its file) without holding mu_ over I/O.
+  // Taken before mu_, one at a time.
+  std::array<std::mutex, 64> io_mu_;
 };
 
 }  // namespace onlineps::bridge

@@ -15,6 +15,8 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr auto kSweepEvery = std::chrono::seconds(10);
+constexpr char kKind[] = "sessions";
+constexpr size_t kMaxCapabilitiesBytes = 16 * 1024;
 constexpr char kServerTitle[] = "onlineps MCP bridge";
 constexpr char kInstructions[] =
     "onlineps serves a model that keeps learning. Call infer for predictions, learn with "
@@ -109,6 +111,7 @@ std::vector<std::string> McpServer::Sweep() {
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (last_sweep_ - it->second.used > options_.session_idle) {
       ended.push_back(SessionPrefix(it->second.principal) + "m:" + it->first);
+      if (dir_) dir_->Remove(kKind, it->first);
       it = sessions_.erase(it);
     } else {
       ++it;
@@ -167,16 +170,22 @@ Reply McpServer::HandleMessage(const Request& req) {
                  "Bad Request: Mcp-Session-Id header is required (send initialize first)");
   }
   std::string version;
+  bool touch = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = sessions_.find(req.session_id);
+    const auto now = Clock::now();
     if (it == sessions_.end() || it->second.principal != req.principal ||
-        Clock::now() - it->second.used > options_.session_idle) {
+        now - it->second.used > options_.session_idle) {
       return Error(404, id, kSessionNotFound, "Session not found: initialize a new session");
     }
-    it->second.used = Clock::now();
+    it->second.used = now;
     version = it->second.version;
+    // The file's time is the session's last use: move it now and then.
+    touch = dir_ && now - it->second.touched > options_.session_idle / 8;
+    if (touch) it->second.touched = now;
   }
+  if (touch) dir_->Touch(kKind, req.session_id);
   if (!req.header_version.empty() && !IsLegacyVersion(req.header_version)) {
     return Error(400, id, kServerError,
                  "Bad Request: unsupported MCP-Protocol-Version: " + req.header_version +
@@ -197,6 +206,15 @@ Reply McpServer::Initialize(const Request& req) {
   }
   const std::string requested = params["protocolVersion"];
   const std::string version = IsLegacyVersion(requested) ? requested : kLatestLegacyVersion;
+  json capabilities = params.value("capabilities", json::object());
+  if (!capabilities.is_object()) {
+    return Error(400, id, kInvalidParams, "params.capabilities must be an object");
+  }
+  if (size_t n = capabilities.dump().size(); n > kMaxCapabilitiesBytes) {
+    return Error(400, id, kInvalidParams,
+                 "params.capabilities is " + std::to_string(n) + " bytes; at most " +
+                     std::to_string(kMaxCapabilitiesBytes) + " are kept per session");
+  }
   std::string sid;
   std::vector<std::string> expired;
   {
@@ -219,10 +237,18 @@ Reply McpServer::Initialize(const Request& req) {
     }
     sid = NewSessionId();  // never a client-chosen id (session fixation)
     Session& s = sessions_[sid];
-    s.client_capabilities = params.value("capabilities", json::object());
+    s.client_capabilities = std::move(capabilities);
     s.principal = req.principal;
     s.version = version;
-    s.used = Clock::now();
+    s.used = s.touched = Clock::now();
+  }
+  if (Status saved = Save(sid); !saved.ok()) {
+    spdlog::error("mcp: {}", saved.ToString());
+    std::lock_guard<std::mutex> lock(mu_);
+    sessions_.erase(sid);
+    return Error(
+        503, id, kServerError,
+        "the bridge could not save the new session (" + saved.ToString() + "); try again later");
   }
   spdlog::debug("mcp: session {} initialized ({} requested, {} negotiated)", sid.substr(0, 8),
                 requested, version);
@@ -274,9 +300,14 @@ Reply McpServer::Dispatch(const Request& req, Session*) {
                    "params.level must be one of debug, info, notice, warning, error, critical, "
                    "alert, emergency");
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = sessions_.find(req.session_id); it != sessions_.end())
-      it->second.log_level = level;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = sessions_.find(req.session_id); it != sessions_.end())
+        it->second.log_level = level;
+    }
+    if (Status saved = Save(req.session_id); !saved.ok()) {
+      spdlog::warn("mcp: the log level set holds until a restart only: {}", saved.ToString());
+    }
     return Result(id, json::object());
   }
   if (method == "tools/call") {
@@ -555,6 +586,7 @@ bool McpServer::EndSession(const std::string& session_id, const std::string& pri
     if (it == sessions_.end() || it->second.principal != principal) return false;
     for (auto& [rid, c] : it->second.inflight) c->store(true);
     sessions_.erase(it);
+    if (dir_) dir_->Remove(kKind, session_id);
   }
   if (end_session_) end_session_(SessionPrefix(principal) + "m:" + session_id);
   return true;
@@ -672,6 +704,65 @@ bool McpServer::DeliverResponse(const json& m, const std::string& session_id) {
   }
   ask->cv.notify_all();
   return true;
+}
+
+size_t McpServer::Persist(StateDir* dir) {
+  std::vector<StateDir::Record> records = dir->Load(kKind);
+  std::sort(records.begin(), records.end(),
+            [](const auto& a, const auto& b) { return a.age_ms < b.age_ms; });
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = Clock::now();
+  for (const StateDir::Record& r : records) {
+    const json& v = r.value;
+    std::string problem;
+    if (r.key.size() != 32 || r.key.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      problem = "not a session id this bridge makes";
+    } else if (!v.contains("version") || !v["version"].is_string() ||
+               !IsLegacyVersion(v["version"])) {
+      problem = "no supported protocol version";
+    } else if (!v.value("principal", json()).is_string() ||
+               !v.value("log_level", json()).is_string() ||
+               !v.value("client_capabilities", json()).is_object()) {
+      problem = "principal, log_level or client_capabilities missing or of the wrong type";
+    } else if (sessions_.size() >= options_.max_sessions) {
+      problem = "the bridge is full (--max-sessions)";
+    }
+    const auto age = std::chrono::milliseconds(r.age_ms);
+    if (age > options_.session_idle || !problem.empty()) {
+      if (!problem.empty())
+        spdlog::warn("mcp: dropping saved session {}: {}", r.key.substr(0, 8), problem);
+      dir->Remove(kKind, r.key);
+      continue;
+    }
+    Session& s = sessions_[r.key];
+    s.principal = v["principal"];
+    s.version = v["version"];
+    s.log_level = v["log_level"];
+    s.client_capabilities = v["client_capabilities"];
+    s.used = s.touched = now - age;
+  }
+  dir_ = dir;
+  return sessions_.size();
+}
+
+Status McpServer::Save(const std::string& session_id) {
+  if (!dir_) return Status::Ok();
+  json record;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) return Status::Ok();
+    const Session& s = it->second;
+    record = {{"principal", s.principal},
+              {"version", s.version},
+              {"log_level", s.log_level},
+              {"client_capabilities", s.client_capabilities}};
+  }
+  ONLINEPS_RETURN_IF_ERROR(dir_->Put(kKind, session_id, std::move(record)));
+  // Ended while being written: its removal may have come first.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!sessions_.count(session_id)) dir_->Remove(kKind, session_id);
+  return Status::Ok();
 }
 
 size_t McpServer::sessions() const {

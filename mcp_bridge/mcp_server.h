@@ -3,8 +3,9 @@
 // revisions 2025-03-26 / 2025-06-18 / 2025-11-25 (bounded, idle-expired, bound to
 // the caller's identity), serves the stateless revision 2026-07-28 (server/discover,
 // per-request _meta), and runs tools/call through Tools with per-session ordering,
-// progress, cancellation and a per-session rate limit. The transports (HTTP, stdio)
-// turn a Reply into bytes. Thread-safe.
+// progress, cancellation and a per-session rate limit. With Persist, sessions are kept
+// in the state directory and survive a restart. The transports (HTTP, stdio) turn a
+// Reply into bytes. Thread-safe.
 #ifndef ONLINEPS_MCP_BRIDGE_MCP_SERVER_H_
 #define ONLINEPS_MCP_BRIDGE_MCP_SERVER_H_
 
@@ -24,6 +25,7 @@
 #include "common/json_depth.h"
 #include "mcp_bridge/fixtures.h"
 #include "mcp_bridge/recorder.h"
+#include "mcp_bridge/state_dir.h"
 #include "mcp_bridge/tools.h"
 
 namespace onlineps::bridge {
@@ -82,6 +84,10 @@ class McpServer {
 
   // Serves the conformance fixtures too (--test-fixtures). Call before serving.
   void SetFixtures(Fixtures* fixtures) { fixtures_ = fixtures; }
+  // Loads the sessions saved in `dir` (those idle past session_idle are dropped) and
+  // saves every new session there, before its id reaches the client. Returns how many
+  // were loaded. Call before serving; `dir` outlives the server.
+  size_t Persist(StateDir* dir);
   // Called after every tools/call (metrics). Call before serving.
   void SetCallObserver(std::function<void(const TraceRecord&)> observer) {
     observer_ = std::move(observer);
@@ -106,6 +112,7 @@ class McpServer {
     std::string version;
     std::string log_level = "";  // set by logging/setLevel; "" sends no log messages
     std::chrono::steady_clock::time_point used;
+    std::chrono::steady_clock::time_point touched;  // last use the state directory knows of
     std::map<std::string, std::shared_ptr<std::atomic<bool>>> inflight;  // request id -> cancel
     nlohmann::json client_capabilities = nlohmann::json::object();
   };
@@ -153,12 +160,14 @@ class McpServer {
   bool DeliverResponse(const nlohmann::json& m, const std::string& session_id);
   std::vector<std::string> Sweep();  // REQUIRES: mu_; returns the ended session keys
   std::string NewSessionId();
+  Status Save(const std::string& session_id);  // the session's record to dir_
 
   const McpServerOptions options_;
   Tools* const tools_;
   Recorder* const recorder_;
   Fixtures* fixtures_ = nullptr;
   std::function<void(const TraceRecord&)> observer_;
+  StateDir* dir_ = nullptr;
   const std::function<void(const std::string&)> end_session_;
 
   mutable std::mutex mu_;

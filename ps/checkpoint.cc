@@ -1,15 +1,10 @@
 #include "ps/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "common/bytes.h"
+#include "common/file_io.h"
 #include "common/partition.h"
 
 namespace onlineps::ps {
@@ -18,42 +13,6 @@ namespace {
 
 constexpr char kMagic[8] = {'O', 'N', 'L', 'P', 'S', 'C', 'K', '1'};
 constexpr uint32_t kFormat = 1;
-
-Status WriteAll(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Unavailable("cannot create " + tmp + ": " + std::strerror(errno));
-  size_t off = 0;
-  while (off < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      std::string err = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return Unavailable("cannot write " + tmp + ": " + err);
-    }
-    off += static_cast<size_t>(n);
-  }
-  const bool synced = ::fsync(fd) == 0;
-  const int sync_errno = errno;
-  if (::close(fd) != 0 || !synced) {
-    ::unlink(tmp.c_str());
-    return Unavailable("cannot flush " + tmp + ": " + std::strerror(synced ? errno : sync_errno));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return Unavailable("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
-  }
-  // The rename is durable only once the directory entry is on disk.
-  const std::string dir = std::filesystem::path(path).parent_path().string();
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return Status::Ok();
-}
 
 Status ReadTable(ByteReader* r, const ShardIdentity& id, const std::string& path,
                  std::map<std::string, std::shared_ptr<Table>>* out) {
@@ -117,7 +76,7 @@ StatusOr<uint64_t> WriteCheckpoint(const std::string& path, const ShardIdentity&
                                    const std::map<std::string, std::shared_ptr<Table>>& tables,
                                    const Dedup& dedup) {
   const std::string bytes = SerializeShard(id, tables, dedup);
-  ONLINEPS_RETURN_IF_ERROR(WriteAll(path, bytes));
+  ONLINEPS_RETURN_IF_ERROR(WriteFileAtomic(path, bytes, /*sync=*/true));
   return static_cast<uint64_t>(bytes.size());
 }
 

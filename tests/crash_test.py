@@ -11,8 +11,12 @@ Checks:
   - after the worker's kill -9 every session keeps learning on the other worker;
   - after the bridge's kill -9 and restart (same port; no context store) the loss is
     explicit: an old session id gets HTTP 404, the client initializes a new session,
-    and its old context is gone (get_context: found false).
+    and its old context is gone (get_context: found false);
+  - with --state-dir (the bridge restarts on the same --state-dir) nothing is lost:
+    no session gets a 404, and each client's first call after the outage finds its own
+    context (get_context).
 """
+import argparse
 import json
 import os
 import signal
@@ -38,14 +42,16 @@ def free_port():
 
 
 class Client(threading.Thread):
-    def __init__(self, n, url, stop):
+    def __init__(self, n, url, stop, kept_state):
         super().__init__(daemon=True)
-        self.n, self.url, self.stop = n, url, stop
+        self.n, self.url, self.stop, self.kept_state = n, url, stop, kept_state
         self.acked = 0
         self.failed = 0          # learns that got an error (may or may not be applied)
         self.not_found = 0       # HTTP 404 on an old session id
         self.reinitialized = 0
         self.context_lost = 0    # a new session found no context: the old one is gone
+        self.context_kept = 0    # after an outage, the same session found its own context
+        self.check_context = False
         self.acked_at = []       # times of acknowledged learns
         self.problems = []
         self.session = None
@@ -72,7 +78,19 @@ class Client(threading.Thread):
                 self.session.call("learn", {"text": text, "label": label})
                 self.acked += 1
                 self.acked_at.append(time.time())
+                if self.check_context:
+                    self.check_context = False
+                    got = self.session.call("get_context", {})
+                    if got.get("found") and got.get("items") == [f"client {self.n}"]:
+                        self.context_kept += 1
+                    elif self.kept_state:
+                        self.problems.append(f"client {self.n}: after an outage the session's "
+                                             f"context is not its own: {got}")
             except urllib.error.HTTPError as e:
+                if e.code == 404 and self.kept_state:
+                    self.not_found += 1
+                    self.problems.append(f"client {self.n}: session lost (404) despite --state-dir")
+                    return
                 if e.code == 404:
                     self.not_found += 1
                     if not self.connect():
@@ -86,13 +104,19 @@ class Client(threading.Thread):
                     self.session.call("set_context", {"items": [f"client {self.n}"]})
                 else:
                     self.failed += 1
+                    self.check_context = True
                     time.sleep(0.05)
             except (OSError, urllib.error.URLError, opslib.McpError, json.JSONDecodeError):
                 self.failed += 1  # the worker or the bridge died under this call
+                self.check_context = True
                 time.sleep(0.05)
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--state-dir", action="store_true",
+                    help="run the bridge with --state-dir: sessions and contexts must survive")
+    args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="onlineps-crash.") as work:
         procs = []
         try:
@@ -110,10 +134,13 @@ def main():
                 eps.append(opslib.endpoint(w, f"worker {i}"))
             port = free_port()
 
+            state = ["--state-dir", os.path.join(work, "state")] if args.state_dir else []
+
             def start_bridge(name, worker_eps):
                 b = opslib.Proc(name, [f"{BIN}/onlineps_mcp_bridge", "--workers", ",".join(worker_eps),
                                        "--port", str(port), "--admin-port", "-1", "--log-level", "warn",
-                                       "--learn-timeout-ms", "3000", "--infer-timeout-ms", "3000"], work)
+                                       "--learn-timeout-ms", "3000", "--infer-timeout-ms", "3000"] + state,
+                                work)
                 procs.append(b)
                 opslib.endpoint(b, name)
                 return b
@@ -123,7 +150,7 @@ def main():
             # The version before the traffic (worker start-up may seed the tables).
             v0 = int(opslib.McpSession(url).call("learn", {"text": "a film", "label": "positive"})["model_version"])
             stop = threading.Event()
-            clients = [Client(n, url, stop) for n in range(CLIENTS)]
+            clients = [Client(n, url, stop, args.state_dir) for n in range(CLIENTS)]
             for c in clients:
                 c.start()
             time.sleep(3)
@@ -157,7 +184,10 @@ def main():
                     problems.append(f"client {c.n}: no learn acknowledged after the worker's kill -9")
                 if after_bridge == 0:
                     problems.append(f"client {c.n}: no learn acknowledged after the bridge restart")
-                if c.not_found == 0 or c.reinitialized == 0 or c.context_lost == 0:
+                if args.state_dir:
+                    if c.context_kept == 0:
+                        problems.append(f"client {c.n}: never checked its context after an outage")
+                elif c.not_found == 0 or c.reinitialized == 0 or c.context_lost == 0:
                     problems.append(f"client {c.n}: the session loss was not explicit (404 {c.not_found}, "
                                     f"re-initialized {c.reinitialized}, context gone {c.context_lost})")
             if applied < acked:
@@ -166,7 +196,8 @@ def main():
                 problems.append(f"{applied - acked - failed} learns applied that were never sent")
             print(f"crash_test: {acked} learns acknowledged, {failed} failed during the outages, "
                   f"{applied} applied (model version); 404 then re-initialize: "
-                  f"{sum(c.reinitialized for c in clients)} sessions", flush=True)
+                  f"{sum(c.reinitialized for c in clients)} sessions; context kept across an outage: "
+                  f"{sum(c.context_kept for c in clients)} checks", flush=True)
             if problems:
                 for p in problems:
                     print(f"crash_test: FAIL: {p}")

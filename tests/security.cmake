@@ -16,3 +16,12 @@ set_tests_properties(Reliability.Kill9WorkerThenBridge PROPERTIES
   ENVIRONMENT "ONLINEPS_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
   TIMEOUT 300
   LABELS "reliability")
+
+# The same with --state-dir: after the bridge restarts on its state directory, every
+# session goes on (no 404) with its own context.
+add_test(NAME Reliability.Kill9WorkerThenBridge.StateDir
+         COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/crash_test.py --state-dir)
+set_tests_properties(Reliability.Kill9WorkerThenBridge.StateDir PROPERTIES
+  ENVIRONMENT "ONLINEPS_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
+  TIMEOUT 300
+  LABELS "reliability")
