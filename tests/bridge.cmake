@@ -1,6 +1,6 @@
 # MCP bridge through the real binaries: a PS shard, text-model workers and the bridge
 # on loopback, driven over HTTP.
-foreach(t bridge_http_test bridge_routing_test)
+foreach(t bridge_http_test bridge_routing_test bridge_restart_test)
   if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/${t}.cc)
     onlineps_test(${t} onlineps_ps PkgConfig::HTTPLIB nlohmann_json::nlohmann_json)
     target_compile_definitions(${t} PRIVATE ONLINEPS_BIN_DIR="${CMAKE_BINARY_DIR}/bin")

@@ -95,6 +95,7 @@ class BridgeCluster {
     return std::stoi(url.substr(colon + 1, url.find('/', colon) - colon - 1));
   }
   int StopBridge() { return bridge_->Stop(SIGTERM, std::chrono::milliseconds(10000)); }
+  void KillBridge() { bridge_->Stop(SIGKILL, std::chrono::milliseconds(10000)); }
   const std::string& shard_endpoint() const { return shard_endpoint_; }
 
  private:
@@ -147,6 +148,11 @@ class McpHttp {
     return out;
   }
   HttpReply Send(const json& message) { return Post(message.dump(), Headers()); }
+  // DELETE of the session; returns the HTTP status (0: no reply).
+  int Delete() {
+    auto r = client_.Delete("/mcp", Headers());
+    return r ? r->status : 0;
+  }
   // initialize + notifications/initialized; returns the session id ("" on failure).
   std::string Initialize(const std::string& version = "2025-11-25") {
     HttpReply r = Send({{"jsonrpc", "2.0"},
