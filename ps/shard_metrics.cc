@@ -74,6 +74,16 @@ ShardServer::Metrics::Metrics(prometheus::Registry& r)
       clipped_pushes_(BuildGauge()
                           .Name("onlineps_ps_clipped_pushes")
                           .Help("Pushes scaled down to the table's clip_norm on this shard")
+                          .Register(r)),
+      replica_gauges_(BuildGauge()
+                          .Name("onlineps_ps_replica")
+                          .Help("Replication state of this replica, by field: primary (1 or 0), "
+                                "epoch, lsn, committed_lsn, in_sync_backups")
+                          .Register(r)),
+      replica_events_(BuildCounter()
+                          .Name("onlineps_ps_replica_events_total")
+                          .Help("Replication events of this replica: promotion, step_down, "
+                                "snapshot_sent, snapshot_loaded")
                           .Register(r)) {
   for (size_t op = 0; op < kOps; ++op) {
     durations_[op] =
@@ -117,6 +127,27 @@ void ShardServer::Metrics::UpdateTable(const std::string& name, const TableStats
   table_memory_.Add({{"table", name}}).Set(static_cast<double>(s.memory_bytes));
   backup_misses_.Add({{"table", name}}).Set(static_cast<double>(s.backup_misses));
   clipped_pushes_.Add({{"table", name}}).Set(static_cast<double>(s.clipped_pushes));
+}
+
+void ShardServer::Metrics::UpdateReplica(const ReplicaStats& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::pair<const char*, double> gauges[] = {
+      {"primary", s.primary ? 1 : 0},
+      {"epoch", static_cast<double>(s.epoch)},
+      {"lsn", static_cast<double>(s.lsn)},
+      {"committed_lsn", static_cast<double>(s.committed)},
+      {"in_sync_backups", static_cast<double>(s.in_sync_backups)}};
+  for (const auto& [field, value] : gauges) replica_gauges_.Add({{"field", field}}).Set(value);
+  const std::tuple<const char*, uint64_t, uint64_t*> events[] = {
+      {"promotion", s.promotions, &replica_seen_.promotions},
+      {"step_down", s.step_downs, &replica_seen_.step_downs},
+      {"snapshot_sent", s.snapshots_sent, &replica_seen_.snapshots_sent},
+      {"snapshot_loaded", s.snapshots_loaded, &replica_seen_.snapshots_loaded}};
+  for (const auto& [event, now, seen] : events) {
+    prometheus::Counter& c = replica_events_.Add({{"event", event}});
+    if (now > *seen) c.Increment(static_cast<double>(now - *seen));
+    *seen = now;
+  }
 }
 
 }  // namespace onlineps::ps

@@ -16,9 +16,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 
 #include "common/status.h"
 #include "common/wire.h"
+#include "ps/replication.h"
 #include "ps/shard_server.h"
 #include "ps/table.h"
 
@@ -37,6 +39,9 @@ class ShardServer::Metrics {
   void SetDedupSenders(size_t n) { dedup_senders_.Set(static_cast<double>(n)); }
   void SetReady(bool ready) { ready_.Set(ready ? 1 : 0); }
   void UpdateTable(const std::string& name, const TableStats& s);
+  // Replicated shards only: role, epoch, log positions, in-sync backups and the
+  // promotion / step-down / snapshot counters (first call registers them).
+  void UpdateReplica(const ReplicaStats& s);
 
  private:
   static constexpr size_t kOps = static_cast<size_t>(kLastOp) + 1, kCodes = 19;
@@ -55,6 +60,9 @@ class ShardServer::Metrics {
   prometheus::Family<prometheus::Gauge>& table_memory_;
   prometheus::Family<prometheus::Gauge>& backup_misses_;
   prometheus::Family<prometheus::Gauge>& clipped_pushes_;
+  prometheus::Family<prometheus::Gauge>& replica_gauges_;
+  prometheus::Family<prometheus::Counter>& replica_events_;
+  ReplicaStats replica_seen_;  // guarded by mu_: what the counters already count
   std::array<prometheus::Histogram*, kOps> durations_{};
   std::array<std::array<std::atomic<prometheus::Counter*>, kCodes>, kOps> counters_{};
   std::mutex mu_;  // creation of new series

@@ -542,6 +542,7 @@ void ShardServer::MaintenanceLoop() {
         metrics_->UpdateTable(name, table->Stats());
       }
       metrics_->SetDedupSenders(dedup_.senders());
+      if (replica_) metrics_->UpdateReplica(replica_->Stats());
     }
     if (options_.checkpoint_interval_s > 0 &&
         now - last_ckpt >= options_.checkpoint_interval_s * 1000) {

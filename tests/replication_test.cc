@@ -5,6 +5,7 @@
 // new primary, so the replacement serves alone. Every acknowledged push must be in the
 // parameters exactly once; unacknowledged ones at most once. Recovery times are printed.
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -47,7 +48,10 @@ class ReplicationTest : public ::testing::Test {
  protected:
   void SetUp() override {
     for (int s = 0; s < 2; ++s)
-      for (int r = 0; r < 2; ++r) ep_[s][r] = "tcp://127.0.0.1:" + std::to_string(FreePort());
+      for (int r = 0; r < 2; ++r) {
+        ep_[s][r] = "tcp://127.0.0.1:" + std::to_string(FreePort());
+        admin_[s][r] = FreePort();
+      }
     for (int s = 0; s < 2; ++s)
       for (int r = 0; r < 2; ++r) Start(s, r);
   }
@@ -72,10 +76,21 @@ class ReplicationTest : public ::testing::Test {
                                                               "--replica-timeout-ms",
                                                               "1000",
                                                               "--admin-port",
-                                                              "-1",
+                                                              std::to_string(admin_[s][r]),
                                                               "--log-level",
                                                               "warn"});
     ASSERT_FALSE(proc_[s][r]->WaitForLine("LISTENING ", milliseconds(10000)).empty());
+  }
+
+  // The value of one series on a replica's /metrics, or -1 when it is not there.
+  double Metric(int s, int r, const std::string& series) const {
+    httplib::Client c("127.0.0.1", admin_[s][r]);
+    auto res = c.Get("/metrics");
+    if (!res || res->status != 200) return -1;
+    const std::string& body = res->body;
+    size_t at = body.find("\n" + series + " ");
+    if (at == std::string::npos) return -1;
+    return std::stod(body.substr(at + series.size() + 2));
   }
 
   PsClientOptions Options() const {
@@ -134,6 +149,7 @@ class ReplicationTest : public ::testing::Test {
 
   std::string ep_[2][2];
   std::unique_ptr<Subprocess> proc_[2][2];
+  int admin_[2][2] = {};
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::vector<uint64_t> sent_;
@@ -163,10 +179,18 @@ TEST_F(ReplicationTest, Kill9PrimaryLosesNoAcknowledgedPush) {
   ASSERT_EQ(proc_[0][0]->Stop(SIGKILL, milliseconds(5000)), 128 + SIGKILL);
   std::this_thread::sleep_for(milliseconds(2500));
   const double gap1 = LongestGap(kill1);
+  // The metrics tell the story: replica 1 was promoted and is primary.
+  EXPECT_EQ(Metric(0, 1, "onlineps_ps_replica{field=\"primary\"}"), 1);
+  EXPECT_GE(Metric(0, 1, "onlineps_ps_replica_events_total{event=\"promotion\"}"), 1);
+  EXPECT_GE(Metric(0, 1, "onlineps_ps_replica{field=\"epoch\"}"), 2);
 
   // 2. A replacement replica 0 (empty: no checkpoint) joins and catches up.
   Start(0, 0);
   std::this_thread::sleep_for(milliseconds(2000));
+  EXPECT_GE(Metric(0, 1, "onlineps_ps_replica_events_total{event=\"snapshot_sent\"}"), 1);
+  EXPECT_GE(Metric(0, 0, "onlineps_ps_replica_events_total{event=\"snapshot_loaded\"}"), 1);
+  EXPECT_EQ(Metric(0, 0, "onlineps_ps_replica{field=\"primary\"}"), 0);
+  EXPECT_EQ(Metric(0, 1, "onlineps_ps_replica{field=\"in_sync_backups\"}"), 1);
 
   // 3. kill -9 the new primary: the replacement must hold every acknowledged push.
   const double kill2 = Now();
