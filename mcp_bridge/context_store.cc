@@ -56,10 +56,8 @@ std::mutex& ContextStore::IoLock(const std::string& session) {
 }
 
 size_t ContextStore::Persist(StateDir* dir) {
-  std::vector<StateDir::Record> records = dir->Load(kKind);
   // The most recently used first, so that a smaller --context-max-sessions keeps those.
-  std::sort(records.begin(), records.end(),
-            [](const auto& a, const auto& b) { return a.age_ms < b.age_ms; });
+  std::vector<StateDir::Record> records = dir->Load(kKind);
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t now = now_ms_();
   for (StateDir::Record& r : records) {
@@ -115,12 +113,7 @@ void ContextStore::ExpireLocked(int64_t now) {
   last_sweep_ms_ = now;
 }
 
-void ContextStore::RemoveDroppedFiles() {
-  std::vector<std::string> keys;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    keys.swap(dropped_);
-  }
+void ContextStore::RemoveFiles(const std::vector<std::string>& keys) {
   for (const std::string& key : keys) {
     // A change of that session in the meantime wrote the file again: keep it.
     std::lock_guard<std::mutex> io(IoLock(key));
@@ -150,14 +143,17 @@ StatusOr<const Context*> ContextStore::Current(const std::string& session, int64
 
 StatusOr<Context> ContextStore::Change(const std::string& session,
                                        const std::function<void(Context*)>& edit) {
+  std::vector<std::string> dropped;  // by Current making room
   StatusOr<Context> out = [&]() -> StatusOr<Context> {
     std::lock_guard<std::mutex> io(IoLock(session));
     Context next;
     {
       std::lock_guard<std::mutex> lock(mu_);
       const int64_t now = now_ms_();
-      ONLINEPS_ASSIGN_OR_RETURN(const Context* current, Current(session, now));
-      if (current) next = *current;
+      StatusOr<const Context*> current = Current(session, now);
+      dropped.swap(dropped_);
+      if (!current.ok()) return current.status();
+      if (*current) next = **current;
       edit(&next);
       next.revision = next_revision_++;
       next.used_ms = next.touched_ms = now;
@@ -176,7 +172,7 @@ StatusOr<Context> ContextStore::Change(const std::string& session,
     contexts_[session] = next;
     return next;
   }();
-  if (dir_) RemoveDroppedFiles();
+  RemoveFiles(dropped);  // the session's I/O lock is released: Remove takes others
   return out;
 }
 
@@ -229,6 +225,7 @@ bool ContextStore::Clear(const std::string& session) {
 std::optional<Context> ContextStore::Get(const std::string& session) {
   std::optional<Context> out;
   bool touch = false;
+  std::vector<std::string> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t now = now_ms_();
@@ -245,18 +242,21 @@ std::optional<Context> ContextStore::Get(const std::string& session) {
       if (touch) it->second.touched_ms = now;
       out = it->second;
     }
+    dropped.swap(dropped_);
   }
   if (touch) dir_->Touch(kKind, session);
-  if (dir_) RemoveDroppedFiles();
+  RemoveFiles(dropped);
   return out;
 }
 
 void ContextStore::Expire() {
+  std::vector<std::string> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ExpireLocked(now_ms_());
+    dropped.swap(dropped_);
   }
-  if (dir_) RemoveDroppedFiles();
+  RemoveFiles(dropped);
 }
 
 ContextStats ContextStore::stats() const {

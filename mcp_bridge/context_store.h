@@ -78,8 +78,9 @@ class ContextStore {
   StatusOr<const Context*> Current(const std::string& session, int64_t now);  // REQUIRES: mu_
   void ExpireLocked(int64_t now);                                             // REQUIRES: mu_
   void Drop(std::unordered_map<std::string, Context>::iterator it);           // REQUIRES: mu_
-  // Removes the files of the contexts dropped from memory, unless one came back.
-  void RemoveDroppedFiles();
+  // Removes the files of contexts dropped from memory (taken from dropped_ under mu_),
+  // unless one came back since. Holds no lock when called.
+  void RemoveFiles(const std::vector<std::string>& keys);
   std::mutex& IoLock(const std::string& session);
 
   const ContextStoreOptions options_;

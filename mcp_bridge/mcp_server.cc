@@ -586,8 +586,8 @@ bool McpServer::EndSession(const std::string& session_id, const std::string& pri
     if (it == sessions_.end() || it->second.principal != principal) return false;
     for (auto& [rid, c] : it->second.inflight) c->store(true);
     sessions_.erase(it);
-    if (dir_) dir_->Remove(kKind, session_id);
   }
+  if (dir_) dir_->Remove(kKind, session_id);  // a Save racing this re-checks (Save)
   if (end_session_) end_session_(SessionPrefix(principal) + "m:" + session_id);
   return true;
 }
@@ -707,9 +707,7 @@ bool McpServer::DeliverResponse(const json& m, const std::string& session_id) {
 }
 
 size_t McpServer::Persist(StateDir* dir) {
-  std::vector<StateDir::Record> records = dir->Load(kKind);
-  std::sort(records.begin(), records.end(),
-            [](const auto& a, const auto& b) { return a.age_ms < b.age_ms; });
+  std::vector<StateDir::Record> records = dir->Load(kKind);  // the most recent first
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = Clock::now();
   for (const StateDir::Record& r : records) {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -118,6 +119,8 @@ std::vector<StateDir::Record> StateDir::Load(const std::string& kind) {
     r.age_ms = AgeMs(p);
     out.push_back(std::move(r));
   }
+  std::sort(out.begin(), out.end(),
+            [](const Record& a, const Record& b) { return a.age_ms < b.age_ms; });
   return out;
 }
 

@@ -36,7 +36,8 @@ class StateDir {
     nlohmann::json value;
     int64_t age_ms = 0;  // since the record was last written or touched
   };
-  // Every readable record of a kind, in no order.
+  // Every readable record of a kind, the most recently used first (so that a caller
+  // keeping only as many as its limit keeps those).
   std::vector<Record> Load(const std::string& kind);
   // Replaces the record `key` of `kind` with `value` (an object; its "key" member is
   // set to `key`).

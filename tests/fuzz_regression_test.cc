@@ -89,7 +89,9 @@ TEST(FuzzRegressionTest, SeedCorporaAreHandledCleanly) {
 // The worker RPC decodes msgpack bodies with a recursive parser: 100,000 nested
 // one-element arrays (one byte a level) would overflow its stack. Refused first.
 TEST(FuzzRegressionTest, WorkerBodyNestingIsRefusedBeforeParsing) {
-  std::string deep = "\x81\xa8" "examples";  // {"examples": [[[...]]]}
+  std::string deep =
+      "\x81\xa8"
+      "examples";  // {"examples": [[[...]]]}
   deep.append(100000, '\x91');
   deep.push_back('\x01');
   auto body = worker::DecodeBody(deep.data(), deep.size());
