@@ -20,6 +20,7 @@ PACKAGES=(
   clang-format clang-14 libclang-rt-14-dev
   yamllint shellcheck
   gnuplot-nox
+  etcd-server etcd-client
 )
 
 missing=()
