@@ -81,6 +81,9 @@ struct TransportOptions {
 struct Incoming {
   std::string peer;
   Frames frames;
+  // The sender's CURVE public key (Z85, 40 characters) when the server runs CURVE and
+  // the handshake authenticated it; empty otherwise (no CURVE, or mem://).
+  std::string client_key;
 };
 
 // REQUIRES for every implementation: Send is thread-safe; Handler may be called

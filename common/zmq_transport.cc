@@ -231,7 +231,9 @@ class ZapHandler {
         rep_.send(req[1], zmq::send_flags::sndmore);
         rep_.send(zmq::buffer(code, 3), zmq::send_flags::sndmore);
         rep_.send(zmq::buffer(text, std::strlen(text)), zmq::send_flags::sndmore);
-        rep_.send(zmq::message_t(), zmq::send_flags::sndmore);
+        // The user id is the client's key: messages from it carry it as "User-Id", so a
+        // server can tell which key sent a request (Incoming::client_key).
+        rep_.send(zmq::buffer(ok ? key : std::string()), zmq::send_flags::sndmore);
         rep_.send(zmq::message_t(), zmq::send_flags::none);
       } catch (const zmq::error_t& e) {
         if (e.num() == ETERM) return;
@@ -415,6 +417,10 @@ void ZmqServerTransport::DispatchRequests() {
     if (parts.size() < 2) continue;  // identity without a body: nothing to handle
     Incoming in;
     in.peer.assign(parts[0].data<char>(), parts[0].size());
+    if (options_.curve.enabled()) {
+      const char* user = zmq_msg_gets(parts[1].handle(), "User-Id");
+      if (user != nullptr) in.client_key = user;
+    }
     in.frames.reserve(parts.size() - 1);
     for (size_t j = 1; j < parts.size(); ++j) in.frames.push_back(ToFrame(std::move(parts[j])));
     const size_t key = std::hash<std::string>{}(in.peer);

@@ -7,6 +7,7 @@
 #include "common/admin_server.h"
 #include "common/config.h"
 #include "common/curve.h"
+#include "common/etcd_kv.h"
 #include "common/logging.h"
 #include "common/signals.h"
 #include "ps/shard_server.h"
@@ -55,8 +56,21 @@ void AddFlags(CLI::App& app, onlineps::ps::ShardServerOptions* o, std::string* a
       ->check(CLI::Range(uint64_t{5}, uint64_t{60000}))
       ->capture_default_str();
   app.add_option("--replica-lease-ms", rep.lease_ms,
-                 "Primary silence after which the backups elect a new primary")
-      ->check(CLI::Range(uint64_t{20}, uint64_t{600000}))
+                 "etcd lease of each replica, rounded up to whole seconds: a killed primary is "
+                 "replaced after about this long (a stopped one at once)")
+      ->check(CLI::Range(uint64_t{1000}, uint64_t{600000}))
+      ->capture_default_str();
+  app.add_option("--min-insync-replicas", rep.min_insync,
+                 "sync: pushes wait (are not acknowledged) while fewer replicas than this, the "
+                 "primary included, are in the in-sync replica set")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
+  app.add_option("--etcd", rep.etcd,
+                 "etcd endpoints (http://HOST:PORT, comma-separated) holding the replicas' "
+                 "membership and election; required with --replicas")
+      ->delimiter(',');
+  app.add_option("--etcd-prefix", rep.etcd_prefix,
+                 "Key prefix of this cluster in etcd (several clusters can share one etcd)")
       ->capture_default_str();
   app.add_option("--replica-timeout-ms", rep.follower_timeout_ms,
                  "Backup silence after which the primary stops waiting for it (sync mode)")
@@ -87,6 +101,22 @@ onlineps::Status CheckReplication(const onlineps::ps::ShardServerOptions& o) {
   if (rep.lease_ms <= 2 * rep.heartbeat_ms) {
     return onlineps::InvalidArgument("--replica-lease-ms must exceed twice --replica-heartbeat-ms");
   }
+  if (rep.etcd.empty()) {
+    return onlineps::InvalidArgument(
+        "--replicas needs --etcd: replicated shards keep their membership and election in etcd "
+        "(docs/reliability.md)");
+  }
+  if (auto st = onlineps::ValidateEtcdEndpoints(rep.etcd); !st.ok()) {
+    return onlineps::InvalidArgument("--etcd: " + st.message());
+  }
+  if (rep.min_insync > rep.members.size()) {
+    return onlineps::InvalidArgument("--min-insync-replicas " + std::to_string(rep.min_insync) +
+                                     " exceeds the " + std::to_string(rep.members.size()) +
+                                     " replicas of --replicas");
+  }
+  if (rep.etcd_prefix.empty() || rep.etcd_prefix[0] != '/') {
+    return onlineps::InvalidArgument("--etcd-prefix must start with '/'");
+  }
   return onlineps::Status::Ok();
 }
 
@@ -106,6 +136,10 @@ int main(int argc, char** argv) {
   onlineps::AddLoggingFlags(app, &log);
   onlineps::CurveFlags curve;
   onlineps::AddCurveFlags(app, &curve, /*server=*/true, /*client=*/false);
+  std::string replica_keys;
+  app.add_option("--curve-replica-keys", replica_keys,
+                 "With CURVE: file of public keys, besides this shard's own, that may send "
+                 "replication messages (replicas with their own certificates)");
   auto parsed = onlineps::ParseFlags(app, argc, argv);
   if (!parsed.ok()) {
     std::cerr << "onlineps_ps: " << parsed.status().message() << "\n";
@@ -128,6 +162,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.curve = *loaded;
+  if (!replica_keys.empty()) {
+    auto keys = onlineps::ReadCurvePublicKeys(replica_keys);
+    if (!keys.ok()) {
+      std::cerr << "onlineps_ps: --curve-replica-keys: " << keys.status().message() << "\n";
+      return 2;
+    }
+    options.replica_keys = *keys;
+  }
+  if (options.replication.members.size() >= 2 && !options.curve.enabled()) {
+    spdlog::warn(
+        "replication without CURVE: any peer that reaches this port can send replication "
+        "messages (their epochs are still checked against etcd); use --curve-cert outside a "
+        "trusted network (docs/security.md)");
+  }
   if (options.curve.enabled()) {
     spdlog::info(
         "CURVE on: public key {}, {}", options.curve.public_key,

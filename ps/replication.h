@@ -1,17 +1,9 @@
-// Replica: primary/backup replication of one PS shard (docs/protocol.md, "Replication";
-// docs/reliability.md). The replicas of a shard are a fixed list of endpoints; one is
-// primary and serves clients, the others are backups that apply the primary's stream of
-// updates in the same order, so they hold the same tables, versions and exactly-once
-// windows. Each update the primary applies gets the next log index (lsn); in sync mode
-// its reply waits until every in-sync backup has applied it.
-//
-// Epochs fence primaries: a backup that has not heard from its primary for lease_ms asks
-// the other replicas for their state and, when it is the most up to date (highest lsn,
-// then lowest index), becomes primary under epoch + 1. Every replication message and
-// every client request carries the sender's epoch; a replica refuses lower epochs, and a
-// primary that sees a higher one steps down and later reloads its state from the new
-// primary (a snapshot). A replica that joins or rejoins gets a snapshot of the primary's
-// state at some lsn, then the stream from there.
+// Replica: primary/backup replication of one PS shard in a shard process. The protocol
+// itself is ReplicaCore (ps/replica_core.h: membership and election on etcd, epochs that
+// are etcd revisions, an in-sync replica set changed only by the primary, re-sync of
+// every restarted replica); this class runs it: a ticker thread, a ZeroMQ client
+// transport to the other replicas, an etcd client, and the shard's hooks that apply
+// logged updates and take or load snapshots (docs/reliability.md, docs/protocol.md).
 //
 // Thread-safe. The ShardServer owns one when it has two or more members.
 #ifndef ONLINEPS_PS_REPLICATION_H_
@@ -21,16 +13,17 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/kv_store.h"
 #include "common/status.h"
 #include "common/transport.h"
 #include "common/wire.h"
+#include "ps/replica_core.h"
 
 namespace onlineps::ps {
 
@@ -38,21 +31,27 @@ struct ReplicationOptions {
   // Endpoints of every replica of this shard, this one included, in the same order on
   // every replica. Fewer than two: the shard is not replicated.
   std::vector<std::string> members;
-  uint32_t index = 0;  // this replica's position in `members`
-  bool sync = true;    // acknowledge a push only once every in-sync backup has it
+  uint32_t index = 0;       // this replica's position in `members`
+  bool sync = true;         // acknowledge a push only once every in-sync backup has it
+  uint32_t min_insync = 1;  // sync: pushes wait while the ISR is smaller (primary included)
   uint64_t heartbeat_ms = 100;
-  uint64_t lease_ms = 1000;             // a backup elects a new primary after this silence
-  uint64_t follower_timeout_ms = 2000;  // a primary stops waiting for a silent backup
+  uint64_t lease_ms = 2000;             // etcd lease (whole seconds); failover after kill -9
+  uint64_t follower_timeout_ms = 2000;  // a silent backup leaves the ISR after this
   size_t max_log_entries = 65536;       // entries kept for lagging backups (then: snapshot)
   size_t window = 512;                  // entries in flight to one backup
-  TransportOptions transport;           // to the other replicas (CURVE client keys)
+  std::vector<std::string> etcd;        // etcd endpoints (http://HOST:PORT); required
+  std::string etcd_prefix = "/onlineps/default";  // keys of this cluster in etcd
+  uint32_t shard = 0, num_shards = 1;             // set by the ShardServer
+  TransportOptions transport;                     // to the other replicas (CURVE keys)
+  // Tests: a KvStore to use instead of an etcd client built from `etcd`.
+  std::shared_ptr<KvStore> kv;
 };
 
-struct ReplicaStats {
-  bool primary = false;
-  uint64_t epoch = 0, lsn = 0, committed = 0;
-  uint64_t promotions = 0, step_downs = 0, snapshots_sent = 0, snapshots_loaded = 0;
-  uint32_t in_sync_backups = 0;
+// What the shard restored at start (ReplicaConfig's restored_* fields).
+struct RestoredReplica {
+  bool restored = false, exact = false;
+  uint64_t incarnation = 0;  // 0: a new random one
+  uint64_t log_epoch = 0, lsn = 0;
 };
 
 class Replica {
@@ -68,92 +67,71 @@ class Replica {
   };
   using Done = std::function<void(const Status&)>;
 
-  Replica(ReplicationOptions options, Hooks hooks, bool restored);
+  Replica(ReplicationOptions options, Hooks hooks, RestoredReplica restored);
   ~Replica();
 
+  // Connects to the other replicas and etcd and starts the ticker. kInvalidArgument for
+  // a bad member list or etcd endpoint.
   Status Start();
-  void Stop();  // fails waiting replies with UNAVAILABLE; idempotent
+  // Leaves the group: a primary revokes its lease (a backup takes over at once) and
+  // waiting replies fail with NOT_PRIMARY; waits up to 1 s for etcd. Idempotent.
+  void Stop();
 
   bool primary() const;
   uint64_t epoch() const;
   uint64_t last_lsn() const;
+  uint64_t log_epoch() const;
+  uint64_t incarnation() const { return incarnation_; }
   ReplicaStats Stats() const;
-  // NOT_PRIMARY naming the known primary (for clients), or OK when primary. A client
-  // request carrying a higher epoch makes a primary step down first.
-  Status CheckPrimary(uint64_t client_epoch);
+  // The group's key prefix in etcd.
+  const std::string& group() const { return group_; }
 
+  // OK when this replica is the primary; NOT_PRIMARY naming the primary it knows;
+  // UNAVAILABLE while it takes over. A client's epoch is a hint, never trusted.
+  Status CheckPrimary(uint64_t client_epoch);
   // Primary: logs an applied update (its request frames, header first) and returns its
   // lsn. Call in apply order (the server serializes apply + Append).
   uint64_t Append(const Frames& request);
   // Runs `done` once `lsn` is on every in-sync backup (at once when async or alone), or
-  // with an error when this replica stops being primary first.
+  // with an error when this replica stops being primary first. Never from the caller's
+  // stack while a lock of this class is held.
   void WhenCommitted(uint64_t lsn, Done done);
-
-  // A replication message (kReplicate, kReplSnapshot, kReplStatus) received by the shard;
-  // fills the reply.
+  // A replication message (kReplicate, kReplSnapshot, kReplStatus); fills the reply.
   void Handle(const Header& h, const Frames& frames, Header* reply);
 
  private:
-  enum class FollowState { kProbe, kSnapshot, kStream };
-  struct Follower {
-    FollowState state = FollowState::kProbe;
-    uint64_t next = 1;   // next lsn to send (kStream)
-    uint64_t acked = 0;  // highest lsn the follower reported applied
-    uint64_t last_ack_ms = 0, last_send_ms = 0, snapshot_ms = 0, last_heartbeat_ms = 0;
-    bool in_sync = false;  // counted for commits
-  };
-  struct Entry {
-    uint64_t lsn;
-    Frames frames;  // kReplicate header + request frames
-  };
-  struct Waiter {
-    uint64_t lsn;
-    Done done;
-  };
-  struct Peer {  // election: what a replica answered to kReplStatus
-    bool primary = false, eligible = false, fresh = false;
-    uint64_t epoch = 0, lsn = 0, at_ms = 0;
-  };
-
+  class Env;
+  // Runs `f` on the core under the lock, then issues the etcd calls and snapshot requests
+  // it made and runs the completions it released, outside the lock.
+  template <typename F>
+  auto WithCore(F f);
+  void Flush(std::vector<std::pair<uint64_t, KvCall>> calls,
+             std::vector<std::pair<ReplicaCore::Done, Status>> done);
   void Loop();
-  void PrimaryTick(uint64_t now, std::unique_lock<std::mutex>& lock);
-  void BackupTick(uint64_t now, std::unique_lock<std::mutex>& lock);
   void OnReply(size_t member, Frames&& frames);
-  void SendLocked(size_t member, Header h, Frames payload = {});
-  void StepDownLocked(uint64_t epoch, const std::string& why);
-  void ReleaseCommittedLocked(std::vector<Waiter>* ready);
-  uint64_t CommitLsnLocked() const;
-  Header StatusReplyLocked(const Header& req) const;
-  bool EligibleLocked() const { return in_sync_ && !need_snapshot_; }
+  // Applies a logged update (frames from index 1 are the original request).
+  Status ApplyEntry(const Frames& frames);
 
   const ReplicationOptions options_;
   const Hooks hooks_;
+  const uint64_t incarnation_;
+  const std::string group_;
+  std::unique_ptr<Env> env_;
+  std::shared_ptr<KvStore> kv_;
   std::unique_ptr<ClientTransport> transport_;  // to every member (own index unused)
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool stop_ = false, started_ = false;
-  bool primary_ = false;
-  uint64_t epoch_ = 0, lsn_ = 0;
-  // Backup.
-  bool in_sync_ = true;  // may become primary (has every committed update)
-  bool need_snapshot_ = false;
-  bool has_state_ = false;  // restored a checkpoint or applied an update
-  uint64_t last_wait_log_ms_ = 0;
-  int64_t primary_index_ = -1;
-  uint64_t last_primary_ms_ = 0;
-  uint64_t probe_sent_ms_ = 0;  // election in progress since
-  std::map<size_t, Peer> peers_;
-  // Primary.
-  std::vector<Follower> followers_;   // by member index
-  std::deque<Entry> log_;             // lsns (log_.front().lsn ..]
-  std::deque<Waiter> waiters_;        // by lsn
-  std::vector<Waiter> stepped_down_;  // waiters to fail once the lock is released
-  uint64_t committed_ = 0;
-  ReplicaStats counters_;
+  std::unique_ptr<ReplicaCore> core_;                      // guarded by mu_
+  std::vector<std::pair<uint64_t, KvCall>> kv_outbox_;     // guarded by mu_
+  std::deque<std::pair<size_t, uint64_t>> snapshot_todo_;  // guarded by mu_
+  bool stop_ = false, started_ = false;                    // guarded by mu_
   std::mutex apply_mu_;  // one replication message applied at a time (backup)
   std::thread thread_;
 };
+
+// The etcd key prefix of shard `shard` of `num_shards` under `etcd_prefix`.
+std::string ReplicaGroupKey(const std::string& etcd_prefix, uint32_t shard, uint32_t num_shards);
 
 }  // namespace onlineps::ps
 

@@ -78,12 +78,15 @@ ShardServer::Metrics::Metrics(prometheus::Registry& r)
       replica_gauges_(BuildGauge()
                           .Name("onlineps_ps_replica")
                           .Help("Replication state of this replica, by field: primary (1 or 0), "
-                                "epoch, lsn, committed_lsn, in_sync_backups")
+                                "epoch (the etcd revision of its election), lsn, committed_lsn, "
+                                "in_sync_backups, isr_size")
                           .Register(r)),
       replica_events_(BuildCounter()
                           .Name("onlineps_ps_replica_events_total")
                           .Help("Replication events of this replica: promotion, step_down, "
-                                "snapshot_sent, snapshot_loaded")
+                                "snapshot_sent, snapshot_loaded, unclean_election (every in-sync "
+                                "replica had lost its state), fenced_message (replication from a "
+                                "replica etcd does not name as primary), etcd_error")
                           .Register(r)) {
   for (size_t op = 0; op < kOps; ++op) {
     durations_[op] =
@@ -136,13 +139,17 @@ void ShardServer::Metrics::UpdateReplica(const ReplicaStats& s) {
       {"epoch", static_cast<double>(s.epoch)},
       {"lsn", static_cast<double>(s.lsn)},
       {"committed_lsn", static_cast<double>(s.committed)},
-      {"in_sync_backups", static_cast<double>(s.in_sync_backups)}};
+      {"in_sync_backups", static_cast<double>(s.in_sync_backups)},
+      {"isr_size", static_cast<double>(s.isr_size)}};
   for (const auto& [field, value] : gauges) replica_gauges_.Add({{"field", field}}).Set(value);
   const std::tuple<const char*, uint64_t, uint64_t*> events[] = {
       {"promotion", s.promotions, &replica_seen_.promotions},
       {"step_down", s.step_downs, &replica_seen_.step_downs},
       {"snapshot_sent", s.snapshots_sent, &replica_seen_.snapshots_sent},
-      {"snapshot_loaded", s.snapshots_loaded, &replica_seen_.snapshots_loaded}};
+      {"snapshot_loaded", s.snapshots_loaded, &replica_seen_.snapshots_loaded},
+      {"unclean_election", s.unclean_elections, &replica_seen_.unclean_elections},
+      {"fenced_message", s.fenced_messages, &replica_seen_.fenced_messages},
+      {"etcd_error", s.kv_errors, &replica_seen_.kv_errors}};
   for (const auto& [event, now, seen] : events) {
     prometheus::Counter& c = replica_events_.Add({{"event", event}});
     if (now > *seen) c.Increment(static_cast<double>(now - *seen));

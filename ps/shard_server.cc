@@ -2,12 +2,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
 #include "common/clock.h"
 #include "common/partition.h"
 #include "ps/checkpoint.h"
+#include "ps/replica_sidecar.h"
 #include "ps/shard_metrics.h"
 
 namespace onlineps::ps {
@@ -87,17 +89,7 @@ StatusOr<std::string> ShardServer::Start() {
                                     std::make_shared<TableMap>(std::move(restored).value())));
   }
   if (options_.replication.members.size() >= 2) {
-    Replica::Hooks hooks;
-    hooks.snapshot = [this](uint64_t* lsn) { return Snapshot(lsn); };
-    hooks.load = [this](const std::string& bytes) { return LoadSnapshot(bytes); };
-    hooks.apply = [this](const Header& h, const Frames& f) { return ApplyReplicated(h, f); };
-    ReplicationOptions ropts = options_.replication;
-    ropts.transport.curve = options_.curve;  // replicas share the shard's key pair
-    if (ropts.transport.curve.server_public_key.empty()) {
-      ropts.transport.curve.server_public_key = options_.curve.public_key;
-    }
-    ropts.transport.max_message_bytes = options_.max_message_bytes * 2;
-    replica_ = std::make_unique<Replica>(std::move(ropts), std::move(hooks), restored);
+    ONLINEPS_RETURN_IF_ERROR(MakeReplica(restored));
   }
   TransportOptions topts;
   topts.handler_threads = options_.handler_threads;
@@ -106,7 +98,15 @@ StatusOr<std::string> ShardServer::Start() {
   transport_ = NewServerTransport(options_.listen, topts);
   auto bound = transport_->Start(options_.listen, [this](Incoming&& in) { Handle(std::move(in)); });
   if (!bound.ok()) return bound.status();
-  if (replica_) ONLINEPS_RETURN_IF_ERROR(replica_->Start());
+  if (replica_) {
+    ONLINEPS_RETURN_IF_ERROR(replica_->Start());
+    if (!path.empty()) {
+      // From now on a crash is not a clean stop: the next start takes a new incarnation.
+      std::error_code ec;
+      const uint64_t bytes = restored ? std::filesystem::file_size(path, ec) : 0;
+      WriteSidecar(/*clean=*/false, ec ? 0 : bytes);
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(maint_mu_);
     started_ = true;
@@ -116,6 +116,61 @@ StatusOr<std::string> ShardServer::Start() {
   metrics_->SetReady(true);
   spdlog::info("shard {}/{} serving on {}", options_.shard, options_.num_shards, *bound);
   return bound;
+}
+
+Status ShardServer::MakeReplica(bool restored) {
+  RestoredReplica r;
+  r.restored = restored;
+  const std::string path = checkpoint_path();
+  if (restored) {
+    auto side = ReadReplicaSidecar(path + ".replica");
+    std::error_code ec;
+    const uint64_t bytes = std::filesystem::file_size(path, ec);
+    if (side.ok()) {
+      r.incarnation = side->incarnation;
+      r.log_epoch = side->log_epoch;
+      r.lsn = side->lsn;
+      // Only a clean stop's checkpoint holds exactly what its replica acknowledged.
+      r.exact = side->clean && !ec && side->checkpoint_bytes == bytes;
+      spdlog::info("replica state of the checkpoint: epoch {}, lsn {}, {}", r.log_epoch, r.lsn,
+                   r.exact ? "clean stop (keeps its place in the ISR)"
+                           : "not a clean stop (reloads from the primary)");
+    } else if (side.status().code() != StatusCode::kNotFound) {
+      spdlog::warn("{}", side.status().ToString());
+    }
+  }
+  Replica::Hooks hooks;
+  hooks.snapshot = [this](uint64_t* lsn) { return Snapshot(lsn); };
+  hooks.load = [this](const std::string& bytes) { return LoadSnapshot(bytes); };
+  hooks.apply = [this](const Header& h, const Frames& f) { return ApplyReplicated(h, f); };
+  ReplicationOptions ropts = options_.replication;
+  ropts.shard = options_.shard;
+  ropts.num_shards = options_.num_shards;
+  ropts.transport.curve = options_.curve;  // replicas share the shard's key pair
+  if (ropts.transport.curve.server_public_key.empty()) {
+    ropts.transport.curve.server_public_key = options_.curve.public_key;
+  }
+  ropts.transport.max_message_bytes = options_.max_message_bytes * 2;
+  replica_ = std::make_unique<Replica>(std::move(ropts), std::move(hooks), r);
+  return Status::Ok();
+}
+
+void ShardServer::WriteSidecar(bool clean, uint64_t checkpoint_bytes) {
+  ReplicaSidecar side;
+  side.incarnation = replica_->incarnation();
+  side.log_epoch = replica_->log_epoch();
+  side.lsn = replica_->last_lsn();
+  side.clean = clean;
+  side.checkpoint_bytes = checkpoint_bytes;
+  Status st = WriteReplicaSidecar(checkpoint_path() + ".replica", side);
+  if (!st.ok()) spdlog::error("replica sidecar not written: {}", st.ToString());
+}
+
+bool ShardServer::ReplicationAllowed(const std::string& client_key) const {
+  if (!options_.curve.enabled()) return true;
+  if (client_key == options_.curve.public_key) return true;
+  return std::find(options_.replica_keys.begin(), options_.replica_keys.end(), client_key) !=
+         options_.replica_keys.end();
 }
 
 void ShardServer::Stop() {
@@ -135,6 +190,12 @@ void ShardServer::Stop() {
     if (!st.ok()) {
       final_checkpoint_failed_ = true;
       spdlog::error("final checkpoint failed: {}", st.status().ToString());
+    } else if (replica_) {
+      // Replication stopped before this checkpoint: it holds exactly what this replica
+      // acknowledged, so a restart may keep its incarnation.
+      std::error_code ec;
+      const uint64_t bytes = std::filesystem::file_size(*st, ec);
+      if (!ec) WriteSidecar(/*clean=*/true, bytes);
     }
   }
   spdlog::info("shard {}/{} stopped", options_.shard, options_.num_shards);
@@ -151,6 +212,7 @@ StatusOr<std::string> ShardServer::Checkpoint() {
   auto bytes = WriteCheckpoint(path, {options_.shard, options_.num_shards}, *tables(), dedup_);
   metrics_->CountCheckpoint(bytes.ok(), SecondsSince(t0), bytes.ok() ? *bytes : 0);
   if (!bytes.ok()) return bytes.status();
+  if (replica_) WriteSidecar(/*clean=*/false, *bytes);
   spdlog::info("checkpoint {} ({} bytes, {:.3f} s)", path, *bytes, SecondsSince(t0));
   return path;
 }
@@ -176,6 +238,14 @@ void ShardServer::Handle(Incoming&& in) {
       st = Status(StatusCode::kTooLarge, "message of " + std::to_string(bytes) +
                                              " bytes exceeds the limit of " +
                                              std::to_string(options_.max_message_bytes));
+    } else if ((req.op == Op::kReplicate || req.op == Op::kReplSnapshot ||
+                req.op == Op::kReplStatus) &&
+               !ReplicationAllowed(in.client_key)) {
+      // Only the replicas of this shard hold its key (or one of --replica-keys).
+      st = Status(StatusCode::kFailedPrecondition,
+                  "replication messages are accepted only from this shard's replicas (CURVE key " +
+                      (in.client_key.empty() ? std::string("unknown") : in.client_key) +
+                      " is not one of theirs)");
     } else {
       st = Dispatch(req, in.frames, &reply, &payload, in.peer, &held, &commit_lsn);
     }

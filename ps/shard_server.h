@@ -44,6 +44,9 @@ struct ShardServerOptions {
   uint64_t maintenance_interval_ms = 50;
   // Primary/backup replication of this shard (ps/replication.h); off with < 2 members.
   ReplicationOptions replication;
+  // With CURVE: public keys, besides this shard's own, allowed to send replication
+  // messages (replicas with certificates of their own). Everyone else is refused.
+  std::vector<std::string> replica_keys;
 };
 
 class ShardServer {
@@ -82,6 +85,10 @@ class ShardServer {
   Status Dispatch(const Header& h, const Frames& frames, Header* reply, Frames* out,
                   std::string_view peer, bool* held, uint64_t* commit_lsn);
   Status CreateTable(const Header& h, Header* reply);
+  // Replicated shards: builds replica_ from the options and the checkpoint's sidecar.
+  Status MakeReplica(bool restored);
+  void WriteSidecar(bool clean, uint64_t checkpoint_bytes);
+  bool ReplicationAllowed(const std::string& client_key) const;
   // Replicated shards: applies a client update in log order and logs it.
   Status ApplyLogged(const Header& h, const Frames& frames, std::shared_ptr<Table> t, Header* reply,
                      bool* hold, uint64_t* commit_lsn);

@@ -1,0 +1,1032 @@
+#include "ps/replica_core.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <tuple>
+
+namespace onlineps::ps {
+
+namespace {
+
+using nlohmann::json;
+
+// Flags of replication messages (their own ops, so no clash with request flags).
+constexpr uint32_t kFlagSteppingDown = 1u << 1;  // primary -> backups: re-read etcd now
+constexpr uint32_t kFlagLeaving = 1u << 2;       // backup -> primary (kReplStatus): I stop
+
+std::string Hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+uint64_t FromHex(const std::string& s) {
+  if (s.empty() || s.size() > 16 || s.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return 0;
+  }
+  return std::stoull(s, nullptr, 16);
+}
+
+uint64_t SpecU64(const Header& h, const char* key) {
+  auto it = h.spec.find(key);
+  if (it == h.spec.end()) return 0;
+  const std::string& s = it->second;
+  if (s.empty() || s.size() > 20 || s.find_first_not_of("0123456789") != std::string::npos)
+    return 0;
+  try {
+    return std::stoull(s);
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+uint64_t JsonU64(const json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_number_unsigned()) return 0;
+  return j[key].get<uint64_t>();
+}
+
+}  // namespace
+
+ReplicaCore::ReplicaCore(ReplicaConfig config, ReplicaEnv* env)
+    : config_(std::move(config)), env_(env), followers_(config_.members.size()) {}
+
+std::string ReplicaCore::MemberKey(uint32_t index) const {
+  return Key("members/" + std::to_string(index));
+}
+
+void ReplicaCore::Start(uint64_t now) {
+  if (role_ != Role::kNew) return;
+  role_ = Role::kFollower;
+  if (config_.restored) {
+    lsn_ = config_.restored_lsn;
+    log_epoch_ = config_.restored_log_epoch;
+    // A checkpoint of an unclean stop may be older than what this replica acknowledged:
+    // its lsn only ranks it; it reloads from the primary before anything else.
+    need_snapshot_ = !config_.restored_exact;
+    has_data_ = true;
+  }
+  epoch_ = log_epoch_;
+  leaderless_since_ms_ = now;
+  counters_.incarnation = config_.incarnation;
+  LeaseTick(now);
+  read_now_ = true;
+}
+
+// ------------------------------------------------------------------------------ KvStore
+
+uint64_t ReplicaCore::Call(uint64_t now, KvPurpose purpose, KvCall call) {
+  const uint64_t id = next_id_++;
+  Pending p;
+  p.purpose = purpose;
+  p.sent_ms = now;
+  p.deadline_ms = now + config_.kv_timeout_ms;
+  pending_[id] = std::move(p);
+  env_->Kv(id, std::move(call));
+  return id;
+}
+
+void ReplicaCore::KvFailed(uint64_t now, uint64_t id, const Pending& p, const std::string& why) {
+  counters_.kv_errors++;
+  spdlog::debug("replica {}: etcd call failed: {}", config_.index, why);
+  switch (p.purpose) {
+    case KvPurpose::kGrant:
+      grant_id_ = 0;
+      break;
+    case KvPurpose::kKeepAlive:
+      keepalive_id_ = 0;
+      break;
+    case KvPurpose::kRevoke:
+      revoke_id_ = 0;
+      break;
+    case KvPurpose::kRegister:
+      register_id_ = 0;
+      break;
+    case KvPurpose::kRead:
+      read_id_ = 0;
+      break;
+    case KvPurpose::kRemoveStale:
+      remove_stale_id_ = 0;
+      break;
+    case KvPurpose::kResign:
+      break;
+    case KvPurpose::kCampaign:
+      // It may have won: the next read shows it (and ApplyView takes the leadership).
+      campaign_id_ = 0;
+      if (role_ == Role::kCampaigning) role_ = Role::kFollower;
+      read_now_ = true;
+      break;
+    case KvPurpose::kSetIsr:
+      // It may have been written: its members stay counted (isr_writing_) until a later
+      // write succeeds, after which this one can never apply.
+      isr_id_ = 0;
+      read_now_ = true;
+      break;
+  }
+  (void)now;
+}
+
+void ReplicaCore::OnKv(uint64_t now, uint64_t id, const KvResult& r) {
+  auto it = pending_.find(id);
+  if (it == pending_.end()) return;  // timed out already
+  Pending p = std::move(it->second);
+  pending_.erase(it);
+  if (!r.status.ok()) return KvFailed(now, id, p, r.status.ToString());
+  switch (p.purpose) {
+    case KvPurpose::kGrant:
+      grant_id_ = 0;
+      if (role_ == Role::kStopped) return;
+      lease_ = r.lease;
+      lease_ttl_ms_ = static_cast<uint64_t>(std::max<int64_t>(r.ttl_s, 1)) * 1000;
+      lease_deadline_ms_ = p.sent_ms + lease_ttl_ms_ * 3 / 4;
+      last_keepalive_ms_ = now;
+      registered_ = false;
+      Register(now);
+      return;
+    case KvPurpose::kKeepAlive:
+      keepalive_id_ = 0;
+      if (role_ == Role::kStopped || lease_ == 0) return;
+      if (r.ttl_s <= 0) {
+        spdlog::warn("replica {}: its etcd lease expired", config_.index);
+        lease_ = 0;
+        registered_ = false;
+        if (role_ == Role::kPrimary || role_ == Role::kEstablishing) {
+          StepDown(now, "its etcd lease expired");
+        }
+        return;
+      }
+      lease_ttl_ms_ = static_cast<uint64_t>(r.ttl_s) * 1000;
+      lease_deadline_ms_ = std::max(lease_deadline_ms_, p.sent_ms + lease_ttl_ms_ * 3 / 4);
+      return;
+    case KvPurpose::kRevoke:
+      revoke_id_ = 0;
+      return;
+    case KvPurpose::kRegister:
+      register_id_ = 0;
+      if (r.succeeded) {
+        registered_ = true;
+        registered_as_ =
+            Registration{config_.incarnation, log_epoch_, lsn_, need_snapshot_, has_data_};
+      }
+      return;
+    case KvPurpose::kRead:
+      read_id_ = 0;
+      ApplyView(now, r.entries);
+      return;
+    case KvPurpose::kCampaign:
+      campaign_id_ = 0;
+      if (role_ == Role::kCampaigning) role_ = Role::kFollower;
+      campaign_unclean_ = p.unclean;
+      // Won or lost, the read in the same transaction says who leads; ApplyView takes
+      // the leadership when it is this replica's.
+      ApplyView(now, r.entries);
+      campaign_unclean_ = false;
+      return;
+    case KvPurpose::kSetIsr:
+      isr_id_ = 0;
+      if (role_ != Role::kPrimary && role_ != Role::kEstablishing) return;
+      if (r.succeeded) {
+        isr_ = p.isr;
+        isr_writing_.clear();
+        isr_absent_ = false;
+        for (const KvEntry& e : r.entries)
+          if (e.key == Key("isr")) isr_mod_revision_ = e.mod_revision;
+        if (role_ == Role::kEstablishing) {
+          role_ = Role::kPrimary;
+          spdlog::warn("replica {}: primary of epoch {} at lsn {}", config_.index, epoch_, lsn_);
+        }
+      }
+      ApplyView(now, r.entries);
+      ReleaseCommitted();
+      return;
+    case KvPurpose::kRemoveStale:
+      remove_stale_id_ = 0;
+      read_now_ = true;
+      return;
+    case KvPurpose::kResign:
+      read_now_ = true;
+      return;
+  }
+}
+
+void ReplicaCore::ApplyView(uint64_t now, const std::vector<KvEntry>& entries) {
+  if (role_ == Role::kStopped) return;
+  View v;
+  const std::string members_prefix = Key("members/");
+  for (const KvEntry& e : entries) {
+    if (e.key.compare(0, config_.group.size(), config_.group) != 0) continue;
+    json j = json::parse(e.value, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) {
+      spdlog::warn("replica {}: etcd key {} does not hold a JSON object; ignored", config_.index,
+                   e.key);
+      continue;
+    }
+    try {
+      if (e.key == Key("leader")) {
+        v.has_leader = true;
+        v.leader.index = static_cast<uint32_t>(JsonU64(j, "index"));
+        v.leader.incarnation = FromHex(j.value("incarnation", std::string()));
+        v.leader.epoch = e.create_revision;
+      } else if (e.key == Key("isr")) {
+        v.has_isr = true;
+        v.isr_epoch = JsonU64(j, "epoch");
+        v.isr_mod_revision = e.mod_revision;
+        for (const json& m : j.value("members", json::array())) {
+          v.isr.push_back(Member{static_cast<uint32_t>(JsonU64(m, "index")),
+                                 FromHex(m.value("incarnation", std::string()))});
+        }
+      } else if (e.key.compare(0, members_prefix.size(), members_prefix) == 0) {
+        const std::string idx = e.key.substr(members_prefix.size());
+        if (idx.empty() || idx.size() > 5 ||
+            idx.find_first_not_of("0123456789") != std::string::npos)
+          continue;
+        Registration reg;
+        reg.incarnation = FromHex(j.value("incarnation", std::string()));
+        reg.log_epoch = JsonU64(j, "log_epoch");
+        reg.lsn = JsonU64(j, "lsn");
+        reg.need = j.value("need", false);
+        reg.data = j.value("data", false);
+        v.members[static_cast<uint32_t>(std::stoul(idx))] = reg;
+      }
+    } catch (const json::exception& ex) {
+      spdlog::warn("replica {}: etcd key {}: {}; ignored", config_.index, e.key, ex.what());
+    }
+  }
+  view_ = v;
+  view_valid_ = true;
+  view_ms_ = now;
+
+  if (!v.has_leader) {
+    leader_known_ = false;
+    if (leaderless_since_ms_ == 0) leaderless_since_ms_ = now;
+    if (role_ == Role::kPrimary || role_ == Role::kEstablishing) {
+      StepDown(now, "its leadership is gone from etcd (lease expired or revoked)");
+    }
+    return;
+  }
+  leaderless_since_ms_ = 0;
+  if (!leader_known_ || leader_.epoch != v.leader.epoch) early_.clear();
+  leader_known_ = true;
+  leader_ = v.leader;
+  const bool mine = v.leader.index == config_.index && v.leader.incarnation == config_.incarnation;
+  if (role_ == Role::kPrimary || role_ == Role::kEstablishing) {
+    if (!mine || v.leader.epoch != epoch_) {
+      StepDown(now, "etcd names replica " + std::to_string(v.leader.index) + " of epoch " +
+                        std::to_string(v.leader.epoch) + " as primary");
+      return;
+    }
+    if (isr_id_ == 0 && v.has_isr && v.isr_epoch == epoch_ &&
+        v.isr_mod_revision != isr_mod_revision_) {
+      // A write whose answer was lost did land.
+      isr_ = v.isr;
+      isr_mod_revision_ = v.isr_mod_revision;
+      isr_absent_ = false;
+      isr_writing_.clear();
+      if (role_ == Role::kEstablishing) role_ = Role::kPrimary;
+    }
+    return;
+  }
+  if (mine) {
+    // This replica holds the leadership: a campaign whose answer was lost, or a lease that
+    // outlived a step-down. Take it back while the lease is valid.
+    if (lease_ != 0 && now < lease_deadline_ms_ && role_ != Role::kNew) {
+      Won(now, v.leader.epoch, campaign_unclean_);
+    }
+    return;
+  }
+  if (v.leader.index == config_.index && remove_stale_id_ == 0 &&
+      stale_leader_removed_ != v.leader.epoch) {
+    // The leadership of this replica's previous incarnation (it restarted faster than its
+    // lease expires): that process is gone, so free the key now.
+    spdlog::warn(
+        "replica {}: removing the leadership of epoch {} held by my previous "
+        "incarnation {}",
+        config_.index, v.leader.epoch, Hex(v.leader.incarnation));
+    stale_leader_removed_ = v.leader.epoch;
+    KvCall call;
+    call.kind = KvCall::Kind::kTxn;
+    call.txn.compares.push_back(
+        {Key("leader"), KvTxn::Compare::Target::kCreateRevision, v.leader.epoch});
+    call.txn.deletes.push_back(Key("leader"));
+    remove_stale_id_ = Call(now, KvPurpose::kRemoveStale, std::move(call));
+    return;
+  }
+  epoch_ = std::max(epoch_, v.leader.epoch);
+}
+
+void ReplicaCore::LeaseTick(uint64_t now) {
+  if (lease_ == 0) {
+    if (grant_id_ == 0) {
+      KvCall call;
+      call.kind = KvCall::Kind::kGrant;
+      call.ttl_s = static_cast<int64_t>((config_.lease_ms + 999) / 1000);
+      grant_id_ = Call(now, KvPurpose::kGrant, std::move(call));
+    }
+    return;
+  }
+  if (keepalive_id_ == 0 && now - last_keepalive_ms_ >= lease_ttl_ms_ / 4) {
+    KvCall call;
+    call.kind = KvCall::Kind::kKeepAlive;
+    call.lease = lease_;
+    keepalive_id_ = Call(now, KvPurpose::kKeepAlive, std::move(call));
+    last_keepalive_ms_ = now;
+  }
+  if (now >= lease_deadline_ms_ && (role_ == Role::kPrimary || role_ == Role::kEstablishing)) {
+    StepDown(now, "its etcd lease could not be renewed for " +
+                      std::to_string(now - lease_deadline_ms_ + lease_ttl_ms_ * 3 / 4) + " ms");
+  }
+}
+
+void ReplicaCore::Register(uint64_t now) {
+  if (lease_ == 0 || register_id_ != 0) return;
+  json value = {{"incarnation", Hex(config_.incarnation)},
+                {"endpoint", config_.members[config_.index]},
+                {"log_epoch", log_epoch_},
+                {"lsn", lsn_},
+                {"need", need_snapshot_},
+                {"data", has_data_}};
+  KvCall call;
+  call.kind = KvCall::Kind::kTxn;
+  call.txn.puts.push_back({MemberKey(config_.index), value.dump(), lease_});
+  register_id_ = Call(now, KvPurpose::kRegister, std::move(call));
+  last_register_ms_ = now;
+}
+
+bool ReplicaCore::InIsr(const View& v) const {
+  return std::find(v.isr.begin(), v.isr.end(), Member{config_.index, config_.incarnation}) !=
+         v.isr.end();
+}
+
+void ReplicaCore::MaybeCampaign(uint64_t now) {
+  if (role_ != Role::kFollower || applying_ || campaign_id_ != 0) return;
+  if (!view_valid_ || view_.has_leader || now - view_ms_ > 3 * config_.heartbeat_ms + 100) return;
+  if (lease_ == 0 || now >= lease_deadline_ms_ || !registered_) return;
+  // A replica whose registration is stale (its state changed) re-registers first, so the
+  // others rank it by what it holds now.
+  const Registration current{config_.incarnation, log_epoch_, lsn_, need_snapshot_, has_data_};
+  if (registered_as_.log_epoch != current.log_epoch || registered_as_.lsn != current.lsn ||
+      registered_as_.need != current.need || registered_as_.data != current.data) {
+    if (now - last_register_ms_ >= config_.heartbeat_ms) Register(now);
+    return;
+  }
+  auto rank = [](uint32_t index, const Registration& r) {
+    return std::make_tuple(r.log_epoch, r.lsn, r.data ? 1 : 0, r.need ? 0 : 1,
+                           -static_cast<int64_t>(index));
+  };
+  auto best = [&]() -> int64_t {
+    int64_t who = -1;
+    std::tuple<uint64_t, uint64_t, int, int, int64_t> top{};
+    for (const auto& [index, reg] : view_.members) {
+      if (index >= config_.members.size()) continue;
+      if (who < 0 || rank(index, reg) > top) {
+        who = index;
+        top = rank(index, reg);
+      }
+    }
+    return who;
+  };
+  auto wait = [&](const std::string& why) {
+    if (now - last_wait_log_ms_ >= 10000) {
+      spdlog::warn("replica {}: no primary; {}", config_.index, why);
+      last_wait_log_ms_ = now;
+    }
+  };
+  if (view_.has_isr) {
+    // An ISR member holds every acknowledged update, even when its history cannot be
+    // continued by a stream (need_snapshot_: its followers then reload from it).
+    if (InIsr(view_)) return Campaign(now, false, "in-sync replica");
+    // Every ISR member came back as a new incarnation: their memory is gone, so the most
+    // recent state anywhere is the best that is left.
+    std::string isr_text;
+    for (const Member& m : view_.isr) {
+      isr_text +=
+          (isr_text.empty() ? "" : ",") + std::to_string(m.index) + "@" + Hex(m.incarnation);
+      auto reg = view_.members.find(m.index);
+      if (reg == view_.members.end() || reg->second.incarnation == m.incarnation) {
+        return wait("waiting for an in-sync replica (ISR " + isr_text + ")");
+      }
+    }
+    if (best() == config_.index) {
+      return Campaign(now, true,
+                      "every in-sync replica (" + isr_text +
+                          ") restarted without its state; this replica holds the most recent "
+                          "state left (epoch " +
+                          std::to_string(log_epoch_) + ", lsn " + std::to_string(lsn_) + ")");
+    }
+    return wait("every in-sync replica restarted; a replica with more recent state takes over");
+  }
+  // A new group: wait for every replica (or bootstrap_wait_ms), then the best one starts.
+  const bool all = view_.members.size() >= config_.members.size();
+  if (!all && now - leaderless_since_ms_ < config_.bootstrap_wait_ms) return;
+  if (best() == config_.index)
+    Campaign(now, false, all ? "new group" : "new group (not all replicas registered)");
+}
+
+void ReplicaCore::Campaign(uint64_t now, bool unclean, const std::string& why) {
+  spdlog::info("replica {}: campaigning for primary: {}", config_.index, why);
+  json value = {{"index", config_.index},
+                {"incarnation", Hex(config_.incarnation)},
+                {"endpoint", config_.members[config_.index]}};
+  KvCall call;
+  call.kind = KvCall::Kind::kTxn;
+  call.txn.compares.push_back({Key("leader"), KvTxn::Compare::Target::kCreateRevision, 0});
+  if (view_.has_isr) {
+    call.txn.compares.push_back(
+        {Key("isr"), KvTxn::Compare::Target::kModRevision, view_.isr_mod_revision});
+  } else {
+    call.txn.compares.push_back({Key("isr"), KvTxn::Compare::Target::kCreateRevision, 0});
+  }
+  call.txn.puts.push_back({Key("leader"), value.dump(), lease_});
+  call.txn.read_prefix = config_.group;
+  role_ = Role::kCampaigning;
+  campaign_id_ = Call(now, KvPurpose::kCampaign, std::move(call));
+  pending_[campaign_id_].unclean = unclean;
+}
+
+void ReplicaCore::Won(uint64_t now, uint64_t epoch, bool unclean) {
+  role_ = Role::kEstablishing;
+  epoch_ = epoch;
+  leader_ = Leader{config_.index, config_.incarnation, epoch};
+  leader_known_ = true;
+  if (need_snapshot_) {
+    // Elected on a state no stream can continue (restored, or an update applied after it
+    // stopped leading): no backup shares its history, so they all reload from it.
+    need_snapshot_ = false;
+    log_epoch_ = epoch;
+  }
+  start_log_epoch_ = log_epoch_;
+  start_lsn_ = lsn_;
+  committed_ = lsn_;
+  log_.clear();
+  for (Follower& f : followers_) {
+    f = Follower{};
+    f.next = lsn_ + 1;
+    f.last_ack_ms = now;
+  }
+  isr_.clear();
+  isr_writing_.clear();
+  isr_absent_ = !view_.has_isr;
+  isr_mod_revision_ = view_.isr_mod_revision;
+  counters_.promotions++;
+  if (unclean) counters_.unclean_elections++;
+  spdlog::warn("replica {}: won the election{}: epoch {} at lsn {}", config_.index,
+               unclean ? " (unclean: updates only the lost replicas had are gone)" : "", epoch,
+               lsn_);
+  WriteIsr(now);
+}
+
+void ReplicaCore::WriteIsr(uint64_t now) {
+  if (isr_id_ != 0) return;
+  std::vector<Member> desired{Member{config_.index, config_.incarnation}};
+  if (role_ == Role::kPrimary) {
+    for (size_t m = 0; m < followers_.size(); ++m) {
+      if (m != config_.index && followers_[m].want) {
+        desired.push_back(Member{static_cast<uint32_t>(m), followers_[m].inc});
+      }
+    }
+  }
+  std::sort(desired.begin(), desired.end());
+  if (role_ == Role::kPrimary && desired == isr_ && isr_writing_.empty()) return;
+  json members = json::array();
+  for (const Member& m : desired) {
+    members.push_back({{"index", m.index}, {"incarnation", Hex(m.incarnation)}});
+  }
+  KvCall call;
+  call.kind = KvCall::Kind::kTxn;
+  call.txn.compares.push_back({Key("leader"), KvTxn::Compare::Target::kCreateRevision, epoch_});
+  if (isr_absent_) {
+    call.txn.compares.push_back({Key("isr"), KvTxn::Compare::Target::kCreateRevision, 0});
+  } else {
+    call.txn.compares.push_back(
+        {Key("isr"), KvTxn::Compare::Target::kModRevision, isr_mod_revision_});
+  }
+  call.txn.puts.push_back({Key("isr"), json{{"epoch", epoch_}, {"members", members}}.dump(), 0});
+  call.txn.read_prefix = config_.group;
+  for (const Member& m : desired)
+    if (std::find(isr_writing_.begin(), isr_writing_.end(), m) == isr_writing_.end())
+      isr_writing_.push_back(m);
+  isr_id_ = Call(now, KvPurpose::kSetIsr, std::move(call));
+  pending_[isr_id_].isr = desired;
+}
+
+// ------------------------------------------------------------------------------ ticks
+
+void ReplicaCore::Tick(uint64_t now) {
+  if (role_ == Role::kNew) return;
+  std::vector<uint64_t> expired;
+  for (const auto& [id, p] : pending_)
+    if (now >= p.deadline_ms) expired.push_back(id);
+  for (uint64_t id : expired) {
+    Pending p = std::move(pending_[id]);
+    pending_.erase(id);
+    KvFailed(now, id, p, "no answer in " + std::to_string(config_.kv_timeout_ms) + " ms");
+  }
+  if (role_ == Role::kStopped) return;
+  LeaseTick(now);
+  if (lease_ != 0 && !registered_ && register_id_ == 0) Register(now);
+  if ((read_now_ || now - last_read_ms_ >= config_.heartbeat_ms) && read_id_ == 0) {
+    KvCall call;
+    call.kind = KvCall::Kind::kRange;
+    call.prefix = config_.group;
+    read_id_ = Call(now, KvPurpose::kRead, std::move(call));
+    last_read_ms_ = now;
+    read_now_ = false;
+  }
+  if (role_ == Role::kPrimary || role_ == Role::kEstablishing) {
+    PrimaryTick(now);
+  } else if (role_ == Role::kFollower) {
+    MaybeCampaign(now);
+  }
+}
+
+uint64_t ReplicaCore::NextTickMs(uint64_t now) const {
+  return now + std::max<uint64_t>(config_.heartbeat_ms / 4, 5);
+}
+
+void ReplicaCore::PrimaryTick(uint64_t now) {
+  for (size_t m = 0; m < followers_.size(); ++m) {
+    if (m == config_.index) continue;
+    FollowerTick(now, m, followers_[m]);
+    if (role_ != Role::kPrimary && role_ != Role::kEstablishing) return;
+  }
+  // Trim what every streaming backup has; a backup waiting for a snapshot pins the
+  // entries after the snapshot's lsn. The cap bounds memory for ones that lag.
+  uint64_t keep_after = lsn_;
+  for (size_t m = 0; m < followers_.size(); ++m) {
+    if (m == config_.index) continue;
+    const Follower& f = followers_[m];
+    if (f.state == FollowState::kStream) keep_after = std::min(keep_after, f.acked);
+    if (f.state == FollowState::kSnapshot) keep_after = std::min(keep_after, f.pin);
+  }
+  while (!log_.empty() &&
+         (log_.front().lsn <= keep_after || log_.size() > config_.max_log_entries)) {
+    log_.pop_front();
+  }
+  WriteIsr(now);
+  ReleaseCommitted();
+}
+
+void ReplicaCore::FollowerTick(uint64_t now, size_t m, Follower& f) {
+  if (f.want && now - f.last_ack_ms > config_.follower_timeout_ms) {
+    spdlog::warn("replica {}: backup {} silent for {} ms; removing it from the ISR", config_.index,
+                 m, now - f.last_ack_ms);
+    f.want = false;
+    f.state = FollowState::kProbe;
+  }
+  if (f.state == FollowState::kStream) {
+    const uint64_t first = log_.empty() ? lsn_ + 1 : log_.front().lsn;
+    if (f.next < first) return RequestSnapshot(now, m, f);  // the entries it needs are gone
+    if (f.next > f.acked + 1 && now - f.progress_ms > 4 * config_.heartbeat_ms) {
+      f.next = std::max(f.acked + 1, first);  // lost in flight: resend
+      f.progress_ms = now;
+    }
+    while (f.next <= lsn_ && f.next <= f.acked + config_.window) {
+      env_->Send(m, log_[f.next - first].frames);
+      f.next++;
+      f.last_send_ms = now;
+    }
+  }
+  if (now - f.last_heartbeat_ms >= config_.heartbeat_ms) {
+    Header h;
+    h.op = Op::kReplicate;
+    h.seq = lsn_;
+    h.base_version = log_epoch_;
+    SendTo(m, h);
+    f.last_heartbeat_ms = now;
+  }
+}
+
+void ReplicaCore::RequestSnapshot(uint64_t now, size_t m, Follower& f) {
+  f.state = FollowState::kSnapshot;
+  f.want = false;
+  f.awaiting_load = false;
+  f.snapshot_token = next_token_++;
+  f.pin = lsn_;
+  f.snapshot_ms = now;
+  env_->TakeSnapshot(m, f.snapshot_token);
+}
+
+void ReplicaCore::OnSnapshot(uint64_t now, size_t m, uint64_t token,
+                             const StatusOr<std::string>& bytes, uint64_t at) {
+  if ((role_ != Role::kPrimary && role_ != Role::kEstablishing) || m >= followers_.size()) return;
+  Follower& f = followers_[m];
+  if (f.state != FollowState::kSnapshot || f.snapshot_token != token) return;
+  const uint64_t first = log_.empty() ? lsn_ + 1 : log_.front().lsn;
+  if (!bytes.ok() || at > lsn_ || at + 1 < first) {
+    spdlog::error("replica {}: snapshot for backup {} not sent: {}", config_.index, m,
+                  bytes.ok() ? "its lsn is outside the log" : bytes.status().ToString());
+    f.state = FollowState::kProbe;
+    return;
+  }
+  Header h;
+  h.op = Op::kReplSnapshot;
+  h.seq = at;
+  h.base_version = EntryEpoch(at);
+  SendTo(m, h, {Frame::FromString(*bytes)});
+  f.state = FollowState::kStream;
+  f.awaiting_load = true;
+  f.snapshot_at = at;
+  f.acked = 0;
+  f.next = at + 1;
+  f.progress_ms = f.last_send_ms = f.snapshot_ms = now;
+  counters_.snapshots_sent++;
+  spdlog::info("replica {}: sent backup {} a snapshot at lsn {} ({} bytes)", config_.index, m, at,
+               bytes->size());
+}
+
+uint64_t ReplicaCore::EntryEpoch(uint64_t lsn) const {
+  return lsn <= start_lsn_ ? start_log_epoch_ : epoch_;
+}
+
+bool ReplicaCore::Consistent(uint64_t log_epoch, uint64_t lsn) const {
+  if (log_epoch == start_log_epoch_ && lsn == start_lsn_) return true;
+  return log_epoch == epoch_ && lsn > start_lsn_ && lsn <= lsn_;
+}
+
+void ReplicaCore::OnReply(uint64_t now, size_t m, const Header& r) {
+  if ((role_ != Role::kPrimary && role_ != Role::kEstablishing) || m >= followers_.size() ||
+      m == config_.index) {
+    return;
+  }
+  if (r.code != StatusCode::kOk || r.epoch != epoch_) {
+    if (r.epoch > epoch_) read_now_ = true;  // maybe deposed: etcd says
+    return;
+  }
+  auto inc_it = r.spec.find("inc");
+  if (inc_it == r.spec.end()) return;
+  const uint64_t inc = FromHex(inc_it->second);
+  const uint64_t lsn = SpecU64(r, "lsn"), le = SpecU64(r, "le");
+  const bool need = r.spec.count("need") > 0;
+  Follower& f = followers_[m];
+  if (!f.inc_known || f.inc != inc) {
+    if (f.inc_known) {
+      spdlog::warn("replica {}: backup {} restarted (incarnation {} -> {}); catching it up",
+                   config_.index, m, Hex(f.inc), Hex(inc));
+    }
+    f = Follower{};
+    f.inc_known = true;
+    f.inc = inc;
+    f.next = lsn_ + 1;
+  }
+  f.last_ack_ms = now;
+  const uint64_t first = log_.empty() ? lsn_ + 1 : log_.front().lsn;
+  switch (f.state) {
+    case FollowState::kSnapshot:
+      break;  // waiting for the snapshot to be taken
+    case FollowState::kProbe:
+      if (!need && Consistent(le, lsn) && lsn + 1 >= first) {
+        f.state = FollowState::kStream;
+        f.acked = lsn;
+        f.next = lsn + 1;
+        f.progress_ms = now;
+      } else {
+        RequestSnapshot(now, m, f);
+      }
+      break;
+    case FollowState::kStream:
+      if (f.awaiting_load) {
+        if (!need && lsn >= f.snapshot_at && Consistent(le, lsn)) {
+          f.awaiting_load = false;
+        } else {
+          if (now - f.snapshot_ms > config_.follower_timeout_ms) RequestSnapshot(now, m, f);
+          break;
+        }
+      }
+      if (need || !Consistent(le, lsn)) {
+        RequestSnapshot(now, m, f);
+        break;
+      }
+      if (lsn > f.acked) {
+        f.acked = lsn;
+        f.progress_ms = now;
+      }
+      if (!f.want && f.acked >= committed_) {
+        f.want = true;  // counted for commits from now on; added to the ISR next
+        spdlog::info("replica {}: backup {} caught up at lsn {}; adding it to the ISR",
+                     config_.index, m, f.acked);
+      }
+      break;
+  }
+  ReleaseCommitted();
+}
+
+bool ReplicaCore::Counted(size_t m) const {
+  const Follower& f = followers_[m];
+  if (f.want) return true;
+  if (!f.inc_known) return false;
+  const Member me{static_cast<uint32_t>(m), f.inc};
+  return std::find(isr_.begin(), isr_.end(), me) != isr_.end() ||
+         std::find(isr_writing_.begin(), isr_writing_.end(), me) != isr_writing_.end();
+}
+
+uint64_t ReplicaCore::CommitLsn() const {
+  if (!config_.sync) return lsn_;
+  if (isr_.size() < config_.min_insync) return committed_;
+  uint64_t c = lsn_;
+  for (size_t m = 0; m < followers_.size(); ++m) {
+    if (m != config_.index && Counted(m)) c = std::min(c, followers_[m].acked);
+  }
+  return c;
+}
+
+void ReplicaCore::ReleaseCommitted() {
+  if (role_ != Role::kPrimary) return;
+  committed_ = std::max(committed_, CommitLsn());
+  while (!waiters_.empty() && waiters_.front().lsn <= committed_) {
+    completions_.emplace_back(std::move(waiters_.front().done), Status::Ok());
+    waiters_.pop_front();
+  }
+}
+
+void ReplicaCore::FailWaiters(const Status& st) {
+  for (Waiter& w : waiters_) completions_.emplace_back(std::move(w.done), st);
+  waiters_.clear();
+}
+
+void ReplicaCore::StepDown(uint64_t now, const std::string& why) {
+  spdlog::warn("replica {}: stepping down from primary of epoch {}: {}", config_.index, epoch_,
+               why);
+  const bool lost_lease = now >= lease_deadline_ms_;
+  role_ = Role::kFollower;
+  counters_.step_downs++;
+  FailWaiters(Status(StatusCode::kNotPrimary, "not primary any more (" + why + ")"));
+  log_.clear();
+  for (Follower& f : followers_) f = Follower{};
+  isr_.clear();
+  isr_writing_.clear();
+  leader_known_ = false;
+  read_now_ = true;
+  if (lost_lease && lease_ != 0) {
+    // Give the leadership up in etcd too, should etcd still hold it.
+    KvCall call;
+    call.kind = KvCall::Kind::kTxn;
+    call.txn.compares.push_back({Key("leader"), KvTxn::Compare::Target::kCreateRevision, epoch_});
+    call.txn.deletes.push_back(Key("leader"));
+    Call(now, KvPurpose::kResign, std::move(call));
+  }
+}
+
+void ReplicaCore::SendTo(size_t m, Header h, Frames payload) {
+  h.epoch = epoch_;
+  h.sender = config_.index;
+  Frames frames;
+  frames.reserve(1 + payload.size());
+  frames.push_back(Frame::FromString(EncodeHeader(h)));
+  for (Frame& f : payload) frames.push_back(std::move(f));
+  env_->Send(m, std::move(frames));
+}
+
+// ------------------------------------------------------------------------------ clients
+
+Status ReplicaCore::CheckPrimary(uint64_t now, uint64_t client_epoch) {
+  if (client_epoch > epoch_) read_now_ = true;  // verify with etcd; never trusted alone
+  if (role_ == Role::kPrimary && now < lease_deadline_ms_) return Status::Ok();
+  if (role_ == Role::kEstablishing || role_ == Role::kPrimary) {
+    return Unavailable("replica " + std::to_string(config_.index) + " is taking over as primary");
+  }
+  if (role_ == Role::kStopped) {
+    return Status(StatusCode::kNotPrimary, "shard replica shutting down; retry on the new primary");
+  }
+  if (leader_known_ && leader_.index != config_.index && leader_.index < config_.members.size()) {
+    // Clients parse "primary is replica K" (docs/protocol.md, "Replication").
+    return Status(StatusCode::kNotPrimary, "not primary; primary is replica " +
+                                               std::to_string(leader_.index) + " (" +
+                                               config_.members[leader_.index] + ")");
+  }
+  return Status(StatusCode::kNotPrimary, "not primary; no primary known (election in progress)");
+}
+
+uint64_t ReplicaCore::Append(const Frames& request) {
+  if (role_ != Role::kPrimary) {
+    // Applied while this replica stopped leading: its state now holds an update no
+    // history has, so it must reload from the primary.
+    need_snapshot_ = true;
+    return ++lsn_;
+  }
+  Header h;
+  h.op = Op::kReplicate;
+  h.epoch = epoch_;
+  h.seq = ++lsn_;
+  h.sender = config_.index;
+  h.base_version = log_epoch_;  // the epoch of the entry before it
+  log_epoch_ = epoch_;
+  has_data_ = true;
+  Entry e{lsn_, {}};
+  e.frames.reserve(1 + request.size());
+  e.frames.push_back(Frame::FromString(EncodeHeader(h)));
+  for (const Frame& f : request) e.frames.push_back(f);
+  log_.push_back(std::move(e));
+  return lsn_;
+}
+
+void ReplicaCore::WhenCommitted(uint64_t lsn, Done done) {
+  if (role_ != Role::kPrimary) {
+    completions_.emplace_back(
+        std::move(done),
+        Status(StatusCode::kNotPrimary, "not primary any more; retry on the new primary"));
+    return;
+  }
+  ReleaseCommitted();
+  if (lsn <= committed_) {
+    completions_.emplace_back(std::move(done), Status::Ok());
+    return;
+  }
+  waiters_.push_back(Waiter{lsn, std::move(done)});
+}
+
+std::vector<std::pair<ReplicaCore::Done, Status>> ReplicaCore::TakeCompletions() {
+  std::vector<std::pair<Done, Status>> out;
+  out.swap(completions_);
+  return out;
+}
+
+// ------------------------------------------------------------------------------ backups
+
+Header ReplicaCore::StatusReply(const Header& req) const {
+  Header r = MakeReply(req, Status::Ok());
+  r.epoch = epoch_;
+  r.spec = {{"role", role_ == Role::kPrimary ? "primary" : "backup"},
+            {"inc", Hex(config_.incarnation)},
+            {"lsn", std::to_string(lsn_)},
+            {"le", std::to_string(log_epoch_)}};
+  if (need_snapshot_) r.spec["need"] = "snapshot";
+  return r;
+}
+
+Header ReplicaCore::Refuse(const Header& req, StatusCode code, const std::string& why) {
+  Header r = StatusReply(req);
+  r.code = code;
+  r.message = why;
+  return r;
+}
+
+ReplicaCore::Action ReplicaCore::BeginMessage(uint64_t now, const Header& h, const Frames& frames,
+                                              Header* reply) {
+  (void)now;
+  if (role_ == Role::kStopped || role_ == Role::kNew) {
+    *reply = Refuse(h, StatusCode::kUnavailable, "replica not running");
+    return Action::kReply;
+  }
+  if (h.op == Op::kReplStatus) {
+    if ((h.flags & kFlagLeaving) && (role_ == Role::kPrimary || role_ == Role::kEstablishing) &&
+        h.sender < followers_.size() && h.sender != config_.index) {
+      Follower& f = followers_[h.sender];
+      auto inc = h.spec.find("inc");
+      if (inc != h.spec.end() && f.inc_known && f.inc == FromHex(inc->second)) {
+        spdlog::info("replica {}: backup {} is leaving; removing it from the ISR", config_.index,
+                     h.sender);
+        // Still counted through the ISR until the write that removes it lands.
+        f.want = false;
+        f.state = FollowState::kProbe;
+      }
+    }
+    *reply = StatusReply(h);
+    return Action::kReply;
+  }
+  if (role_ == Role::kPrimary || role_ == Role::kEstablishing || role_ == Role::kCampaigning) {
+    if (h.epoch > epoch_) read_now_ = true;
+    counters_.fenced_messages++;
+    *reply =
+        Refuse(h, StatusCode::kFailedPrecondition,
+               "replica " + std::to_string(config_.index) +
+                   " is primary or campaigning; replication from replica " +
+                   std::to_string(h.sender) + " (epoch " + std::to_string(h.epoch) + ") refused");
+    return Action::kReply;
+  }
+  if (!leader_known_ || h.epoch != leader_.epoch || h.sender != leader_.index) {
+    if (!leader_known_ || h.epoch > leader_.epoch) read_now_ = true;
+    counters_.fenced_messages++;
+    *reply = Refuse(h, StatusCode::kFailedPrecondition,
+                    "epoch " + std::to_string(h.epoch) + " from replica " +
+                        std::to_string(h.sender) + " is not the primary etcd names (" +
+                        (leader_known_ ? "replica " + std::to_string(leader_.index) + ", epoch " +
+                                             std::to_string(leader_.epoch)
+                                       : std::string("none known")) +
+                        ")");
+    return Action::kReply;
+  }
+  epoch_ = h.epoch;
+  if (h.flags & kFlagSteppingDown) {
+    read_now_ = true;
+    *reply = StatusReply(h);
+    return Action::kReply;
+  }
+  if (h.op == Op::kReplSnapshot) {
+    if (frames.size() < 2) {
+      *reply = Refuse(h, StatusCode::kMalformed, "snapshot without a state frame");
+      return Action::kReply;
+    }
+    applying_ = true;
+    return Action::kLoad;
+  }
+  if (frames.size() >= 2 && !need_snapshot_ && h.seq == lsn_ + 1) {
+    if (h.base_version == log_epoch_) {
+      applying_ = true;
+      return Action::kApply;
+    }
+    need_snapshot_ = true;  // the entry before it differs: another history
+    early_.clear();
+  } else if (frames.size() >= 2 && !need_snapshot_ && h.seq > lsn_ + 1 &&
+             h.seq <= lsn_ + config_.window && early_.size() < config_.window) {
+    early_.emplace(h.seq, std::make_pair(h, frames));  // overtook an earlier entry
+  }
+  // A heartbeat, a duplicate, a gap or a replica that needs a snapshot: the ack says
+  // where this replica is.
+  *reply = StatusReply(h);
+  return Action::kReply;
+}
+
+bool ReplicaCore::NextEarly(Header* h, Frames* frames) {
+  while (!early_.empty() && early_.begin()->first <= lsn_) early_.erase(early_.begin());
+  if (early_.empty() || need_snapshot_ || early_.begin()->first != lsn_ + 1) return false;
+  auto& [header, f] = early_.begin()->second;
+  if (header.base_version != log_epoch_ || !leader_known_ || header.epoch != leader_.epoch) {
+    early_.clear();
+    return false;
+  }
+  *h = header;
+  *frames = std::move(f);
+  early_.erase(early_.begin());
+  applying_ = true;
+  return true;
+}
+
+Header ReplicaCore::FinishMessage(uint64_t now, const Header& h, const Status& outcome) {
+  (void)now;
+  applying_ = false;
+  if (h.op == Op::kReplSnapshot || !outcome.ok()) early_.clear();
+  if (h.op == Op::kReplSnapshot) {
+    if (outcome.ok()) {
+      lsn_ = h.seq;
+      log_epoch_ = h.base_version;
+      need_snapshot_ = false;
+      has_data_ = true;
+      counters_.snapshots_loaded++;
+      spdlog::info("replica {}: loaded a snapshot at lsn {} of epoch {}", config_.index, h.seq,
+                   h.epoch);
+    } else {
+      need_snapshot_ = true;
+      spdlog::error("replica {}: snapshot not loaded: {}", config_.index, outcome.ToString());
+    }
+  } else if (outcome.ok()) {
+    lsn_ = h.seq;
+    log_epoch_ = h.epoch;
+    has_data_ = true;
+  } else {
+    // The primary applied it; failing here means the states differ: start over.
+    need_snapshot_ = true;
+    spdlog::error("replica {}: logged update {} not applied ({}); reloading", config_.index, h.seq,
+                  outcome.ToString());
+  }
+  return StatusReply(h);
+}
+
+void ReplicaCore::Stop(uint64_t now) {
+  if (role_ == Role::kStopped) return;
+  if (role_ == Role::kPrimary || role_ == Role::kEstablishing) {
+    for (size_t m = 0; m < followers_.size(); ++m) {
+      if (m == config_.index) continue;
+      Header h;
+      h.op = Op::kReplicate;
+      h.flags = kFlagSteppingDown;
+      h.seq = lsn_;
+      h.base_version = log_epoch_;
+      SendTo(m, h);
+    }
+  } else if (leader_known_ && leader_.index != config_.index &&
+             leader_.index < config_.members.size()) {
+    Header h;
+    h.op = Op::kReplStatus;
+    h.flags = kFlagLeaving;
+    h.spec = {{"inc", Hex(config_.incarnation)}};
+    SendTo(leader_.index, h);
+  }
+  FailWaiters(
+      Status(StatusCode::kNotPrimary, "shard replica shutting down; retry on the new primary"));
+  role_ = Role::kStopped;
+  if (lease_ != 0) {
+    // Revoking the lease deletes the leadership and the registration at once, so another
+    // in-sync replica can take over without waiting for the lease to expire.
+    KvCall call;
+    call.kind = KvCall::Kind::kRevoke;
+    call.lease = lease_;
+    revoke_id_ = Call(now, KvPurpose::kRevoke, std::move(call));
+    lease_ = 0;
+  }
+}
+
+ReplicaStats ReplicaCore::Stats() const {
+  ReplicaStats s = counters_;
+  s.primary = role_ == Role::kPrimary;
+  s.epoch = epoch_;
+  s.lsn = lsn_;
+  s.committed = role_ == Role::kPrimary ? committed_ : lsn_;
+  s.isr_size = static_cast<uint32_t>(role_ == Role::kPrimary ? isr_.size() : view_.isr.size());
+  for (size_t m = 0; m < followers_.size(); ++m) {
+    if (m != config_.index && role_ == Role::kPrimary && Counted(m)) s.in_sync_backups++;
+  }
+  return s;
+}
+
+}  // namespace onlineps::ps

@@ -1,0 +1,42 @@
+#include "ps/replica_sidecar.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/file_io.h"
+
+namespace onlineps::ps {
+
+StatusOr<ReplicaSidecar> ReadReplicaSidecar(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound("no replica sidecar " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  ReplicaSidecar s;
+  try {
+    if (!j.is_object()) throw std::runtime_error("not a JSON object");
+    s.incarnation = std::stoull(j.at("incarnation").get<std::string>(), nullptr, 16);
+    s.log_epoch = j.at("log_epoch").get<uint64_t>();
+    s.lsn = j.at("lsn").get<uint64_t>();
+    s.clean = j.at("clean").get<bool>();
+    s.checkpoint_bytes = j.at("checkpoint_bytes").get<uint64_t>();
+  } catch (const std::exception& e) {
+    return DataLoss(path + ": not a replica sidecar: " + e.what());
+  }
+  return s;
+}
+
+Status WriteReplicaSidecar(const std::string& path, const ReplicaSidecar& s) {
+  char inc[17];
+  std::snprintf(inc, sizeof inc, "%016llx", static_cast<unsigned long long>(s.incarnation));
+  nlohmann::json j = {{"incarnation", inc},
+                      {"log_epoch", s.log_epoch},
+                      {"lsn", s.lsn},
+                      {"clean", s.clean},
+                      {"checkpoint_bytes", s.checkpoint_bytes}};
+  return WriteFileAtomic(path, j.dump() + "\n", /*sync=*/true);
+}
+
+}  // namespace onlineps::ps

@@ -1,0 +1,28 @@
+// The replica sidecar: a small JSON file beside a replicated shard's checkpoint
+// (PATH.replica) that says which incarnation wrote the checkpoint, the log position it
+// holds, and whether it was written by a clean stop (after replication stopped, so the
+// position is exact). Only a clean stop's checkpoint lets a restarted replica keep its
+// incarnation, and so its place in the in-sync replica set (ps/replica_core.h).
+#ifndef ONLINEPS_PS_REPLICA_SIDECAR_H_
+#define ONLINEPS_PS_REPLICA_SIDECAR_H_
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace onlineps::ps {
+
+struct ReplicaSidecar {
+  uint64_t incarnation = 0, log_epoch = 0, lsn = 0;
+  bool clean = false;
+  uint64_t checkpoint_bytes = 0;  // size of the checkpoint it describes
+};
+
+// kNotFound when there is none; kDataLoss naming the file when it does not parse.
+StatusOr<ReplicaSidecar> ReadReplicaSidecar(const std::string& path);
+Status WriteReplicaSidecar(const std::string& path, const ReplicaSidecar& s);
+
+}  // namespace onlineps::ps
+
+#endif  // ONLINEPS_PS_REPLICA_SIDECAR_H_
