@@ -65,6 +65,11 @@ std::string SessionPrefix(const std::string& principal) {
   return principal.empty() ? std::string() : principal + "/";
 }
 
+// The shape of the ids NewSessionId makes: a restored record answers no other.
+bool IsSessionId(const std::string& id) {
+  return id.size() == 32 && id.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
 }  // namespace
 
 json SupportedVersions() { return {kModernVersion, "2025-11-25", "2025-06-18", "2025-03-26"}; }
@@ -132,7 +137,7 @@ std::vector<std::string> McpServer::Sweep() {
 
 McpServer::Session* McpServer::Find(const std::string& session_id) {
   if (auto it = sessions_.find(session_id); it != sessions_.end()) return &it->second;
-  if (restored_.empty()) return nullptr;
+  if (restored_.empty() || !IsSessionId(session_id)) return nullptr;
   auto it = restored_.find(StateDir::HashOf(session_id));
   if (it == restored_.end()) return nullptr;
   // Its first use since the restart: from now on it is known by its id.
@@ -648,7 +653,7 @@ bool McpServer::HasSession(const std::string& session_id, const std::string& pri
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
   if (it != sessions_.end()) return it->second.principal == principal;
-  if (restored_.empty()) return false;
+  if (restored_.empty() || !IsSessionId(session_id)) return false;
   auto r = restored_.find(StateDir::HashOf(session_id));
   return r != restored_.end() && r->second.principal == principal;
 }

@@ -444,8 +444,11 @@ TEST_F(BridgeStateTest, ARestoredSessionNeverUsedAgainExpires) {
 TEST_F(BridgeStateTest, OldFormatFilesAreConvertedKeepingTheirLastUse) {
   const std::string sid = "0123456789abcdef0123456789abcdef";
   const std::string named = "alice/s:" + std::string(100, 'n');  // a long key: a shortened name
-  const std::vector<std::pair<std::string, std::string>> old = {
-      {"sessions", sid}, {"contexts", "alice/m:" + sid}, {"contexts", named}};
+  const std::string guessable = "session-1";                     // never an id this bridge makes
+  const std::vector<std::pair<std::string, std::string>> old = {{"sessions", sid},
+                                                                {"sessions", guessable},
+                                                                {"contexts", "alice/m:" + sid},
+                                                                {"contexts", named}};
   fs::create_directories(path_ + "/sessions");
   fs::create_directories(path_ + "/contexts");
   const std::map<std::string, json> values = {
@@ -464,10 +467,10 @@ TEST_F(BridgeStateTest, OldFormatFilesAreConvertedKeepingTheirLastUse) {
   }
   auto dir = Open();
   auto server = Server();
-  EXPECT_EQ(server->Persist(dir.get()), 1u);
+  EXPECT_EQ(server->Persist(dir.get()), 2u);
   auto store = Store();
   EXPECT_EQ(store->Persist(dir.get()), 2u);
-  EXPECT_EQ(ExpectPrivate(path_, {sid}), 3u);  // the old names are gone, with the keys
+  EXPECT_EQ(ExpectPrivate(path_, {sid}), 4u);  // the old names are gone, with the keys
   for (const auto& [kind, key] : old) {
     const std::string file = File(*dir, kind, key);
     EXPECT_FALSE(fs::exists(path_ + "/" + kind + "/" + LegacyName(key)));
@@ -477,6 +480,7 @@ TEST_F(BridgeStateTest, OldFormatFilesAreConvertedKeepingTheirLastUse) {
     EXPECT_GE(::time(nullptr) - st.st_mtim.tv_sec, 99) << "the last use carries over";
   }
   EXPECT_EQ(Send(server.get(), "alice", sid, "ping").http_status, 200);
+  EXPECT_EQ(Send(server.get(), "alice", guessable, "ping").http_status, 404);
   auto c = store->Get("alice/m:" + sid);
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->items, std::vector<std::string>{"likes thrillers"});
