@@ -158,11 +158,25 @@ std::string ReadObject(const fs::path& p, json* value) {
   return "";
 }
 
-// Keeps an unreadable record for inspection; a file not named by a hash may hold a key
-// in its name (the old format), so that one goes.
+// Whether a name is the hex of text, as names were before hashing. A session id's hex has
+// a hash's length; 32 bytes of a hash are all printable once in about 10^14.
+bool IsHexOfText(const std::string& name) {
+  if (name.size() % 2 != 0 || name.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return false;
+  }
+  for (size_t i = 0; i < name.size(); i += 2) {
+    const int byte = std::stoi(name.substr(i, 2), nullptr, 16);
+    if (byte < 0x20 || byte > 0x7e) return false;
+  }
+  return true;
+}
+
+// Keeps an unreadable record for inspection; a file of the old format may hold a key in
+// its name, so that one goes.
 void SetAside(const fs::path& p, const std::string& problem) {
   std::error_code ec;
-  if (IsHash(p.stem().string())) {
+  const std::string name = p.stem().string();
+  if (IsHash(name) && !IsHexOfText(name)) {
     fs::path bad = p;
     bad += ".bad";
     fs::rename(p, bad, ec);

@@ -172,6 +172,9 @@ TEST_F(BridgeStateTest, UnreadableFilesAreSetAsideAndTheRestLoads) {
   std::ofstream(other) << "[1, 2]";
   std::ofstream(renamed) << "{\"key\": \"good\"}";  // an old-format file not named by its key
   std::ofstream(unnamed) << "{\"items\": [";        // neither format: its name may hold an id
+  // Torn, of the old format, with a hash's length: the hex of a session id.
+  const std::string old_torn = path_ + "/contexts/" + Hex(std::string(32, 'a')) + ".json";
+  std::ofstream(old_torn) << "{\"key\": \"aaaa";
   std::ofstream(good + ".tmp") << "half a write";
   dir = Open();  // a restart
   EXPECT_FALSE(fs::exists(good + ".tmp"));
@@ -183,6 +186,7 @@ TEST_F(BridgeStateTest, UnreadableFilesAreSetAsideAndTheRestLoads) {
   // Set aside, these would keep a key: they go.
   EXPECT_FALSE(fs::exists(renamed) || fs::exists(renamed + ".bad"));
   EXPECT_FALSE(fs::exists(unnamed) || fs::exists(unnamed + ".bad"));
+  EXPECT_FALSE(fs::exists(old_torn) || fs::exists(old_torn + ".bad"));
   EXPECT_TRUE(dir->Load("contexts").size() == 1u);  // set aside once, not again
 }
 
