@@ -9,9 +9,11 @@
 
 namespace onlineps {
 
-Status WriteFileAtomic(const std::string& path, std::string_view bytes, bool sync) {
+Status WriteFileAtomic(const std::string& path, std::string_view bytes, bool sync, mode_t mode) {
   const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A temporary file left by a crash would keep its own mode through O_TRUNC: start anew.
+  ::unlink(tmp.c_str());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) return Unavailable("cannot create " + tmp + ": " + std::strerror(errno));
   size_t off = 0;
   while (off < bytes.size()) {

@@ -51,8 +51,8 @@ Status ContextStore::CheckLimits(const std::vector<std::string>& items,
   return Status::Ok();
 }
 
-std::mutex& ContextStore::IoLock(const std::string& session) {
-  return io_mu_[std::hash<std::string>{}(session) % io_mu_.size()];
+std::mutex& ContextStore::IoLock(const std::string& id) {
+  return io_mu_[std::hash<std::string>{}(id) % io_mu_.size()];
 }
 
 size_t ContextStore::Persist(StateDir* dir) {
@@ -82,14 +82,14 @@ size_t ContextStore::Persist(StateDir* dir) {
       if (expired) {
         ++stats_.expired;
       } else {
-        spdlog::warn("contexts: dropping the saved context of {}: {}", r.key, problem);
+        spdlog::warn("contexts: dropping the saved context {}: {}", r.hash.substr(0, 12), problem);
       }
-      dir->Remove(kKind, r.key);
+      dir->Remove(kKind, r.hash);
       continue;
     }
     c.used_ms = c.touched_ms = now - r.age_ms;
     next_revision_ = std::max(next_revision_, c.revision + 1);
-    contexts_[r.key] = std::move(c);
+    contexts_[r.hash] = std::move(c);
   }
   dir_ = dir;
   return contexts_.size();
@@ -113,17 +113,17 @@ void ContextStore::ExpireLocked(int64_t now) {
   last_sweep_ms_ = now;
 }
 
-void ContextStore::RemoveFiles(const std::vector<std::string>& keys) {
-  for (const std::string& key : keys) {
+void ContextStore::RemoveFiles(const std::vector<std::string>& ids) {
+  for (const std::string& id : ids) {
     // A change of that session in the meantime wrote the file again: keep it.
-    std::lock_guard<std::mutex> io(IoLock(key));
+    std::lock_guard<std::mutex> io(IoLock(id));
     std::lock_guard<std::mutex> lock(mu_);
-    if (!contexts_.count(key)) dir_->Remove(kKind, key);
+    if (!contexts_.count(id)) dir_->Remove(kKind, id);
   }
 }
 
-StatusOr<const Context*> ContextStore::Current(const std::string& session, int64_t now) {
-  auto it = contexts_.find(session);
+StatusOr<const Context*> ContextStore::Current(const std::string& id, int64_t now) {
+  auto it = contexts_.find(id);
   if (it != contexts_.end()) {
     if (options_.ttl_ms > 0 && now - it->second.used_ms > options_.ttl_ms) {
       ++stats_.expired;  // expired: start afresh (the change rewrites its file)
@@ -143,14 +143,15 @@ StatusOr<const Context*> ContextStore::Current(const std::string& session, int64
 
 StatusOr<Context> ContextStore::Change(const std::string& session,
                                        const std::function<void(Context*)>& edit) {
+  const std::string id = StateDir::HashOf(session);
   std::vector<std::string> dropped;  // by Current making room
   StatusOr<Context> out = [&]() -> StatusOr<Context> {
-    std::lock_guard<std::mutex> io(IoLock(session));
+    std::lock_guard<std::mutex> io(IoLock(id));
     Context next;
     {
       std::lock_guard<std::mutex> lock(mu_);
       const int64_t now = now_ms_();
-      StatusOr<const Context*> current = Current(session, now);
+      StatusOr<const Context*> current = Current(id, now);
       dropped.swap(dropped_);
       if (!current.ok()) return current.status();
       if (*current) next = **current;
@@ -160,7 +161,7 @@ StatusOr<Context> ContextStore::Change(const std::string& session,
     }
     if (dir_) {
       Status saved = dir_->Put(
-          kKind, session,
+          kKind, id,
           {{"items", next.items}, {"features", next.features}, {"revision", next.revision}});
       if (!saved.ok()) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -169,7 +170,7 @@ StatusOr<Context> ContextStore::Change(const std::string& session,
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
-    contexts_[session] = next;
+    contexts_[id] = next;
     return next;
   }();
   RemoveFiles(dropped);  // the session's I/O lock is released: Remove takes others
@@ -212,17 +213,19 @@ StatusOr<Context> ContextStore::Append(const std::string& session, std::string i
 }
 
 bool ContextStore::Clear(const std::string& session) {
-  std::lock_guard<std::mutex> io(IoLock(session));
+  const std::string id = StateDir::HashOf(session);
+  std::lock_guard<std::mutex> io(IoLock(id));
   bool had = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    had = contexts_.erase(session) > 0;
+    had = contexts_.erase(id) > 0;
   }
-  if (dir_ && had) dir_->Remove(kKind, session);
+  if (dir_ && had) dir_->Remove(kKind, id);
   return had;
 }
 
 std::optional<Context> ContextStore::Get(const std::string& session) {
+  const std::string id = StateDir::HashOf(session);
   std::optional<Context> out;
   bool touch = false;
   std::vector<std::string> dropped;
@@ -230,7 +233,7 @@ std::optional<Context> ContextStore::Get(const std::string& session) {
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t now = now_ms_();
     if (options_.ttl_ms > 0 && now - last_sweep_ms_ > options_.ttl_ms / 4) ExpireLocked(now);
-    auto it = contexts_.find(session);
+    auto it = contexts_.find(id);
     if (it != contexts_.end() && options_.ttl_ms > 0 &&
         now - it->second.used_ms > options_.ttl_ms) {
       Drop(it);
@@ -244,7 +247,7 @@ std::optional<Context> ContextStore::Get(const std::string& session) {
     }
     dropped.swap(dropped_);
   }
-  if (touch) dir_->Touch(kKind, session);
+  if (touch) dir_->Touch(kKind, id);
   RemoveFiles(dropped);
   return out;
 }

@@ -5,7 +5,9 @@
 // past a limit fails with an error naming the limit and changes nothing, except that
 // Append keeps a rolling window (it drops the oldest items and says how many).
 // With Persist, every change is in the state directory before it returns, so contexts
-// survive a bridge restart. Thread-safe.
+// survive a bridge restart. A context is known by the hash of its session key
+// (StateDir::HashOf), in memory as on disk: the store holds no session key, and a context
+// loaded from the directory is found when a call brings its key. Thread-safe.
 #ifndef ONLINEPS_MCP_BRIDGE_CONTEXT_STORE_H_
 #define ONLINEPS_MCP_BRIDGE_CONTEXT_STORE_H_
 
@@ -74,23 +76,24 @@ class ContextStore {
   // Applies `edit` to the session's context (a fresh one when there is none or it
   // expired), saves it, then publishes it. Calls of one session are serialized.
   StatusOr<Context> Change(const std::string& session, const std::function<void(Context*)>& edit);
-  // The live context, or null when there is none (then checks there is room for one).
-  StatusOr<const Context*> Current(const std::string& session, int64_t now);  // REQUIRES: mu_
-  void ExpireLocked(int64_t now);                                             // REQUIRES: mu_
-  void Drop(std::unordered_map<std::string, Context>::iterator it);           // REQUIRES: mu_
+  // The live context of the session hashed to `id`, or null when there is none (then
+  // checks there is room for one).
+  StatusOr<const Context*> Current(const std::string& id, int64_t now);  // REQUIRES: mu_
+  void ExpireLocked(int64_t now);                                        // REQUIRES: mu_
+  void Drop(std::unordered_map<std::string, Context>::iterator it);      // REQUIRES: mu_
   // Removes the files of contexts dropped from memory (taken from dropped_ under mu_),
   // unless one came back since. Holds no lock when called.
-  void RemoveFiles(const std::vector<std::string>& keys);
-  std::mutex& IoLock(const std::string& session);
+  void RemoveFiles(const std::vector<std::string>& ids);
+  std::mutex& IoLock(const std::string& id);
 
   const ContextStoreOptions options_;
   const std::function<int64_t()> now_ms_;
   mutable std::mutex mu_;
-  std::unordered_map<std::string, Context> contexts_;  // guarded by mu_
+  std::unordered_map<std::string, Context> contexts_;  // guarded by mu_; by key hash
   ContextStats stats_;                                 // guarded by mu_
   uint64_t next_revision_ = 1;                         // guarded by mu_
   int64_t last_sweep_ms_ = 0;                          // guarded by mu_
-  std::vector<std::string> dropped_;                   // guarded by mu_; files to remove
+  std::vector<std::string> dropped_;                   // guarded by mu_; files to remove (hashes)
   StateDir* dir_ = nullptr;                            // set before serving
   // Serializes the changes of one session (and its file) without holding mu_ over I/O.
   // Taken before mu_, one at a time.

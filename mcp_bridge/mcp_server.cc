@@ -65,6 +65,11 @@ std::string SessionPrefix(const std::string& principal) {
   return principal.empty() ? std::string() : principal + "/";
 }
 
+// The shape of the ids NewSessionId makes: a restored record answers no other.
+bool IsSessionId(const std::string& id) {
+  return id.size() == 32 && id.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
 }  // namespace
 
 json SupportedVersions() { return {kModernVersion, "2025-11-25", "2025-06-18", "2025-03-26"}; }
@@ -111,14 +116,37 @@ std::vector<std::string> McpServer::Sweep() {
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (last_sweep_ - it->second.used > options_.session_idle) {
       ended.push_back(SessionPrefix(it->second.principal) + "m:" + it->first);
-      if (dir_) dir_->Remove(kKind, it->first);
+      if (dir_) dir_->Remove(kKind, StateDir::HashOf(it->first));
       it = sessions_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Unused since the restart, so no worker has their contexts; the bridge's copies expire
+  // by --context-ttl-s (their keys, which hold the ids, are not known here).
+  for (auto it = restored_.begin(); it != restored_.end();) {
+    if (last_sweep_ - it->second.used > options_.session_idle) {
+      if (dir_) dir_->Remove(kKind, it->first);
+      it = restored_.erase(it);
     } else {
       ++it;
     }
   }
   return ended;
 }
+
+McpServer::Session* McpServer::Find(const std::string& session_id) {
+  if (auto it = sessions_.find(session_id); it != sessions_.end()) return &it->second;
+  if (restored_.empty() || !IsSessionId(session_id)) return nullptr;
+  auto it = restored_.find(StateDir::HashOf(session_id));
+  if (it == restored_.end()) return nullptr;
+  // Its first use since the restart: from now on it is known by its id.
+  Session& s = sessions_[session_id] = std::move(it->second);
+  restored_.erase(it);
+  return &s;
+}
+
+size_t McpServer::CountLocked() const { return sessions_.size() + restored_.size(); }
 
 Reply McpServer::Handle(const Request& req) {
   // The barrier for everything below: no exception reaches a transport's thread.
@@ -173,19 +201,18 @@ Reply McpServer::HandleMessage(const Request& req) {
   bool touch = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = sessions_.find(req.session_id);
+    Session* s = Find(req.session_id);
     const auto now = Clock::now();
-    if (it == sessions_.end() || it->second.principal != req.principal ||
-        now - it->second.used > options_.session_idle) {
+    if (!s || s->principal != req.principal || now - s->used > options_.session_idle) {
       return Error(404, id, kSessionNotFound, "Session not found: initialize a new session");
     }
-    it->second.used = now;
-    version = it->second.version;
+    s->used = now;
+    version = s->version;
     // The file's time is the session's last use: move it now and then.
-    touch = dir_ && now - it->second.touched > options_.session_idle / 8;
-    if (touch) it->second.touched = now;
+    touch = dir_ && now - s->touched > options_.session_idle / 8;
+    if (touch) s->touched = now;
   }
-  if (touch) dir_->Touch(kKind, req.session_id);
+  if (touch) dir_->Touch(kKind, StateDir::HashOf(req.session_id));
   if (!req.header_version.empty() && !IsLegacyVersion(req.header_version)) {
     return Error(400, id, kServerError,
                  "Bad Request: unsupported MCP-Protocol-Version: " + req.header_version +
@@ -219,7 +246,7 @@ Reply McpServer::Initialize(const Request& req) {
   std::vector<std::string> expired;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (sessions_.size() >= options_.max_sessions || Clock::now() - last_sweep_ > kSweepEvery) {
+    if (CountLocked() >= options_.max_sessions || Clock::now() - last_sweep_ > kSweepEvery) {
       expired = Sweep();
     }
   }
@@ -230,9 +257,9 @@ Reply McpServer::Initialize(const Request& req) {
   if (!expired.empty()) spdlog::info("mcp: {} idle sessions expired", expired.size());
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (sessions_.size() >= options_.max_sessions) {
+    if (CountLocked() >= options_.max_sessions) {
       return Error(503, id, kServerError,
-                   "the bridge holds " + std::to_string(sessions_.size()) +
+                   "the bridge holds " + std::to_string(CountLocked()) +
                        " sessions, its limit (--max-sessions); try again later");
     }
     sid = NewSessionId();  // never a client-chosen id (session fixation)
@@ -582,12 +609,13 @@ Reply McpServer::Stateless(const Request& req) {
 bool McpServer::EndSession(const std::string& session_id, const std::string& principal) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = sessions_.find(session_id);
-    if (it == sessions_.end() || it->second.principal != principal) return false;
-    for (auto& [rid, c] : it->second.inflight) c->store(true);
-    sessions_.erase(it);
+    Session* s = Find(session_id);
+    if (!s || s->principal != principal) return false;
+    for (auto& [rid, c] : s->inflight) c->store(true);
+    sessions_.erase(session_id);
   }
-  if (dir_) dir_->Remove(kKind, session_id);  // a Save racing this re-checks (Save)
+  // A Save racing this re-checks (Save).
+  if (dir_) dir_->Remove(kKind, StateDir::HashOf(session_id));
   if (end_session_) end_session_(SessionPrefix(principal) + "m:" + session_id);
   return true;
 }
@@ -624,7 +652,10 @@ size_t McpServer::ExpireIdle() {
 bool McpServer::HasSession(const std::string& session_id, const std::string& principal) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session_id);
-  return it != sessions_.end() && it->second.principal == principal;
+  if (it != sessions_.end()) return it->second.principal == principal;
+  if (restored_.empty() || !IsSessionId(session_id)) return false;
+  auto r = restored_.find(StateDir::HashOf(session_id));
+  return r != restored_.end() && r->second.principal == principal;
 }
 
 Reply McpServer::CallFixture(const Request& req, const std::string& name, const json& args) {
@@ -713,26 +744,24 @@ size_t McpServer::Persist(StateDir* dir) {
   for (const StateDir::Record& r : records) {
     const json& v = r.value;
     std::string problem;
-    if (r.key.size() != 32 || r.key.find_first_not_of("0123456789abcdef") != std::string::npos) {
-      problem = "not a session id this bridge makes";
-    } else if (!v.contains("version") || !v["version"].is_string() ||
-               !IsLegacyVersion(v["version"])) {
+    if (!v.contains("version") || !v["version"].is_string() || !IsLegacyVersion(v["version"])) {
       problem = "no supported protocol version";
     } else if (!v.value("principal", json()).is_string() ||
                !v.value("log_level", json()).is_string() ||
                !v.value("client_capabilities", json()).is_object()) {
       problem = "principal, log_level or client_capabilities missing or of the wrong type";
-    } else if (sessions_.size() >= options_.max_sessions) {
+    } else if (CountLocked() >= options_.max_sessions) {
       problem = "the bridge is full (--max-sessions)";
     }
     const auto age = std::chrono::milliseconds(r.age_ms);
     if (age > options_.session_idle || !problem.empty()) {
       if (!problem.empty())
-        spdlog::warn("mcp: dropping saved session {}: {}", r.key.substr(0, 8), problem);
-      dir->Remove(kKind, r.key);
+        spdlog::warn("mcp: dropping saved session {}: {}", r.hash.substr(0, 12), problem);
+      dir->Remove(kKind, r.hash);
       continue;
     }
-    Session& s = sessions_[r.key];
+    // Known by hash until a request brings its id (Find).
+    Session& s = restored_[r.hash];
     s.principal = v["principal"];
     s.version = v["version"];
     s.log_level = v["log_level"];
@@ -740,7 +769,7 @@ size_t McpServer::Persist(StateDir* dir) {
     s.used = s.touched = now - age;
   }
   dir_ = dir;
-  return sessions_.size();
+  return CountLocked();
 }
 
 Status McpServer::Save(const std::string& session_id) {
@@ -756,16 +785,17 @@ Status McpServer::Save(const std::string& session_id) {
               {"log_level", s.log_level},
               {"client_capabilities", s.client_capabilities}};
   }
-  ONLINEPS_RETURN_IF_ERROR(dir_->Put(kKind, session_id, std::move(record)));
+  const std::string hash = StateDir::HashOf(session_id);
+  ONLINEPS_RETURN_IF_ERROR(dir_->Put(kKind, hash, record));
   // Ended while being written: its removal may have come first.
   std::lock_guard<std::mutex> lock(mu_);
-  if (!sessions_.count(session_id)) dir_->Remove(kKind, session_id);
+  if (!sessions_.count(session_id)) dir_->Remove(kKind, hash);
   return Status::Ok();
 }
 
 size_t McpServer::sessions() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return sessions_.size();
+  return CountLocked();
 }
 
 }  // namespace onlineps::bridge

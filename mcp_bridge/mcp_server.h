@@ -85,8 +85,9 @@ class McpServer {
   // Serves the conformance fixtures too (--test-fixtures). Call before serving.
   void SetFixtures(Fixtures* fixtures) { fixtures_ = fixtures; }
   // Loads the sessions saved in `dir` (those idle past session_idle are dropped) and
-  // saves every new session there, before its id reaches the client. Returns how many
-  // were loaded. Call before serving; `dir` outlives the server.
+  // saves every new session there, before its id reaches the client. The directory
+  // knows sessions by the hash of their id: a loaded one is found when a request brings
+  // its id. Returns how many were loaded. Call before serving; `dir` outlives the server.
   size_t Persist(StateDir* dir);
   // Called after every tools/call (metrics). Call before serving.
   void SetCallObserver(std::function<void(const TraceRecord&)> observer) {
@@ -159,6 +160,10 @@ class McpServer {
                                      const nlohmann::json& params);
   bool DeliverResponse(const nlohmann::json& m, const std::string& session_id);
   std::vector<std::string> Sweep();  // REQUIRES: mu_; returns the ended session keys
+  // The live or restored session of that id (a restored one moves to sessions_); null
+  // when there is none.
+  Session* Find(const std::string& session_id);  // REQUIRES: mu_
+  size_t CountLocked() const;                    // REQUIRES: mu_
   std::string NewSessionId();
   Status Save(const std::string& session_id);  // the session's record to dir_
 
@@ -172,6 +177,8 @@ class McpServer {
 
   mutable std::mutex mu_;
   std::unordered_map<std::string, Session> sessions_;  // guarded by mu_
+  // Loaded from dir_ and unused since, by StateDir::HashOf(id); Find moves them.
+  std::unordered_map<std::string, Session> restored_;  // guarded by mu_
   std::chrono::steady_clock::time_point last_sweep_;   // guarded by mu_
 
   std::mutex gate_mu_;

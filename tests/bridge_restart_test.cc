@@ -1,20 +1,52 @@
 // The bridge's --state-dir through the real binaries: after a kill -9 and a restart on
 // the same directory, sessions go on with their contexts, still bound to their
-// identity; ended sessions stay ended.
+// identity; ended sessions stay ended; and the directory shows other users nothing.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "tests/bridge_cluster.h"
 
 namespace onlineps::testing {
 namespace {
 
+namespace fs = std::filesystem;
+
+// Folders 0700, files 0600, and no name or content showing a session id (nor its hex,
+// as names did before ids were hashed). Returns how many files there are.
+size_t ExpectPrivate(const std::string& root, const std::vector<std::string>& ids) {
+  auto mode = [](const fs::path& p) {
+    struct stat st;
+    EXPECT_EQ(::lstat(p.c_str(), &st), 0) << p;
+    return st.st_mode & 0777;
+  };
+  EXPECT_EQ(mode(root), 0700u) << root;
+  size_t files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(root)) {
+    std::stringstream text;
+    if (e.is_regular_file()) text << std::ifstream(e.path(), std::ios::binary).rdbuf();
+    for (const std::string& id : ids) {
+      std::string hex;
+      for (unsigned char c : id) hex += {"0123456789abcdef"[c >> 4], "0123456789abcdef"[c & 15]};
+      for (const std::string& shown : {id, hex}) {
+        EXPECT_EQ(e.path().filename().string().find(shown), std::string::npos) << e.path();
+        EXPECT_EQ(text.str().find(shown), std::string::npos) << e.path() << ": " << text.str();
+      }
+    }
+    EXPECT_EQ(mode(e.path()), e.is_regular_file() ? 0600u : 0700u) << e.path();
+    files += e.is_regular_file();
+  }
+  return files;
+}
+
 class BridgeRestartTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    old_umask_ = ::umask(022);  // the usual one, inherited by the bridge
     std::string tmpl = ::testing::TempDir() + "/bridge_restart.XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
     dir_ = tmpl;
@@ -23,7 +55,10 @@ class BridgeRestartTest : public ::testing::Test {
     worker_ = cluster_.StartWorker();
     ASSERT_FALSE(worker_.empty());
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override {
+    std::filesystem::remove_all(dir_);
+    ::umask(old_umask_);
+  }
   int StartBridge(bool with_state = true) {
     std::vector<std::string> flags = {"--tokens-file", dir_ + "/tokens"};
     if (with_state) flags.insert(flags.end(), {"--state-dir", dir_ + "/state"});
@@ -33,6 +68,7 @@ class BridgeRestartTest : public ::testing::Test {
 
   BridgeCluster cluster_;
   std::string dir_, worker_;
+  mode_t old_umask_ = 0;
 };
 
 TEST_F(BridgeRestartTest, SessionsAndContextsSurviveAKill9) {
@@ -53,6 +89,9 @@ TEST_F(BridgeRestartTest, SessionsAndContextsSurviveAKill9) {
   EXPECT_EQ(carol.Delete(), 200);
   json before = alice.Call("infer", {{"text", "a lovely film"}});
   ASSERT_FALSE(before.value("isError", true)) << before.dump();
+  const std::vector<std::string> ids = {alice.session(), bob.session(), carol.session()};
+  // Alice's and Bob's sessions; their contexts and Alice's named one (Carol's went).
+  EXPECT_EQ(ExpectPrivate(dir_ + "/state", ids), 5u);
 
   cluster_.KillBridge();
   port = StartBridge();
@@ -79,7 +118,8 @@ TEST_F(BridgeRestartTest, SessionsAndContextsSurviveAKill9) {
   thief.Call("get_context", json::object(), &status);
   EXPECT_EQ(status, 404);  // still bound to Alice's identity
   c2.Call("get_context", json::object(), &status);
-  EXPECT_EQ(status, 404);  // ended before the crash: stays ended
+  EXPECT_EQ(status, 404);                              // ended before the crash: stays ended
+  EXPECT_EQ(ExpectPrivate(dir_ + "/state", ids), 5u);  // after a restart and use: still so
   EXPECT_EQ(a2.Delete(), 200);
 
   // Without the directory the loss is explicit.

@@ -1,4 +1,5 @@
-// StateDir and the ContextStore kept in it (--state-dir): what a restarted bridge loads.
+// StateDir and the ContextStore and McpServer kept in it (--state-dir): what a restarted
+// bridge loads, and what another local user can learn from the directory (nothing).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -8,28 +9,114 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "mcp_bridge/context_store.h"
+#include "mcp_bridge/mcp_server.h"
 #include "mcp_bridge/state_dir.h"
 
 namespace onlineps::bridge {
 namespace {
 
 namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string H(const std::string& key) { return StateDir::HashOf(key); }
+
+std::string Hex(const std::string& s) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string hex;
+  for (unsigned char c : s) hex += {kHex[c >> 4], kHex[c & 15]};
+  return hex;
+}
+
+mode_t ModeOf(const std::string& path) {
+  struct stat st;
+  EXPECT_EQ(::lstat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 0777;  // a folder in a setgid one is setgid too: harmless
+}
+
+std::string Slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// How files were named before hashing (state_dir.cc keeps its own copy to check them).
+std::string LegacyName(const std::string& key) {
+  std::string hex = Hex(key);
+  if (hex.size() > 160) {
+    uint64_t h = 1469598103934665603ULL;
+    for (unsigned char c : key) h = (h ^ c) * 1099511628211ULL;
+    hex.resize(128);
+    hex += '-';
+    for (int i = 60; i >= 0; i -= 4) hex += "0123456789abcdef"[(h >> i) & 15];
+  }
+  return hex + ".json";
+}
+
+// Checks what another user could learn from the directory: folders 0700, files 0600, and
+// no name or content showing a session id (nor its hex, as old names did). Returns how
+// many files there are, so that a check of an empty directory cannot pass unnoticed.
+size_t ExpectPrivate(const std::string& root, const std::vector<std::string>& ids) {
+  EXPECT_EQ(ModeOf(root), 0700u) << root;
+  size_t files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    const std::string text = e.is_regular_file() ? Slurp(e.path()) : "";
+    for (const std::string& id : ids) {
+      for (const std::string& shown : {id, Hex(id)}) {
+        EXPECT_EQ(name.find(shown), std::string::npos) << e.path();
+        EXPECT_EQ(text.find(shown), std::string::npos) << e.path() << ": " << text;
+      }
+    }
+    if (e.is_regular_file()) {
+      EXPECT_EQ(text.find("\"key\""), std::string::npos) << e.path() << ": " << text;
+      EXPECT_EQ(ModeOf(e.path()), 0600u) << e.path();
+      ++files;
+    } else {
+      EXPECT_EQ(ModeOf(e.path()), 0700u) << e.path();
+    }
+  }
+  return files;
+}
 
 class BridgeStateTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    old_umask_ = ::umask(022);  // the usual one: files would be 0644 unless asked otherwise
     std::string tmpl = ::testing::TempDir() + "/bridge_state.XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
     path_ = tmpl;
   }
-  void TearDown() override { fs::remove_all(path_); }
+  void TearDown() override {
+    fs::remove_all(path_);
+    ::umask(old_umask_);
+  }
   std::unique_ptr<StateDir> Open() {
-    auto d = StateDir::Open({path_, false}, {"contexts"});
+    auto d = StateDir::Open({path_, false}, {"contexts", "sessions"});
     EXPECT_TRUE(d.ok()) << d.status().ToString();
     return d.ok() ? std::move(*d) : nullptr;
+  }
+  std::string File(const StateDir& dir, const std::string& kind, const std::string& key) {
+    return dir.FileOf(kind, H(key));
+  }
+  std::unique_ptr<McpServer> Server(McpServerOptions o = {}) {
+    return std::make_unique<McpServer>(o, nullptr, nullptr, nullptr);
+  }
+  static Reply Send(McpServer* server, const std::string& principal, const std::string& sid,
+                    const std::string& method, json params = json::object()) {
+    Request req;
+    req.message = {{"jsonrpc", "2.0"}, {"id", 1}, {"method", method}, {"params", params}};
+    req.principal = principal;
+    req.session_id = sid;
+    return server->Handle(req);
+  }
+  static std::string Initialize(McpServer* server, const std::string& principal) {
+    return Send(server, principal, "", "initialize", {{"protocolVersion", "2025-06-18"}})
+        .new_session_id;
   }
   std::unique_ptr<ContextStore> Store(ContextStoreOptions o = {}) {
     return std::make_unique<ContextStore>(o, [this] { return now_; });
@@ -43,45 +130,63 @@ class BridgeStateTest : public ::testing::Test {
   }
   std::string path_;
   int64_t now_ = 5000;
+  mode_t old_umask_ = 0;
 };
 
-TEST_F(BridgeStateTest, RecordsRoundTripWhateverTheirKeys) {
+TEST_F(BridgeStateTest, RecordsAreNamedBySha256OfTheirKeys) {
+  // FIPS 180-2 test vectors.
+  EXPECT_EQ(H(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(H("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(H("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(H(std::string(1000000, 'a')),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
   auto dir = Open();
   const std::string long_key = "identity/s:" + std::string(300, 'x');
   const std::string near_key = "identity/s:" + std::string(299, 'x') + "y";
   for (const std::string& key : {std::string("alice/m:0a1b"), long_key, near_key}) {
-    ASSERT_TRUE(dir->Put("contexts", key, {{"n", key.size()}}).ok());
+    ASSERT_TRUE(dir->Put("contexts", H(key), {{"n", key.size()}}).ok());
+    EXPECT_EQ(fs::path(File(*dir, "contexts", key)).filename(), H(key) + ".json");
   }
-  EXPECT_NE(dir->FileOf("contexts", long_key), dir->FileOf("contexts", near_key));
+  EXPECT_FALSE(dir->Put("contexts", "alice/m:0a1b", {{"n", 1}}).ok());  // a key, not a hash
   std::map<std::string, size_t> got;
-  for (const auto& r : dir->Load("contexts")) got[r.key] = r.value["n"];
+  for (const auto& r : dir->Load("contexts")) got[r.hash] = r.value["n"];
   EXPECT_EQ(got.size(), 3u);
-  EXPECT_EQ(got[long_key], long_key.size());
-  EXPECT_EQ(got["alice/m:0a1b"], 12u);
-  dir->Remove("contexts", long_key);
+  EXPECT_EQ(got[H(long_key)], long_key.size());
+  EXPECT_EQ(got[H("alice/m:0a1b")], 12u);
+  dir->Remove("contexts", H(long_key));
   EXPECT_EQ(dir->Load("contexts").size(), 2u);
-  EXPECT_FALSE(dir->Touch("contexts", long_key));
-  EXPECT_TRUE(dir->Touch("contexts", near_key));
+  EXPECT_FALSE(dir->Touch("contexts", H(long_key)));
+  EXPECT_TRUE(dir->Touch("contexts", H(near_key)));
 }
 
 TEST_F(BridgeStateTest, UnreadableFilesAreSetAsideAndTheRestLoads) {
   auto dir = Open();
-  ASSERT_TRUE(dir->Put("contexts", "good", {{"items", {"a"}}}).ok());
-  const std::string good = dir->FileOf("contexts", "good");
-  const std::string other = dir->FileOf("contexts", "other");
-  const std::string renamed = dir->FileOf("contexts", "renamed");
-  std::ofstream(dir->FileOf("contexts", "torn")) << "{\"key\": \"torn\", \"items\": [";
+  ASSERT_TRUE(dir->Put("contexts", H("good"), {{"items", {"a"}}}).ok());
+  const std::string good = File(*dir, "contexts", "good");
+  const std::string torn = File(*dir, "contexts", "torn");
+  const std::string other = File(*dir, "contexts", "other");
+  const std::string renamed = File(*dir, "contexts", "renamed");
+  const std::string unnamed = path_ + "/contexts/" + Hex("alice/m:0a1b") + ".json";
+  std::ofstream(torn) << "{\"items\": [";
   std::ofstream(other) << "[1, 2]";
-  std::ofstream(renamed) << "{\"key\": \"good\"}";  // a file whose key is not its name
+  std::ofstream(renamed) << "{\"key\": \"good\"}";  // an old-format file not named by its key
+  std::ofstream(unnamed) << "{\"items\": [";        // neither format: its name may hold an id
+  // Torn, of the old format, with a hash's length: the hex of a session id.
+  const std::string old_torn = path_ + "/contexts/" + Hex(std::string(32, 'a')) + ".json";
+  std::ofstream(old_torn) << "{\"key\": \"aaaa";
   std::ofstream(good + ".tmp") << "half a write";
   dir = Open();  // a restart
   EXPECT_FALSE(fs::exists(good + ".tmp"));
   auto records = dir->Load("contexts");
   ASSERT_EQ(records.size(), 1u);
-  EXPECT_EQ(records[0].key, "good");
+  EXPECT_EQ(records[0].hash, H("good"));
   EXPECT_TRUE(fs::exists(other + ".bad"));
-  EXPECT_TRUE(fs::exists(renamed + ".bad"));
-  EXPECT_TRUE(fs::exists(dir->FileOf("contexts", "torn") + ".bad"));
+  EXPECT_TRUE(fs::exists(torn + ".bad"));
+  // Set aside, these would keep a key: they go.
+  EXPECT_FALSE(fs::exists(renamed) || fs::exists(renamed + ".bad"));
+  EXPECT_FALSE(fs::exists(unnamed) || fs::exists(unnamed + ".bad"));
+  EXPECT_FALSE(fs::exists(old_torn) || fs::exists(old_torn + ".bad"));
   EXPECT_TRUE(dir->Load("contexts").size() == 1u);  // set aside once, not again
 }
 
@@ -129,16 +234,16 @@ TEST_F(BridgeStateTest, ExpiryRemovesFilesAndOldFilesLoadExpired) {
     ASSERT_TRUE(s->Set("new", {"b"}, {}).ok());
     now_ += 30 * 1000;  // "old" is 70 s idle, "new" 30 s
     s->Expire();
-    EXPECT_FALSE(fs::exists(dir->FileOf("contexts", "old")));
-    EXPECT_TRUE(fs::exists(dir->FileOf("contexts", "new")));
+    EXPECT_FALSE(fs::exists(File(*dir, "contexts", "old")));
+    EXPECT_TRUE(fs::exists(File(*dir, "contexts", "new")));
     ASSERT_TRUE(s->Set("stale", {"c"}, {}).ok());
   }
-  Age(dir->FileOf("contexts", "stale"), 120);  // last used two minutes before the restart
+  Age(File(*dir, "contexts", "stale"), 120);  // last used two minutes before the restart
   auto s = Store(o);
   EXPECT_EQ(s->Persist(dir.get()), 1u);
   EXPECT_TRUE(s->Get("new").has_value());
   EXPECT_FALSE(s->Get("stale").has_value());
-  EXPECT_FALSE(fs::exists(dir->FileOf("contexts", "stale")));
+  EXPECT_FALSE(fs::exists(File(*dir, "contexts", "stale")));
   EXPECT_EQ(s->stats().expired, 1u);
 }
 
@@ -150,8 +255,8 @@ TEST_F(BridgeStateTest, SavedContextsPastTodaysLimitsAreDropped) {
     ASSERT_TRUE(s->Set("three", {"a", "b", "c"}, {}).ok());
     ASSERT_TRUE(s->Set("one", {"a"}, {}).ok());
   }
-  std::ofstream(dir->FileOf("contexts", "nan"))
-      << R"({"key": "nan", "items": [], "features": ["NaN"], "revision": 1})";
+  std::ofstream(File(*dir, "contexts", "nan"))
+      << R"({"items": [], "features": ["NaN"], "revision": 1})";
   ContextStoreOptions o;
   o.max_items = 2;
   auto s = Store(o);
@@ -159,7 +264,7 @@ TEST_F(BridgeStateTest, SavedContextsPastTodaysLimitsAreDropped) {
   EXPECT_TRUE(s->Get("one").has_value());
   EXPECT_FALSE(s->Get("three").has_value());
   EXPECT_FALSE(s->Get("nan").has_value());
-  EXPECT_FALSE(fs::exists(dir->FileOf("contexts", "three")));
+  EXPECT_FALSE(fs::exists(File(*dir, "contexts", "three")));
 }
 
 TEST_F(BridgeStateTest, AFailedSaveChangesNothing) {
@@ -219,6 +324,172 @@ TEST_F(BridgeStateTest, ConcurrentChangesLeaveTheDirectoryEqualToMemory) {
     EXPECT_EQ(mem->features, disk->features) << key;
     EXPECT_EQ(mem->revision, disk->revision) << key;
   }
+}
+
+TEST_F(BridgeStateTest, FoldersAre0700AndFiles0600WhateverTheUmask) {
+  const std::string root = path_ + "/nested/state/";
+  auto dir = StateDir::Open({root, false}, {"contexts", "sessions"});
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  EXPECT_EQ(ModeOf(path_ + "/nested/state"), 0700u);
+  const std::string file = (*dir)->FileOf("contexts", H("a"));
+  std::ofstream(file + ".tmp") << "left by a crash";  // 0644: a write must not keep it
+  ASSERT_EQ(ModeOf(file + ".tmp"), 0644u);
+  ASSERT_TRUE((*dir)->Put("contexts", H("a"), {{"items", {"x"}}}).ok());
+  ASSERT_TRUE((*dir)->Put("sessions", H("b"), {{"version", "2025-06-18"}}).ok());
+  EXPECT_EQ(ExpectPrivate(root, {}), 2u);
+}
+
+TEST_F(BridgeStateTest, AnExistingDirectoryOpenToOthersIsTightened) {
+  fs::create_directories(path_ + "/contexts");
+  ASSERT_EQ(::chmod(path_.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod((path_ + "/contexts").c_str(), 0755), 0);  // as older bridges made them
+  std::ofstream(path_ + "/contexts/" + H("a") + ".json") << R"({"items": []})";
+  auto dir = Open();
+  EXPECT_EQ(ModeOf(path_), 0700u);
+  EXPECT_EQ(ModeOf(path_ + "/contexts"), 0700u);
+  EXPECT_EQ(ModeOf(path_ + "/sessions"), 0700u);
+  EXPECT_EQ(dir->Load("contexts").size(), 1u);
+}
+
+TEST_F(BridgeStateTest, FoldersOthersControlAreRefused) {
+  fs::create_directory(path_ + "/elsewhere");
+  fs::create_directory_symlink(path_ + "/elsewhere", path_ + "/contexts");
+  auto d = StateDir::Open({path_, false}, {"contexts"});
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find(path_ + "/contexts is not a directory"), std::string::npos)
+      << d.status().ToString();
+  fs::remove(path_ + "/contexts");
+  if (::geteuid() != 0) GTEST_SKIP() << "giving a folder to another user needs root";
+  fs::create_directory(path_ + "/contexts");
+  ASSERT_EQ(::chown((path_ + "/contexts").c_str(), 4242, 4242), 0);
+  d = StateDir::Open({path_, false}, {"contexts"});
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("belongs to uid 4242"), std::string::npos)
+      << d.status().ToString();
+  // DIR itself may be another user's, shared through its group (a volume's root): the
+  // kind folders keep others out. Writable by anyone, it is refused.
+  fs::remove(path_ + "/contexts");
+  const std::string top = path_ + "/volume";
+  fs::create_directory(top);
+  ASSERT_EQ(::chown(top.c_str(), 4242, 4242), 0);
+  ASSERT_EQ(::chmod(top.c_str(), 02775), 0);
+  d = StateDir::Open({top, false}, {"contexts"});
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(ModeOf(top), 0775u);  // left as it is
+  EXPECT_EQ(ModeOf(top + "/contexts"), 0700u);
+  ASSERT_EQ(::chmod(top.c_str(), 0777), 0);
+  d = StateDir::Open({top, false}, {"contexts"});
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find(top), std::string::npos) << d.status().ToString();
+}
+
+TEST_F(BridgeStateTest, NoFileShowsASessionIdYetARestartFindsItsRecords) {
+  std::string sid;
+  {
+    auto dir = Open();
+    auto server = Server();
+    server->Persist(dir.get());
+    auto store = Store();
+    store->Persist(dir.get());
+    sid = Initialize(server.get(), "alice");
+    ASSERT_EQ(sid.size(), 32u);
+    ASSERT_EQ(
+        Send(server.get(), "alice", sid, "logging/setLevel", {{"level", "debug"}}).http_status,
+        200);
+    ASSERT_TRUE(store->Set("alice/m:" + sid, {"likes thrillers"}, {0.5f}).ok());
+    ASSERT_TRUE(store->Set("alice/s:notes", {"named"}, {}).ok());
+    EXPECT_EQ(ExpectPrivate(path_, {sid}), 3u);
+  }
+  auto dir = Open();  // a restart: the records are known by hash only
+  auto server = Server();
+  EXPECT_EQ(server->Persist(dir.get()), 1u);
+  auto store = Store();
+  EXPECT_EQ(store->Persist(dir.get()), 2u);
+  EXPECT_TRUE(server->HasSession(sid, "alice"));
+  EXPECT_FALSE(server->HasSession(sid, "bob"));
+  EXPECT_EQ(Send(server.get(), "bob", sid, "ping").http_status, 404);  // still Alice's
+  EXPECT_EQ(Send(server.get(), "alice", std::string(32, '0'), "ping").http_status, 404);
+  Reply pong = Send(server.get(), "alice", sid, "ping");
+  EXPECT_EQ(pong.http_status, 200) << pong.body.dump();
+  EXPECT_TRUE(pong.body.contains("result")) << pong.body.dump();
+  EXPECT_EQ(server->sessions(), 1u);
+  auto c = store->Get("alice/m:" + sid);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->items, std::vector<std::string>{"likes thrillers"});
+  EXPECT_EQ(c->features, std::vector<float>{0.5f});
+  EXPECT_TRUE(store->Get("alice/s:notes").has_value());
+  EXPECT_EQ(ExpectPrivate(path_, {sid}), 3u);
+  EXPECT_TRUE(server->EndSession(sid, "alice"));
+  EXPECT_FALSE(fs::exists(File(*dir, "sessions", sid)));
+  EXPECT_EQ(server->sessions(), 0u);
+}
+
+TEST_F(BridgeStateTest, ARestoredSessionNeverUsedAgainExpires) {
+  McpServerOptions o;
+  o.session_idle = std::chrono::seconds(2);
+  std::string sid;
+  {
+    auto dir = Open();
+    auto server = Server(o);
+    server->Persist(dir.get());
+    sid = Initialize(server.get(), "alice");
+    Age(File(*dir, "sessions", sid), 1);
+  }
+  auto dir = Open();
+  auto server = Server(o);
+  EXPECT_EQ(server->Persist(dir.get()), 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  server->ExpireIdle();
+  EXPECT_EQ(server->sessions(), 0u);
+  EXPECT_FALSE(fs::exists(File(*dir, "sessions", sid)));
+  EXPECT_EQ(Send(server.get(), "alice", sid, "ping").http_status, 404);
+}
+
+TEST_F(BridgeStateTest, OldFormatFilesAreConvertedKeepingTheirLastUse) {
+  const std::string sid = "0123456789abcdef0123456789abcdef";
+  const std::string named = "alice/s:" + std::string(100, 'n');  // a long key: a shortened name
+  const std::string guessable = "session-1";                     // never an id this bridge makes
+  const std::vector<std::pair<std::string, std::string>> old = {{"sessions", sid},
+                                                                {"sessions", guessable},
+                                                                {"contexts", "alice/m:" + sid},
+                                                                {"contexts", named}};
+  fs::create_directories(path_ + "/sessions");
+  fs::create_directories(path_ + "/contexts");
+  const std::map<std::string, json> values = {
+      {"sessions",
+       {{"principal", "alice"},
+        {"version", "2025-06-18"},
+        {"log_level", ""},
+        {"client_capabilities", json::object()}}},
+      {"contexts", {{"items", {"likes thrillers"}}, {"features", {0.5}}, {"revision", 7}}}};
+  for (const auto& [kind, key] : old) {
+    json v = values.at(kind);
+    v["key"] = key;
+    const std::string file = path_ + "/" + kind + "/" + LegacyName(key);
+    std::ofstream(file) << v.dump();
+    Age(file, 100);
+  }
+  auto dir = Open();
+  auto server = Server();
+  EXPECT_EQ(server->Persist(dir.get()), 2u);
+  auto store = Store();
+  EXPECT_EQ(store->Persist(dir.get()), 2u);
+  EXPECT_EQ(ExpectPrivate(path_, {sid}), 4u);  // the old names are gone, with the keys
+  for (const auto& [kind, key] : old) {
+    const std::string file = File(*dir, kind, key);
+    EXPECT_FALSE(fs::exists(path_ + "/" + kind + "/" + LegacyName(key)));
+    ASSERT_TRUE(fs::exists(file)) << kind << " " << key;
+    struct stat st;
+    ASSERT_EQ(::stat(file.c_str(), &st), 0);
+    EXPECT_GE(::time(nullptr) - st.st_mtim.tv_sec, 99) << "the last use carries over";
+  }
+  EXPECT_EQ(Send(server.get(), "alice", sid, "ping").http_status, 200);
+  EXPECT_EQ(Send(server.get(), "alice", guessable, "ping").http_status, 404);
+  auto c = store->Get("alice/m:" + sid);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->items, std::vector<std::string>{"likes thrillers"});
+  EXPECT_EQ(c->revision, 7u);
+  EXPECT_TRUE(store->Get(named).has_value());
 }
 
 }  // namespace
