@@ -724,12 +724,12 @@ void AdminServer::Impl::Admit(int fd, const sockaddr_storage& addr) {
 }
 
 void AdminServer::Impl::Refuse(int fd, Refusal why) {
+  metrics_.Refused(why);                       // before the client can see the answer
   const std::string& res = RefusalResponse();  // best effort: fits any socket buffer
   if (send(fd, res.data(), res.size(), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
     // The client is gone already; it is refused all the same.
   }
   close(fd);
-  metrics_.Refused(why);
 }
 
 // Out of descriptors, a pending connection keeps the listening socket readable and would
