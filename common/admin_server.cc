@@ -20,6 +20,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <ctime>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -296,9 +297,19 @@ std::string ErrorBody(int status) {
   return body + "\n";
 }
 
+// RFC 9110 6.6.1: an origin server with a clock sends Date.
+std::string HttpDate() {
+  std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[64];
+  return std::string(text, std::strftime(text, sizeof(text), "%a, %d %b %Y %H:%M:%S GMT", &utc));
+}
+
 std::string Serialize(const Response& res, bool head, bool keep_alive, int minor_version) {
   std::string out = "HTTP/1.1 " + std::to_string(res.status) + " ";
-  out.append(ReasonPhrase(res.status)).append("\r\nContent-Type: ").append(res.content_type);
+  out.append(ReasonPhrase(res.status)).append("\r\nDate: ").append(HttpDate());
+  out.append("\r\nContent-Type: ").append(res.content_type);
   out += "\r\nContent-Length: " + std::to_string(res.body.size()) + "\r\n";
   if (res.allow) out += "Allow: GET, HEAD\r\n";
   if (!keep_alive) {
@@ -309,12 +320,6 @@ std::string Serialize(const Response& res, bool head, bool keep_alive, int minor
   out += "\r\n";
   if (!head) out += res.body;
   return out;
-}
-
-const std::string& RefusalResponse() {
-  static const std::string* kResponse =
-      new std::string(Serialize(Text(503, "too many connections\n"), false, false, 1));
-  return *kResponse;
 }
 
 // ---- The server's own metrics.
@@ -724,11 +729,10 @@ void AdminServer::Impl::Admit(int fd, const sockaddr_storage& addr) {
 }
 
 void AdminServer::Impl::Refuse(int fd, Refusal why) {
-  metrics_.Refused(why);                       // before the client can see the answer
-  const std::string& res = RefusalResponse();  // best effort: fits any socket buffer
-  if (send(fd, res.data(), res.size(), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
-    // The client is gone already; it is refused all the same.
-  }
+  metrics_.Refused(why);  // before the client can see the answer
+  const std::string res = Serialize(Text(503, "too many connections\n"), false, false, 1);
+  // Best effort: a fresh socket's buffer holds it, unless the client is gone already.
+  (void)send(fd, res.data(), res.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   close(fd);
 }
 
