@@ -18,11 +18,14 @@
 #   --optimizer NAME   sgd | adagrad | ftrl | adam for the model's tables (default sgd)
 #   --staleness NAME   none | lr_over_tau | dc_constant | dc_adaptive for the model's tables
 #                      and the PS workload (default lr_over_tau)
+#   --replicas R       replicas per shard (default 1: not replicated). With 2 or more, a
+#                      local etcd starts on P+500 (temporary data dir) and replica r of
+#                      shard i listens on P+i+20r (admin P+100+i+20r); at most 20 shards
 #   --exit             stop after the demo instead of serving until Ctrl-C
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 shards=2 workers=2 steps=300 base_port=7000 mcp_port=7400 staleness=lr_over_tau keep=1
-model=text optimizer=sgd
+model=text optimizer=sgd replicas=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --shards) shards=$2; shift 2 ;;
@@ -33,12 +36,19 @@ while [ $# -gt 0 ]; do
     --model) model=$2; shift 2 ;;
     --optimizer) optimizer=$2; shift 2 ;;
     --mcp-port) mcp_port=$2; shift 2 ;;
+    --replicas) replicas=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     --exit) keep=0; shift ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_local: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+if ! [[ "$replicas" =~ ^[1-5]$ ]]; then
+  echo "run_local: --replicas must be 1 to 5, got '$replicas'" >&2; exit 2
+fi
+if [ "$replicas" -gt 1 ] && [ "$shards" -gt 20 ]; then
+  echo "run_local: with --replicas, at most 20 shards (ports P+i+20r)" >&2; exit 2
+fi
 case "$model" in
   text) model_flags=(--model text --labels "negative,positive" --lr 1.0) ;;
   mlp) model_flags=(--model mlp --input-dim 64 --hidden 32 --labels "0,1,2,3,4,5,6,7,8,9" --lr 0.05) ;;
@@ -50,25 +60,59 @@ esac
 bin=${ONLINEPS_BUILD_DIR:-$root/build}/bin
 data=$(mktemp -d /tmp/onlineps-local.XXXXXX)
 pids=()
+etcd_pid=""
 cleanup() {
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  # etcd last: stopping replicas hand their leadership over through it.
+  if [ -n "$etcd_pid" ]; then kill -TERM "$etcd_pid" 2>/dev/null || true; wait "$etcd_pid" 2>/dev/null || true; fi
   echo "run_local: cluster stopped (checkpoints in $data)"
 }
 trap cleanup EXIT
 trap 'exit 0' INT TERM
 
+replica_flags=()
+if [ "$replicas" -gt 1 ]; then
+  etcd_url="http://127.0.0.1:$((base_port + 500))"
+  etcd_peer="http://127.0.0.1:$((base_port + 501))"
+  etcd --name local --data-dir "$data/etcd" --listen-client-urls "$etcd_url" \
+    --advertise-client-urls "$etcd_url" --listen-peer-urls "$etcd_peer" \
+    --initial-advertise-peer-urls "$etcd_peer" --initial-cluster "local=$etcd_peer" \
+    --logger zap --log-level error >"$data/etcd.out" 2>&1 &
+  etcd_pid=$!
+  for _ in $(seq 100); do
+    curl -sf -X POST "$etcd_url/v3/kv/range" -d '{"key":"AA=="}' >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  if ! curl -sf -X POST "$etcd_url/v3/kv/range" -d '{"key":"AA=="}' >/dev/null 2>&1; then
+    echo "run_local: etcd did not start on $etcd_url:" >&2
+    tail -5 "$data/etcd.out" >&2
+    exit 1
+  fi
+  echo "run_local: etcd on $etcd_url (replica membership and elections)"
+  replica_flags=(--etcd "$etcd_url" --replica-lease-ms 2000)
+fi
+
 endpoints=()
 for ((i = 0; i < shards; i++)); do
-  port=$((base_port + i))
-  "$bin/onlineps_ps" --shard-index "$i" --num-shards "$shards" \
-    --listen "tcp://127.0.0.1:$port" --admin-port $((base_port + 100 + i)) \
-    --checkpoint-dir "$data" --log-level warn >"$data/shard-$i.out" 2>&1 &
-  pids+=($!)
-  endpoints+=("tcp://127.0.0.1:$port")
+  group=()
+  for ((r = 0; r < replicas; r++)); do group+=("tcp://127.0.0.1:$((base_port + i + 20 * r))"); done
+  for ((r = 0; r < replicas; r++)); do
+    port=$((base_port + i + 20 * r))
+    extra=()
+    if [ "$replicas" -gt 1 ]; then
+      extra=(--replicas "$(IFS=,; echo "${group[*]}")" --replica-index "$r" "${replica_flags[@]}")
+    fi
+    mkdir -p "$data/r$r"
+    "$bin/onlineps_ps" --shard-index "$i" --num-shards "$shards" \
+      --listen "tcp://127.0.0.1:$port" --admin-port $((base_port + 100 + i + 20 * r)) \
+      --checkpoint-dir "$data/r$r" --log-level warn "${extra[@]}" >"$data/shard-$i-$r.out" 2>&1 &
+    pids+=($!)
+  done
+  endpoints+=("$(IFS='|'; echo "${group[*]}")")
 done
 list=$(IFS=,; echo "${endpoints[*]}")
-echo "run_local: $shards shard(s) on $list"
+echo "run_local: $shards shard(s) x $replicas replica(s) on $list"
 for ((i = 0; i < shards; i++)); do
   echo "run_local:   shard $i metrics: http://127.0.0.1:$((base_port + 100 + i))/metrics"
 done

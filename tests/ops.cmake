@@ -38,3 +38,9 @@ foreach(check json-logs precedence docs-flags final-checkpoint)
     TIMEOUT 180
     LABELS "ops")
 endforeach()
+# The run command with replicated shards on a local etcd: kill -9 of a primary mid-service.
+add_test(NAME Ops.RunLocalReplicatedSurvivesKill9
+         COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/run_local_test.py --replicas 2
+                 --base-port 18000 --mcp-port 18400)
+set_tests_properties(Ops.RunLocalReplicatedSurvivesKill9 PROPERTIES TIMEOUT 900 LABELS "ops"
+                     ENVIRONMENT "ONLINEPS_BUILD_DIR=${CMAKE_BINARY_DIR}")
