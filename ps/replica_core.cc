@@ -247,6 +247,7 @@ void ReplicaCore::ApplyView(uint64_t now, const std::vector<KvEntry>& entries) {
         reg.lsn = JsonU64(j, "lsn");
         reg.need = j.value("need", false);
         reg.data = j.value("data", false);
+        reg.mod_revision = e.mod_revision;
         v.members[static_cast<uint32_t>(std::stoul(idx))] = reg;
       }
     } catch (const json::exception& ex) {
@@ -397,15 +398,32 @@ void ReplicaCore::MaybeCampaign(uint64_t now) {
     // continued by a stream (need_snapshot_: its followers then reload from it).
     if (InIsr(view_)) return Campaign(now, false, "in-sync replica");
     // Every ISR member came back as a new incarnation: their memory is gone, so the most
-    // recent state anywhere is the best that is left.
+    // recent state anywhere is the best that is left. A member is known gone when its
+    // index registered another incarnation after the ISR was written (a replica registers
+    // before it can enter the ISR, so an older registration of another incarnation may be
+    // a predecessor's that outlived it).
+    auto mine = view_.members.find(config_.index);
+    if (mine != view_.members.end() && mine->second.mod_revision < view_.isr_mod_revision) {
+      if (now - last_register_ms_ >= config_.heartbeat_ms) Register(now);  // seen as alive
+      return;
+    }
     std::string isr_text;
     for (const Member& m : view_.isr) {
       isr_text +=
           (isr_text.empty() ? "" : ",") + std::to_string(m.index) + "@" + Hex(m.incarnation);
+    }
+    for (const Member& m : view_.isr) {
       auto reg = view_.members.find(m.index);
-      if (reg == view_.members.end() || reg->second.incarnation == m.incarnation) {
+      if (reg == view_.members.end() || reg->second.incarnation == m.incarnation ||
+          reg->second.mod_revision < view_.isr_mod_revision) {
         return wait("waiting for an in-sync replica (ISR " + isr_text + ")");
       }
+    }
+    // An unclean election is the last resort: rank everyone, so wait for every replica to
+    // register (or bootstrap_wait_ms), as a replica whose lease lapsed re-registers.
+    const bool all = view_.members.size() >= config_.members.size();
+    if (!all && now - leaderless_since_ms_ < config_.bootstrap_wait_ms) {
+      return wait("every in-sync replica restarted; waiting for all replicas to register");
     }
     if (best() == config_.index) {
       return Campaign(now, true,
@@ -457,12 +475,29 @@ void ReplicaCore::Won(uint64_t now, uint64_t epoch, bool unclean) {
   }
   start_log_epoch_ = log_epoch_;
   start_lsn_ = lsn_;
-  committed_ = lsn_;
+  // Unknown until the members kept in the ISR acknowledge: a retried push already in this
+  // replica's state (a duplicate) is answered only once they have it too.
+  committed_ = 0;
   log_.clear();
   for (Follower& f : followers_) {
     f = Follower{};
     f.next = lsn_ + 1;
     f.last_ack_ms = now;
+  }
+  // The members of the old ISR that etcd still sees alive stay in it, counted for commits
+  // from the start: each holds every acknowledged update, so the ISR never shrinks to a
+  // new primary alone while others could take over. One that cannot follow this primary's
+  // history reloads, and leaves the ISR meanwhile.
+  for (const Member& m : view_.isr) {
+    auto reg = view_.members.find(m.index);
+    if (m.index == config_.index || m.index >= followers_.size() || reg == view_.members.end() ||
+        reg->second.incarnation != m.incarnation) {
+      continue;
+    }
+    Follower& f = followers_[m.index];
+    f.inc_known = true;
+    f.inc = m.incarnation;
+    f.want = true;
   }
   isr_.clear();
   isr_writing_.clear();
@@ -479,7 +514,7 @@ void ReplicaCore::Won(uint64_t now, uint64_t epoch, bool unclean) {
 void ReplicaCore::WriteIsr(uint64_t now) {
   if (isr_id_ != 0) return;
   std::vector<Member> desired{Member{config_.index, config_.incarnation}};
-  if (role_ == Role::kPrimary) {
+  {
     for (size_t m = 0; m < followers_.size(); ++m) {
       if (m != config_.index && followers_[m].want) {
         desired.push_back(Member{static_cast<uint32_t>(m), followers_[m].inc});
@@ -868,6 +903,12 @@ ReplicaCore::Action ReplicaCore::BeginMessage(uint64_t now, const Header& h, con
     *reply = Refuse(h, StatusCode::kUnavailable, "replica not running");
     return Action::kReply;
   }
+  if (!registered_ && h.op != Op::kReplStatus) {
+    // Registered first, so that whenever this incarnation is in the ISR, etcd has seen it
+    // (the test for "every ISR member is gone" relies on it).
+    *reply = Refuse(h, StatusCode::kUnavailable, "replica not registered in etcd yet");
+    return Action::kReply;
+  }
   if (h.op == Op::kReplStatus) {
     if ((h.flags & kFlagLeaving) && (role_ == Role::kPrimary || role_ == Role::kEstablishing) &&
         h.sender < followers_.size() && h.sender != config_.index) {
@@ -917,6 +958,12 @@ ReplicaCore::Action ReplicaCore::BeginMessage(uint64_t now, const Header& h, con
       *reply = Refuse(h, StatusCode::kMalformed, "snapshot without a state frame");
       return Action::kReply;
     }
+    if (!need_snapshot_ && synced_epoch_ == h.epoch && h.seq <= lsn_) {
+      // A duplicate or delayed snapshot of this primary's history: loading it would take
+      // this replica back in time, under updates it has already acknowledged.
+      *reply = StatusReply(h);
+      return Action::kReply;
+    }
     applying_ = true;
     return Action::kLoad;
   }
@@ -962,6 +1009,7 @@ Header ReplicaCore::FinishMessage(uint64_t now, const Header& h, const Status& o
       log_epoch_ = h.base_version;
       need_snapshot_ = false;
       has_data_ = true;
+      synced_epoch_ = h.epoch;
       counters_.snapshots_loaded++;
       spdlog::info("replica {}: loaded a snapshot at lsn {} of epoch {}", config_.index, h.seq,
                    h.epoch);
@@ -973,6 +1021,7 @@ Header ReplicaCore::FinishMessage(uint64_t now, const Header& h, const Status& o
     lsn_ = h.seq;
     log_epoch_ = h.epoch;
     has_data_ = true;
+    synced_epoch_ = h.epoch;
   } else {
     // The primary applied it; failing here means the states differ: start over.
     need_snapshot_ = true;

@@ -177,6 +177,7 @@ class ReplicaCore {
   struct Registration {
     uint64_t incarnation = 0, log_epoch = 0, lsn = 0;
     bool need = false, data = false;
+    uint64_t mod_revision = 0;  // when it was written (read from the store)
   };
   struct View {  // the group as last read from the KvStore
     bool has_leader = false, has_isr = false;
@@ -265,6 +266,9 @@ class ReplicaCore {
   bool need_snapshot_ = false;
   bool applying_ = false;  // between BeginMessage and FinishMessage: no campaign
   bool has_data_ = false;  // restored a checkpoint, or applied or logged an update
+  // Epoch of the primary whose history this backup continues (it loaded that primary's
+  // snapshot or applied one of its entries): its older snapshots are stale.
+  uint64_t synced_epoch_ = 0;
   // Entries that overtook an earlier one (at most `window`), by lsn.
   std::map<uint64_t, std::pair<Header, Frames>> early_;
 
