@@ -145,6 +145,19 @@ void AddToolFlags(CLI::App& app, Flags* f) {
                  "Examples per infer or learn call (an infer goes to the worker in one call: keep "
                  "it at most the worker's --max-batch)")
       ->capture_default_str();
+  app.add_option("--max-text-bytes", f->tools.max_text_bytes,
+                 "Bytes of the text of one example (at most the worker's --max-text-bytes)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--max-tokens", f->tools.max_tokens,
+                 "Words in the texts of one worker call: an infer, or a learn's --learn-chunk "
+                 "examples (at most the worker's --max-tokens)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--max-features", f->tools.max_features,
+                 "Feature values of one example (at most the worker's --max-features)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 30))
+      ->capture_default_str();
   app.add_option("--learn-chunk", f->tools.learn_chunk,
                  "Examples per worker call of a learn; progress is reported after each")
       ->check(CLI::Range(size_t{1}, size_t{65536}))

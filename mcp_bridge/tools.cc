@@ -5,6 +5,7 @@
 #include <set>
 
 #include "mcp_bridge/tool_schemas.h"
+#include "worker/request_limits.h"
 
 namespace onlineps::bridge {
 
@@ -32,8 +33,24 @@ std::string CheckKeys(const json& args, const std::set<std::string>& allowed,
   return "";
 }
 
-std::string CheckFeatures(const json& f, const std::string& where) {
+// The limits the bridge checks for its workers, with the worker's own messages.
+worker::RequestLimits LimitsOf(const ToolsOptions& o) {
+  worker::RequestLimits l;
+  l.max_batch = o.max_examples;
+  l.max_text_bytes = o.max_text_bytes;
+  l.max_tokens = o.max_tokens;
+  l.max_features = o.max_features;
+  return l;
+}
+
+// An example's features also against `limits` (a context's have their own bound).
+std::string CheckFeatures(const json& f, const std::string& where,
+                          const worker::RequestLimits* limits = nullptr) {
   if (!f.is_array()) return where + " must be an array of numbers";
+  if (Status st = limits ? worker::CheckFeatureCount(f.size(), where, *limits) : Status::Ok();
+      !st.ok()) {
+    return st.message();
+  }
   for (size_t i = 0; i < f.size(); ++i) {
     if (!f[i].is_number() || !std::isfinite(f[i].get<double>())) {
       return where + "[" + std::to_string(i) + "] is not a finite number";
@@ -44,7 +61,8 @@ std::string CheckFeatures(const json& f, const std::string& where) {
 
 // One example: exactly one of text / features, plus label when `labelled`. `where`
 // names it in messages ("examples[3]"); empty for the call's own top-level example.
-std::string CheckExample(const json& e, const std::string& where, bool labelled, size_t max_text) {
+std::string CheckExample(const json& e, const std::string& where, bool labelled,
+                         const worker::RequestLimits& limits) {
   auto field = [&](const std::string& f) { return where.empty() ? f : where + "." + f; };
   const std::string self = where.empty() ? "the call" : where;
   if (!e.is_object()) return self + " must be an object";
@@ -57,10 +75,11 @@ std::string CheckExample(const json& e, const std::string& where, bool labelled,
   if (text == features) return self + " needs exactly one of 'text' or 'features'";
   if (text) {
     if (!e["text"].is_string()) return field("text") + " must be a string";
-    if (e["text"].get_ref<const std::string&>().size() > max_text) {
-      return field("text") + " is longer than " + std::to_string(max_text) + " bytes";
+    const size_t bytes = e["text"].get_ref<const std::string&>().size();
+    if (Status st = worker::CheckTextBytes(bytes, field("text"), limits); !st.ok()) {
+      return st.message();
     }
-  } else if (std::string m = CheckFeatures(e["features"], field("features")); !m.empty()) {
+  } else if (std::string m = CheckFeatures(e["features"], field("features"), &limits); !m.empty()) {
     return m;
   }
   if (labelled) {
@@ -74,7 +93,7 @@ std::string CheckExample(const json& e, const std::string& where, bool labelled,
 }
 
 // The examples of an infer or learn call: `examples`, or one at top level.
-StatusOr<json> ExamplesOf(const json& args, bool labelled, size_t max_examples, size_t max_text) {
+StatusOr<json> ExamplesOf(const json& args, bool labelled, const worker::RequestLimits& limits) {
   json examples = json::array();
   if (args.contains("examples")) {
     if (args.contains("text") || args.contains("features") || args.contains("label")) {
@@ -83,13 +102,11 @@ StatusOr<json> ExamplesOf(const json& args, bool labelled, size_t max_examples, 
     const json& ex = args["examples"];
     if (!ex.is_array() || ex.empty())
       return InvalidArgument("'examples' must be a non-empty array");
-    if (ex.size() > max_examples) {
-      return InvalidArgument("'examples' has " + std::to_string(ex.size()) + " items; at most " +
-                             std::to_string(max_examples) + " per call (--max-examples)");
+    if (Status st = worker::CheckBatchSize(ex.size(), limits, "--max-examples"); !st.ok()) {
+      return InvalidArgument("'examples': " + st.message());
     }
     for (size_t i = 0; i < ex.size(); ++i) {
-      std::string m =
-          CheckExample(ex[i], "examples[" + std::to_string(i) + "]", labelled, max_text);
+      std::string m = CheckExample(ex[i], "examples[" + std::to_string(i) + "]", labelled, limits);
       if (!m.empty()) return InvalidArgument(m);
     }
     return ex;
@@ -102,10 +119,32 @@ StatusOr<json> ExamplesOf(const json& args, bool labelled, size_t max_examples, 
     return InvalidArgument(std::string("give 'text', 'features' or 'examples'") +
                            (labelled ? " with a 'label'" : ""));
   }
-  std::string m = CheckExample(one, "", labelled, max_text);
+  std::string m = CheckExample(one, "", labelled, limits);
   if (!m.empty()) return InvalidArgument(m);
   examples.push_back(std::move(one));
   return examples;
+}
+
+// The words of text in each worker call the examples are sent in (`chunk` examples a
+// call), against --max-tokens, before any call is made: a learn is refused whole rather
+// than after some of its chunks were learned.
+Status CheckWords(const json& examples, size_t chunk, const worker::RequestLimits& limits) {
+  for (size_t begin = 0; begin < examples.size(); begin += chunk) {
+    const size_t end = std::min(examples.size(), begin + chunk);
+    size_t words = 0;
+    for (size_t i = begin; i < end; ++i) {
+      const auto text = examples[i].find("text");
+      if (text != examples[i].end())
+        words += worker::CountWords(text->get_ref<const std::string&>());
+    }
+    const bool whole = begin == 0 && end == examples.size();
+    ONLINEPS_RETURN_IF_ERROR(
+        worker::CheckTokens(words, limits,
+                            whole ? "request"
+                                  : "worker call of examples " + std::to_string(begin) + ".." +
+                                        std::to_string(end - 1) + " (--learn-chunk)"));
+  }
+  return Status::Ok();
 }
 
 std::string WorkerError(const Status& s) { return s.ToString(); }
@@ -180,8 +219,12 @@ ToolResult Tools::Infer(const ToolCall& c) {
       !m.empty()) {
     return Error(m);
   }
-  auto examples = ExamplesOf(c.arguments, false, options_.max_examples, options_.max_text_bytes);
+  auto examples = ExamplesOf(c.arguments, false, LimitsOf(options_));
   if (!examples.ok()) return Error(examples.status().message());
+  // An infer is one worker call.
+  if (Status st = CheckWords(*examples, examples->size(), LimitsOf(options_)); !st.ok()) {
+    return Error(st.message());
+  }
   auto r = backend_->Call(c.session, Op::kInfer, {{"examples", *examples}});
   if (!r.ok()) return Error("infer failed: " + WorkerError(r.status()));
   auto labels_ptr = pool_->Labels(r->worker);
@@ -229,9 +272,12 @@ ToolResult Tools::Learn(const ToolCall& c) {
       !m.empty()) {
     return Error(m);
   }
-  auto examples = ExamplesOf(c.arguments, true, options_.max_examples, options_.max_text_bytes);
+  auto examples = ExamplesOf(c.arguments, true, LimitsOf(options_));
   if (!examples.ok()) return Error(examples.status().message());
   const size_t total = examples->size(), chunk = std::max<size_t>(1, options_.learn_chunk);
+  if (Status st = CheckWords(*examples, chunk, LimitsOf(options_)); !st.ok()) {
+    return Error(st.message());
+  }
   size_t done = 0, chunks = 0;
   double loss_sum = 0;
   int64_t version = 0, tau = 0;

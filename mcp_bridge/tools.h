@@ -22,9 +22,14 @@
 namespace onlineps::bridge {
 
 struct ToolsOptions {
-  size_t max_examples = 1024;  // per learn or infer call; at most the worker's --max-batch
-  size_t learn_chunk = 64;     // examples per worker call; progress is sent after each
+  size_t max_examples = 256;  // per learn or infer call; at most the worker's --max-batch
+  size_t learn_chunk = 64;    // examples per worker call; progress is sent after each
+  // Per example (text bytes, feature values) and per worker call (words of text), with
+  // the worker's messages and flag names; each at most the worker's flag of that name,
+  // so that what the bridge sends the worker accepts.
   size_t max_text_bytes = 64 * 1024;
+  size_t max_tokens = 32 * 1024;
+  size_t max_features = 4096;
 };
 
 // One tools/call as the tools see it.

@@ -8,6 +8,7 @@
 
 #include "mcp_bridge/tools.h"
 #include "tests/bridge_cluster.h"
+#include "worker/request_limits.h"
 
 namespace onlineps::testing {
 namespace {
@@ -246,6 +247,61 @@ TEST_F(BridgeHttpTest, LargestDefaultInferIsServedAndOneMoreIsRefused) {
   EXPECT_TRUE(r.value("isError", false));
   EXPECT_NE(r["content"][0]["text"].get<std::string>().find("--max-examples"), std::string::npos)
       << r.dump().substr(0, 400);
+}
+
+// The bridge's size limits default to the worker's (worker/request_limits.h) and are
+// checked with the worker's messages: an infer at every text limit at once is served by
+// a default worker; one byte or one word more is refused by the bridge, naming the flag.
+TEST_F(BridgeHttpTest, InferAtTheTextLimitsIsServedAndOneMoreByteOrWordIsRefused) {
+  const bridge::ToolsOptions tools;
+  const worker::RequestLimits limits;
+  EXPECT_LE(tools.max_examples, limits.max_batch);
+  EXPECT_LE(tools.max_text_bytes, limits.max_text_bytes);
+  EXPECT_LE(tools.max_tokens, limits.max_tokens);
+  EXPECT_LE(tools.max_features, limits.max_features);
+  McpHttp c(Start());
+  ASSERT_FALSE(c.Initialize().empty());
+  // 4 texts of 8,192 words (32,768 in all); the last one exactly max_text_bytes long.
+  json examples = json::array();
+  for (int i = 0; i < 4; ++i) {
+    std::string t;
+    for (int w = 0; w < 8192; ++w) t += (w ? " " : "") + std::string(1, static_cast<char>('a' + i));
+    if (i == 3) t += std::string(tools.max_text_bytes - t.size(), 'z');  // a longer last word
+    examples.push_back({{"text", t}});
+  }
+  ASSERT_EQ(examples[3]["text"].get<std::string>().size(), tools.max_text_bytes);
+  json r = c.Call("infer", {{"examples", examples}});
+  ASSERT_FALSE(r.value("isError", true)) << r.dump().substr(0, 400);
+  EXPECT_EQ(r["structuredContent"]["predictions"].size(), 4u);
+
+  auto refused = [&](json ex, const std::string& says) {
+    json r = c.Call("infer", {{"examples", ex}});
+    EXPECT_TRUE(r.value("isError", false)) << says;
+    const std::string text = r["content"][0]["text"];
+    EXPECT_NE(text.find(says), std::string::npos) << text.substr(0, 400);
+  };
+  json longer = examples;
+  longer[3]["text"] = longer[3]["text"].get<std::string>() + "z";
+  refused(longer, "examples[3].text is 65537 bytes; at most 65536 bytes (--max-text-bytes)");
+  json more_words = examples;
+  more_words[0]["text"] = more_words[0]["text"].get<std::string>() + " a";
+  refused(more_words, "have 32769 words; at most 32768 per request (--max-tokens)");
+  refused({{{"features", std::vector<float>(tools.max_features + 1, 0.5f)}}},
+          "examples[0].features has 4097 values; at most 4096 per example (--max-features)");
+  // A learn is checked per worker call (--learn-chunk examples), all before the first.
+  json learn = json::array();
+  for (int i = 0; i < 64; ++i) learn.push_back({{"text", "fine"}, {"label", "positive"}});
+  for (int i = 0; i < 2; ++i) {  // 16,384 words, then 16,385
+    learn.push_back({{"text", examples[i]["text"].get<std::string>() + " " +
+                                  examples[i + 1]["text"].get<std::string>() + (i ? " x" : "")},
+                     {"label", "negative"}});
+  }
+  r = c.Call("learn", {{"examples", learn}});
+  EXPECT_TRUE(r.value("isError", false));
+  const std::string text = r["content"][0]["text"];
+  EXPECT_NE(text.find("examples 64..65 (--learn-chunk) have 32769 words"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("were learned"), std::string::npos) << text;
 }
 
 TEST_F(BridgeHttpTest, LongLearnStreamsProgressOverSse) {

@@ -571,6 +571,15 @@ TEST_F(WorkerServiceTest, RpcAnswersBadRequestsAndKeepsServing) {
       {Op::kContextSet, {{"items", {"x"}}}, StatusCode::kInvalidArgument, "session"},
       {Op::kContextAppend, {{"session", "s"}}, StatusCode::kInvalidArgument, "text"},
       {Op::kPullDense, json::object(), StatusCode::kUnknownOp, "not a worker op"},
+      {Op::kInfer, {{"text", std::string(70000, 'a')}}, StatusCode::kTooLarge, "--max-text-bytes"},
+      {Op::kInfer,
+       {{"features", std::vector<float>(5000, 1.0f)}},
+       StatusCode::kTooLarge,
+       "--max-features"},
+      {Op::kInfer,
+       {{"examples", std::vector<json>(300, {{"features", {1, 2, 3, 4}}})}},
+       StatusCode::kTooLarge,
+       "--max-batch"},
   };
   for (const Case& c : cases) {
     auto r = rpc_->Call(c.op, c.body);

@@ -2,3 +2,4 @@
 onlineps_test(accumulator_test onlineps_worker_core)
 onlineps_test(context_store_test onlineps_worker_core)
 onlineps_test(param_cache_test onlineps_worker_core)
+onlineps_test(request_limits_test onlineps_worker_core)

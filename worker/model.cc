@@ -4,6 +4,7 @@
 #include <cctype>
 
 #include "common/partition.h"
+#include "worker/request_limits.h"
 
 namespace onlineps::worker {
 
@@ -16,13 +17,13 @@ uint64_t ParamInfo::size() const {
 
 namespace {
 
-// Lowercased runs of ASCII letters and digits; every other byte (UTF-8 included)
-// separates words.
+// Lowercased runs of ASCII letters and digits (IsWordByte); every other byte (UTF-8
+// included) separates words.
 std::vector<std::string> Words(const std::string& text) {
   std::vector<std::string> words;
   std::string word;
   for (unsigned char c : text) {
-    if (c < 0x80 && std::isalnum(c)) {
+    if (IsWordByte(c)) {
       word.push_back(static_cast<char>(std::tolower(c)));
     } else if (!word.empty()) {
       words.push_back(std::move(word));

@@ -20,13 +20,18 @@ namespace {
 
 constexpr size_t kEmbed = 0;  // params()[0]: the sparse embedding; dense layers follow
 
-// Which embedding rows feed which example: lookup j reads view row rows[j] into example
-// bags[j] with weight weights[j]; the weights of one example sum to 1.
+// Which embedding rows feed which example: text lookup j reads view row rows[j] into
+// example bags[j] with weight weights[j]; every example also gets context_coef[e] times
+// the sum of the context rows (one lookup per context token for the whole batch, not
+// per example: the context's cost does not grow with the batch). The weights of one
+// example sum to 1.
 struct Bags {
   std::vector<int64_t> rows;
   std::vector<int64_t> bags;
   std::vector<float> weights;
-  std::vector<bool> touched;  // per view row
+  std::vector<int64_t> context_rows;
+  std::vector<float> context_coef;  // per example
+  std::vector<bool> touched;        // per view row
 };
 
 class TextModel : public Model {
@@ -113,18 +118,23 @@ class TextModel : public Model {
       }
       return Status::Ok();
     };
-    std::vector<int64_t> context_rows, text_rows;
-    ONLINEPS_RETURN_IF_ERROR(lookup(ContextKeys(context), &context_rows));
     Bags bags;
+    ONLINEPS_RETURN_IF_ERROR(lookup(ContextKeys(context), &bags.context_rows));
     bags.touched.assign(rows.keys.size(), false);
+    for (int64_t row : bags.context_rows) bags.touched[row] = true;
+    bags.context_coef.assign(batch.size(), 0.0f);
+    const double context_rows = static_cast<double>(bags.context_rows.size());
+    std::vector<int64_t> text_rows;
     for (size_t e = 0; e < batch.size(); ++e) {
       text_rows.clear();
       ONLINEPS_RETURN_IF_ERROR(lookup(TextFeatureKeys(batch[e].text, options_.bigrams), &text_rows)
                                    .WithContext("example " + std::to_string(e)));
-      const double total = text_rows.size() + options_.context_weight * context_rows.size();
+      const double total = text_rows.size() + options_.context_weight * context_rows;
       if (total <= 0) continue;  // no features at all: a zero representation
       AddBag(text_rows, e, 1.0 / total, &bags);
-      AddBag(context_rows, e, options_.context_weight / total, &bags);
+      if (context_rows > 0) {
+        bags.context_coef[e] = static_cast<float>(options_.context_weight / total);
+      }
     }
     return bags;
   }
@@ -163,6 +173,12 @@ class TextModel : public Model {
       torch::Tensor ids = torch::tensor(bags.bags, torch::kInt64).to(device_);
       torch::Tensor weights = torch::tensor(bags.weights, torch::kFloat32).to(device_);
       x = x.index_add(0, ids, tensors[kEmbed].index_select(0, rows) * weights.unsqueeze(1));
+    }
+    if (!bags.context_rows.empty()) {
+      torch::Tensor rows = torch::tensor(bags.context_rows, torch::kInt64).to(device_);
+      torch::Tensor coef = torch::tensor(bags.context_coef, torch::kFloat32).to(device_);
+      torch::Tensor sum = tensors[kEmbed].index_select(0, rows).sum(0);
+      x = x + coef.unsqueeze(1) * sum.unsqueeze(0);
     }
     for (size_t i = kEmbed + 1; i + 1 < tensors.size(); i += 2) {
       x = torch::linear(x, tensors[i], tensors[i + 1]);

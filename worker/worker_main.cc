@@ -122,9 +122,32 @@ void AddLearnFlags(CLI::App& app, Flags* f) {
                  "Local-steps mode: push a parameter delta every N learns (0: off)")
       ->capture_default_str();
   app.add_option("--local-lr", s.local_lr, "Learning rate of local steps")->capture_default_str();
-  app.add_option("--max-batch", s.max_batch, "Examples per request")->capture_default_str();
   app.add_option("--max-inflight-pushes", s.max_inflight_pushes,
                  "Pushes not yet acknowledged (learn waits beyond)")
+      ->capture_default_str();
+}
+
+// Per-request bounds (docs/reliability.md, "Worker memory per request").
+void AddLimitFlags(CLI::App& app, Flags* f) {
+  auto& l = f->service.limits;
+  app.add_option("--max-request-bytes", l.max_request_bytes,
+                 "Bytes of one request (all frames); larger ones get TOO_LARGE undecoded")
+      ->check(CLI::Range(size_t{1} << 10, size_t{1} << 31))
+      ->capture_default_str();
+  app.add_option("--max-batch", l.max_batch, "Examples per infer or learn request")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--max-text-bytes", l.max_text_bytes, "Bytes of the text of one example")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--max-tokens", l.max_tokens,
+                 "Words in all texts of one request (the text model looks up at most twice as "
+                 "many embedding rows)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--max-features", l.max_features,
+                 "Feature values of one example (mlp: at least --input-dim)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 30))
       ->capture_default_str();
 }
 
@@ -274,6 +297,12 @@ Status Finish(Flags* f) {
   f->service.context.ttl_ms = f->context_ttl_s * 1000;
   f->service.push_timeout = std::chrono::milliseconds(f->ps_timeout_ms);
   if (f->model.table_prefix.empty()) f->model.table_prefix = f->model.kind + "/";
+  if (f->model.kind == "mlp" && f->model.input_dim > f->service.limits.max_features) {
+    return Status(StatusCode::kInvalidArgument,
+                  "--input-dim " + std::to_string(f->model.input_dim) +
+                      " is above --max-features " + std::to_string(f->service.limits.max_features) +
+                      ": no request could be served; raise --max-features");
+  }
   return ParseFreshness(*f, &f->service.cache.tables);
 }
 
@@ -423,6 +452,7 @@ int main(int argc, char** argv) {
   AddServingFlags(app, &f);
   AddModelFlags(app, &f);
   AddLearnFlags(app, &f);
+  AddLimitFlags(app, &f);
   AddCacheFlags(app, &f);
   AddGroupFlags(app, &f);
   onlineps::AddLoggingFlags(app, &log);

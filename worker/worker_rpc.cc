@@ -6,6 +6,7 @@
 #include <random>
 
 #include "common/json_depth.h"
+#include "worker/body_scan.h"
 
 namespace onlineps::worker {
 namespace {
@@ -71,12 +72,34 @@ StatusOr<int64_t> LabelOf(const json& v, const std::string& where,
                  std::to_string(labels.size()));
 }
 
-constexpr size_t kMaxFeatures = 1 << 20;
+// Feature values of a context (the context store keeps at most its own max_features; the
+// body's number count bounds what decoding may allocate before that).
+constexpr size_t kMaxContextFeatures = 1 << 20;
 // Deepest request body: the worker's bodies nest 4 levels; this leaves room and keeps
 // the recursive msgpack parser far from the end of the stack.
 constexpr size_t kMaxBodyDepth = 64;
 
-StatusOr<Example> ExampleOf(const json& e, const std::string& where,
+// The sizes of one example against `limits`, adding its words to `*words`. Reads sizes
+// and scans text; copies nothing.
+Status CheckExampleSizes(const json& e, const std::string& where, const RequestLimits& limits,
+                         size_t* words) {
+  if (!e.is_object()) return Status::Ok();  // ExampleOf names the error
+  const auto text = e.find("text");
+  if (text != e.end() && text->is_string()) {
+    const auto& s = text->get_ref<const std::string&>();
+    ONLINEPS_RETURN_IF_ERROR(CheckTextBytes(s.size(), where + ".text", limits));
+    *words += CountWords(s);
+  }
+  const auto features = e.find("features");
+  if (features != e.end() && (features->is_array() || features->is_binary())) {
+    const size_t n =
+        features->is_array() ? features->size() : features->get_binary().size() / sizeof(float);
+    ONLINEPS_RETURN_IF_ERROR(CheckFeatureCount(n, where + ".features", limits));
+  }
+  return Status::Ok();
+}
+
+StatusOr<Example> ExampleOf(json& e, const std::string& where,
                             const std::vector<std::string>& labels, bool need_labels) {
   if (!e.is_object()) return Invalid(where + " must be a map");
   Example ex;
@@ -87,10 +110,11 @@ StatusOr<Example> ExampleOf(const json& e, const std::string& where,
   }
   if (text != e.end()) {
     if (!text->is_string()) return Invalid(where + ".text must be a string");
-    ex.text = text->get<std::string>();
+    ex.text = std::move(text->get_ref<std::string&>());
   }
   if (features != e.end()) {
-    ONLINEPS_ASSIGN_OR_RETURN(ex.features, FloatsOf(*features, where + ".features", kMaxFeatures));
+    // CheckExampleSizes has bounded the count.
+    ONLINEPS_ASSIGN_OR_RETURN(ex.features, FloatsOf(*features, where + ".features", SIZE_MAX));
   }
   const auto label = e.find("label");
   if (need_labels && label == e.end()) return Invalid(where + " needs a \"label\"");
@@ -138,7 +162,8 @@ StatusOr<json> ContextOp(WorkerService* service, Op op, const json& body) {
       }
       std::vector<float> features;
       if (body.contains("features")) {
-        ONLINEPS_ASSIGN_OR_RETURN(features, FloatsOf(body["features"], "features", kMaxFeatures));
+        ONLINEPS_ASSIGN_OR_RETURN(features,
+                                  FloatsOf(body["features"], "features", kMaxContextFeatures));
       }
       ONLINEPS_RETURN_IF_ERROR(store.Set(session, std::move(items), std::move(features)));
       return ContextJson(store.Get(session));
@@ -158,13 +183,20 @@ StatusOr<json> ContextOp(WorkerService* service, Op op, const json& body) {
 
 }  // namespace
 
-StatusOr<json> DecodeBody(const void* data, size_t size) {
-  if (size == 0) return json::object();
+Status CheckBody(const void* data, size_t size, const RequestLimits& limits,
+                 std::string_view* session) {
   const auto* p = static_cast<const uint8_t*>(data);
   if (MsgpackNestsDeeperThan(p, size, kMaxBodyDepth)) {
     return Status(StatusCode::kMalformed,
                   "body nests deeper than " + std::to_string(kMaxBodyDepth) + " levels");
   }
+  return ScanBody(p, size, limits, session);
+}
+
+StatusOr<json> DecodeBody(const void* data, size_t size, const RequestLimits& limits) {
+  if (size == 0) return json::object();
+  ONLINEPS_RETURN_IF_ERROR(CheckBody(data, size, limits));
+  const auto* p = static_cast<const uint8_t*>(data);
   json body = json::from_msgpack(p, p + size, /*strict=*/true, /*allow_exceptions=*/false);
   if (body.is_discarded()) return Status(StatusCode::kMalformed, "body is not valid msgpack");
   if (!body.is_object()) return Status(StatusCode::kMalformed, "body must be a msgpack map");
@@ -188,21 +220,27 @@ StatusOr<std::string> SessionOf(const json& body, size_t max_bytes) {
   return s;
 }
 
-StatusOr<std::vector<Example>> ExamplesOf(const json& body, const std::vector<std::string>& labels,
-                                          bool need_labels, size_t max_batch) {
+StatusOr<std::vector<Example>> ExamplesOf(json& body, const std::vector<std::string>& labels,
+                                          bool need_labels, const RequestLimits& limits) {
   std::vector<Example> out;
+  size_t words = 0;
   const auto it = body.find("examples");
   if (it == body.end()) {
+    ONLINEPS_RETURN_IF_ERROR(CheckExampleSizes(body, "request", limits, &words));
+    ONLINEPS_RETURN_IF_ERROR(CheckTokens(words, limits));
     ONLINEPS_ASSIGN_OR_RETURN(Example e, ExampleOf(body, "request", labels, need_labels));
     out.push_back(std::move(e));
     return out;
   }
   if (!it->is_array()) return Invalid("\"examples\" must be an array");
   if (it->empty()) return Invalid("\"examples\" is empty");
-  if (it->size() > max_batch) {
-    return Status(StatusCode::kTooLarge, std::to_string(it->size()) + " examples; at most " +
-                                             std::to_string(max_batch) + " per request");
+  ONLINEPS_RETURN_IF_ERROR(CheckBatchSize(it->size(), limits));
+  for (size_t i = 0; i < it->size(); ++i) {
+    ONLINEPS_RETURN_IF_ERROR(
+        CheckExampleSizes((*it)[i], "examples[" + std::to_string(i) + "]", limits, &words));
   }
+  ONLINEPS_RETURN_IF_ERROR(CheckTokens(words, limits));
+  out.reserve(it->size());
   for (size_t i = 0; i < it->size(); ++i) {
     ONLINEPS_ASSIGN_OR_RETURN(
         Example e, ExampleOf((*it)[i], "examples[" + std::to_string(i) + "]", labels, need_labels));
@@ -269,7 +307,7 @@ static const std::string& InstanceId() {
   return id;
 }
 
-StatusOr<json> HandleWorkerOp(WorkerService* service, Op op, const json& body) {
+StatusOr<json> HandleWorkerOp(WorkerService* service, Op op, json& body) {
   const Model& model = service->model();
   const size_t max_session = 256;
   switch (op) {
@@ -277,7 +315,8 @@ StatusOr<json> HandleWorkerOp(WorkerService* service, Op op, const json& body) {
     case Op::kLearn: {
       const bool learn = op == Op::kLearn;
       ONLINEPS_ASSIGN_OR_RETURN(std::string session, SessionOf(body, max_session));
-      ONLINEPS_ASSIGN_OR_RETURN(auto batch, ExamplesOf(body, model.labels(), learn, 1 << 16));
+      ONLINEPS_ASSIGN_OR_RETURN(auto batch,
+                                ExamplesOf(body, model.labels(), learn, service->limits()));
       if (learn) {
         ONLINEPS_ASSIGN_OR_RETURN(LearnReply r, service->Learn(session, batch));
         return ToJson(r);

@@ -8,35 +8,47 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
 #include "common/wire.h"
 #include "worker/model.h"
+#include "worker/request_limits.h"
 #include "worker/worker_service.h"
 
 namespace onlineps::worker {
 
-// Parses a msgpack body; an empty frame is an empty map. Errors: kMalformed.
-StatusOr<nlohmann::json> DecodeBody(const void* data, size_t size);
+// Checks a msgpack body without decoding it: nesting (kMalformed past 64 levels), and
+// strings and value counts against `limits` (ScanBody; kTooLarge). Sets `*session` to
+// its top-level "session" string if it has one (a view into `data`), for routing.
+Status CheckBody(const void* data, size_t size, const RequestLimits& limits,
+                 std::string_view* session = nullptr);
+// CheckBody, then parses the body; an empty frame is an empty map. Errors: CheckBody's;
+// kMalformed.
+StatusOr<nlohmann::json> DecodeBody(const void* data, size_t size,
+                                    const RequestLimits& limits = RequestLimits());
 std::string EncodeBody(const nlohmann::json& body);
 
 // "session": optional string (default ""), at most `max_bytes`.
 StatusOr<std::string> SessionOf(const nlohmann::json& body, size_t max_bytes);
 // "examples": array of {"text": str} or {"features": [number]}, plus "label" (string
 // naming one of `labels`, or its index) when `need_labels`. A body with "text" or
-// "features" at top level is one example. At most `max_batch` examples.
-StatusOr<std::vector<Example>> ExamplesOf(const nlohmann::json& body,
+// "features" at top level is one example. Sizes are checked against `limits` before
+// anything is copied; texts are moved out of `body`. Errors: kInvalidArgument naming
+// the field, kTooLarge naming the limit.
+StatusOr<std::vector<Example>> ExamplesOf(nlohmann::json& body,
                                           const std::vector<std::string>& labels, bool need_labels,
-                                          size_t max_batch);
+                                          const RequestLimits& limits);
 
 nlohmann::json ToJson(const InferReply& r);
 nlohmann::json ToJson(const LearnReply& r);
 nlohmann::json ToJson(const WorkerStats& s);
 
-// Runs one worker op on `service`: decodes `body`, calls it, encodes the reply body.
-// Errors are the service's or kInvalidArgument naming the bad field.
-StatusOr<nlohmann::json> HandleWorkerOp(WorkerService* service, Op op, const nlohmann::json& body);
+// Runs one worker op on `service`: decodes `body` (taking its texts), calls it, encodes
+// the reply body. Errors are the service's, kInvalidArgument naming the bad field, or
+// kTooLarge naming the limit of service->limits().
+StatusOr<nlohmann::json> HandleWorkerOp(WorkerService* service, Op op, nlohmann::json& body);
 
 }  // namespace onlineps::worker
 

@@ -3,14 +3,18 @@
 #include <spdlog/spdlog.h>
 
 #include "common/wire.h"
+#include "worker/request_limits.h"
 #include "worker/worker_rpc.h"
 
 namespace onlineps::worker {
 
+// A request as queued: its body still encoded (checked by CheckBody), decoded by the
+// handler thread that runs it.
 struct WorkerServer::Job {
   std::string peer;
   Header header;
-  nlohmann::json body;
+  Frames frames;
+  size_t bytes = 0;  // counted in queued_bytes_ until decoded
 };
 
 WorkerServer::WorkerServer(WorkerService* service, WorkerServerOptions options)
@@ -22,8 +26,11 @@ StatusOr<std::string> WorkerServer::Start() {
   pool_ = std::make_unique<HandlerPool<Job>>("worker", options_.handler_threads, options_.max_queue,
                                              [this](Job&& job) { Handle(std::move(job)); });
   TransportOptions t = options_.transport;
-  // The transport's own thread only decodes and routes; the pool runs the model.
+  // The transport's own thread only checks and routes; the pool decodes and runs.
   t.handler_threads = 1;
+  // Between the limit and twice it a request gets a TOO_LARGE reply; beyond, ZeroMQ
+  // stops reading it instead of buffering it whole (as the shards do).
+  t.max_message_bytes = 2 * service_->limits().max_request_bytes;
   transport_ = NewServerTransport(options_.listen, t);
   return transport_->Start(options_.listen, [this](Incoming&& in) { OnMessage(std::move(in)); });
 }
@@ -55,34 +62,49 @@ void WorkerServer::OnMessage(Incoming&& in) {
     Reply(in.peer, MakeReply(req, header.status()), "");
     return;
   }
-  Status st;
-  if (bytes > options_.max_message_bytes) {
-    st = Status(StatusCode::kTooLarge, "request is " + std::to_string(bytes) + " bytes; at most " +
-                                           std::to_string(options_.max_message_bytes));
-  } else if (!IsWorkerOp(header->op)) {
+  // The transport thread only checks and routes: a body is scanned here (sizes, value
+  // counts, session) without being decoded; a handler thread decodes it.
+  Status st = CheckRequestBytes(bytes, service_->limits());
+  if (st.ok() && !IsWorkerOp(header->op)) {
     st = Status(StatusCode::kUnknownOp,
                 std::string(OpName(header->op)) + " is not a worker op (is this a PS endpoint?)");
   }
-  StatusOr<nlohmann::json> body = in.frames.size() > 1
-                                      ? DecodeBody(in.frames[1].data(), in.frames[1].size())
-                                      : StatusOr<nlohmann::json>(nlohmann::json::object());
-  if (st.ok() && !body.ok()) st = body.status();
-  std::string session;
-  if (st.ok()) {
-    auto s = SessionOf(*body, 256);
-    st = s.status();
-    if (s.ok()) session = *s;
+  std::string_view session;
+  if (st.ok() && in.frames.size() > 1) {
+    st = CheckBody(in.frames[1].data(), in.frames[1].size(), service_->limits(), &session);
   }
   if (!st.ok()) {
     Reply(in.peer, MakeReply(*header, st), "");
     return;
   }
+  if (header->op == Op::kWorkerStats) {
+    // Health probes are answered at once, never queued behind model work (their body is
+    // not read).
+    in.frames.resize(1);
+    Handle(Job{std::move(in.peer), std::move(*header), std::move(in.frames)});
+    return;
+  }
+  // Queued requests hold their bodies: at most kQueuedRequests of the largest size.
+  const size_t max_queued = kQueuedRequests * service_->limits().max_request_bytes;
+  if (queued_bytes_.fetch_add(bytes) + bytes > max_queued) {
+    queued_bytes_.fetch_sub(bytes);
+    Reply(in.peer,
+          MakeReply(*header, Status(StatusCode::kResourceExhausted,
+                                    "worker is overloaded (requests of more than " +
+                                        std::to_string(max_queued) +
+                                        " bytes queued: " + std::to_string(kQueuedRequests) +
+                                        " x --max-request-bytes); retry later")),
+          "");
+    return;
+  }
   // One session's requests run in order on one thread; sessionless ones spread out.
-  const size_t key = session.empty() ? next_lane_.fetch_add(1) : std::hash<std::string>()(session);
-  Job job{std::move(in.peer), std::move(*header), std::move(*body)};
+  const size_t key =
+      session.empty() ? next_lane_.fetch_add(1) : std::hash<std::string_view>()(session);
+  Job job{std::move(in.peer), std::move(*header), std::move(in.frames), bytes};
   const Header h = job.header;
   const std::string peer = job.peer;
   if (stopping_.load() || !pool_->Submit(key, std::move(job))) {
+    queued_bytes_.fetch_sub(bytes);
     const Status refused = stopping_.load()
                                ? Status(StatusCode::kUnavailable, "worker is shutting down")
                                : Status(StatusCode::kResourceExhausted,
@@ -92,7 +114,14 @@ void WorkerServer::OnMessage(Incoming&& in) {
 }
 
 void WorkerServer::Handle(Job&& job) {
-  StatusOr<nlohmann::json> out = HandleWorkerOp(service_, job.header.op, job.body);
+  StatusOr<nlohmann::json> body =
+      job.frames.size() > 1
+          ? DecodeBody(job.frames[1].data(), job.frames[1].size(), service_->limits())
+          : StatusOr<nlohmann::json>(nlohmann::json::object());
+  job.frames.clear();  // the decoded body holds what the request needs
+  queued_bytes_.fetch_sub(job.bytes);
+  StatusOr<nlohmann::json> out =
+      body.ok() ? HandleWorkerOp(service_, job.header.op, *body) : body.status();
   if (!out.ok()) {
     spdlog::debug("{} failed: {}", OpName(job.header.op), out.status().ToString());
     Reply(job.peer, MakeReply(job.header, out.status()), "");

@@ -1,7 +1,9 @@
 // WorkerServer: serves the worker RPC over a ServerTransport (ZeroMQ ROUTER or mem://).
 // Requests are ordered per session, not per peer: the bridge is one peer carrying many
 // sessions, so requests are handed to a pool of handler threads keyed by session id.
-// Bad requests get error replies; the server keeps serving. Start/Stop; Stop drains.
+// The receiving thread only checks a request against the service's limits() and routes
+// it (worker_stats it answers at once); handler threads decode and run. Bad requests get
+// error replies; the server keeps serving. Start/Stop; Stop drains.
 #ifndef ONLINEPS_WORKER_WORKER_SERVER_H_
 #define ONLINEPS_WORKER_WORKER_SERVER_H_
 
@@ -19,9 +21,10 @@ namespace onlineps::worker {
 
 struct WorkerServerOptions {
   std::string listen = "tcp://127.0.0.1:0";
-  int handler_threads = 2;              // threads running infer / learn
-  size_t max_queue = 1024;              // requests waiting per handler thread
-  size_t max_message_bytes = 64 << 20;  // larger requests are refused (TOO_LARGE)
+  int handler_threads = 2;  // threads running infer / learn
+  size_t max_queue = 1024;  // requests waiting per handler thread
+  // max_message_bytes is set to twice the service's limits().max_request_bytes: larger
+  // frames are dropped by ZeroMQ, smaller ones over the limit get TOO_LARGE undecoded.
   TransportOptions transport;
 };
 
@@ -51,7 +54,13 @@ class WorkerServer {
   const WorkerServerOptions options_;
   std::unique_ptr<ServerTransport> transport_;
   std::unique_ptr<HandlerPool<Job>> pool_;
+  // Requests waiting for a handler hold at most this many times --max-request-bytes;
+  // more are refused (RESOURCE_EXHAUSTED), so a burst of large requests cannot queue
+  // without bound.
+  static constexpr size_t kQueuedRequests = 4;
+
   std::atomic<uint64_t> requests_{0}, errors_{0};
+  std::atomic<size_t> queued_bytes_{0};  // bodies of requests not yet decoded
   std::atomic<size_t> next_lane_{0};
   std::atomic<bool> stopping_{false};
 };

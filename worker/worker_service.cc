@@ -199,10 +199,19 @@ Status WorkerService::FlushDue(bool force) {
 
 Status WorkerService::CheckBatch(const std::vector<Example>& batch, bool need_labels) const {
   if (batch.empty()) return Status(StatusCode::kInvalidArgument, "no examples");
-  if (batch.size() > options_.max_batch) {
-    return Status(StatusCode::kTooLarge, std::to_string(batch.size()) + " examples; at most " +
-                                             std::to_string(options_.max_batch) + " per request");
+  // The RPC checked these before building `batch`; in-process callers meet them here,
+  // still before any tokenizing or pull.
+  const RequestLimits& limits = options_.limits;
+  ONLINEPS_RETURN_IF_ERROR(CheckBatchSize(batch.size(), limits));
+  size_t words = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const std::string where = "examples[" + std::to_string(i) + "]";
+    ONLINEPS_RETURN_IF_ERROR(CheckTextBytes(batch[i].text.size(), where + ".text", limits));
+    ONLINEPS_RETURN_IF_ERROR(
+        CheckFeatureCount(batch[i].features.size(), where + ".features", limits));
+    words += CountWords(batch[i].text);
   }
+  ONLINEPS_RETURN_IF_ERROR(CheckTokens(words, limits));
   if (!need_labels) return Status::Ok();
   const auto n = static_cast<int64_t>(model_->labels().size());
   for (size_t i = 0; i < batch.size(); ++i) {

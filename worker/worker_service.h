@@ -26,6 +26,7 @@
 #include "worker/local_steps.h"
 #include "worker/model.h"
 #include "worker/param_cache.h"
+#include "worker/request_limits.h"
 
 namespace onlineps::worker {
 
@@ -55,7 +56,9 @@ struct WorkerServiceOptions {
   // worker pushes its own gradients directly from then on. Must outlive the service.
   GroupReducer* group = nullptr;
   int64_t group_round_ms = 100;
-  size_t max_batch = 1024;           // examples per request
+  // What one infer or learn may carry (batch, text, words, features); checked before
+  // anything proportional to the request is allocated.
+  RequestLimits limits;
   size_t max_inflight_pushes = 256;  // queued mode: pushes not yet acknowledged
   std::chrono::milliseconds push_timeout{5000};
   // Table template for CreateTables (optimizer, staleness policy, bounds); name, kind,
@@ -125,6 +128,7 @@ class WorkerService {
 
   ContextStore& context() { return context_; }
   const Model& model() const { return *model_; }
+  const RequestLimits& limits() const { return options_.limits; }
   WorkerStats stats() const;
   // Table specs this worker creates (for docs and tests).
   std::vector<ps::TableSpec> TableSpecs() const;
