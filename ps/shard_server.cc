@@ -607,7 +607,10 @@ void ShardServer::MaintenanceLoop() {
     ReleaseHeld(/*all=*/false);
     if (now - last_stats >= 1000) {
       last_stats = now;
-      for (const auto& [name, table] : *tables()) {
+      // Held for the loop: a range-for over *tables() would keep only the map, not the
+      // snapshot owning it, and a concurrent create_table frees it mid-loop.
+      const std::shared_ptr<const TableMap> snapshot = tables();
+      for (const auto& [name, table] : *snapshot) {
         table->Maintain(now);
         metrics_->UpdateTable(name, table->Stats());
       }
