@@ -25,3 +25,12 @@ set_tests_properties(Reliability.Kill9WorkerThenBridge.StateDir PROPERTIES
   ENVIRONMENT "ONLINEPS_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
   TIMEOUT 300
   LABELS "reliability")
+
+# Issue 18, finding 4: slowloris connections on the admin ports of a real shard, worker
+# and bridge; /livez, /readyz and /metrics keep answering, the deadline closes them.
+add_test(NAME Reliability.AdminSlowClients
+         COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/admin_slow_clients_test.py)
+set_tests_properties(Reliability.AdminSlowClients PROPERTIES
+  ENVIRONMENT "ONLINEPS_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
+  TIMEOUT 300
+  LABELS "reliability")
