@@ -36,9 +36,10 @@ enum class Op : uint8_t {
   kContextGet = 14,
   kWorkerStats = 15,
   // Shard replication (docs/protocol.md, "Replication"), between replicas of one shard.
-  kReplicate = 16,     // primary -> replica: seq = log index; frames: [entry header, payload...]
+  kReplicate = 16,     // primary -> replica: seq = log index, base = epoch of the one before;
+                       // frames: [entry header, payload...] (one frame: a heartbeat)
   kReplSnapshot = 17,  // primary -> replica: seq = log index of the state in frame 1
-  kReplStatus = 18,    // any -> replica: reply spec holds role, epoch, lsn, in_sync
+  kReplStatus = 18,    // any -> replica: reply spec holds role, inc, lsn, le (need)
 };
 
 inline constexpr Op kLastOp = Op::kReplStatus;
