@@ -3,31 +3,18 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 #include <tuple>
 
 namespace onlineps::ps {
 
 namespace {
 
-using nlohmann::json;
-
 // Flags of replication messages (their own ops, so no clash with request flags).
 constexpr uint32_t kFlagSteppingDown = 1u << 1;  // primary -> backups: re-read etcd now
 constexpr uint32_t kFlagLeaving = 1u << 2;       // backup -> primary (kReplStatus): I stop
 
-std::string Hex(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
-uint64_t FromHex(const std::string& s) {
-  if (s.empty() || s.size() > 16 || s.find_first_not_of("0123456789abcdef") != std::string::npos) {
-    return 0;
-  }
-  return std::stoull(s, nullptr, 16);
-}
+std::string Hex(uint64_t v) { return IncarnationHex(v); }
+uint64_t FromHex(const std::string& s) { return ParseIncarnation(s); }
 
 uint64_t SpecU64(const Header& h, const char* key) {
   auto it = h.spec.find(key);
@@ -42,19 +29,13 @@ uint64_t SpecU64(const Header& h, const char* key) {
   }
 }
 
-uint64_t JsonU64(const json& j, const char* key) {
-  if (!j.contains(key) || !j[key].is_number_unsigned()) return 0;
-  return j[key].get<uint64_t>();
-}
-
 }  // namespace
 
 ReplicaCore::ReplicaCore(ReplicaConfig config, ReplicaEnv* env)
-    : config_(std::move(config)), env_(env), followers_(config_.members.size()) {}
-
-std::string ReplicaCore::MemberKey(uint32_t index) const {
-  return Key("members/" + std::to_string(index));
-}
+    : config_(std::move(config)),
+      env_(env),
+      group_(config_.group),
+      followers_(config_.members.size()) {}
 
 void ReplicaCore::Start(uint64_t now) {
   if (role_ != Role::kNew) return;
@@ -191,7 +172,7 @@ void ReplicaCore::OnKv(uint64_t now, uint64_t id, const KvResult& r) {
         isr_writing_.clear();
         isr_absent_ = false;
         for (const KvEntry& e : r.entries)
-          if (e.key == Key("isr")) isr_mod_revision_ = e.mod_revision;
+          if (e.key == group_.isr_key()) isr_mod_revision_ = e.mod_revision;
         if (role_ == Role::kEstablishing) {
           role_ = Role::kPrimary;
           spdlog::warn("replica {}: primary of epoch {} at lsn {}", config_.index, epoch_, lsn_);
@@ -212,47 +193,11 @@ void ReplicaCore::OnKv(uint64_t now, uint64_t id, const KvResult& r) {
 
 void ReplicaCore::ApplyView(uint64_t now, const std::vector<KvEntry>& entries) {
   if (role_ == Role::kStopped) return;
-  View v;
-  const std::string members_prefix = Key("members/");
-  for (const KvEntry& e : entries) {
-    if (e.key.compare(0, config_.group.size(), config_.group) != 0) continue;
-    json j = json::parse(e.value, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object()) {
-      spdlog::warn("replica {}: etcd key {} does not hold a JSON object; ignored", config_.index,
-                   e.key);
-      continue;
-    }
-    try {
-      if (e.key == Key("leader")) {
-        v.has_leader = true;
-        v.leader.index = static_cast<uint32_t>(JsonU64(j, "index"));
-        v.leader.incarnation = FromHex(j.value("incarnation", std::string()));
-        v.leader.epoch = e.create_revision;
-      } else if (e.key == Key("isr")) {
-        v.has_isr = true;
-        v.isr_epoch = JsonU64(j, "epoch");
-        v.isr_mod_revision = e.mod_revision;
-        for (const json& m : j.value("members", json::array())) {
-          v.isr.push_back(Member{static_cast<uint32_t>(JsonU64(m, "index")),
-                                 FromHex(m.value("incarnation", std::string()))});
-        }
-      } else if (e.key.compare(0, members_prefix.size(), members_prefix) == 0) {
-        const std::string idx = e.key.substr(members_prefix.size());
-        if (idx.empty() || idx.size() > 5 ||
-            idx.find_first_not_of("0123456789") != std::string::npos)
-          continue;
-        Registration reg;
-        reg.incarnation = FromHex(j.value("incarnation", std::string()));
-        reg.log_epoch = JsonU64(j, "log_epoch");
-        reg.lsn = JsonU64(j, "lsn");
-        reg.need = j.value("need", false);
-        reg.data = j.value("data", false);
-        reg.mod_revision = e.mod_revision;
-        v.members[static_cast<uint32_t>(std::stoul(idx))] = reg;
-      }
-    } catch (const json::exception& ex) {
-      spdlog::warn("replica {}: etcd key {}: {}; ignored", config_.index, e.key, ex.what());
-    }
+  std::vector<std::string> skipped;
+  const View v = group_.Parse(entries, &skipped);
+  for (const std::string& key : skipped) {
+    spdlog::warn("replica {}: etcd key {} does not hold what onlineps writes there; ignored",
+                 config_.index, key);
   }
   view_ = v;
   view_valid_ = true;
@@ -307,9 +252,7 @@ void ReplicaCore::ApplyView(uint64_t now, const std::vector<KvEntry>& entries) {
     stale_leader_removed_ = v.leader.epoch;
     KvCall call;
     call.kind = KvCall::Kind::kTxn;
-    call.txn.compares.push_back(
-        {Key("leader"), KvTxn::Compare::Target::kCreateRevision, v.leader.epoch});
-    call.txn.deletes.push_back(Key("leader"));
+    call.txn = group_.RemoveLeader(v.leader.epoch);
     remove_stale_id_ = Call(now, KvPurpose::kRemoveStale, std::move(call));
     return;
   }
@@ -341,15 +284,11 @@ void ReplicaCore::LeaseTick(uint64_t now) {
 
 void ReplicaCore::Register(uint64_t now) {
   if (lease_ == 0 || register_id_ != 0) return;
-  json value = {{"incarnation", Hex(config_.incarnation)},
-                {"endpoint", config_.members[config_.index]},
-                {"log_epoch", log_epoch_},
-                {"lsn", lsn_},
-                {"need", need_snapshot_},
-                {"data", has_data_}};
   KvCall call;
   call.kind = KvCall::Kind::kTxn;
-  call.txn.puts.push_back({MemberKey(config_.index), value.dump(), lease_});
+  call.txn = group_.Register(
+      config_.index, config_.members[config_.index],
+      Registration{config_.incarnation, log_epoch_, lsn_, need_snapshot_, has_data_, 0}, lease_);
   register_id_ = Call(now, KvPurpose::kRegister, std::move(call));
   last_register_ms_ = now;
 }
@@ -443,20 +382,10 @@ void ReplicaCore::MaybeCampaign(uint64_t now) {
 
 void ReplicaCore::Campaign(uint64_t now, bool unclean, const std::string& why) {
   spdlog::info("replica {}: campaigning for primary: {}", config_.index, why);
-  json value = {{"index", config_.index},
-                {"incarnation", Hex(config_.incarnation)},
-                {"endpoint", config_.members[config_.index]}};
   KvCall call;
   call.kind = KvCall::Kind::kTxn;
-  call.txn.compares.push_back({Key("leader"), KvTxn::Compare::Target::kCreateRevision, 0});
-  if (view_.has_isr) {
-    call.txn.compares.push_back(
-        {Key("isr"), KvTxn::Compare::Target::kModRevision, view_.isr_mod_revision});
-  } else {
-    call.txn.compares.push_back({Key("isr"), KvTxn::Compare::Target::kCreateRevision, 0});
-  }
-  call.txn.puts.push_back({Key("leader"), value.dump(), lease_});
-  call.txn.read_prefix = config_.group;
+  call.txn = group_.Campaign(view_, Member{config_.index, config_.incarnation},
+                             config_.members[config_.index], lease_);
   role_ = Role::kCampaigning;
   campaign_id_ = Call(now, KvPurpose::kCampaign, std::move(call));
   pending_[campaign_id_].unclean = unclean;
@@ -523,21 +452,9 @@ void ReplicaCore::WriteIsr(uint64_t now) {
   }
   std::sort(desired.begin(), desired.end());
   if (role_ == Role::kPrimary && desired == isr_ && isr_writing_.empty()) return;
-  json members = json::array();
-  for (const Member& m : desired) {
-    members.push_back({{"index", m.index}, {"incarnation", Hex(m.incarnation)}});
-  }
   KvCall call;
   call.kind = KvCall::Kind::kTxn;
-  call.txn.compares.push_back({Key("leader"), KvTxn::Compare::Target::kCreateRevision, epoch_});
-  if (isr_absent_) {
-    call.txn.compares.push_back({Key("isr"), KvTxn::Compare::Target::kCreateRevision, 0});
-  } else {
-    call.txn.compares.push_back(
-        {Key("isr"), KvTxn::Compare::Target::kModRevision, isr_mod_revision_});
-  }
-  call.txn.puts.push_back({Key("isr"), json{{"epoch", epoch_}, {"members", members}}.dump(), 0});
-  call.txn.read_prefix = config_.group;
+  call.txn = group_.WriteIsr(epoch_, isr_absent_, isr_mod_revision_, desired);
   for (const Member& m : desired)
     if (std::find(isr_writing_.begin(), isr_writing_.end(), m) == isr_writing_.end())
       isr_writing_.push_back(m);
@@ -796,8 +713,7 @@ void ReplicaCore::StepDown(uint64_t now, const std::string& why) {
     // Give the leadership up in etcd too, should etcd still hold it.
     KvCall call;
     call.kind = KvCall::Kind::kTxn;
-    call.txn.compares.push_back({Key("leader"), KvTxn::Compare::Target::kCreateRevision, epoch_});
-    call.txn.deletes.push_back(Key("leader"));
+    call.txn = group_.RemoveLeader(epoch_);
     Call(now, KvPurpose::kResign, std::move(call));
   }
 }

@@ -37,6 +37,7 @@
 #include "common/kv_store.h"
 #include "common/status.h"
 #include "common/wire.h"
+#include "ps/replica_group.h"
 
 namespace onlineps::ps {
 
@@ -160,32 +161,10 @@ class ReplicaCore {
  private:
   enum class Role { kNew, kFollower, kCampaigning, kEstablishing, kPrimary, kStopped };
   enum class FollowState { kProbe, kSnapshot, kStream };
-  struct Member {
-    uint32_t index = 0;
-    uint64_t incarnation = 0;
-    bool operator==(const Member& o) const {
-      return index == o.index && incarnation == o.incarnation;
-    }
-    bool operator<(const Member& o) const {
-      return index != o.index ? index < o.index : incarnation < o.incarnation;
-    }
-  };
-  struct Leader {
-    uint32_t index = 0;
-    uint64_t incarnation = 0, epoch = 0;
-  };
-  struct Registration {
-    uint64_t incarnation = 0, log_epoch = 0, lsn = 0;
-    bool need = false, data = false;
-    uint64_t mod_revision = 0;  // when it was written (read from the store)
-  };
-  struct View {  // the group as last read from the KvStore
-    bool has_leader = false, has_isr = false;
-    Leader leader;
-    uint64_t isr_epoch = 0, isr_mod_revision = 0;
-    std::vector<Member> isr;
-    std::map<uint32_t, Registration> members;
-  };
+  using Member = GroupMember;
+  using Leader = GroupLeader;
+  using Registration = GroupRegistration;
+  using View = GroupView;
   struct Follower {
     bool inc_known = false;
     uint64_t inc = 0;
@@ -233,8 +212,6 @@ class ReplicaCore {
   void Campaign(uint64_t now, bool unclean, const std::string& why);
   void Won(uint64_t now, uint64_t epoch, bool unclean);
   void WriteIsr(uint64_t now);
-  std::string Key(const std::string& leaf) const { return config_.group + leaf; }
-  std::string MemberKey(uint32_t index) const;
 
   // Primary.
   void PrimaryTick(uint64_t now);
@@ -258,6 +235,7 @@ class ReplicaCore {
 
   const ReplicaConfig config_;
   ReplicaEnv* const env_;
+  const ReplicaGroup group_;
 
   Role role_ = Role::kNew;
   uint64_t epoch_ = 0;      // of the primary this replica follows or is

@@ -8,3 +8,4 @@ target_link_libraries(onlineps_replica_sim PRIVATE onlineps_replica_sim_lib)
 set_target_properties(onlineps_replica_sim PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
 # The etcd client against a real etcd (etcd-server from Debian, started by the test).
 onlineps_test(etcd_kv_test onlineps_common)
+onlineps_test(replica_group_test onlineps_replica_sim_lib)

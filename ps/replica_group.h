@@ -1,0 +1,87 @@
+// ReplicaGroup: how a replica group is laid out in etcd (docs/protocol.md, "Replication"):
+// under the group's prefix, `members/<index>` (each replica's registration, on its
+// lease), `leader` (the primary's record, on its lease; its create revision is the
+// epoch) and `isr` (the in-sync replicas). This file owns the key names, the JSON values
+// and the transactions that change them; ReplicaCore decides when. Stateless.
+#ifndef ONLINEPS_PS_REPLICA_GROUP_H_
+#define ONLINEPS_PS_REPLICA_GROUP_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/kv_store.h"
+
+namespace onlineps::ps {
+
+// A replica process: its index in the group and its incarnation.
+struct GroupMember {
+  uint32_t index = 0;
+  uint64_t incarnation = 0;
+  bool operator==(const GroupMember& o) const {
+    return index == o.index && incarnation == o.incarnation;
+  }
+  bool operator<(const GroupMember& o) const {
+    return index != o.index ? index < o.index : incarnation < o.incarnation;
+  }
+};
+
+struct GroupLeader {
+  uint32_t index = 0;
+  uint64_t incarnation = 0, epoch = 0;
+};
+
+// What a replica registered: who it is and the state it holds (to rank replicas when
+// every ISR member was lost).
+struct GroupRegistration {
+  uint64_t incarnation = 0, log_epoch = 0, lsn = 0;
+  bool need = false, data = false;
+  uint64_t mod_revision = 0;  // when it was written (read from the store)
+};
+
+// The group as one read of its keys returned.
+struct GroupView {
+  bool has_leader = false, has_isr = false;
+  GroupLeader leader;
+  uint64_t isr_epoch = 0, isr_mod_revision = 0;
+  std::vector<GroupMember> isr;
+  std::map<uint32_t, GroupRegistration> members;
+};
+
+// 16 lower-case hex digits, as incarnations are written; 0 for anything else.
+std::string IncarnationHex(uint64_t incarnation);
+uint64_t ParseIncarnation(const std::string& hex);
+
+class ReplicaGroup {
+ public:
+  // `prefix` ends in '/' (ReplicaGroupKey in ps/replication.h).
+  explicit ReplicaGroup(std::string prefix) : prefix_(std::move(prefix)) {}
+
+  const std::string& prefix() const { return prefix_; }
+  // The group's keys in a range read. Values that do not parse are skipped, with the
+  // key in `skipped` (when given).
+  GroupView Parse(const std::vector<KvEntry>& entries,
+                  std::vector<std::string>* skipped = nullptr) const;
+  // Puts `members/<index>` on `lease`.
+  KvTxn Register(uint32_t index, const std::string& endpoint, const GroupRegistration& r,
+                 uint64_t lease) const;
+  // Takes `leader` on `lease` if it is absent and `isr` is as `seen` read it.
+  KvTxn Campaign(const GroupView& seen, const GroupMember& me, const std::string& endpoint,
+                 uint64_t lease) const;
+  // Writes `isr` if `leader` still has create revision `epoch` and `isr` has mod revision
+  // `isr_mod_revision` (or is absent, when `isr_absent`).
+  KvTxn WriteIsr(uint64_t epoch, bool isr_absent, uint64_t isr_mod_revision,
+                 const std::vector<GroupMember>& members) const;
+  // Deletes `leader` if its create revision is still `epoch`.
+  KvTxn RemoveLeader(uint64_t epoch) const;
+  std::string isr_key() const { return prefix_ + "isr"; }
+  std::string leader_key() const { return prefix_ + "leader"; }
+
+ private:
+  const std::string prefix_;
+};
+
+}  // namespace onlineps::ps
+
+#endif  // ONLINEPS_PS_REPLICA_GROUP_H_
