@@ -14,8 +14,11 @@
 #   5. dockerfilelint over deploy/docker/Dockerfile*, plus the image conventions
 #      (tini exec-form ENTRYPOINT, numeric non-root USER, EXPOSE of the manifests' ports)
 #   6. with the built binaries: every ONLINEPS_* name the manifests set is one the
-#      binaries read (from their --help), and each container's binary accepts its exact
-#      pod environment (`--print-config`, which parses and exits without serving)
+#      binaries read (from their --help), and each container's exact command line (start
+#      script included) runs with the pod environment of every StatefulSet pod into the
+#      binary's `--print-config` (parses and exits without serving), which must show the
+#      pod's shard (and replica) index; the start scripts refuse a missing or foreign
+#      pod-index label and a pod past NUM_SHARDS x R (deploy/validate/podenv.mjs)
 # Every check runs; the script prints each failure and exits 1 if any failed. A missing
 # tool is a failure naming what to install.
 # Usage: tests/deploy_lint.sh
@@ -224,8 +227,13 @@ if [ "$have_bins" -eq 0 ] && [ -z "${ONLINEPS_BIN_DIR:-}" ]; then
 elif [ "$have_bins" -eq 0 ]; then
   bad "binaries ${binaries[*]} not all in ONLINEPS_BIN_DIR=$bin"
 else
-  mkdir -p "$work/help"
-  for b in "${binaries[@]}"; do "$bin/$b" --help >"$work/help/$b.help" 2>&1 || true; done
+  mkdir -p "$work/help" "$work/wrap"
+  for b in "${binaries[@]}"; do
+    "$bin/$b" --help >"$work/help/$b.help" 2>&1 || true
+    # Stands in for /usr/local/bin/$b in the containers' command lines.
+    printf '#!/bin/sh\nexec %s --print-config "$@"\n' "'$bin/$b'" >"$work/wrap/$b"
+    chmod +x "$work/wrap/$b"
+  done
   for out in "$work"/render-*.yaml; do
     name=${out#"$work/render-"}
     name=${name%.yaml}
@@ -236,16 +244,41 @@ else
       continue
     fi
     pod_problems=0
+    cases=0
     while read -r n binary what; do
+      cases=$((cases + 1))
       mapfile -t vars <"$envdir/$n.env"
-      if ! env -i PATH=/usr/bin:/bin "${vars[@]}" "$bin/$binary" --print-config >"$work/out" 2>&1; then
-        echo "    $what: $binary refuses the pod environment:" >&2
-        sed 's/^/      /' "$work/out" >&2
-        pod_problems=1
+      mapfile -d '' -t argv <"$envdir/$n.argv"
+      # The pod's exact command line (a start script included), the image's binaries
+      # replaced by the wrappers: `<binary> --print-config`.
+      argv=("${argv[@]//\/usr\/local\/bin\//$work/wrap/}")
+      rc=0
+      env -i PATH=/usr/bin:/bin "${vars[@]}" "${argv[@]}" >"$work/out" 2>"$work/err" </dev/null || rc=$?
+      if [ -f "$envdir/$n.refuse" ]; then
+        phrase=$(cat "$envdir/$n.refuse")
+        if [ "$rc" -eq 0 ] || ! grep -qF -- "$phrase" "$work/err"; then
+          echo "    $what: the start script does not refuse it (exit $rc; expected a message with '$phrase'):" >&2
+          head -n 3 "$work/out" | cat - "$work/err" | sed 's/^/      /' >&2
+          pod_problems=1
+        fi
+        continue
       fi
+      if [ "$rc" -ne 0 ]; then
+        echo "    $what: $binary refuses the pod environment (exit $rc):" >&2
+        sed 's/^/      /' "$work/out" "$work/err" >&2
+        pod_problems=1
+        continue
+      fi
+      while IFS= read -r line; do
+        if ! grep -qxF -- "$line" "$work/out"; then
+          echo "    $what: --print-config lacks '$line':" >&2
+          sed 's/^/      /' "$work/out" >&2
+          pod_problems=1
+        fi
+      done <"$envdir/$n.expect"
     done <"$envdir/containers"
     if [ "$pod_problems" -eq 0 ]; then
-      ok "pod environments of $name accepted by the binaries (--print-config)"
+      ok "pod environments of $name accepted by the binaries (--print-config, $cases pod cases)"
     else
       bad "pod environments of $name (--print-config)"
     fi
