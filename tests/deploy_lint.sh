@@ -4,10 +4,10 @@
 #   2. kubectl kustomize of the base and every overlay, then each rendered object against
 #      the Kubernetes schemas (deploy/validate/validate.mjs, kubernetes-models) and the
 #      onlineps structure rules (deploy/validate/checks.mjs: probes, headless Services,
-#      shard list = replicas, GPU settings, files from Secrets, CURVE wiring, ...); for
-#      the curve overlay also: checks.mjs refuses broken variants (checks_test.mjs), the
-#      Secrets of deploy/k8s/make-curve-secrets.sh fit it (needs onlineps_ps_cli), and no
-#      CURVE secret key is committed under deploy/
+#      shard list = replicas, GPU settings, files from Secrets, CURVE wiring, replicated
+#      shards, etcd, ...); for the curve and replicated overlays also: checks.mjs refuses
+#      broken variants (checks_test.mjs), the Secrets of deploy/k8s/make-curve-secrets.sh
+#      fit them (needs onlineps_ps_cli), and no CURVE secret key is committed under deploy/
 #   3. promtool: check config (Kubernetes discovery checked by promconfig.mjs, since
 #      Debian's promtool has none), check rules, test rules
 #   4. shellcheck over scripts/, tests/, deploy/ and .ci/run
@@ -110,7 +110,7 @@ check "yamllint deploy/" yamllint --strict -c "$deploy/.yamllint.yaml" "$deploy"
 external_secrets=(--external-secret onlineps-mcp-tokens --external-secret onlineps-curve-ps
   --external-secret onlineps-curve-worker --external-secret onlineps-curve-bridge)
 targets=("$deploy/k8s/base")
-for o in dev gpu curve; do
+for o in dev gpu curve replicated; do
   if [ ! -f "$deploy/k8s/overlays/$o/kustomization.yaml" ]; then bad "overlay $o: no kustomization.yaml"; fi
 done
 for k in "$deploy"/k8s/overlays/*/kustomization.yaml; do
@@ -132,31 +132,40 @@ for t in "${targets[@]}"; do
   check "structure of $name (checks.mjs)" node "$validate/checks.mjs" "${external_secrets[@]}" "$out"
 done
 
-# --- 2b. CURVE Secrets ----------------------------------------------------------------------
-# checks.mjs refuses broken CURVE wiring (checks_test.mjs breaks the curve overlay's
-# render one way at a time); the Secrets make-curve-secrets.sh prints fit the overlay
-# (schemas, and checks.mjs with the Secrets' keys); no secret key is committed.
-curve_render=$work/render-overlays-curve.yaml
-if [ -f "$curve_render" ]; then
-  check "checks.mjs refuses broken CURVE manifests (checks_test.mjs)" node "$validate/checks_test.mjs" "$curve_render"
-  cli=${ONLINEPS_BIN_DIR:-$root/build/bin}/onlineps_ps_cli
-  if [ -x "$cli" ]; then
-    if ONLINEPS_PS_CLI=$cli bash "$deploy/k8s/make-curve-secrets.sh" -o "$work/curve-secrets.yaml" >"$work/out" 2>&1; then
-      cat "$curve_render" "$work/curve-secrets.yaml" >"$work/curve-with-secrets.yaml"
-      check "schemas of overlays/curve + make-curve-secrets.sh output" node "$validate/validate.mjs" "$work/curve-with-secrets.yaml"
-      check "structure and keys of overlays/curve + make-curve-secrets.sh output" \
-        node "$validate/checks.mjs" --external-secret onlineps-mcp-tokens "$work/curve-with-secrets.yaml"
-    else
-      bad "deploy/k8s/make-curve-secrets.sh"
-      sed 's/^/    /' "$work/out" >&2
-    fi
-  elif [ -n "${ONLINEPS_BIN_DIR:-}" ]; then
-    bad "make-curve-secrets.sh needs $cli (ONLINEPS_BIN_DIR)"
+# --- 2b. CURVE Secrets and broken variants ---------------------------------------------
+# checks.mjs refuses broken CURVE wiring and broken replicated layouts (checks_test.mjs
+# breaks the curve and replicated overlays' renders one way at a time); the Secrets
+# make-curve-secrets.sh prints fit both overlays (schemas, and checks.mjs with the
+# Secrets' keys); no secret key is committed.
+curve_renders=()
+for o in curve replicated; do
+  if [ -f "$work/render-overlays-$o.yaml" ]; then
+    curve_renders+=("$o")
   else
-    echo "deploy_lint: skipped: make-curve-secrets.sh output (no onlineps_ps_cli in $root/build/bin)"
+    bad "overlays/$o was not rendered"
   fi
+done
+if [ ${#curve_renders[@]} -eq 2 ]; then
+  check "checks.mjs refuses broken CURVE and replicated manifests (checks_test.mjs)" \
+    node "$validate/checks_test.mjs" "$work/render-overlays-curve.yaml" "$work/render-overlays-replicated.yaml"
+fi
+cli=${ONLINEPS_BIN_DIR:-$root/build/bin}/onlineps_ps_cli
+if [ -x "$cli" ]; then
+  if ONLINEPS_PS_CLI=$cli bash "$deploy/k8s/make-curve-secrets.sh" -o "$work/curve-secrets.yaml" >"$work/out" 2>&1; then
+    for o in "${curve_renders[@]}"; do
+      cat "$work/render-overlays-$o.yaml" "$work/curve-secrets.yaml" >"$work/$o-with-secrets.yaml"
+      check "schemas of overlays/$o + make-curve-secrets.sh output" node "$validate/validate.mjs" "$work/$o-with-secrets.yaml"
+      check "structure and keys of overlays/$o + make-curve-secrets.sh output" \
+        node "$validate/checks.mjs" --external-secret onlineps-mcp-tokens "$work/$o-with-secrets.yaml"
+    done
+  else
+    bad "deploy/k8s/make-curve-secrets.sh"
+    sed 's/^/    /' "$work/out" >&2
+  fi
+elif [ -n "${ONLINEPS_BIN_DIR:-}" ]; then
+  bad "make-curve-secrets.sh needs $cli (ONLINEPS_BIN_DIR)"
 else
-  bad "overlays/curve was not rendered"
+  echo "deploy_lint: skipped: make-curve-secrets.sh output (no onlineps_ps_cli in $root/build/bin)"
 fi
 # A zcert secret-key line with a real 40-character Z85 key, anywhere under deploy/.
 z85_secret='secret-key[[:space:]]*=[[:space:]]*"?[][0-9A-Za-z.:+=^!/*?&<>(){}@%$#-]{40}"?'
@@ -192,7 +201,7 @@ done
 for f in Dockerfile Dockerfile.cuda; do
   [ -f "$deploy/docker/$f" ] || bad "deploy/docker/$f is missing"
 done
-ports=$(cat "$work"/render-*.yaml 2>/dev/null | grep -o 'containerPort: [0-9]*' | awk '{print $2}' | sort -un || true)
+ports=$(node "$validate/ports.mjs" "$work"/render-*.yaml 2>/dev/null || true)
 image_conventions() {
   local f=$1 p problems=0
   if ! grep -q '^ENTRYPOINT \["/usr/bin/tini", "--"\]$' "$f"; then
