@@ -9,7 +9,9 @@
 #      broken variants (checks_test.mjs), the Secrets of deploy/k8s/make-curve-secrets.sh
 #      fit them (needs onlineps_ps_cli), and no CURVE secret key is committed under deploy/
 #   3. promtool: check config (Kubernetes discovery checked by promconfig.mjs, since
-#      Debian's promtool has none), check rules, test rules
+#      Debian's promtool has none), check rules, test rules; and prometheus.yml's
+#      relabeling gives every PS pod of every render its job, pod and shard labels
+#      (promshards.mjs: the replication alerts group by shard)
 #   4. shellcheck over scripts/, tests/, deploy/ and .ci/run
 #   5. dockerfilelint over deploy/docker/Dockerfile*, plus the image conventions
 #      (tini exec-form ENTRYPOINT, numeric non-root USER, EXPOSE of the manifests' ports)
@@ -184,6 +186,11 @@ else
 fi
 check "promtool check rules rules.yml" "$promtool" check rules "$prom/rules.yml"
 check "promtool test rules rules_test.yml" "$promtool" test rules "$prom/rules_test.yml"
+renders=("$work"/render-*.yaml)
+if [ -f "${renders[0]}" ]; then
+  check "prometheus.yml labels every PS pod with its shard (promshards.mjs)" \
+    node "$validate/promshards.mjs" "$prom/prometheus.yml" "${renders[@]}"
+fi
 
 # --- 4. shellcheck --------------------------------------------------------------------------
 shopt -s nullglob
