@@ -4,18 +4,23 @@
 #   2. kubectl kustomize of the base and every overlay, then each rendered object against
 #      the Kubernetes schemas (deploy/validate/validate.mjs, kubernetes-models) and the
 #      onlineps structure rules (deploy/validate/checks.mjs: probes, headless Services,
-#      shard list = replicas, GPU settings, files from Secrets, CURVE wiring, ...); for
-#      the curve overlay also: checks.mjs refuses broken variants (checks_test.mjs), the
-#      Secrets of deploy/k8s/make-curve-secrets.sh fit it (needs onlineps_ps_cli), and no
-#      CURVE secret key is committed under deploy/
+#      shard list = replicas, GPU settings, files from Secrets, CURVE wiring, replicated
+#      shards, etcd, ...); for the curve and replicated overlays also: checks.mjs refuses
+#      broken variants (checks_test.mjs), the Secrets of deploy/k8s/make-curve-secrets.sh
+#      fit them (needs onlineps_ps_cli), and no CURVE secret key is committed under deploy/
 #   3. promtool: check config (Kubernetes discovery checked by promconfig.mjs, since
-#      Debian's promtool has none), check rules, test rules
+#      Debian's promtool has none), check rules, test rules; and prometheus.yml's
+#      relabeling gives every PS pod of every render its job, pod and shard labels
+#      (promshards.mjs: the replication alerts group by shard)
 #   4. shellcheck over scripts/, tests/, deploy/ and .ci/run
 #   5. dockerfilelint over deploy/docker/Dockerfile*, plus the image conventions
 #      (tini exec-form ENTRYPOINT, numeric non-root USER, EXPOSE of the manifests' ports)
 #   6. with the built binaries: every ONLINEPS_* name the manifests set is one the
-#      binaries read (from their --help), and each container's binary accepts its exact
-#      pod environment (`--print-config`, which parses and exits without serving)
+#      binaries read (from their --help), and each container's exact command line (start
+#      script included) runs with the pod environment of every StatefulSet pod into the
+#      binary's `--print-config` (parses and exits without serving), which must show the
+#      pod's shard (and replica) index; the start scripts refuse a missing or foreign
+#      pod-index label and a pod past NUM_SHARDS x R (deploy/validate/podenv.mjs)
 # Every check runs; the script prints each failure and exits 1 if any failed. A missing
 # tool is a failure naming what to install.
 # Usage: tests/deploy_lint.sh
@@ -107,7 +112,7 @@ check "yamllint deploy/" yamllint --strict -c "$deploy/.yamllint.yaml" "$deploy"
 external_secrets=(--external-secret onlineps-mcp-tokens --external-secret onlineps-curve-ps
   --external-secret onlineps-curve-worker --external-secret onlineps-curve-bridge)
 targets=("$deploy/k8s/base")
-for o in dev gpu curve; do
+for o in dev gpu curve replicated; do
   if [ ! -f "$deploy/k8s/overlays/$o/kustomization.yaml" ]; then bad "overlay $o: no kustomization.yaml"; fi
 done
 for k in "$deploy"/k8s/overlays/*/kustomization.yaml; do
@@ -129,31 +134,40 @@ for t in "${targets[@]}"; do
   check "structure of $name (checks.mjs)" node "$validate/checks.mjs" "${external_secrets[@]}" "$out"
 done
 
-# --- 2b. CURVE Secrets ----------------------------------------------------------------------
-# checks.mjs refuses broken CURVE wiring (checks_test.mjs breaks the curve overlay's
-# render one way at a time); the Secrets make-curve-secrets.sh prints fit the overlay
-# (schemas, and checks.mjs with the Secrets' keys); no secret key is committed.
-curve_render=$work/render-overlays-curve.yaml
-if [ -f "$curve_render" ]; then
-  check "checks.mjs refuses broken CURVE manifests (checks_test.mjs)" node "$validate/checks_test.mjs" "$curve_render"
-  cli=${ONLINEPS_BIN_DIR:-$root/build/bin}/onlineps_ps_cli
-  if [ -x "$cli" ]; then
-    if ONLINEPS_PS_CLI=$cli bash "$deploy/k8s/make-curve-secrets.sh" -o "$work/curve-secrets.yaml" >"$work/out" 2>&1; then
-      cat "$curve_render" "$work/curve-secrets.yaml" >"$work/curve-with-secrets.yaml"
-      check "schemas of overlays/curve + make-curve-secrets.sh output" node "$validate/validate.mjs" "$work/curve-with-secrets.yaml"
-      check "structure and keys of overlays/curve + make-curve-secrets.sh output" \
-        node "$validate/checks.mjs" --external-secret onlineps-mcp-tokens "$work/curve-with-secrets.yaml"
-    else
-      bad "deploy/k8s/make-curve-secrets.sh"
-      sed 's/^/    /' "$work/out" >&2
-    fi
-  elif [ -n "${ONLINEPS_BIN_DIR:-}" ]; then
-    bad "make-curve-secrets.sh needs $cli (ONLINEPS_BIN_DIR)"
+# --- 2b. CURVE Secrets and broken variants ---------------------------------------------
+# checks.mjs refuses broken CURVE wiring and broken replicated layouts (checks_test.mjs
+# breaks the curve and replicated overlays' renders one way at a time); the Secrets
+# make-curve-secrets.sh prints fit both overlays (schemas, and checks.mjs with the
+# Secrets' keys); no secret key is committed.
+curve_renders=()
+for o in curve replicated; do
+  if [ -f "$work/render-overlays-$o.yaml" ]; then
+    curve_renders+=("$o")
   else
-    echo "deploy_lint: skipped: make-curve-secrets.sh output (no onlineps_ps_cli in $root/build/bin)"
+    bad "overlays/$o was not rendered"
   fi
+done
+if [ ${#curve_renders[@]} -eq 2 ]; then
+  check "checks.mjs refuses broken CURVE and replicated manifests (checks_test.mjs)" \
+    node "$validate/checks_test.mjs" "$work/render-overlays-curve.yaml" "$work/render-overlays-replicated.yaml"
+fi
+cli=${ONLINEPS_BIN_DIR:-$root/build/bin}/onlineps_ps_cli
+if [ -x "$cli" ]; then
+  if ONLINEPS_PS_CLI=$cli bash "$deploy/k8s/make-curve-secrets.sh" -o "$work/curve-secrets.yaml" >"$work/out" 2>&1; then
+    for o in "${curve_renders[@]}"; do
+      cat "$work/render-overlays-$o.yaml" "$work/curve-secrets.yaml" >"$work/$o-with-secrets.yaml"
+      check "schemas of overlays/$o + make-curve-secrets.sh output" node "$validate/validate.mjs" "$work/$o-with-secrets.yaml"
+      check "structure and keys of overlays/$o + make-curve-secrets.sh output" \
+        node "$validate/checks.mjs" --external-secret onlineps-mcp-tokens "$work/$o-with-secrets.yaml"
+    done
+  else
+    bad "deploy/k8s/make-curve-secrets.sh"
+    sed 's/^/    /' "$work/out" >&2
+  fi
+elif [ -n "${ONLINEPS_BIN_DIR:-}" ]; then
+  bad "make-curve-secrets.sh needs $cli (ONLINEPS_BIN_DIR)"
 else
-  bad "overlays/curve was not rendered"
+  echo "deploy_lint: skipped: make-curve-secrets.sh output (no onlineps_ps_cli in $root/build/bin)"
 fi
 # A zcert secret-key line with a real 40-character Z85 key, anywhere under deploy/.
 z85_secret='secret-key[[:space:]]*=[[:space:]]*"?[][0-9A-Za-z.:+=^!/*?&<>(){}@%$#-]{40}"?'
@@ -172,6 +186,11 @@ else
 fi
 check "promtool check rules rules.yml" "$promtool" check rules "$prom/rules.yml"
 check "promtool test rules rules_test.yml" "$promtool" test rules "$prom/rules_test.yml"
+renders=("$work"/render-*.yaml)
+if [ -f "${renders[0]}" ]; then
+  check "prometheus.yml labels every PS pod with its shard (promshards.mjs)" \
+    node "$validate/promshards.mjs" "$prom/prometheus.yml" "${renders[@]}"
+fi
 
 # --- 4. shellcheck --------------------------------------------------------------------------
 shopt -s nullglob
@@ -189,7 +208,7 @@ done
 for f in Dockerfile Dockerfile.cuda; do
   [ -f "$deploy/docker/$f" ] || bad "deploy/docker/$f is missing"
 done
-ports=$(cat "$work"/render-*.yaml 2>/dev/null | grep -o 'containerPort: [0-9]*' | awk '{print $2}' | sort -un || true)
+ports=$(node "$validate/ports.mjs" "$work"/render-*.yaml 2>/dev/null || true)
 image_conventions() {
   local f=$1 p problems=0
   if ! grep -q '^ENTRYPOINT \["/usr/bin/tini", "--"\]$' "$f"; then
@@ -224,8 +243,13 @@ if [ "$have_bins" -eq 0 ] && [ -z "${ONLINEPS_BIN_DIR:-}" ]; then
 elif [ "$have_bins" -eq 0 ]; then
   bad "binaries ${binaries[*]} not all in ONLINEPS_BIN_DIR=$bin"
 else
-  mkdir -p "$work/help"
-  for b in "${binaries[@]}"; do "$bin/$b" --help >"$work/help/$b.help" 2>&1 || true; done
+  mkdir -p "$work/help" "$work/wrap"
+  for b in "${binaries[@]}"; do
+    "$bin/$b" --help >"$work/help/$b.help" 2>&1 || true
+    # Stands in for /usr/local/bin/$b in the containers' command lines.
+    printf '#!/bin/sh\nexec %s --print-config "$@"\n' "'$bin/$b'" >"$work/wrap/$b"
+    chmod +x "$work/wrap/$b"
+  done
   for out in "$work"/render-*.yaml; do
     name=${out#"$work/render-"}
     name=${name%.yaml}
@@ -236,16 +260,41 @@ else
       continue
     fi
     pod_problems=0
+    cases=0
     while read -r n binary what; do
+      cases=$((cases + 1))
       mapfile -t vars <"$envdir/$n.env"
-      if ! env -i PATH=/usr/bin:/bin "${vars[@]}" "$bin/$binary" --print-config >"$work/out" 2>&1; then
-        echo "    $what: $binary refuses the pod environment:" >&2
-        sed 's/^/      /' "$work/out" >&2
-        pod_problems=1
+      mapfile -d '' -t argv <"$envdir/$n.argv"
+      # The pod's exact command line (a start script included), the image's binaries
+      # replaced by the wrappers: `<binary> --print-config`.
+      argv=("${argv[@]//\/usr\/local\/bin\//$work/wrap/}")
+      rc=0
+      env -i PATH=/usr/bin:/bin "${vars[@]}" "${argv[@]}" >"$work/out" 2>"$work/err" </dev/null || rc=$?
+      if [ -f "$envdir/$n.refuse" ]; then
+        phrase=$(cat "$envdir/$n.refuse")
+        if [ "$rc" -eq 0 ] || ! grep -qF -- "$phrase" "$work/err"; then
+          echo "    $what: the start script does not refuse it (exit $rc; expected a message with '$phrase'):" >&2
+          head -n 3 "$work/out" | cat - "$work/err" | sed 's/^/      /' >&2
+          pod_problems=1
+        fi
+        continue
       fi
+      if [ "$rc" -ne 0 ]; then
+        echo "    $what: $binary refuses the pod environment (exit $rc):" >&2
+        sed 's/^/      /' "$work/out" "$work/err" >&2
+        pod_problems=1
+        continue
+      fi
+      while IFS= read -r line; do
+        if ! grep -qxF -- "$line" "$work/out"; then
+          echo "    $what: --print-config lacks '$line':" >&2
+          sed 's/^/      /' "$work/out" >&2
+          pod_problems=1
+        fi
+      done <"$envdir/$n.expect"
     done <"$envdir/containers"
     if [ "$pod_problems" -eq 0 ]; then
-      ok "pod environments of $name accepted by the binaries (--print-config)"
+      ok "pod environments of $name accepted by the binaries (--print-config, $cases pod cases)"
     else
       bad "pod environments of $name (--print-config)"
     fi

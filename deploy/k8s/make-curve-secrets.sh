@@ -7,8 +7,12 @@
 #
 # Each Secret holds one component's own certificate (key `cert`, both keys) and the
 # public keys it needs: `server.pub` (the key of the servers it connects to) and
-# `allow` (the client keys it admits: the shards admit the workers, the workers admit
-# the bridge). No secret key is shared between components and none is written to git.
+# `allow` (the client keys it admits: the shards admit the workers and their own key,
+# the workers admit the bridge). No secret key is shared between components and none is
+# written to git. The shards' own key is on their allow list because the replicas of a
+# replicated shard (components/replication) connect to each other with the shards'
+# certificate; Secrets made before it was added refuse that, so remake them for a
+# replicated cluster.
 #
 # Options:
 #   -n, --namespace NS  namespace of the Secrets (default onlineps)
@@ -82,8 +86,9 @@ for r in "${roles[@]}"; do
   fi
 done
 rm -f "$dir/keygen.log"
-# Allow lists: the public keys of the clients each server admits.
-cat "$dir/worker.pub" >"$dir/ps.allow"
+# Allow lists: the public keys of the clients each server admits (the shards: also their
+# own, for replication between replicas).
+cat "$dir/worker.pub" "$dir/ps.pub" >"$dir/ps.allow"
 cat "$dir/bridge.pub" >"$dir/worker.allow"
 if [ -f "$dir/ops.pub" ]; then
   cat "$dir/ops.pub" >>"$dir/ps.allow"

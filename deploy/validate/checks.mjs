@@ -6,11 +6,19 @@
 //   node deploy/validate/checks.mjs --external-secret onlineps-mcp-tokens r.yaml
 //
 // --external-secret NAME: a Secret that is created out of band (not in the render).
-// The rules for files from Secrets (bearer tokens, CURVE keys) are in curve.mjs.
+// The rules for files from Secrets (bearer tokens, CURVE keys) are in curve.mjs, those
+// for replicated shards in replication.mjs and for an etcd in the render in etcd.mjs.
+// The onlineps container rules (admin port, probes, scrape annotations) apply to
+// workloads labelled app.kubernetes.io/name=onlineps; others (etcd) get the general
+// ones (probes, resources, read-only root, non-root, PDB, labels).
 // Exit status: 0 all checks pass, 1 a problem (each printed, naming the object), 2 usage.
+// Also a module: checkManifests(objects, {external}) returns the problems (checks_test.mjs).
 import { readFileSync } from "node:fs";
+import { pathToFileURL } from "node:url";
 import { parseAllDocuments } from "yaml";
 import { checkSecretFiles } from "./curve.mjs";
+import { checkEtcd } from "./etcd.mjs";
+import { checkReplication, psLayout } from "./replication.mjs";
 
 const USAGE = "usage: checks.mjs [--external-secret NAME]... FILE...";
 const problems = [];
@@ -35,7 +43,7 @@ const subset = (sel, labels) =>
 const WORKLOAD_KINDS = new Set(["Deployment", "StatefulSet", "DaemonSet"]);
 const REQUIRED_LABELS = ["app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component"];
 
-function load(files) {
+export function load(files) {
   const objects = [];
   for (const f of files) {
     for (const doc of parseAllDocuments(readFileSync(f, "utf8"))) {
@@ -128,15 +136,25 @@ function checkContainer(w, pod, c, env) {
   if (!c.image || !/:[A-Za-z0-9_.-]+$/.test(c.image)) fail(what, `image ${c.image} has no tag`);
 }
 
-function main() {
-  let args;
-  try {
-    args = parseArgs(process.argv.slice(2));
-  } catch (err) {
-    console.error(`checks.mjs: ${err.message}\n${USAGE}`);
-    process.exit(2);
+// Containers of workloads that are not onlineps (etcd): probes, resources, hardening.
+function checkOtherContainer(w, c) {
+  const what = `${id(w)} container ${c.name}`;
+  for (const probe of ["livenessProbe", "readinessProbe"]) if (!c[probe]) fail(what, `no ${probe}`);
+  for (const kind of ["requests", "limits"]) {
+    for (const r of ["cpu", "memory"]) {
+      if (c.resources?.[kind]?.[r] === undefined) fail(what, `no resources.${kind}.${r}`);
+    }
   }
-  const objects = load(args.files);
+  if (c.securityContext?.readOnlyRootFilesystem !== true) fail(what, "securityContext.readOnlyRootFilesystem is not true");
+  if (c.securityContext?.allowPrivilegeEscalation !== false) fail(what, "securityContext.allowPrivilegeEscalation is not false");
+  if (!c.image || !/:[A-Za-z0-9_.-]+$/.test(c.image) || /:latest$/.test(c.image)) fail(what, `image ${c.image} is not pinned to a tag`);
+}
+
+// Every problem of the rendered objects, as "<object>: <what is wrong>" lines.
+// external: names of Secrets created out of band. Not reentrant (one `problems` list).
+export function checkManifests(objects, { external = new Set() } = {}) {
+  problems.length = 0;
+  const args = { external };
   const byKind = (k) => objects.filter((o) => o.kind === k);
   const configMaps = new Map(byKind("ConfigMap").map((o) => [o.metadata.name, o]));
   const secrets = new Set(byKind("Secret").map((o) => o.metadata.name));
@@ -179,7 +197,8 @@ function main() {
     for (const c of containers) {
       const env = effectiveEnv(c, configMaps, `${what} container ${c.name}`);
       if (!envs.has(w)) envs.set(w, { container: c, env });
-      checkContainer(w, pod, c, env);
+      if (tmplLabels["app.kubernetes.io/name"] === "onlineps") checkContainer(w, pod, c, env);
+      else checkOtherContainer(w, c);
     }
     if (!pdbs.some((p) => p.metadata.namespace === w.metadata.namespace && subset(p.spec?.selector?.matchLabels, tmplLabels))) {
       fail(what, "no PodDisruptionBudget selects its pods");
@@ -214,6 +233,7 @@ function main() {
   }
   const ps = psSets.find((w) => w.kind === "StatefulSet");
   let expectedShards = null;
+  let layout = null;
   if (ps) {
     const what = id(ps);
     const ns = ps.metadata.namespace;
@@ -227,11 +247,18 @@ function main() {
     const { container: c, env } = envs.get(ps) || {};
     if (c) {
       const replicas = ps.spec.replicas ?? 1;
-      if (String(env.ONLINEPS_NUM_SHARDS) !== String(replicas)) {
+      // Unreplicated: pod i is shard i. Replicated (replication.mjs): pod p is replica
+      // p % R of shard p / R, R = the pod annotation onlineps.io/replicas-per-shard.
+      layout = psLayout(ps, { fail, id });
+      const r = layout.r;
+      if (r === 1 && String(env.ONLINEPS_NUM_SHARDS) !== String(replicas)) {
         fail(what, `ONLINEPS_NUM_SHARDS ${env.ONLINEPS_NUM_SHARDS} != replicas ${replicas}`);
       }
+      if (r > 1 && Number(env.ONLINEPS_NUM_SHARDS) * r !== replicas) {
+        fail(what, `ONLINEPS_NUM_SHARDS ${env.ONLINEPS_NUM_SHARDS} x ${r} replicas per shard != replicas ${replicas}`);
+      }
       const idx = env.ONLINEPS_SHARD_INDEX;
-      if (!isObj(idx) || idx.from?.fieldRef?.fieldPath !== "metadata.labels['apps.kubernetes.io/pod-index']") {
+      if (r === 1 && (!isObj(idx) || idx.from?.fieldRef?.fieldPath !== "metadata.labels['apps.kubernetes.io/pod-index']")) {
         fail(what, "ONLINEPS_SHARD_INDEX does not come from the downward API label apps.kubernetes.io/pod-index");
       }
       const listenPort = endpointPort(env.ONLINEPS_LISTEN);
@@ -239,7 +266,11 @@ function main() {
         fail(what, `ONLINEPS_LISTEN ${env.ONLINEPS_LISTEN} does not bind all addresses (tcp://0.0.0.0:PORT)`);
       }
       if (listenPort !== portOf(c, "zmq")) fail(what, `ONLINEPS_LISTEN port ${listenPort} != containerPort zmq ${portOf(c, "zmq")}`);
-      expectedShards = Array.from({ length: replicas }, (_, i) => `tcp://${ps.metadata.name}-${i}.${ps.spec.serviceName}:${listenPort}`);
+      const endpoint = (i) => `tcp://${ps.metadata.name}-${i}.${ps.spec.serviceName}:${listenPort}`;
+      // Shards separated by `,`, the replicas of a shard by `|`, all in order.
+      expectedShards = Array.from({ length: Math.ceil(replicas / r) }, (_, s) =>
+        Array.from({ length: r }, (_, i) => endpoint(s * r + i)).join("|"),
+      );
       const dir = env.ONLINEPS_CHECKPOINT_DIR;
       const claims = new Set((ps.spec.volumeClaimTemplates || []).map((t) => t.metadata?.name));
       const mount = (c.volumeMounts || []).find((m) => m.mountPath === dir);
@@ -259,7 +290,8 @@ function main() {
     const { container: c, env } = envs.get(w) || {};
     if (!c) continue;
     if (expectedShards && env.ONLINEPS_PS !== expectedShards.join(",")) {
-      fail(what, `ONLINEPS_PS ${env.ONLINEPS_PS} does not name every shard in order: expected ${expectedShards.join(",")}`);
+      const how = layout?.r > 1 ? "every shard's replicas (`|` between them) in order" : "every shard in order";
+      fail(what, `ONLINEPS_PS ${env.ONLINEPS_PS} does not name ${how}: expected ${expectedShards.join(",")}`);
     }
     const rpc = portOf(c, "tcp-rpc");
     if (endpointPort(env.ONLINEPS_LISTEN) !== rpc || !/^tcp:\/\/(0\.0\.0\.0|\*):/.test(env.ONLINEPS_LISTEN || "")) {
@@ -312,14 +344,34 @@ function main() {
 
   // Files from Secrets: the bridge's tokens and the CURVE keys (curve.mjs).
   const secretObjects = new Map(byKind("Secret").map((o) => [o.metadata.name, o]));
-  checkSecretFiles({ fail, id, env: (w) => envs.get(w)?.env, secrets: secretObjects, configMaps, ps, workers, bridges });
+  const replicated = layout?.r > 1;
+  checkSecretFiles({ fail, id, env: (w) => envs.get(w)?.env, secrets: secretObjects, configMaps, ps, workers, bridges, replicated });
 
-  if (problems.length > 0) {
-    for (const p of problems) console.error(`checks.mjs: ${p}`);
-    console.error(`checks.mjs: ${problems.length} problem(s)`);
+  // Replicated shards (replication.mjs) and an etcd in the render (etcd.mjs).
+  const ctx = { fail, id, subset, objects, byKind, workloads, services, pdbs, configMaps, envs, ps, layout, workers };
+  checkReplication(ctx);
+  checkEtcd(ctx);
+
+  return [...problems];
+}
+
+function main() {
+  let args;
+  try {
+    args = parseArgs(process.argv.slice(2));
+  } catch (err) {
+    console.error(`checks.mjs: ${err.message}\n${USAGE}`);
+    process.exit(2);
+  }
+  const objects = load(args.files);
+  const found = checkManifests(objects, { external: args.external });
+  if (found.length > 0) {
+    for (const p of found) console.error(`checks.mjs: ${p}`);
+    console.error(`checks.mjs: ${found.length} problem(s)`);
     process.exit(1);
   }
+  const workloads = objects.filter((o) => WORKLOAD_KINDS.has(o.kind));
   console.log(`checks.mjs: ${objects.length} object(s), ${workloads.length} workload(s): structure ok`);
 }
 
-main();
+if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) main();

@@ -11,7 +11,9 @@
 // the servers' key. When the Secrets are in the render (make-curve-secrets.sh output
 // added to it), their keys must fit together: the workers' server key is the PS's public
 // key, the bridge's is the workers', each allow list admits its clients, no public-key
-// file holds a secret key. No ConfigMap may hold a secret key or an ONLINEPS_CURVE_* name.
+// file holds a secret key; with replicated shards, the shards' allow list admits their
+// own key (replicas connect to each other with it, and ZAP would refuse them
+// otherwise). No ConfigMap may hold a secret key or an ONLINEPS_CURVE_* name.
 
 const CURVE_ENV = ["ONLINEPS_CURVE_CERT", "ONLINEPS_CURVE_SERVER_KEY", "ONLINEPS_CURVE_ALLOW"];
 const KEY_LINE = /^\s*(public|secret)-key\s*=\s*"?([^"\s]{40})"?\s*(?:#.*)?$/;
@@ -97,7 +99,7 @@ function fileKeys(ref) {
 }
 
 // ctx: {fail(what, msg), env(workload) -> effective env, secrets: Map, configMaps: Map,
-//       ps, workers, bridges, id(object)}
+//       ps, workers, bridges, id(object), replicated: the PS runs replica groups}
 export function checkSecretFiles(ctx) {
   for (const cm of ctx.configMaps.values()) {
     for (const [k, v] of Object.entries(cm.data || {})) {
@@ -187,4 +189,14 @@ function checkKeysFit(ctx, files) {
   };
   admits("PS", "worker");
   admits("worker", "bridge");
+  // Replicas of a shard are each other's CURVE clients, with the shards' certificate
+  // (unless --curve-replica-keys names certificates of their own).
+  if (ctx.replicated && !ctx.env(ctx.ps)?.ONLINEPS_CURVE_REPLICA_KEYS) {
+    const f = files.get("PS");
+    const keys = fileKeys(f?.allow);
+    if (keys && pub.has("PS") && !keys.some((l) => l.kind !== "secret" && l.key === pub.get("PS"))) {
+      ctx.fail(f.what, `ONLINEPS_CURVE_ALLOW (${f.allow.name}/${f.allow.key}) does not admit the shards' own key ${pub.get("PS")}: ` +
+        "replicas connect to each other with it and would be refused (make-curve-secrets.sh adds it)");
+    }
+  }
 }
