@@ -273,6 +273,14 @@ class EtcdKv final : public KvStore {
         continue;
       }
       if (!sent) client.stop();  // the connection is in an unknown state
+      if (res.status >= 500 || (res.status != 200 && !j.is_object())) {
+        // This member cannot serve (no quorum, shutting down): try the next one.
+        last_error = endpoints_[e].host + ":" + std::to_string(endpoints_[e].port) + ": HTTP " +
+                     std::to_string(res.status) + ": " +
+                     (j.is_object() ? j.value("message", std::string()) : body.substr(0, 200));
+        client.stop();
+        continue;
+      }
       if (res.status != 200 || !j.is_object()) {
         const std::string msg =
             j.is_object() ? j.value("message", j.value("error", body)) : body.substr(0, 200);

@@ -187,10 +187,7 @@ int main(int argc, char** argv) {
 
   auto admin = std::make_unique<onlineps::AdminServer>();
   onlineps::ps::ShardServer server(options, admin->registry());
-  admin->SetReadyCheck([&server]() -> onlineps::Status {
-    if (server.ready()) return onlineps::Status::Ok();
-    return onlineps::Unavailable("shard is starting, restoring or draining");
-  });
+  admin->SetReadyCheck([&server]() -> onlineps::Status { return server.Readiness(); });
   if (admin_port >= 0) {
     auto port = admin->Start(admin_host, admin_port);
     if (!port.ok()) {

@@ -147,6 +147,8 @@ class ReplicaCore {
   std::vector<std::pair<Done, Status>> TakeCompletions();
 
   bool primary() const { return role_ == Role::kPrimary; }
+  // Primary, or named in the ISR (index and incarnation) of the last read of etcd.
+  bool in_sync() const { return primary() || (view_valid_ && InIsr(view_)); }
   uint64_t epoch() const { return epoch_; }
   uint64_t lsn() const { return lsn_; }
   uint64_t log_epoch() const { return log_epoch_; }

@@ -198,6 +198,11 @@ uint64_t Replica::log_epoch() const {
   return core_->log_epoch();
 }
 
+bool Replica::InSync() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return core_->in_sync();
+}
+
 ReplicaStats Replica::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return core_->Stats();

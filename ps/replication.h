@@ -83,6 +83,8 @@ class Replica {
   uint64_t log_epoch() const;
   uint64_t incarnation() const { return incarnation_; }
   ReplicaStats Stats() const;
+  // Primary, or named in the ISR with this incarnation (as last read from etcd).
+  bool InSync() const;
   // The group's key prefix in etcd.
   const std::string& group() const { return group_; }
 

@@ -166,6 +166,15 @@ void ShardServer::WriteSidecar(bool clean, uint64_t checkpoint_bytes) {
   if (!st.ok()) spdlog::error("replica sidecar not written: {}", st.ToString());
 }
 
+Status ShardServer::Readiness() const {
+  if (!ready_) return Unavailable("shard is starting, restoring or draining");
+  if (replica_ && !replica_->InSync()) {
+    return Unavailable("replica is not in the in-sync replica set yet (catching up from the "
+                       "primary, or no primary: see onlineps_ps_replica metrics)");
+  }
+  return Status::Ok();
+}
+
 bool ShardServer::ReplicationAllowed(const std::string& client_key) const {
   if (!options_.curve.enabled()) return true;
   if (client_key == options_.curve.public_key) return true;

@@ -65,6 +65,10 @@ class ShardServer {
   StatusOr<std::string> Checkpoint();
 
   bool ready() const { return ready_.load(); }
+  // /readyz: OK while serving and, when replicated, primary or in the in-sync replica
+  // set (a backup re-syncing after a restart is not ready, so a rollout or drain waits
+  // for it before stopping the next replica).
+  Status Readiness() const;
   // Null when the shard is not replicated.
   const Replica* replica() const { return replica_.get(); }
   std::string checkpoint_path() const;

@@ -126,6 +126,13 @@ class ReplicationCluster : public ::testing::Test {
     if (at == std::string::npos) return -1;
     return std::stod(body.substr(at + series.size() + 2));
   }
+  // The status of a replica's /readyz (0 when it does not answer).
+  int Readyz(int s, int r) const {
+    httplib::Client c("127.0.0.1", admin_[s][r]);
+    c.set_connection_timeout(1, 0);
+    auto res = c.Get("/readyz");
+    return res ? res->status : 0;
+  }
   double Field(int s, int r, const std::string& field) const {
     return Metric(s, r, "onlineps_ps_replica{field=\"" + field + "\"}");
   }

@@ -57,14 +57,17 @@ TEST_F(ReplicationTest, Kill9PrimaryLosesNoAcknowledgedPush) {
   const double gap1 = LongestGap(kill1);
   EXPECT_GE(Event(0, 1 - p1, "promotion"), 1);
   EXPECT_GT(Field(0, 1 - p1, "epoch"), 0);
-  // 2. A replacement (empty: no checkpoint) joins, catches up and enters the ISR.
+  // 2. A replacement (empty: no checkpoint) joins, catches up and enters the ISR; it is
+  // not ready (/readyz 503) until it is in the ISR.
   Start(0, p1);
+  EXPECT_EQ(Readyz(0, p1), 503) << "a replica that has not re-synced reported ready";
   ASSERT_TRUE(WaitFor([&] { return Field(0, 1 - p1, "isr_size") == 2; }, milliseconds(10000)))
       << "the replacement never rejoined the ISR";
   EXPECT_GE(Event(0, 1 - p1, "snapshot_sent"), 1);
   // Metrics are refreshed every second.
   EXPECT_TRUE(WaitFor([&] { return Event(0, p1, "snapshot_loaded") >= 1; }, milliseconds(3000)));
   EXPECT_EQ(Field(0, p1, "primary"), 0);
+  EXPECT_TRUE(WaitFor([&] { return Readyz(0, p1) == 200; }, milliseconds(5000)));
   // 3. kill -9 the new primary: the replacement must hold every acknowledged push.
   const double kill2 = Now();
   Signal(0, 1 - p1, SIGKILL);
