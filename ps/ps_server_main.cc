@@ -60,6 +60,11 @@ void AddFlags(CLI::App& app, onlineps::ps::ShardServerOptions* o, std::string* a
                  "replaced after about this long (a stopped one at once)")
       ->check(CLI::Range(uint64_t{1000}, uint64_t{600000}))
       ->capture_default_str();
+  app.add_option("--replica-unclean-wait-ms", rep.unclean_wait_ms,
+                 "When every in-sync replica lost its state (all restarted), wait this long for "
+                 "every replica to register before electing the most up-to-date one present")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{86400000}))
+      ->capture_default_str();
   app.add_option("--min-insync-replicas", rep.min_insync,
                  "sync: pushes wait (are not acknowledged) while fewer replicas than this, the "
                  "primary included, are in the in-sync replica set")

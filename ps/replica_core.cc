@@ -361,7 +361,7 @@ void ReplicaCore::MaybeCampaign(uint64_t now) {
     // An unclean election is the last resort: rank everyone, so wait for every replica to
     // register (or bootstrap_wait_ms), as a replica whose lease lapsed re-registers.
     const bool all = view_.members.size() >= config_.members.size();
-    if (!all && now - leaderless_since_ms_ < config_.bootstrap_wait_ms) {
+    if (!all && now - leaderless_since_ms_ < config_.unclean_wait_ms) {
       return wait("every in-sync replica restarted; waiting for all replicas to register");
     }
     if (best() == config_.index) {

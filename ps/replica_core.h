@@ -59,6 +59,9 @@ struct ReplicaConfig {
   // A new group (no ISR yet) waits this long for every replica to register before the
   // best of those that did is elected.
   uint64_t bootstrap_wait_ms = 5000;
+  // When every ISR member is gone, the unclean election waits this long for every replica
+  // to register (a cleanly stopped or partitioned one may hold more than those present).
+  uint64_t unclean_wait_ms = 30000;
   size_t max_log_entries = 65536;  // entries kept for lagging backups (then: snapshot)
   size_t window = 512;             // entries in flight to one backup
 

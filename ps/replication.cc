@@ -64,6 +64,7 @@ Replica::Replica(ReplicationOptions options, Hooks hooks, RestoredReplica restor
   c.follower_timeout_ms = options_.follower_timeout_ms;
   c.kv_timeout_ms = std::max<uint64_t>(options_.heartbeat_ms * 5, 1000);
   c.bootstrap_wait_ms = std::max<uint64_t>(2 * options_.lease_ms, 3000);
+  c.unclean_wait_ms = options_.unclean_wait_ms;
   c.max_log_entries = options_.max_log_entries;
   c.window = options_.window;
   c.incarnation = incarnation_;

@@ -39,6 +39,9 @@ struct ReplicationOptions {
   uint64_t follower_timeout_ms = 2000;  // a silent backup leaves the ISR after this
   size_t max_log_entries = 65536;       // entries kept for lagging backups (then: snapshot)
   size_t window = 512;                  // entries in flight to one backup
+  // Every ISR member lost its state: wait this long for every replica to register
+  // before the most up-to-date one present is elected.
+  uint64_t unclean_wait_ms = 30000;
   std::vector<std::string> etcd;        // etcd endpoints (http://HOST:PORT); required
   std::string etcd_prefix = "/onlineps/default";  // keys of this cluster in etcd
   uint32_t shard = 0, num_shards = 1;             // set by the ShardServer

@@ -236,6 +236,7 @@ void Sim::StartNode(int i, bool restore) {
   c.follower_timeout_ms = 1000;
   c.kv_timeout_ms = 500;
   c.bootstrap_wait_ms = 3000;
+  c.unclean_wait_ms = 30000;
   c.window = 64;
   c.max_log_entries = 512;
   c.incarnation = n.inc;
