@@ -49,31 +49,21 @@ StatusOr<Endpoint> ParseEndpoint(const std::string& text) {
 }
 
 // etcd's JSON gateway writes 64-bit integers as strings and omits zero values.
-uint64_t U64(const json& j, const char* key) {
+template <typename T>
+T Int(const json& j, const char* key) {
   if (!j.is_object() || !j.contains(key)) return 0;
   const json& v = j[key];
   if (v.is_string()) {
     try {
-      return std::stoull(v.get<std::string>());
+      return static_cast<T>(std::stoll(v.get<std::string>()));
     } catch (const std::exception&) {
       return 0;
     }
   }
-  return v.is_number() ? v.get<uint64_t>() : 0;
+  return v.is_number() ? v.get<T>() : 0;
 }
-
-int64_t I64(const json& j, const char* key) {
-  if (!j.is_object() || !j.contains(key)) return 0;
-  const json& v = j[key];
-  if (v.is_string()) {
-    try {
-      return std::stoll(v.get<std::string>());
-    } catch (const std::exception&) {
-      return 0;
-    }
-  }
-  return v.is_number() ? v.get<int64_t>() : 0;
-}
+uint64_t U64(const json& j, const char* key) { return Int<uint64_t>(j, key); }
+int64_t I64(const json& j, const char* key) { return Int<int64_t>(j, key); }
 
 // The end of a prefix range: the prefix with its last byte incremented.
 std::string RangeEnd(std::string prefix) {

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <random>
 
 #include "common/clock.h"
@@ -38,7 +39,12 @@ class Replica::Env final : public ReplicaEnv {
   }
   void Kv(uint64_t id, KvCall call) override { r_->kv_outbox_.emplace_back(id, std::move(call)); }
   void TakeSnapshot(size_t member, uint64_t token) override {
-    r_->snapshot_todo_.emplace_back(member, token);
+    // One pending snapshot per backup (the newest request; older tokens are stale).
+    auto& todo = r_->snapshot_todo_;
+    todo.erase(std::remove_if(todo.begin(), todo.end(),
+                              [member](const auto& t) { return t.first == member; }),
+               todo.end());
+    todo.emplace_back(member, token);
     r_->cv_.notify_all();
   }
 
@@ -154,6 +160,7 @@ Status Replica::Start() {
   }
   WithCore([](ReplicaCore& c) { c.Start(NowMs()); });
   thread_ = std::thread([this] { Loop(); });
+  snapshot_thread_ = std::thread([this] { SnapshotLoop(); });
   spdlog::info(
       "replica {} of {} ({}), {} replication, incarnation {:016x}; membership in etcd under {}",
       options_.index, options_.members.size(), options_.members[options_.index],
@@ -175,6 +182,7 @@ void Replica::Stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (snapshot_thread_.joinable()) snapshot_thread_.join();
   kv_.reset();  // fails what is still queued (the stopped core ignores it)
   transport_->Close();
 }
@@ -255,19 +263,27 @@ void Replica::Loop() {
   const auto period = std::chrono::milliseconds(std::max<uint64_t>(options_.heartbeat_ms / 4, 5));
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    cv_.wait_for(lock, period, [this] { return stop_ || !snapshot_todo_.empty(); });
+    cv_.wait_for(lock, period, [this] { return stop_; });
     if (stop_) break;
-    while (!snapshot_todo_.empty()) {
-      auto [member, token] = snapshot_todo_.front();
-      snapshot_todo_.pop_front();
-      lock.unlock();
-      uint64_t at = 0;
-      auto bytes = hooks_.snapshot(&at);
-      WithCore([&](ReplicaCore& c) { c.OnSnapshot(NowMs(), member, token, bytes, at); });
-      lock.lock();
-    }
     lock.unlock();
     WithCore([](ReplicaCore& c) { c.Tick(NowMs()); });
+    lock.lock();
+  }
+}
+
+void Replica::SnapshotLoop() {
+  // Its own thread: a snapshot of a large shard takes seconds, and the ticker must keep
+  // renewing the lease and sending heartbeats meanwhile.
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    cv_.wait(lock, [this] { return stop_ || !snapshot_todo_.empty(); });
+    if (stop_) break;
+    auto [member, token] = snapshot_todo_.front();
+    snapshot_todo_.pop_front();
+    lock.unlock();
+    uint64_t at = 0;
+    auto bytes = hooks_.snapshot(&at);
+    WithCore([&](ReplicaCore& c) { c.OnSnapshot(NowMs(), member, token, bytes, at); });
     lock.lock();
   }
 }

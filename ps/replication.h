@@ -42,7 +42,7 @@ struct ReplicationOptions {
   // Every ISR member lost its state: wait this long for every replica to register
   // before the most up-to-date one present is elected.
   uint64_t unclean_wait_ms = 30000;
-  std::vector<std::string> etcd;        // etcd endpoints (http://HOST:PORT); required
+  std::vector<std::string> etcd;                  // etcd endpoints (http://HOST:PORT); required
   std::string etcd_prefix = "/onlineps/default";  // keys of this cluster in etcd
   uint32_t shard = 0, num_shards = 1;             // set by the ShardServer
   TransportOptions transport;                     // to the other replicas (CURVE keys)
@@ -112,7 +112,8 @@ class Replica {
   auto WithCore(F f);
   void Flush(std::vector<std::pair<uint64_t, KvCall>> calls,
              std::vector<std::pair<ReplicaCore::Done, Status>> done);
-  void Loop();
+  void Loop();          // ticks
+  void SnapshotLoop();  // takes the snapshots the core asks for
   void OnReply(size_t member, Frames&& frames);
   // Applies a logged update (frames from index 1 are the original request).
   Status ApplyEntry(const Frames& frames);
@@ -132,7 +133,7 @@ class Replica {
   std::deque<std::pair<size_t, uint64_t>> snapshot_todo_;  // guarded by mu_
   bool stop_ = false, started_ = false;                    // guarded by mu_
   std::mutex apply_mu_;  // one replication message applied at a time (backup)
-  std::thread thread_;
+  std::thread thread_, snapshot_thread_;
 };
 
 // The etcd key prefix of shard `shard` of `num_shards` under `etcd_prefix`.
