@@ -153,7 +153,7 @@ void ReplicaCore::OnKv(uint64_t now, uint64_t id, const KvResult& r) {
       return;
     case KvPurpose::kRead:
       read_id_ = 0;
-      ApplyView(now, r.entries);
+      ApplyView(now, r.entries, id);
       return;
     case KvPurpose::kCampaign:
       campaign_id_ = 0;
@@ -161,7 +161,7 @@ void ReplicaCore::OnKv(uint64_t now, uint64_t id, const KvResult& r) {
       campaign_unclean_ = p.unclean;
       // Won or lost, the read in the same transaction says who leads; ApplyView takes
       // the leadership when it is this replica's.
-      ApplyView(now, r.entries);
+      ApplyView(now, r.entries, id);
       campaign_unclean_ = false;
       return;
     case KvPurpose::kSetIsr:
@@ -178,7 +178,7 @@ void ReplicaCore::OnKv(uint64_t now, uint64_t id, const KvResult& r) {
           spdlog::warn("replica {}: primary of epoch {} at lsn {}", config_.index, epoch_, lsn_);
         }
       }
-      ApplyView(now, r.entries);
+      ApplyView(now, r.entries, id);
       ReleaseCommitted();
       return;
     case KvPurpose::kRemoveStale:
@@ -191,8 +191,12 @@ void ReplicaCore::OnKv(uint64_t now, uint64_t id, const KvResult& r) {
   }
 }
 
-void ReplicaCore::ApplyView(uint64_t now, const std::vector<KvEntry>& entries) {
+void ReplicaCore::ApplyView(uint64_t now, const std::vector<KvEntry>& entries, uint64_t call_id) {
   if (role_ == Role::kStopped) return;
+  // Answers can overtake each other: a read issued before a write must not undo what
+  // the write's own answer taught (calls are numbered in the order they were made).
+  if (call_id < view_call_id_) return;
+  view_call_id_ = call_id;
   std::vector<std::string> skipped;
   const View v = group_.Parse(entries, &skipped);
   for (const std::string& key : skipped) {
@@ -223,7 +227,7 @@ void ReplicaCore::ApplyView(uint64_t now, const std::vector<KvEntry>& entries) {
       return;
     }
     if (isr_id_ == 0 && v.has_isr && v.isr_epoch == epoch_ &&
-        v.isr_mod_revision != isr_mod_revision_) {
+        v.isr_mod_revision > isr_mod_revision_) {
       // A write whose answer was lost did land.
       isr_ = v.isr;
       isr_mod_revision_ = v.isr_mod_revision;

@@ -210,7 +210,9 @@ class ReplicaCore {
   // KvStore.
   uint64_t Call(uint64_t now, KvPurpose purpose, KvCall call);
   void KvFailed(uint64_t now, uint64_t id, const Pending& p, const std::string& why);
-  void ApplyView(uint64_t now, const std::vector<KvEntry>& entries);
+  // `call_id`: the call that read it; answers to older calls than the last applied are
+  // ignored.
+  void ApplyView(uint64_t now, const std::vector<KvEntry>& entries, uint64_t call_id);
   void LeaseTick(uint64_t now);
   void Register(uint64_t now);
   void MaybeCampaign(uint64_t now);
@@ -265,6 +267,7 @@ class ReplicaCore {
   bool read_now_ = false, registered_ = false;
   Registration registered_as_;
   View view_;
+  uint64_t view_call_id_ = 0;  // the call that read view_
   bool view_valid_ = false;
   uint64_t view_ms_ = 0;
   bool leader_known_ = false;
