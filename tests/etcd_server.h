@@ -39,14 +39,41 @@ class EtcdServer {
     char tmpl[] = "/tmp/onlineps-etcd-XXXXXX";
     dir_ = mkdtemp(tmpl) ? tmpl : "";
     port_ = FreeLoopbackPort();
-    const int peer = FreeLoopbackPort();
+    peer_ = FreeLoopbackPort();
+    Launch();
+  }
+  ~EtcdServer() {
+    proc_.reset();
+    if (!dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir_, ec);
+    }
+  }
+  bool ok() const { return ok_; }
+  int port() const { return port_; }
+  std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  // Kills etcd (SIGKILL): every call fails from now on.
+  void Kill() {
+    proc_.reset();
+    ok_ = false;
+  }
+  // Starts it again on the same data and ports (after Kill): keys and leases survive, as
+  // after an etcd outage. Returns whether it answers.
+  bool Restart() {
+    proc_.reset();
+    Launch();
+    return ok_;
+  }
+
+ private:
+  void Launch() {
     const std::string client_url = "http://127.0.0.1:" + std::to_string(port_);
-    const std::string peer_url = "http://127.0.0.1:" + std::to_string(peer);
+    const std::string peer_url = "http://127.0.0.1:" + std::to_string(peer_);
     const std::string cmd =
         "exec /usr/bin/etcd --name t --data-dir " + dir_ + "/data --listen-client-urls " +
         client_url + " --advertise-client-urls " + client_url + " --listen-peer-urls " + peer_url +
         " --initial-advertise-peer-urls " + peer_url + " --initial-cluster t=" + peer_url +
-        " --heartbeat-interval 10 --election-timeout 100 --logger zap" + " --log-level error 2>" +
+        " --heartbeat-interval 10 --election-timeout 100 --logger zap --log-level error 2>>" +
         dir_ + "/etcd.log";
     proc_ = std::make_unique<Subprocess>(std::vector<std::string>{"/bin/sh", "-c", cmd});
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -61,22 +88,9 @@ class EtcdServer {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
-  ~EtcdServer() {
-    proc_.reset();
-    if (!dir_.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(dir_, ec);
-    }
-  }
-  bool ok() const { return ok_; }
-  int port() const { return port_; }
-  std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port_); }
-  // Kills etcd (SIGKILL): every call fails from now on.
-  void Kill() { proc_.reset(); }
 
- private:
   std::string dir_;
-  int port_ = 0;
+  int port_ = 0, peer_ = 0;
   bool ok_ = false;
   std::unique_ptr<Subprocess> proc_;
 };
