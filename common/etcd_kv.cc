@@ -110,6 +110,8 @@ class EtcdKv final : public KvStore {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
       left.swap(queue_);
+      for (Call& c : urgent_) left.push_back(std::move(c));
+      urgent_.clear();
     }
     cv_.notify_all();
     thread_.join();
@@ -121,7 +123,7 @@ class EtcdKv final : public KvStore {
   }
 
   void Grant(int64_t ttl_s, Callback done) override {
-    Enqueue("/v3/lease/grant", json{{"TTL", std::to_string(ttl_s)}}, std::move(done),
+    Enqueue("/v3/lease/grant", json{{"TTL", std::to_string(ttl_s)}}, std::move(done), false,
             [](const json& j, KvResult* r) {
               r->lease = U64(j, "ID");
               r->ttl_s = I64(j, "TTL");
@@ -130,7 +132,7 @@ class EtcdKv final : public KvStore {
   }
 
   void KeepAlive(uint64_t lease, Callback done) override {
-    Enqueue("/v3/lease/keepalive", json{{"ID", std::to_string(lease)}}, std::move(done),
+    Enqueue("/v3/lease/keepalive", json{{"ID", std::to_string(lease)}}, std::move(done), true,
             [](const json& j, KvResult* r) {
               // A stream of one message: {"result": {...}}; TTL absent or <= 0 when expired.
               const json& res = j.contains("result") ? j["result"] : j;
@@ -140,19 +142,20 @@ class EtcdKv final : public KvStore {
   }
 
   void Revoke(uint64_t lease, Callback done) override {
-    Enqueue("/v3/lease/revoke", json{{"ID", std::to_string(lease)}}, std::move(done),
+    Enqueue("/v3/lease/revoke", json{{"ID", std::to_string(lease)}}, std::move(done), true,
             [](const json&, KvResult*) {});
   }
 
   void Range(const std::string& prefix, Callback done) override {
-    Enqueue("/v3/kv/range", RangeJson(prefix), std::move(done), [](const json& j, KvResult* r) {
-      auto kvs = ParseKvs(j.value("kvs", json::array()));
-      if (!kvs.ok()) {
-        r->status = kvs.status();
-        return;
-      }
-      r->entries = std::move(kvs).value();
-    });
+    Enqueue("/v3/kv/range", RangeJson(prefix), std::move(done), false,
+            [](const json& j, KvResult* r) {
+              auto kvs = ParseKvs(j.value("kvs", json::array()));
+              if (!kvs.ok()) {
+                r->status = kvs.status();
+                return;
+              }
+              r->entries = std::move(kvs).value();
+            });
   }
 
   void Txn(KvTxn txn, Callback done) override {
@@ -178,7 +181,7 @@ class EtcdKv final : public KvStore {
       body["success"].push_back({{"request_range", RangeJson(txn.read_prefix)}});
       body["failure"].push_back({{"request_range", RangeJson(txn.read_prefix)}});
     }
-    Enqueue("/v3/kv/txn", body, std::move(done), [](const json& j, KvResult* r) {
+    Enqueue("/v3/kv/txn", body, std::move(done), false, [](const json& j, KvResult* r) {
       r->succeeded = j.value("succeeded", false);
       for (const json& resp : j.value("responses", json::array())) {
         if (!resp.contains("response_range")) continue;
@@ -205,11 +208,14 @@ class EtcdKv final : public KvStore {
     return json{{"key", Base64Encode(prefix)}, {"range_end", Base64Encode(RangeEnd(prefix))}};
   }
 
-  void Enqueue(std::string path, const json& body, Callback done, Parse parse) {
+  // `urgent` calls (lease renewals and revocations) go before the others: a renewal
+  // queued behind slow reads would let a healthy primary's lease run out.
+  void Enqueue(std::string path, const json& body, Callback done, bool urgent, Parse parse) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!stop_ && queue_.size() < options_.max_queued) {
-        queue_.push_back(Call{std::move(path), body.dump(), std::move(done), std::move(parse)});
+      if (!stop_ && queue_.size() + urgent_.size() < options_.max_queued) {
+        (urgent ? urgent_ : queue_)
+            .push_back(Call{std::move(path), body.dump(), std::move(done), std::move(parse)});
         cv_.notify_one();
         return;
       }
@@ -223,10 +229,11 @@ class EtcdKv final : public KvStore {
   void Loop() {
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
-      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty() || !urgent_.empty(); });
       if (stop_) return;
-      Call call = std::move(queue_.front());
-      queue_.pop_front();
+      auto& from = urgent_.empty() ? queue_ : urgent_;
+      Call call = std::move(from.front());
+      from.pop_front();
       lock.unlock();
       KvResult r = Execute(call);
       call.done(std::move(r));
@@ -316,8 +323,8 @@ class EtcdKv final : public KvStore {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Call> queue_;  // guarded by mu_
-  bool stop_ = false;       // guarded by mu_
+  std::deque<Call> queue_, urgent_;  // guarded by mu_
+  bool stop_ = false;                // guarded by mu_
   // Used by the loop thread only.
   std::vector<std::unique_ptr<httplib::Client>> clients_;
   size_t current_ = 0;

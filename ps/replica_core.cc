@@ -77,6 +77,8 @@ void ReplicaCore::KvFailed(uint64_t now, uint64_t id, const Pending& p, const st
       break;
     case KvPurpose::kKeepAlive:
       keepalive_id_ = 0;
+      if (late_keepalives_.size() >= 8) late_keepalives_.erase(late_keepalives_.begin());
+      late_keepalives_[id] = p.sent_ms;  // its answer may still come, and count
       break;
     case KvPurpose::kRevoke:
       revoke_id_ = 0;
@@ -110,7 +112,18 @@ void ReplicaCore::KvFailed(uint64_t now, uint64_t id, const Pending& p, const st
 
 void ReplicaCore::OnKv(uint64_t now, uint64_t id, const KvResult& r) {
   auto it = pending_.find(id);
-  if (it == pending_.end()) return;  // timed out already
+  if (it == pending_.end()) {
+    // Timed out already. A late renewal still counts from when it was sent.
+    auto late = late_keepalives_.find(id);
+    if (late != late_keepalives_.end()) {
+      if (r.status.ok() && r.ttl_s > 0 && lease_ != 0 && r.lease == lease_) {
+        lease_deadline_ms_ = std::max(lease_deadline_ms_,
+                                      late->second + static_cast<uint64_t>(r.ttl_s) * 1000 * 3 / 4);
+      }
+      late_keepalives_.erase(late);
+    }
+    return;
+  }
   Pending p = std::move(it->second);
   pending_.erase(it);
   if (!r.status.ok()) return KvFailed(now, id, p, r.status.ToString());
@@ -216,7 +229,7 @@ void ReplicaCore::ApplyView(uint64_t now, const std::vector<KvEntry>& entries, u
     return;
   }
   leaderless_since_ms_ = 0;
-  if (!leader_known_ || leader_.epoch != v.leader.epoch) early_.clear();
+  if (!leader_known_ || leader_.epoch != v.leader.epoch) ClearEarly();
   leader_known_ = true;
   leader_ = v.leader;
   const bool mine = v.leader.index == config_.index && v.leader.incarnation == config_.incarnation;
@@ -237,9 +250,9 @@ void ReplicaCore::ApplyView(uint64_t now, const std::vector<KvEntry>& entries, u
     }
     return;
   }
-  if (mine) {
-    // This replica holds the leadership: a campaign whose answer was lost, or a lease that
-    // outlived a step-down. Take it back while the lease is valid.
+  if (mine && v.leader.lease == lease_) {
+    // This replica holds the leadership on its current lease: a campaign whose answer was
+    // lost, or a lease that outlived a step-down. Take it back while the lease is valid.
     if (lease_ != 0 && now < lease_deadline_ms_ && role_ != Role::kNew) {
       Won(now, v.leader.epoch, campaign_unclean_);
     }
@@ -247,11 +260,12 @@ void ReplicaCore::ApplyView(uint64_t now, const std::vector<KvEntry>& entries, u
   }
   if (v.leader.index == config_.index && remove_stale_id_ == 0 &&
       stale_leader_removed_ != v.leader.epoch) {
-    // The leadership of this replica's previous incarnation (it restarted faster than its
-    // lease expires): that process is gone, so free the key now.
+    // The leadership of this replica's previous process (it restarted faster than that
+    // lease expires; with a clean stop, even under the same incarnation): that process
+    // is gone and its lease is not ours, so free the key now.
     spdlog::warn(
-        "replica {}: removing the leadership of epoch {} held by my previous "
-        "incarnation {}",
+        "replica {}: removing the leadership of epoch {} held by my previous process "
+        "(incarnation {})",
         config_.index, v.leader.epoch, Hex(v.leader.incarnation));
     stale_leader_removed_ = v.leader.epoch;
     KvCall call;
@@ -412,6 +426,7 @@ void ReplicaCore::Won(uint64_t now, uint64_t epoch, bool unclean) {
   // replica's state (a duplicate) is answered only once they have it too.
   committed_ = 0;
   log_.clear();
+  log_bytes_ = 0;
   for (Follower& f : followers_) {
     f = Follower{};
     f.next = lsn_ + 1;
@@ -516,7 +531,9 @@ void ReplicaCore::PrimaryTick(uint64_t now) {
     if (f.state == FollowState::kSnapshot) keep_after = std::min(keep_after, f.pin);
   }
   while (!log_.empty() &&
-         (log_.front().lsn <= keep_after || log_.size() > config_.max_log_entries)) {
+         (log_.front().lsn <= keep_after || log_.size() > config_.max_log_entries ||
+          log_bytes_ > config_.max_log_bytes)) {
+    log_bytes_ -= log_.front().bytes;
     log_.pop_front();
   }
   WriteIsr(now);
@@ -529,6 +546,9 @@ void ReplicaCore::FollowerTick(uint64_t now, size_t m, Follower& f) {
                  m, now - f.last_ack_ms);
     f.want = false;
     f.state = FollowState::kProbe;
+  } else if (!f.want && f.state != FollowState::kProbe &&
+             now - f.last_ack_ms > 2 * config_.follower_timeout_ms) {
+    f.state = FollowState::kProbe;  // a silent catching-up backup no longer pins the log
   }
   if (f.state == FollowState::kStream) {
     const uint64_t first = log_.empty() ? lsn_ + 1 : log_.front().lsn;
@@ -554,6 +574,7 @@ void ReplicaCore::FollowerTick(uint64_t now, size_t m, Follower& f) {
 }
 
 void ReplicaCore::RequestSnapshot(uint64_t now, size_t m, Follower& f) {
+  f.snapshot_rx = 0;
   f.state = FollowState::kSnapshot;
   f.want = false;
   f.awaiting_load = false;
@@ -575,20 +596,33 @@ void ReplicaCore::OnSnapshot(uint64_t now, size_t m, uint64_t token,
     f.state = FollowState::kProbe;
     return;
   }
-  Header h;
-  h.op = Op::kReplSnapshot;
-  h.seq = at;
-  h.base_version = EntryEpoch(at);
-  SendTo(m, h, {Frame::FromString(*bytes)});
+  // In parts of snapshot_chunk_bytes: a shard's state can be far larger than one message
+  // may be. The backup puts them together in any order and loads once it has them all.
+  const std::string& state = *bytes;
+  const size_t chunk = std::max<size_t>(config_.snapshot_chunk_bytes, 1);
+  const size_t parts = std::max<size_t>((state.size() + chunk - 1) / chunk, 1);
+  const uint64_t id = (config_.incarnation << 20) ^ (++snapshot_serial_);
+  for (size_t i = 0; i < parts; ++i) {
+    Header h;
+    h.op = Op::kReplSnapshot;
+    h.seq = at;
+    h.base_version = EntryEpoch(at);
+    h.spec = {{"snap", std::to_string(id)},
+              {"part", std::to_string(i)},
+              {"parts", std::to_string(parts)},
+              {"bytes", std::to_string(state.size())}};
+    SendTo(m, h, {Frame::FromString(state.substr(i * chunk, chunk))});
+  }
   f.state = FollowState::kStream;
   f.awaiting_load = true;
   f.snapshot_at = at;
+  f.snapshot_bytes = state.size();
   f.acked = 0;
   f.next = at + 1;
   f.progress_ms = f.last_send_ms = f.snapshot_ms = now;
   counters_.snapshots_sent++;
-  spdlog::info("replica {}: sent backup {} a snapshot at lsn {} ({} bytes)", config_.index, m, at,
-               bytes->size());
+  spdlog::info("replica {}: sent backup {} a snapshot at lsn {} ({} bytes in {} part(s))",
+               config_.index, m, at, state.size(), parts);
 }
 
 uint64_t ReplicaCore::EntryEpoch(uint64_t lsn) const {
@@ -607,6 +641,14 @@ void ReplicaCore::OnReply(uint64_t now, size_t m, const Header& r) {
   }
   if (r.code != StatusCode::kOk || r.epoch != epoch_) {
     if (r.epoch > epoch_) read_now_ = true;  // maybe deposed: etcd says
+    if ((r.code == StatusCode::kTooLarge || r.code == StatusCode::kMalformed) &&
+        now - last_refusal_log_ms_ >= 10000) {
+      // Not a matter of epochs: the backup cannot take what is sent (a smaller
+      // --max-message-mb there?). Say so; it will not re-sync until that changes.
+      spdlog::warn("replica {}: backup {} refused a replication message: {}", config_.index, m,
+                   r.message);
+      last_refusal_log_ms_ = now;
+    }
     return;
   }
   auto inc_it = r.spec.find("inc");
@@ -645,7 +687,16 @@ void ReplicaCore::OnReply(uint64_t now, size_t m, const Header& r) {
         if (!need && lsn >= f.snapshot_at && Consistent(le, lsn)) {
           f.awaiting_load = false;
         } else {
-          if (now - f.snapshot_ms > config_.follower_timeout_ms) RequestSnapshot(now, m, f);
+          // Parts arriving count as progress; the load itself gets time by size (at
+          // 20 MB/s, far below what a load takes).
+          const uint64_t rx = SpecU64(r, "snap_rx");
+          if (rx > f.snapshot_rx) {
+            f.snapshot_rx = rx;
+            f.snapshot_ms = now;
+          }
+          if (now - f.snapshot_ms > config_.follower_timeout_ms + f.snapshot_bytes / 20000) {
+            RequestSnapshot(now, m, f);
+          }
           break;
         }
       }
@@ -708,6 +759,7 @@ void ReplicaCore::StepDown(uint64_t now, const std::string& why) {
   counters_.step_downs++;
   FailWaiters(Status(StatusCode::kNotPrimary, "not primary any more (" + why + ")"));
   log_.clear();
+  log_bytes_ = 0;
   for (Follower& f : followers_) f = Follower{};
   isr_.clear();
   isr_writing_.clear();
@@ -771,6 +823,8 @@ uint64_t ReplicaCore::Append(const Frames& request) {
   e.frames.reserve(1 + request.size());
   e.frames.push_back(Frame::FromString(EncodeHeader(h)));
   for (const Frame& f : request) e.frames.push_back(f);
+  for (const Frame& f : e.frames) e.bytes += f.size();
+  log_bytes_ += e.bytes;
   log_.push_back(std::move(e));
   return lsn_;
 }
@@ -878,12 +932,14 @@ ReplicaCore::Action ReplicaCore::BeginMessage(uint64_t now, const Header& h, con
       *reply = Refuse(h, StatusCode::kMalformed, "snapshot without a state frame");
       return Action::kReply;
     }
-    if (!need_snapshot_ && synced_epoch_ == h.epoch && h.seq <= lsn_) {
+    if (synced_epoch_ == h.epoch && (h.seq < lsn_ || (h.seq == lsn_ && !need_snapshot_))) {
       // A duplicate or delayed snapshot of this primary's history: loading it would take
-      // this replica back in time, under updates it has already acknowledged.
+      // this replica back in time, under updates it has already acknowledged. (A snapshot
+      // this primary sends on purpose is taken at or past what this replica applied.)
       *reply = StatusReply(h);
       return Action::kReply;
     }
+    if (!AddSnapshotPart(h, frames[1], reply)) return Action::kReply;
     applying_ = true;
     return Action::kLoad;
   }
@@ -893,10 +949,15 @@ ReplicaCore::Action ReplicaCore::BeginMessage(uint64_t now, const Header& h, con
       return Action::kApply;
     }
     need_snapshot_ = true;  // the entry before it differs: another history
-    early_.clear();
+    ClearEarly();
   } else if (frames.size() >= 2 && !need_snapshot_ && h.seq > lsn_ + 1 &&
              h.seq <= lsn_ + config_.window && early_.size() < config_.window) {
-    early_.emplace(h.seq, std::make_pair(h, frames));  // overtook an earlier entry
+    size_t bytes = 0;
+    for (const Frame& f : frames) bytes += f.size();
+    if (early_bytes_ + bytes <= config_.max_log_bytes / 4 &&
+        early_.emplace(h.seq, std::make_pair(h, frames)).second) {
+      early_bytes_ += bytes;  // overtook an earlier entry: kept until its turn
+    }
   }
   // A heartbeat, a duplicate, a gap or a replica that needs a snapshot: the ack says
   // where this replica is.
@@ -904,17 +965,88 @@ ReplicaCore::Action ReplicaCore::BeginMessage(uint64_t now, const Header& h, con
   return Action::kReply;
 }
 
+bool ReplicaCore::AddSnapshotPart(const Header& h, const Frame& part, Header* reply) {
+  const uint64_t id = SpecU64(h, "snap"), index = SpecU64(h, "part");
+  const uint64_t parts = std::max<uint64_t>(SpecU64(h, "parts"), 1);
+  const uint64_t total = SpecU64(h, "bytes");
+  const uint64_t chunk = std::max<size_t>(config_.snapshot_chunk_bytes, 1);
+  if (total > config_.max_snapshot_bytes) {
+    *reply = Refuse(h, StatusCode::kTooLarge,
+                    "snapshot of " + std::to_string(total) + " bytes exceeds the limit of " +
+                        std::to_string(config_.max_snapshot_bytes));
+    return false;
+  }
+  if (index >= parts || parts > total / chunk + 1 || part.size() > chunk) {
+    *reply = Refuse(h, StatusCode::kMalformed,
+                    "snapshot part " + std::to_string(index) + " of " + std::to_string(parts) +
+                        " does not fit");
+    return false;
+  }
+  if (id != snap_.id || h.epoch != snap_.epoch) {  // a new snapshot: the old one is gone
+    snap_ = SnapshotAssembly{};
+    snap_.id = id;
+    snap_.epoch = h.epoch;
+    snap_.parts.resize(parts);
+    snap_.have.resize(parts);
+    snap_.total = total;
+  }
+  if (snap_.parts.size() != parts || snap_.total != total) {
+    *reply = Refuse(h, StatusCode::kMalformed, "snapshot parts disagree on its size");
+    return false;
+  }
+  if (!snap_.have[index]) {
+    snap_.have[index] = true;
+    snap_.parts[index] = part.ToString();
+    snap_.received++;
+    snap_.bytes += part.size();
+  }
+  if (snap_.received < parts) {
+    *reply = StatusReply(h);
+    reply->spec["snap_rx"] = std::to_string(snap_.received);
+    return false;
+  }
+  if (snap_.bytes != total) {
+    snap_ = SnapshotAssembly{};
+    *reply = Refuse(h, StatusCode::kMalformed, "snapshot parts do not add up to its size");
+    return false;
+  }
+  load_.clear();
+  load_.reserve(total);
+  for (std::string& p : snap_.parts) {
+    load_ += p;
+    std::string().swap(p);
+  }
+  snap_ = SnapshotAssembly{};
+  return true;
+}
+
+std::string ReplicaCore::TakeLoad() {
+  std::string out;
+  out.swap(load_);
+  return out;
+}
+
+void ReplicaCore::ClearEarly() {
+  early_.clear();
+  early_bytes_ = 0;
+}
+
+void ReplicaCore::EraseFirstEarly() {
+  for (const Frame& f : early_.begin()->second.second) early_bytes_ -= f.size();
+  early_.erase(early_.begin());
+}
+
 bool ReplicaCore::NextEarly(Header* h, Frames* frames) {
-  while (!early_.empty() && early_.begin()->first <= lsn_) early_.erase(early_.begin());
+  while (!early_.empty() && early_.begin()->first <= lsn_) EraseFirstEarly();
   if (early_.empty() || need_snapshot_ || early_.begin()->first != lsn_ + 1) return false;
   auto& [header, f] = early_.begin()->second;
   if (header.base_version != log_epoch_ || !leader_known_ || header.epoch != leader_.epoch) {
-    early_.clear();
+    ClearEarly();
     return false;
   }
   *h = header;
-  *frames = std::move(f);
-  early_.erase(early_.begin());
+  *frames = f;
+  EraseFirstEarly();
   applying_ = true;
   return true;
 }
@@ -922,7 +1054,7 @@ bool ReplicaCore::NextEarly(Header* h, Frames* frames) {
 Header ReplicaCore::FinishMessage(uint64_t now, const Header& h, const Status& outcome) {
   (void)now;
   applying_ = false;
-  if (h.op == Op::kReplSnapshot || !outcome.ok()) early_.clear();
+  if (h.op == Op::kReplSnapshot || !outcome.ok()) ClearEarly();
   if (h.op == Op::kReplSnapshot) {
     if (outcome.ok()) {
       lsn_ = h.seq;

@@ -62,8 +62,12 @@ struct ReplicaConfig {
   // When every ISR member is gone, the unclean election waits this long for every replica
   // to register (a cleanly stopped or partitioned one may hold more than those present).
   uint64_t unclean_wait_ms = 30000;
-  size_t max_log_entries = 65536;  // entries kept for lagging backups (then: snapshot)
-  size_t window = 512;             // entries in flight to one backup
+  size_t max_log_entries = 65536;            // entries kept for lagging backups (then: snapshot)
+  size_t max_log_bytes = size_t{256} << 20;  // and their bytes; a backup holds up to 1/4
+                                             // of it in entries that arrived early
+  size_t window = 512;                       // entries in flight to one backup
+  size_t snapshot_chunk_bytes = size_t{16} << 20;     // a snapshot is sent in parts this big
+  uint64_t max_snapshot_bytes = uint64_t{256} << 30;  // a backup refuses larger snapshots
 
   // This process: its incarnation (random, unless it restored a clean stop's state),
   // and the state it restored (log epoch and lsn; `exact` after a clean stop, else an
@@ -128,11 +132,14 @@ class ReplicaCore {
 
   // A replication message received (kReplicate, kReplSnapshot, kReplStatus). Either the
   // reply is ready (kReply), or the caller must apply the logged update (kApply: frames
-  // from index 1 are the original request) or load the snapshot in frames[1] (kLoad),
-  // then call FinishMessage with the outcome. One message at a time.
+  // from index 1 are the original request) or load the snapshot TakeLoad() returns (kLoad:
+  // the last of its parts came), then call FinishMessage with the outcome. One message at
+  // a time.
   enum class Action { kReply, kApply, kLoad };
   Action BeginMessage(uint64_t now, const Header& h, const Frames& frames, Header* reply);
   Header FinishMessage(uint64_t now, const Header& h, const Status& outcome);
+  // After kLoad: the whole snapshot, put together from its parts.
+  std::string TakeLoad();
   // After FinishMessage: a logged update that arrived before its predecessor and is next
   // now. The caller applies it (frames from index 1) and calls FinishMessage with its
   // header; the reply of that last call is the one to send. False when there is none.
@@ -157,6 +164,8 @@ class ReplicaCore {
   uint64_t log_epoch() const { return log_epoch_; }
   uint64_t incarnation() const { return config_.incarnation; }
   bool stopped() const { return role_ == Role::kStopped; }
+  // Its state is no point of the group's history (it must reload, or its followers must).
+  bool needs_snapshot() const { return need_snapshot_; }
   // The leader's index known from the KvStore, or -1.
   int64_t leader_index() const { return leader_known_ ? leader_.index : -1; }
   // Whether Stop's lease revocation has been answered (or given up on).
@@ -177,13 +186,14 @@ class ReplicaCore {
     uint64_t next = 1, acked = 0, pin = 0;
     uint64_t last_ack_ms = 0, last_send_ms = 0, last_heartbeat_ms = 0, snapshot_ms = 0;
     uint64_t progress_ms = 0;  // when acked last grew
-    uint64_t snapshot_token = 0, snapshot_at = 0;
+    uint64_t snapshot_token = 0, snapshot_at = 0, snapshot_bytes = 0, snapshot_rx = 0;
     bool awaiting_load = false;  // a snapshot was sent; acks before its load are stale
     bool want = false;           // should be in the ISR (counted for commits from now on)
   };
   struct Entry {
     uint64_t lsn;
     Frames frames;  // kReplicate header + request frames
+    size_t bytes = 0;
   };
   struct Waiter {
     uint64_t lsn;
@@ -238,6 +248,10 @@ class ReplicaCore {
   // Backup.
   Header StatusReply(const Header& req) const;
   Header Refuse(const Header& req, StatusCode code, const std::string& why);
+  void ClearEarly();
+  // Keeps one part of a snapshot; true when the snapshot is whole (in load_).
+  bool AddSnapshotPart(const Header& h, const Frame& part, Header* reply);
+  void EraseFirstEarly();
   bool InIsr(const View& v) const;
 
   const ReplicaConfig config_;
@@ -256,10 +270,20 @@ class ReplicaCore {
   uint64_t synced_epoch_ = 0;
   // Entries that overtook an earlier one (at most `window`), by lsn.
   std::map<uint64_t, std::pair<Header, Frames>> early_;
+  size_t early_bytes_ = 0;
+  // The snapshot being received, by part.
+  struct SnapshotAssembly {
+    uint64_t id = 0, epoch = 0, total = 0, bytes = 0, received = 0;
+    std::vector<std::string> parts;
+    std::vector<bool> have;
+  };
+  SnapshotAssembly snap_;
+  std::string load_;  // a whole snapshot, for TakeLoad
 
   // KvStore state.
   uint64_t next_id_ = 1;
   std::map<uint64_t, Pending> pending_;
+  std::map<uint64_t, uint64_t> late_keepalives_;  // timed-out renewals: id -> sent_ms
   uint64_t lease_ = 0, lease_ttl_ms_ = 0, lease_deadline_ms_ = 0;
   uint64_t grant_id_ = 0, keepalive_id_ = 0, revoke_id_ = 0, read_id_ = 0, register_id_ = 0;
   uint64_t isr_id_ = 0, campaign_id_ = 0, remove_stale_id_ = 0;
@@ -273,14 +297,15 @@ class ReplicaCore {
   bool leader_known_ = false;
   Leader leader_;
   uint64_t leaderless_since_ms_ = 0;
-  uint64_t last_wait_log_ms_ = 0;
+  uint64_t last_wait_log_ms_ = 0, last_refusal_log_ms_ = 0;
   uint64_t stale_leader_removed_ = 0;  // epoch of my previous incarnation's leader key
   bool campaign_unclean_ = false;      // while a campaign's answer is applied
 
   // Primary.
   std::vector<Follower> followers_;  // by member index
   std::deque<Entry> log_;            // lsns (log_.front().lsn ..]
-  std::deque<Waiter> waiters_;       // by lsn
+  size_t log_bytes_ = 0;
+  std::deque<Waiter> waiters_;  // by lsn
   std::vector<std::pair<Done, Status>> completions_;
   uint64_t committed_ = 0;
   uint64_t start_log_epoch_ = 0, start_lsn_ = 0;  // this primary's state when elected
@@ -288,7 +313,7 @@ class ReplicaCore {
   uint64_t isr_mod_revision_ = 0;
   bool isr_absent_ = true;
   std::vector<Member> isr_writing_;  // being written (counted until known)
-  uint64_t next_token_ = 1;
+  uint64_t next_token_ = 1, snapshot_serial_ = 0;
 
   ReplicaStats counters_;
 };

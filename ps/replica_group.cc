@@ -43,6 +43,7 @@ GroupView ReplicaGroup::Parse(const std::vector<KvEntry>& entries,
         v.leader.index = static_cast<uint32_t>(JsonU64(j, "index"));
         v.leader.incarnation = ParseIncarnation(j.value("incarnation", std::string()));
         v.leader.epoch = e.create_revision;
+        v.leader.lease = e.lease;
       } else if (e.key == isr_key()) {
         v.has_isr = true;
         v.isr_epoch = JsonU64(j, "epoch");

@@ -30,6 +30,7 @@ struct GroupMember {
 struct GroupLeader {
   uint32_t index = 0;
   uint64_t incarnation = 0, epoch = 0;
+  uint64_t lease = 0;  // the lease the key lives on
 };
 
 // What a replica registered: who it is and the state it holds (to rank replicas when

@@ -22,10 +22,24 @@ StatusOr<ReplicaSidecar> ReadReplicaSidecar(const std::string& path) {
     s.lsn = j.at("lsn").get<uint64_t>();
     s.clean = j.at("clean").get<bool>();
     s.checkpoint_bytes = j.at("checkpoint_bytes").get<uint64_t>();
+    s.checkpoint_checksum = j.value("checkpoint_checksum", uint64_t{0});
   } catch (const std::exception& e) {
     return DataLoss(path + ": not a replica sidecar: " + e.what());
   }
   return s;
+}
+
+uint64_t CheckpointTrailer(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return 0;
+  const std::streamoff size = in.tellg();
+  if (size < 8) return 0;
+  in.seekg(size - 8);
+  unsigned char b[8];
+  if (!in.read(reinterpret_cast<char*>(b), 8)) return 0;
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | b[i];  // little-endian, as written
+  return v;
 }
 
 Status WriteReplicaSidecar(const std::string& path, const ReplicaSidecar& s) {
@@ -35,7 +49,8 @@ Status WriteReplicaSidecar(const std::string& path, const ReplicaSidecar& s) {
                       {"log_epoch", s.log_epoch},
                       {"lsn", s.lsn},
                       {"clean", s.clean},
-                      {"checkpoint_bytes", s.checkpoint_bytes}};
+                      {"checkpoint_bytes", s.checkpoint_bytes},
+                      {"checkpoint_checksum", s.checkpoint_checksum}};
   return WriteFileAtomic(path, j.dump() + "\n", /*sync=*/true);
 }
 

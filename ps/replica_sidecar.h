@@ -16,8 +16,12 @@ namespace onlineps::ps {
 struct ReplicaSidecar {
   uint64_t incarnation = 0, log_epoch = 0, lsn = 0;
   bool clean = false;
-  uint64_t checkpoint_bytes = 0;  // size of the checkpoint it describes
+  uint64_t checkpoint_bytes = 0;     // size of the checkpoint it describes
+  uint64_t checkpoint_checksum = 0;  // and its trailing checksum (CheckpointTrailer)
 };
+
+// The checksum a checkpoint file ends with (its last 8 bytes); 0 when it cannot be read.
+uint64_t CheckpointTrailer(const std::string& path);
 
 // kNotFound when there is none; kDataLoss naming the file when it does not parse.
 StatusOr<ReplicaSidecar> ReadReplicaSidecar(const std::string& path);

@@ -73,6 +73,8 @@ Replica::Replica(ReplicationOptions options, Hooks hooks, RestoredReplica restor
   c.unclean_wait_ms = options_.unclean_wait_ms;
   c.max_log_entries = options_.max_log_entries;
   c.window = options_.window;
+  // Parts of a snapshot stay well under the message limit of the shard that receives them.
+  c.snapshot_chunk_bytes = std::max<size_t>(options_.transport.max_message_bytes / 8, 64 << 10);
   c.incarnation = incarnation_;
   c.restored = restored.restored;
   c.restored_exact = restored.exact;
@@ -212,6 +214,11 @@ bool Replica::InSync() const {
   return core_->in_sync();
 }
 
+bool Replica::ExactState() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !core_->needs_snapshot();
+}
+
 ReplicaStats Replica::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return core_->Stats();
@@ -234,15 +241,30 @@ void Replica::Handle(const Header& h, const Frames& frames, Header* reply) {
   const auto action =
       WithCore([&](ReplicaCore& c) { return c.BeginMessage(NowMs(), h, frames, reply); });
   if (action == ReplicaCore::Action::kReply) return;
-  Status st =
-      action == ReplicaCore::Action::kLoad ? hooks_.load(frames[1].ToString()) : ApplyEntry(frames);
+  Status st = Guarded([&] {
+    if (action == ReplicaCore::Action::kApply) return ApplyEntry(frames);
+    const std::string state = WithCore([](ReplicaCore& c) { return c.TakeLoad(); });
+    return hooks_.load(state);
+  });
   *reply = WithCore([&](ReplicaCore& c) { return c.FinishMessage(NowMs(), h, st); });
   // Entries that arrived before this one and are next now.
   Header early;
   Frames early_frames;
   while (WithCore([&](ReplicaCore& c) { return c.NextEarly(&early, &early_frames); })) {
-    st = ApplyEntry(early_frames);
+    st = Guarded([&] { return ApplyEntry(early_frames); });
     *reply = WithCore([&](ReplicaCore& c) { return c.FinishMessage(NowMs(), early, st); });
+  }
+}
+
+// BeginMessage must always be followed by FinishMessage, whatever the hooks do: an
+// exception (bad_alloc on a large snapshot) becomes the outcome.
+Status Replica::Guarded(const std::function<Status()>& hook) {
+  try {
+    return hook();
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted("out of memory applying a replication message");
+  } catch (const std::exception& e) {
+    return Internal(std::string("applying a replication message: ") + e.what());
   }
 }
 

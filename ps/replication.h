@@ -88,6 +88,9 @@ class Replica {
   ReplicaStats Stats() const;
   // Primary, or named in the ISR with this incarnation (as last read from etcd).
   bool InSync() const;
+  // Whether the state is a point of the group's history (no reload pending): only then
+  // may a clean stop keep this incarnation.
+  bool ExactState() const;
   // The group's key prefix in etcd.
   const std::string& group() const { return group_; }
 
@@ -117,6 +120,7 @@ class Replica {
   void OnReply(size_t member, Frames&& frames);
   // Applies a logged update (frames from index 1 are the original request).
   Status ApplyEntry(const Frames& frames);
+  static Status Guarded(const std::function<Status()>& hook);
 
   const ReplicationOptions options_;
   const Hooks hooks_;

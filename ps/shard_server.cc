@@ -130,8 +130,25 @@ Status ShardServer::MakeReplica(bool restored) {
       r.incarnation = side->incarnation;
       r.log_epoch = side->log_epoch;
       r.lsn = side->lsn;
-      // Only a clean stop's checkpoint holds exactly what its replica acknowledged.
-      r.exact = side->clean && !ec && side->checkpoint_bytes == bytes;
+      // Only a clean stop's checkpoint holds exactly what its replica acknowledged: the
+      // sidecar must say so and describe this very file.
+      r.exact = side->clean && !ec && side->checkpoint_bytes == bytes &&
+                side->checkpoint_checksum != 0 &&
+                side->checkpoint_checksum == CheckpointTrailer(path);
+      if (r.exact) {
+        // From now on a crash is not a clean stop. If that cannot be recorded, a later
+        // restart could keep this incarnation with a stale state: take a new one now.
+        ReplicaSidecar unclean = *side;
+        unclean.clean = false;
+        Status st = WriteReplicaSidecar(path + ".replica", unclean);
+        if (!st.ok()) {
+          spdlog::warn(
+              "cannot mark the replica sidecar unclean ({}); restarting as a new "
+              "replica that reloads from the primary",
+              st.ToString());
+          r.exact = false;
+        }
+      }
       spdlog::info("replica state of the checkpoint: epoch {}, lsn {}, {}", r.log_epoch, r.lsn,
                    r.exact ? "clean stop (keeps its place in the ISR)"
                            : "not a clean stop (reloads from the primary)");
@@ -162,6 +179,7 @@ void ShardServer::WriteSidecar(bool clean, uint64_t checkpoint_bytes) {
   side.lsn = replica_->last_lsn();
   side.clean = clean;
   side.checkpoint_bytes = checkpoint_bytes;
+  side.checkpoint_checksum = CheckpointTrailer(checkpoint_path());
   Status st = WriteReplicaSidecar(checkpoint_path() + ".replica", side);
   if (!st.ok()) spdlog::error("replica sidecar not written: {}", st.ToString());
 }
@@ -169,8 +187,9 @@ void ShardServer::WriteSidecar(bool clean, uint64_t checkpoint_bytes) {
 Status ShardServer::Readiness() const {
   if (!ready_) return Unavailable("shard is starting, restoring or draining");
   if (replica_ && !replica_->InSync()) {
-    return Unavailable("replica is not in the in-sync replica set yet (catching up from the "
-                       "primary, or no primary: see onlineps_ps_replica metrics)");
+    return Unavailable(
+        "replica is not in the in-sync replica set yet (catching up from the "
+        "primary, or no primary: see onlineps_ps_replica metrics)");
   }
   return Status::Ok();
 }
@@ -202,9 +221,11 @@ void ShardServer::Stop() {
     } else if (replica_) {
       // Replication stopped before this checkpoint: it holds exactly what this replica
       // acknowledged, so a restart may keep its incarnation.
+      // Not when its state is one no history can continue (an update applied after it
+      // stopped leading, or a re-sync cut short): then it restarts as a new replica.
       std::error_code ec;
       const uint64_t bytes = std::filesystem::file_size(*st, ec);
-      if (!ec) WriteSidecar(/*clean=*/true, bytes);
+      if (!ec && replica_->ExactState()) WriteSidecar(/*clean=*/true, bytes);
     }
   }
   spdlog::info("shard {}/{} stopped", options_.shard, options_.num_shards);
@@ -512,9 +533,14 @@ Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<
     case Dedup::Verdict::kNew:
       break;
   }
-  auto res = t->Push(req);
+  StatusOr<PushResult> res = Internal("not applied");
+  try {
+    res = t->Push(req);
+  } catch (const std::bad_alloc&) {
+    res = ResourceExhausted("not enough memory to apply the push to table '" + h.table + "'");
+  }
   if (!res.ok()) {
-    dedup_.Abort(h.sender, h.seq);
+    dedup_.Abort(h.sender, h.seq);  // not applied: a retry may apply it
     return res.status();
   }
   dedup_.Commit(h.sender, h.seq);

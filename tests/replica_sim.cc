@@ -30,21 +30,29 @@ constexpr int kEtcd = 1000;       // endpoint id of etcd
 constexpr int kClientBase = 100;  // endpoint id of client c: kClientBase + c
 const char kGroup[] = "/onlineps/sim/shard-0-of-1/";
 
-// The shard's state as the simulation models it: the set of applied pushes.
+// The shard's state as the simulation models it: the pushes applied, in the order they
+// were applied (a backup must apply the primary's log in its order), with exactly-once
+// semantics (the shard's dedup windows are part of its replicated state).
 struct Model {
+  std::vector<uint64_t> order;
   std::set<uint64_t> ids;
+  bool Has(uint64_t id) const { return ids.count(id) > 0; }
+  void Apply(uint64_t id) {
+    if (ids.insert(id).second) order.push_back(id);
+  }
   std::string Serialize() const {
     std::string out;
-    for (uint64_t id : ids) out.append(reinterpret_cast<const char*>(&id), sizeof id);
+    for (uint64_t id : order) out.append(reinterpret_cast<const char*>(&id), sizeof id);
     return out;
   }
   bool Parse(const std::string& bytes) {
     if (bytes.size() % 8 != 0) return false;
+    order.clear();
     ids.clear();
     for (size_t i = 0; i < bytes.size(); i += 8) {
       uint64_t id;
       std::memcpy(&id, bytes.data() + i, 8);
-      ids.insert(id);
+      Apply(id);
     }
     return true;
   }
@@ -238,6 +246,8 @@ void Sim::StartNode(int i, bool restore) {
   c.bootstrap_wait_ms = 3000;
   c.unclean_wait_ms = 30000;
   c.window = 64;
+  c.snapshot_chunk_bytes = 512;  // snapshots of a few KB go in several parts
+  c.max_snapshot_bytes = 1 << 20;
   c.max_log_entries = 512;
   c.incarnation = n.inc;
   if (restore && n.disk.has) {
@@ -317,7 +327,10 @@ void Sim::FinishStop(int i, uint64_t gen, uint64_t started) {
     At(now_ + 5, -1, [this, i, gen, started] { FinishStop(i, gen, started); });
     return;
   }
-  n.disk = Node::Disk{true, true, n.state, n.core->lsn(), n.core->log_epoch(), n.inc};
+  // As the shard: the final checkpoint is clean only if its state is a point of the
+  // group's history (ShardServer::Stop, Replica::ExactState).
+  n.disk = Node::Disk{true,          !n.core->needs_snapshot(), n.state,
+                      n.core->lsn(), n.core->log_epoch(),       n.inc};
   n.alive = false;
   n.down_clean = true;
   n.core.reset();
@@ -365,7 +378,7 @@ void Sim::Process(int to, int from, uint64_t from_gen, Frames frames) {
     Status st;
     if (action == ReplicaCore::Action::kLoad) {
       Model loaded;
-      if (loaded.Parse(frames[1].ToString())) {
+      if (loaded.Parse(m.core->TakeLoad())) {
         m.state = std::move(loaded);
         result_.snapshots++;
       } else {
@@ -376,7 +389,7 @@ void Sim::Process(int to, int from, uint64_t from_gen, Frames frames) {
       if (!inner.ok()) {
         st = inner.status();
       } else {
-        m.state.ids.insert(PushId(inner->sender, inner->seq));
+        m.state.Apply(PushId(inner->sender, inner->seq));
       }
     }
     Header r = m.core->FinishMessage(now_, header, st);
@@ -384,7 +397,7 @@ void Sim::Process(int to, int from, uint64_t from_gen, Frames frames) {
     Frames early_frames;
     while (m.core->NextEarly(&early, &early_frames)) {
       auto inner = DecodeHeader(early_frames[1].data(), early_frames[1].size());
-      if (inner.ok()) m.state.ids.insert(PushId(inner->sender, inner->seq));
+      if (inner.ok()) m.state.Apply(PushId(inner->sender, inner->seq));
       r = m.core->FinishMessage(now_, early, inner.status());
     }
     Drain(m);
@@ -481,10 +494,10 @@ void Sim::ProcessPush(int node, int c, uint64_t attempt, Frames frames) {
     if (!m.alive || m.gen != gen) return;
     const uint64_t id = PushId(header.sender, header.seq);
     uint64_t lsn;
-    if (m.state.ids.count(id)) {
+    if (m.state.Has(id)) {
       lsn = m.core->lsn();  // a duplicate waits for everything logged so far
     } else {
-      m.state.ids.insert(id);
+      m.state.Apply(id);
       lsn = m.core->Append(frames);
     }
     m.core->WhenCommitted(lsn, [this, node, c, attempt, header](const Status& s) {
@@ -568,7 +581,7 @@ void Sim::CheckAcked(const std::vector<uint64_t>& ids, const std::string& when) 
     const Node& n = *nodes_[i];
     if (!n.alive || n.inc != inc || !n.core) continue;
     for (uint64_t id : ids) {
-      if (!n.state.ids.count(id)) {
+      if (!n.state.Has(id)) {
         Fail("acknowledged push " + std::to_string(id) + " is missing on in-sync replica " +
              std::to_string(i) + " (" + when + ")");
         return;
@@ -674,7 +687,7 @@ void Sim::FinalCheck() {
   }
   const Node& p = *nodes_[primary];
   for (uint64_t id : acked_) {
-    if (!p.state.ids.count(id)) {
+    if (!p.state.Has(id)) {
       result_.lost++;
       if (!o_.unsafe_kills) return Fail("acknowledged push " + std::to_string(id) + " lost");
     }
@@ -685,10 +698,11 @@ void Sim::FinalCheck() {
     bool in = false;
     for (const auto& [j, inc] : isr) in |= j == i && n.inc == inc;
     if (!in) return Fail("replica " + std::to_string(i) + " did not rejoin the ISR");
-    if (n.state.ids != p.state.ids) {
+    if (n.state.order != p.state.order) {
       return Fail("in-sync replica " + std::to_string(i) + " holds " +
-                  std::to_string(n.state.ids.size()) + " pushes, the primary " +
-                  std::to_string(p.state.ids.size()));
+                  std::to_string(n.state.order.size()) + " pushes, the primary " +
+                  std::to_string(p.state.order.size()) +
+                  (n.state.ids == p.state.ids ? ": the same ones in another order" : ""));
     }
   }
 }

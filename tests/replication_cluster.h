@@ -94,7 +94,7 @@ class ReplicationCluster : public ::testing::Test {
                                      "--admin-port",
                                      std::to_string(admin_[s][r]),
                                      "--log-level",
-                                     "warn"};
+                                     log_level_};
     if (!ckpt_.empty()) {
       argv.push_back("--checkpoint-dir");
       argv.push_back(ckpt_ + "/r" + std::to_string(r));
@@ -259,9 +259,12 @@ class ReplicationCluster : public ::testing::Test {
       acks = acks_;
     }
     std::vector<float> rows(sent.size());
-    VersionVector v;
-    Status st = (*client)->PullSparse("rows", sent.data(), sent.size(), rows.data(), &v).Wait();
-    ASSERT_TRUE(st.ok()) << st.ToString();
+    for (size_t at = 0; at < sent.size(); at += 20000) {  // under any --max-message-mb
+      const size_t n = std::min<size_t>(20000, sent.size() - at);
+      VersionVector v;
+      Status st = (*client)->PullSparse("rows", sent.data() + at, n, rows.data() + at, &v).Wait();
+      ASSERT_TRUE(st.ok()) << st.ToString();
+    }
     std::unordered_map<uint64_t, float> value;
     for (size_t i = 0; i < sent.size(); ++i) value[sent[i]] = rows[i];
     size_t lost = 0, twice = 0;
@@ -276,6 +279,7 @@ class ReplicationCluster : public ::testing::Test {
   testing::EtcdServer etcd_;
   int shards_ = 1, replicas_ = 2;
   std::vector<std::string> extra_;
+  std::string log_level_ = "warn";  // of the replicas (their logs go to the test's stderr)
   std::string ckpt_;
   std::string ep_[kMaxShards][kMaxReplicas];
   int admin_[kMaxShards][kMaxReplicas] = {};
