@@ -360,12 +360,12 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
       if (t->spec().kind != TableKind::kDense) {
         return InvalidArgument("table '" + h.table + "' is sparse; use pull_sparse");
       }
-      return Pull(h, frames, *t, reply, out);
+      return PullMaybeLogged(h, frames, *t, reply, out);
     case Op::kPullSparse:
       if (t->spec().kind != TableKind::kSparse) {
         return InvalidArgument("table '" + h.table + "' is dense; use pull_dense");
       }
-      return Pull(h, frames, *t, reply, out);
+      return PullMaybeLogged(h, frames, *t, reply, out);
     case Op::kPushDense:
     case Op::kPushSparse: {
       const bool dense = h.op == Op::kPushDense;
@@ -472,9 +472,34 @@ Status ShardServer::ApplyLogged(const Header& h, const Frames& frames, std::shar
   return Status::Ok();
 }
 
+bool ShardServer::RecordsBackup(const Header& h, const Table& t) const {
+  // DC-ASGD: a pull records the copy a later push is compensated against.
+  return t.spec().staleness.rfind("dc_", 0) == 0 && !(h.flags & kFlagNoBackup) &&
+         !(h.flags & kFlagAveraged);
+}
+
+Status ShardServer::PullMaybeLogged(const Header& h, const Frames& frames, Table& t, Header* reply,
+                                    Frames* out) {
+  if (!replica_ || !RecordsBackup(h, t)) return Pull(h, frames, t, reply, out);
+  // Logged in apply order, so every backup records the same copy at the same point of
+  // the history and compensates the pusher's next push exactly as the primary does.
+  // The reply does not wait for the backups: at worst a failover loses the copy, and
+  // that push goes uncompensated (counted in backup_misses).
+  std::lock_guard<std::mutex> order(order_mu_);
+  ONLINEPS_RETURN_IF_ERROR(Pull(h, frames, t, reply, out));
+  replica_->Append(frames);
+  return Status::Ok();
+}
+
 Status ShardServer::ApplyReplicated(const Header& h, const Frames& frames) {
   Header reply = MakeReply(h, Status::Ok());
   if (h.op == Op::kCreateTable) return CreateTable(h, &reply);
+  if (h.op == Op::kPullDense || h.op == Op::kPullSparse) {
+    std::shared_ptr<Table> t = FindTable(h.table);
+    if (t == nullptr) return NotFound("unknown table '" + h.table + "'");
+    Frames ignored;
+    return Pull(h, frames, *t, &reply, &ignored);  // records the pusher's copy
+  }
   if (h.op != Op::kPushDense && h.op != Op::kPushSparse) {
     return Malformed(std::string("op ") + std::string(OpName(h.op)) + " is not a logged update");
   }

@@ -102,6 +102,10 @@ class ShardServer {
   Status LoadSnapshot(const std::string& bytes);
   // Dense or sparse, by the table's kind (the op was checked against it).
   Status Pull(const Header& h, const Frames& frames, Table& t, Header* reply, Frames* out);
+  // Replicated shards: a pull that records a DC-ASGD copy is logged like an update.
+  Status PullMaybeLogged(const Header& h, const Frames& frames, Table& t, Header* reply,
+                         Frames* out);
+  bool RecordsBackup(const Header& h, const Table& t) const;
   // `applied`: the push was new and applied (not a duplicate, not refused).
   Status Push(const Header& h, const Frames& frames, std::shared_ptr<Table> t, Header* reply,
               bool* hold, bool* applied);

@@ -273,6 +273,56 @@ TEST_F(ReplicationTest, LargeShardResyncsInParts) {
   ExpectEveryAckOnce();
 }
 
+// DC-ASGD tables: the copies that compensation uses are recorded by pulls, which only the
+// primary serves; those pulls are logged, so a backup compensates every push exactly as
+// the primary did and a failover continues from the very same weights (issue 18 review).
+TEST_F(ReplicationTest, DelayCompensatedTableFailsOverToTheSameWeights) {
+  Up(1, 2);
+  auto client = PsClient::Connect(Options());
+  ASSERT_TRUE(client.ok());
+  TableSpec spec;
+  spec.name = "dc";
+  spec.kind = TableKind::kDense;
+  spec.shape = {64};
+  spec.staleness = "dc_constant";
+  spec.staleness_params = {{"lambda", 0.5}};
+  spec.optimizer_params = {{"lr", 0.1}};
+  ASSERT_TRUE((*client)->CreateTable(spec).ok());
+  // Both replicas in sync first: a backup that joins later gets the copies by snapshot.
+  ASSERT_TRUE(
+      WaitFor([&] { return Readyz(0, 0) == 200 && Readyz(0, 1) == 200; }, milliseconds(10000)));
+  // Two clients read, then push: every second push is stale and compensated.
+  auto other = PsClient::Connect(Options());
+  ASSERT_TRUE(other.ok());
+  std::vector<float> w(64);
+  PsClient* const clients[2] = {client->get(), other->get()};
+  VersionVector base[2];
+  std::vector<float> grads[2] = {std::vector<float>(64), std::vector<float>(64)};
+  for (int round = 0; round < 40; ++round) {
+    for (int c = 0; c < 2; ++c) {  // both read, then both push: the second push is stale
+      ASSERT_TRUE(clients[c]->PullDense("dc", w.data(), &base[c]).Wait().ok());
+      for (size_t i = 0; i < w.size(); ++i)
+        grads[c][i] = w[i] - 0.01f * static_cast<float>((i + round + c) % 7);
+    }
+    for (int c = 0; c < 2; ++c) {
+      PushReply reply;
+      ASSERT_TRUE(clients[c]->PushDense("dc", grads[c].data(), base[c], &reply).Wait().ok());
+    }
+  }
+  std::vector<float> before(64), after(64);
+  VersionVector v;
+  ASSERT_TRUE((*client)->PullDense("dc", before.data(), &v).Wait().ok());
+  ASSERT_TRUE(WaitFor([&] { return Primary(0) >= 0; }, milliseconds(5000)));
+  const int p = Primary(0);
+  std::this_thread::sleep_for(milliseconds(300));  // the last entries reach the backup
+  Signal(0, p, SIGKILL);
+  ASSERT_TRUE(WaitFor([&] { return Primary(0) == 1 - p; }, milliseconds(10000)));
+  auto fresh = PsClient::Connect(Options());
+  ASSERT_TRUE(fresh.ok());
+  ASSERT_TRUE((*fresh)->PullDense("dc", after.data(), &v).Wait().ok());
+  EXPECT_EQ(before, after) << "the backup's weights drifted from the primary's";
+}
+
 // etcd down for a while under traffic: the primary stops acknowledging once it cannot
 // renew its lease (it cannot know it still leads), nothing acknowledged is lost, and
 // service resumes when etcd is back (keys and leases survive an etcd restart).
