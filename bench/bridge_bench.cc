@@ -7,7 +7,6 @@
 //   bridge_bench [--seconds S] [--sessions 1,64] [--rounds R] [--bin-dir DIR]
 //                [--everything DIR]   (DIR holds node_modules/@modelcontextprotocol/...)
 // Not a test.
-#include <httplib.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/mcp_client.h"
 #include "tests/subprocess.h"
 #include "worker/worker_client.h"
 
@@ -79,76 +79,33 @@ double CpuSeconds(pid_t pid) {
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
-// An MCP client over HTTP, parsing JSON or SSE replies.
+// One MCP session of the load generator; false with `error` set for a failure or a
+// tool error.
 class Mcp {
  public:
-  explicit Mcp(int port) : http_("127.0.0.1", port) {
-    http_.set_keep_alive(true);
-    http_.set_tcp_nodelay(true);
-    http_.set_read_timeout(30, 0);
-  }
+  explicit Mcp(int port) : client_(onlineps::LoopbackMcpUrl(port), Options()) {}
   bool Initialize(std::string* error) {
-    json r;
-    if (!Post({{"jsonrpc", "2.0"},
-               {"id", 0},
-               {"method", "initialize"},
-               {"params",
-                {{"protocolVersion", "2025-11-25"},
-                 {"capabilities", json::object()},
-                 {"clientInfo", {{"name", "bridge_bench"}, {"version", "1"}}}}}},
-              &r, error)) {
-      return false;
-    }
-    json ignored;
-    std::string e;
-    Post({{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}}, &ignored, &e);
-    return true;
+    const onlineps::Status st = client_.Initialize();
+    if (!st.ok()) *error = st.ToString();
+    return st.ok();
   }
   bool Call(const std::string& tool, const json& args, std::string* error) {
-    json r;
-    if (!Post({{"jsonrpc", "2.0"},
-               {"id", ++id_},
-               {"method", "tools/call"},
-               {"params", {{"name", tool}, {"arguments", args}}}},
-              &r, error)) {
+    auto r = client_.CallTool(tool, args);
+    if (!r.ok()) {
+      *error = r.status().ToString();
       return false;
     }
-    if (!r.contains("result") || r["result"].value("isError", false)) {
-      *error = r.dump().substr(0, 300);
-      return false;
-    }
-    return true;
+    if (r->is_error) *error = r->result.dump().substr(0, 300);
+    return !r->is_error;
   }
 
  private:
-  bool Post(const json& m, json* reply, std::string* error) {
-    httplib::Headers h = {{"Accept", "application/json, text/event-stream"}};
-    if (!session_.empty()) {
-      h.emplace("Mcp-Session-Id", session_);
-      h.emplace("MCP-Protocol-Version", "2025-11-25");
-    }
-    auto r = http_.Post("/mcp", h, m.dump(), "application/json");
-    if (!r) {
-      *error = "HTTP error " + httplib::to_string(r.error());
-      return false;
-    }
-    if (r->status >= 300) {
-      *error = "HTTP " + std::to_string(r->status) + ": " + r->body.substr(0, 200);
-      return false;
-    }
-    if (session_.empty()) session_ = r->get_header_value("Mcp-Session-Id");
-    std::string body = r->body;
-    if (r->get_header_value("Content-Type").rfind("text/event-stream", 0) == 0) {
-      const size_t pos = body.rfind("data: ");
-      body = pos == std::string::npos ? "" : body.substr(pos + 6, body.find('\n', pos) - pos - 6);
-    }
-    *reply = body.empty() ? json() : json::parse(body, nullptr, false);
-    return true;
+  static onlineps::McpClientOptions Options() {
+    onlineps::McpClientOptions o;
+    o.client_name = "bridge_bench";
+    return o;
   }
-
-  httplib::Client http_;
-  std::string session_;
-  int id_ = 0;
+  onlineps::McpHttpClient client_;
 };
 
 // Runs `threads` callers of `target` for `seconds`, appending to `fig`.

@@ -1,6 +1,7 @@
 // PeriodicThread: runs `tick` on its own thread every `period` (first at once when
 // `tick_first`) until Stop() or destruction. Stop() wakes the waiting thread at once;
-// a tick in progress finishes first. Start/Stop from one owning thread.
+// a tick in progress finishes first. The one primitive for "wait until stop or period"
+// loops. Start/Stop from one owning thread; Start after Stop starts it again.
 #ifndef ONLINEPS_COMMON_PERIODIC_THREAD_H_
 #define ONLINEPS_COMMON_PERIODIC_THREAD_H_
 
@@ -20,8 +21,13 @@ class PeriodicThread {
   PeriodicThread(const PeriodicThread&) = delete;
   PeriodicThread& operator=(const PeriodicThread&) = delete;
 
-  // REQUIRES: not started yet.
+  // Does nothing while running.
   void Start(std::chrono::milliseconds period, std::function<void()> tick, bool tick_first) {
+    if (thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = false;
+    }
     thread_ = std::thread([this, period, tick = std::move(tick), tick_first] {
       std::unique_lock<std::mutex> lock(mu_);
       if (tick_first) {
@@ -37,7 +43,7 @@ class PeriodicThread {
     });
   }
 
-  // Idempotent.
+  // Returns once the thread has ended. Idempotent.
   void Stop() {
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -161,7 +161,10 @@ Status Replica::Start() {
     started_ = true;
   }
   WithCore([](ReplicaCore& c) { c.Start(NowMs()); });
-  thread_ = std::thread([this] { Loop(); });
+  ticker_.Start(
+      std::chrono::milliseconds(std::max<uint64_t>(options_.heartbeat_ms / 4, 5)),
+      [this] { WithCore([](ReplicaCore& c) { c.Tick(NowMs()); }); },
+      /*tick_first=*/false);
   snapshot_thread_ = std::thread([this] { SnapshotLoop(); });
   spdlog::info(
       "replica {} of {} ({}), {} replication, incarnation {:016x}; membership in etcd under {}",
@@ -183,7 +186,7 @@ void Replica::Stop() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  ticker_.Stop();
   if (snapshot_thread_.joinable()) snapshot_thread_.join();
   kv_.reset();  // fails what is still queued (the stopped core ignores it)
   transport_->Close();
@@ -279,18 +282,6 @@ void Replica::OnReply(size_t member, Frames&& frames) {
   auto r = DecodeHeader(frames[0].data(), frames[0].size());
   if (!r.ok() || r->op != Op::kReply) return;
   WithCore([&](ReplicaCore& c) { c.OnReply(NowMs(), member, *r); });
-}
-
-void Replica::Loop() {
-  const auto period = std::chrono::milliseconds(std::max<uint64_t>(options_.heartbeat_ms / 4, 5));
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_) {
-    cv_.wait_for(lock, period, [this] { return stop_; });
-    if (stop_) break;
-    lock.unlock();
-    WithCore([](ReplicaCore& c) { c.Tick(NowMs()); });
-    lock.lock();
-  }
 }
 
 void Replica::SnapshotLoop() {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/kv_store.h"
+#include "common/periodic_thread.h"
 #include "common/status.h"
 #include "common/transport.h"
 #include "common/wire.h"
@@ -115,7 +116,6 @@ class Replica {
   auto WithCore(F f);
   void Flush(std::vector<std::pair<uint64_t, KvCall>> calls,
              std::vector<std::pair<ReplicaCore::Done, Status>> done);
-  void Loop();          // ticks
   void SnapshotLoop();  // takes the snapshots the core asks for
   void OnReply(size_t member, Frames&& frames);
   // Applies a logged update (frames from index 1 are the original request).
@@ -137,7 +137,8 @@ class Replica {
   std::deque<std::pair<size_t, uint64_t>> snapshot_todo_;  // guarded by mu_
   bool stop_ = false, started_ = false;                    // guarded by mu_
   std::mutex apply_mu_;  // one replication message applied at a time (backup)
-  std::thread thread_, snapshot_thread_;
+  std::thread snapshot_thread_;
+  PeriodicThread ticker_;  // last: stopped before the members it uses go
 };
 
 // The etcd key prefix of shard `shard` of `num_shards` under `etcd_prefix`.

@@ -111,7 +111,12 @@ StatusOr<std::string> ShardServer::Start() {
     std::lock_guard<std::mutex> lock(maint_mu_);
     started_ = true;
   }
-  maintenance_ = std::thread([this] { MaintenanceLoop(); });
+  maintenance_.Start(
+      std::chrono::milliseconds(options_.maintenance_interval_ms),
+      [this, last_ckpt = NowMs(), last_stats = uint64_t{0}]() mutable {
+        MaintenanceTick(&last_ckpt, &last_stats);
+      },
+      /*tick_first=*/false);
   ready_ = true;
   metrics_->SetReady(true);
   spdlog::info("shard {}/{} serving on {}", options_.shard, options_.num_shards, *bound);
@@ -208,8 +213,7 @@ void ShardServer::Stop() {
   }
   ready_ = false;
   metrics_->SetReady(false);
-  maint_cv_.notify_all();
-  if (maintenance_.joinable()) maintenance_.join();
+  maintenance_.Stop();
   if (replica_) replica_->Stop();  // backups take over; waiting replies say NOT_PRIMARY
   ReleaseHeld(/*all=*/true);
   transport_->Stop();  // handles what is queued, then flushes replies
@@ -656,34 +660,26 @@ void ShardServer::ReleaseHeld(bool all) {
   for (Held& h : ready) transport_->Send(h.peer, std::move(h.reply)).ok();
 }
 
-void ShardServer::MaintenanceLoop() {
-  uint64_t last_ckpt = NowMs(), last_stats = 0;
-  std::unique_lock<std::mutex> lock(maint_mu_);
-  while (!stopping_) {
-    maint_cv_.wait_for(lock, std::chrono::milliseconds(options_.maintenance_interval_ms));
-    if (stopping_) break;
-    lock.unlock();
-    const uint64_t now = NowMs();
-    ReleaseHeld(/*all=*/false);
-    if (now - last_stats >= 1000) {
-      last_stats = now;
-      // Held for the loop: a range-for over *tables() would keep only the map, not the
-      // snapshot owning it, and a concurrent create_table frees it mid-loop.
-      const std::shared_ptr<const TableMap> snapshot = tables();
-      for (const auto& [name, table] : *snapshot) {
-        table->Maintain(now);
-        metrics_->UpdateTable(name, table->Stats());
-      }
-      metrics_->SetDedupSenders(dedup_.senders());
-      if (replica_) metrics_->UpdateReplica(replica_->Stats());
+void ShardServer::MaintenanceTick(uint64_t* last_ckpt, uint64_t* last_stats) {
+  const uint64_t now = NowMs();
+  ReleaseHeld(/*all=*/false);
+  if (now - *last_stats >= 1000) {
+    *last_stats = now;
+    // Held for the loop: a range-for over *tables() would keep only the map, not the
+    // snapshot owning it, and a concurrent create_table frees it mid-loop.
+    const std::shared_ptr<const TableMap> snapshot = tables();
+    for (const auto& [name, table] : *snapshot) {
+      table->Maintain(now);
+      metrics_->UpdateTable(name, table->Stats());
     }
-    if (options_.checkpoint_interval_s > 0 &&
-        now - last_ckpt >= options_.checkpoint_interval_s * 1000) {
-      last_ckpt = now;
-      auto st = Checkpoint();
-      if (!st.ok()) spdlog::error("periodic checkpoint failed: {}", st.status().ToString());
-    }
-    lock.lock();
+    metrics_->SetDedupSenders(dedup_.senders());
+    if (replica_) metrics_->UpdateReplica(replica_->Stats());
+  }
+  if (options_.checkpoint_interval_s > 0 &&
+      now - *last_ckpt >= options_.checkpoint_interval_s * 1000) {
+    *last_ckpt = now;
+    auto st = Checkpoint();
+    if (!st.ok()) spdlog::error("periodic checkpoint failed: {}", st.status().ToString());
   }
 }
 

@@ -6,15 +6,14 @@
 #define ONLINEPS_PS_SHARD_SERVER_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "common/periodic_thread.h"
 #include "common/status.h"
 #include "common/transport.h"
 #include "common/wire.h"
@@ -115,7 +114,8 @@ class ShardServer {
   void SendReply(const std::string& peer, const Header& reply, Frames payload);
   void HoldReply(Held held);
   void ReleaseHeld(bool all);
-  void MaintenanceLoop();
+  // One pass of the maintenance thread; the times of its last checkpoint and stats.
+  void MaintenanceTick(uint64_t* last_ckpt, uint64_t* last_stats);
   std::shared_ptr<const TableMap> tables() const;
 
   // Immutable after construction.
@@ -144,9 +144,8 @@ class ShardServer {
   std::shared_mutex apply_gate_;
 
   std::mutex maint_mu_;
-  std::condition_variable maint_cv_;
-  std::thread maintenance_;
-  bool started_ = false;  // guarded by maint_mu_
+  bool started_ = false;        // guarded by maint_mu_
+  PeriodicThread maintenance_;  // last: stopped before the members it uses go
 };
 
 }  // namespace onlineps::ps

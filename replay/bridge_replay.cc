@@ -13,7 +13,7 @@
 #include <set>
 #include <thread>
 
-#include "replay/mcp_client.h"
+#include "common/mcp_client.h"
 
 namespace onlineps::replay {
 namespace {
@@ -138,6 +138,7 @@ class Run {
     McpClientOptions c;
     c.token = o_.token;
     c.timeout_ms = o_.timeout_ms;
+    c.client_name = "onlineps_replay";
     return c;
   }
   double Seconds(Clock::time_point t) const {

@@ -1,6 +1,6 @@
 // Test helper: a PS shard, workers and an MCP bridge as real processes on loopback,
-// and a raw MCP-over-HTTP client (httplib) that speaks the wire format the spec
-// defines, so tests see status codes and headers exactly as an MCP client would.
+// and the shared MCP-over-HTTP client (common/mcp_client.h), whose raw layer lets tests
+// see status codes and headers exactly as an MCP client would.
 #ifndef ONLINEPS_TESTS_BRIDGE_CLUSTER_H_
 #define ONLINEPS_TESTS_BRIDGE_CLUSTER_H_
 
@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/mcp_client.h"
 #include "tests/subprocess.h"
 
 namespace onlineps::testing {
@@ -104,90 +105,46 @@ class BridgeCluster {
   std::string shard_endpoint_;
 };
 
-struct HttpReply {
-  int status = 0;
-  json body;                 // null when empty; the last SSE message for event streams
-  std::vector<json> events;  // every SSE message
-  std::string session_id;
-  std::string raw;
-};
+using HttpReply = McpHttpReply;
 
+// The shared MCP client (common/mcp_client.h) with the tests' shorthands: Initialize
+// returns the session id, Call the JSON-RPC result or error object, whatever the status.
 class McpHttp {
  public:
-  explicit McpHttp(int port) : client_("127.0.0.1", port) {
-    client_.set_read_timeout(60, 0);
-    client_.set_keep_alive(true);
-    client_.set_tcp_nodelay(true);
-  }
-  httplib::Headers Headers() const {
-    httplib::Headers h = {{"Accept", "application/json, text/event-stream"}};
-    if (!session_.empty()) h.emplace("Mcp-Session-Id", session_);
-    if (!version_.empty()) h.emplace("MCP-Protocol-Version", version_);
-    if (!token_.empty()) h.emplace("Authorization", "Bearer " + token_);
-    return h;
-  }
-  HttpReply Post(const std::string& body, httplib::Headers h,
+  explicit McpHttp(int port) : client_(LoopbackMcpUrl(port), Options()) {}
+  httplib::Headers Headers() const { return client_.Headers(); }
+  HttpReply Post(const std::string& body, const httplib::Headers& h,
                  const std::string& ctype = "application/json") {
-    auto r = client_.Post("/mcp", h, body, ctype);
-    HttpReply out;
-    if (!r) return out;
-    out.status = r->status;
-    out.raw = r->body;
-    out.session_id = r->get_header_value("Mcp-Session-Id");
-    if (r->get_header_value("Content-Type").rfind("text/event-stream", 0) == 0) {
-      size_t pos = 0;
-      while ((pos = r->body.find("data: ", pos)) != std::string::npos) {
-        const size_t end = r->body.find('\n', pos);
-        out.events.push_back(json::parse(r->body.substr(pos + 6, end - pos - 6), nullptr, false));
-        pos = end;
-      }
-      if (!out.events.empty()) out.body = out.events.back();
-    } else if (!r->body.empty()) {
-      out.body = json::parse(r->body, nullptr, false);
-    }
-    return out;
+    return client_.Post(body, h, ctype);
   }
-  HttpReply Send(const json& message) { return Post(message.dump(), Headers()); }
+  HttpReply Send(const json& message) { return client_.Send(message); }
   // DELETE of the session; returns the HTTP status (0: no reply).
-  int Delete() {
-    auto r = client_.Delete("/mcp", Headers());
-    return r ? r->status : 0;
-  }
+  int Delete() { return client_.Delete(); }
   // initialize + notifications/initialized; returns the session id ("" on failure).
-  std::string Initialize(const std::string& version = "2025-11-25") {
-    HttpReply r = Send({{"jsonrpc", "2.0"},
-                        {"id", next_id_++},
-                        {"method", "initialize"},
-                        {"params",
-                         {{"protocolVersion", version},
-                          {"capabilities", json::object()},
-                          {"clientInfo", {{"name", "bridge-test"}, {"version", "1"}}}}}});
-    if (r.status != 200) return "";
-    session_ = r.session_id;
-    version_ = r.body["result"]["protocolVersion"];
-    Send({{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}});
-    return session_;
+  std::string Initialize(const std::string& version = kMcpProtocolVersion) {
+    return client_.Initialize(version).ok() ? client_.session_id() : "";
   }
   // tools/call; returns the JSON-RPC result (or the error message object).
   json Call(const std::string& tool, const json& args, int* status = nullptr) {
-    HttpReply r = Send({{"jsonrpc", "2.0"},
-                        {"id", next_id_++},
-                        {"method", "tools/call"},
-                        {"params", {{"name", tool}, {"arguments", args}}}});
+    HttpReply r = client_.SendToolCall(tool, args);
     if (status) *status = r.status;
     if (!r.body.is_object()) return json();
     return r.body.contains("result") ? r.body["result"] : r.body;
   }
-  void set_token(std::string t) { token_ = std::move(t); }
+  void set_token(std::string t) { client_.set_token(std::move(t)); }
   void set_keep_alive(bool on) { client_.set_keep_alive(on); }
-  void set_session(std::string s) { session_ = std::move(s); }
-  const std::string& session() const { return session_; }
-  int next_id() { return next_id_++; }
+  void set_session(std::string s) { client_.set_session(std::move(s)); }
+  const std::string& session() const { return client_.session_id(); }
+  int next_id() { return static_cast<int>(client_.NextId()); }
 
  private:
-  httplib::Client client_;
-  std::string session_, version_, token_;
-  int next_id_ = 1;
+  static McpClientOptions Options() {
+    McpClientOptions o;
+    o.timeout_ms = 60000;
+    o.client_name = "bridge-test";
+    return o;
+  }
+  McpHttpClient client_;
 };
 
 }  // namespace onlineps::testing

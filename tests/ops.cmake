@@ -15,8 +15,7 @@ set_tests_properties(Ops.RunLocalServesAndStopsOnCtrlC PROPERTIES
   LABELS "ops")
 
 # SIGTERM under load, per binary: drains, exits 0, loses no acknowledged update.
-onlineps_test(drain_test onlineps_ps onlineps_worker_client PkgConfig::HTTPLIB
-              nlohmann_json::nlohmann_json)
+onlineps_test(drain_test onlineps_ps onlineps_worker_client onlineps_mcp_client)
 target_compile_definitions(drain_test PRIVATE ONLINEPS_BIN_DIR="${CMAKE_BINARY_DIR}/bin")
 add_dependencies(drain_test onlineps_ps_server onlineps_worker onlineps_mcp_bridge_bin)
 

@@ -1,4 +1,6 @@
 onlineps_test(replay_test onlineps_replay_core)
+# The MCP client that replay --bridge, the bridge tests and bridge_bench share.
+onlineps_test(mcp_client_test onlineps_mcp_client)
 
 # A trace recorded from the live bridge, replayed twice in logical mode (real processes).
 add_test(NAME Replay.TraceFromLiveBridge

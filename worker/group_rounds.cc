@@ -10,27 +10,21 @@
 
 namespace onlineps::worker {
 
-void WorkerService::GroupLoop() {
-  const auto period = std::chrono::milliseconds(std::max<int64_t>(options_.group_round_ms, 1));
-  std::unique_lock<std::mutex> lock(flush_mu_);
-  while (!flush_cv_.wait_for(lock, period, [&] { return stopping_; })) {
-    lock.unlock();
-    if (group_active_) {
-      Status st = GroupRound();
-      if (!st.ok()) {
-        spdlog::error(
-            "local group round failed ({}); this worker pushes its own gradients "
-            "from now on",
-            st.ToString());
-        group_active_ = false;
-      }
+void WorkerService::GroupTick() {
+  if (group_active_) {
+    Status st = GroupRound();
+    if (!st.ok()) {
+      spdlog::error(
+          "local group round failed ({}); this worker pushes its own gradients "
+          "from now on",
+          st.ToString());
+      group_active_ = false;
     }
-    // Without a working group this loop flushes like the plain one (incl. leftovers).
-    if (!group_active_) {
-      Status st = FlushDue(/*force=*/false);
-      if (!st.ok()) spdlog::warn("flush of accumulated gradients failed: {}", st.ToString());
-    }
-    lock.lock();
+  }
+  // Without a working group this tick flushes like the plain one (incl. leftovers).
+  if (!group_active_) {
+    Status st = FlushDue(/*force=*/false);
+    if (!st.ok()) spdlog::warn("flush of accumulated gradients failed: {}", st.ToString());
   }
 }
 

@@ -122,22 +122,12 @@ void ParamCache::AddSparse(const std::string& table, uint32_t dim) {
 
 void ParamCache::Start() {
   if (options_.refresh_interval_ms <= 0) return;
-  std::lock_guard<std::mutex> lock(refresh_mu_);
-  if (refresher_.joinable()) return;
-  stopping_ = false;
-  refresher_ = std::thread([this] { RefreshLoop(); });
+  refresher_.Start(
+      std::chrono::milliseconds(options_.refresh_interval_ms), [this] { RefreshDue(); },
+      /*tick_first=*/false);
 }
 
-void ParamCache::Stop() {
-  std::thread t;
-  {
-    std::lock_guard<std::mutex> lock(refresh_mu_);
-    stopping_ = true;
-    t = std::move(refresher_);
-  }
-  refresh_cv_.notify_all();
-  if (t.joinable()) t.join();
-}
+void ParamCache::Stop() { refresher_.Stop(); }
 
 bool ParamCache::Fresh(const FreshnessBound& b, int64_t fetched_ms, uint64_t version,
                        uint64_t newest, int64_t now) const {
@@ -433,16 +423,6 @@ void ParamCache::RefreshDue() {
       // The next read pulls again and reports the error to its caller.
       spdlog::debug("refresh of '{}' failed: {}", name, snap.status().ToString());
     }
-  }
-}
-
-void ParamCache::RefreshLoop() {
-  const auto interval = std::chrono::milliseconds(options_.refresh_interval_ms);
-  std::unique_lock<std::mutex> lock(refresh_mu_);
-  while (!refresh_cv_.wait_for(lock, interval, [this] { return stopping_; })) {
-    lock.unlock();
-    RefreshDue();
-    lock.lock();
   }
 }
 

@@ -8,16 +8,15 @@
 #define ONLINEPS_WORKER_PARAM_CACHE_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/lru_map.h"
+#include "common/periodic_thread.h"
 #include "common/status.h"
 #include "ps/ps_client.h"
 
@@ -64,7 +63,8 @@ class ParamCache {
   void AddDense(const std::string& table, uint64_t size);
   void AddSparse(const std::string& table, uint32_t dim);
 
-  // Starts / stops the background refresher. Stop is idempotent.
+  // Starts / stops the background refresher. Stop is idempotent; call both from one
+  // thread.
   void Start();
   void Stop();
 
@@ -111,7 +111,6 @@ class ParamCache {
                   float* out, ps::VersionVector* mins, ParamCacheStats* delta);
   bool RefreshWanted(DenseEntry* e, int64_t now) const;
   void RefreshDue();
-  void RefreshLoop();
   void AddStats(const ParamCacheStats& delta);
 
   // Immutable after Start().
@@ -124,10 +123,7 @@ class ParamCache {
   mutable std::mutex stats_mu_;
   ParamCacheStats stats_;  // guarded by stats_mu_
 
-  std::mutex refresh_mu_;
-  std::condition_variable refresh_cv_;
-  bool stopping_ = false;  // guarded by refresh_mu_
-  std::thread refresher_;
+  PeriodicThread refresher_;  // last: stopped before the members it uses go
 };
 
 }  // namespace onlineps::worker

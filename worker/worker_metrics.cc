@@ -50,24 +50,11 @@ WorkerMetrics::WorkerMetrics(const WorkerService* service, const WorkerServer* s
 WorkerMetrics::~WorkerMetrics() { Stop(); }
 
 void WorkerMetrics::Start() {
-  thread_ = std::thread([this] {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!cv_.wait_for(lock, period_, [&] { return stopping_; })) {
-      lock.unlock();
-      Update();
-      lock.lock();
-    }
-  });
+  thread_.Start(
+      period_, [this] { Update(); }, /*tick_first=*/false);
 }
 
-void WorkerMetrics::Stop() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
+void WorkerMetrics::Stop() { thread_.Stop(); }
 
 void WorkerMetrics::Update() {
   const WorkerStats s = service_->stats();

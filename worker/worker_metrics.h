@@ -10,11 +10,10 @@
 #include <prometheus/registry.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
 #include <mutex>
-#include <thread>
 
+#include "common/periodic_thread.h"
 #include "worker/worker_server.h"
 #include "worker/worker_service.h"
 
@@ -44,13 +43,11 @@ class WorkerMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
 
   std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;  // guarded by mu_
-  std::thread thread_;
   Counter infer_requests_, infer_examples_, learn_requests_, learn_examples_, pushes_, push_errors_,
       nonfinite_, rpc_errors_, rpc_dropped_, dense_pulls_, sparse_pulls_,
       refresher_pulls_;  // guarded by mu_
   prometheus::Gauge *max_tau_, *inflight_, *sessions_, *sparse_rows_;
+  PeriodicThread thread_;  // last: stopped before the members it writes go
 };
 
 }  // namespace onlineps::worker

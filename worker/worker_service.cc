@@ -120,7 +120,15 @@ Status WorkerService::Start() {
     group_active_ = true;
   }
   cache_.Start();
-  flusher_ = std::thread([this] { options_.group ? GroupLoop() : FlushLoop(); });
+  if (options_.group) {
+    flusher_.Start(
+        std::chrono::milliseconds(std::max<int64_t>(options_.group_round_ms, 1)),
+        [this] { GroupTick(); }, /*tick_first=*/false);
+  } else if (options_.accumulate_ms > 0) {
+    flusher_.Start(
+        std::chrono::milliseconds(std::max<int64_t>(options_.accumulate_ms / 4, 1)),
+        [this] { TimedFlush(); }, /*tick_first=*/false);
+  }
   return Status::Ok();
 }
 
@@ -150,13 +158,8 @@ Status WorkerService::SeedInitialValues() {
 
 Status WorkerService::Stop() {
   if (!started_.load()) return Status::Ok();
-  {
-    std::lock_guard<std::mutex> lock(flush_mu_);
-    if (stopping_) return Status::Ok();
-    stopping_ = true;
-  }
-  flush_cv_.notify_all();
-  if (flusher_.joinable()) flusher_.join();
+  if (stopping_.exchange(true)) return Status::Ok();
+  flusher_.Stop();
   group_active_ = false;
   Status st = Flush();
   {
@@ -167,16 +170,9 @@ Status WorkerService::Stop() {
   return st;
 }
 
-void WorkerService::FlushLoop() {
-  if (options_.accumulate_ms <= 0) return;
-  const auto period = std::chrono::milliseconds(std::max<int64_t>(options_.accumulate_ms / 4, 1));
-  std::unique_lock<std::mutex> lock(flush_mu_);
-  while (!flush_cv_.wait_for(lock, period, [&] { return stopping_; })) {
-    lock.unlock();
-    Status st = FlushDue(/*force=*/false);
-    if (!st.ok()) spdlog::warn("timed flush of accumulated gradients failed: {}", st.ToString());
-    lock.lock();
-  }
+void WorkerService::TimedFlush() {
+  Status st = FlushDue(/*force=*/false);
+  if (!st.ok()) spdlog::warn("timed flush of accumulated gradients failed: {}", st.ToString());
 }
 
 Status WorkerService::Flush() { return FlushDue(/*force=*/true); }

@@ -14,9 +14,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "common/periodic_thread.h"
 #include "common/status.h"
 #include "ps/ps_client.h"
 #include "ps/table_spec.h"
@@ -164,8 +164,9 @@ class WorkerService {
   // Waits for the pushes (kApplied) or leaves them in flight (kQueued) and fills `out`.
   Status FinishPushes(Pushes& pushes, ReplyWhen when, LearnReply* out);
   Status FlushDue(bool force);
-  void FlushLoop();
-  void GroupLoop();
+  // The flusher's periodic work: a flush of what is due, or a local-group round.
+  void TimedFlush();
+  void GroupTick();
   Status GroupRound();
 
   ps::PsClient* const client_;
@@ -186,10 +187,8 @@ class WorkerService {
   std::condition_variable inflight_cv_;
   size_t inflight_ = 0;  // guarded by mu_
 
-  std::mutex flush_mu_;
-  std::condition_variable flush_cv_;
-  bool stopping_ = false;  // guarded by flush_mu_
-  std::thread flusher_;
+  std::atomic<bool> stopping_{false};
+  PeriodicThread flusher_;
   std::atomic<bool> started_{false};
 };
 
