@@ -12,9 +12,9 @@ namespace onlineps::worker {
 
 void WorkerService::GroupLoop() {
   const auto period = std::chrono::milliseconds(std::max<int64_t>(options_.group_round_ms, 1));
-  std::unique_lock<std::mutex> lock(flush_mu_);
-  while (!flush_cv_.wait_for(lock, period, [&] { return stopping_; })) {
-    lock.unlock();
+  MutexLock lock(&flush_mu_);
+  while (!flush_cv_.WaitFor(&flush_mu_, period, [&]() REQUIRES(flush_mu_) { return stopping_; })) {
+    lock.Unlock();
     if (group_active_) {
       Status st = GroupRound();
       if (!st.ok()) {
@@ -30,7 +30,7 @@ void WorkerService::GroupLoop() {
       Status st = FlushDue(/*force=*/false);
       if (!st.ok()) spdlog::warn("flush of accumulated gradients failed: {}", st.ToString());
     }
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -74,7 +74,7 @@ Status WorkerService::GroupRound() {
   LearnReply ignored;
   Status pushed = FinishPushes(pushes, ReplyWhen::kApplied, &ignored);
   if (failed.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stats_.group_rounds++;
   }
   if (!pushed.ok()) spdlog::warn("group push failed: {}", pushed.ToString());

@@ -8,16 +8,15 @@
 #define ONLINEPS_WORKER_PARAM_CACHE_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/lru_map.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "ps/ps_client.h"
 
@@ -121,12 +120,12 @@ class ParamCache {
   std::map<std::string, std::unique_ptr<DenseEntry>> dense_;
   std::map<std::string, std::unique_ptr<SparseEntry>> sparse_;
 
-  mutable std::mutex stats_mu_;
-  ParamCacheStats stats_;  // guarded by stats_mu_
+  mutable Mutex stats_mu_;
+  ParamCacheStats stats_ GUARDED_BY(stats_mu_);
 
-  std::mutex refresh_mu_;
-  std::condition_variable refresh_cv_;
-  bool stopping_ = false;  // guarded by refresh_mu_
+  Mutex refresh_mu_;
+  CondVar refresh_cv_;
+  bool stopping_ GUARDED_BY(refresh_mu_) = false;
   std::thread refresher_;
 };
 

@@ -51,28 +51,28 @@ WorkerMetrics::~WorkerMetrics() { Stop(); }
 
 void WorkerMetrics::Start() {
   thread_ = std::thread([this] {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!cv_.wait_for(lock, period_, [&] { return stopping_; })) {
-      lock.unlock();
+    MutexLock lock(&mu_);
+    while (!cv_.WaitFor(&mu_, period_, [&]() REQUIRES(mu_) { return stopping_; })) {
+      lock.Unlock();
       Update();
-      lock.lock();
+      lock.Lock();
     }
   });
 }
 
 void WorkerMetrics::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
 }
 
 void WorkerMetrics::Update() {
   const WorkerStats s = service_->stats();
   const WorkerServerStats rpc = server_->stats();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   infer_requests_.Set(static_cast<double>(s.infer_requests));
   infer_examples_.Set(static_cast<double>(s.infer_examples));
   learn_requests_.Set(static_cast<double>(s.learn_requests));

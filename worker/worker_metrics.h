@@ -10,11 +10,10 @@
 #include <prometheus/registry.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <thread>
 
+#include "common/mutex.h"
 #include "worker/worker_server.h"
 #include "worker/worker_service.h"
 
@@ -43,13 +42,15 @@ class WorkerMetrics {
   const std::chrono::milliseconds period_;
   std::shared_ptr<prometheus::Registry> registry_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::thread thread_;
-  Counter infer_requests_, infer_examples_, learn_requests_, learn_examples_, pushes_, push_errors_,
-      nonfinite_, rpc_errors_, rpc_dropped_, dense_pulls_, sparse_pulls_,
-      refresher_pulls_;  // guarded by mu_
+  Counter infer_requests_ GUARDED_BY(mu_), infer_examples_ GUARDED_BY(mu_),
+      learn_requests_ GUARDED_BY(mu_), learn_examples_ GUARDED_BY(mu_), pushes_ GUARDED_BY(mu_),
+      push_errors_ GUARDED_BY(mu_), nonfinite_ GUARDED_BY(mu_), rpc_errors_ GUARDED_BY(mu_),
+      rpc_dropped_ GUARDED_BY(mu_), dense_pulls_ GUARDED_BY(mu_), sparse_pulls_ GUARDED_BY(mu_),
+      refresher_pulls_ GUARDED_BY(mu_);
   prometheus::Gauge *max_tau_, *inflight_, *sessions_, *sparse_rows_;
 };
 

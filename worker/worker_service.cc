@@ -151,17 +151,17 @@ Status WorkerService::SeedInitialValues() {
 Status WorkerService::Stop() {
   if (!started_.load()) return Status::Ok();
   {
-    std::lock_guard<std::mutex> lock(flush_mu_);
+    MutexLock lock(&flush_mu_);
     if (stopping_) return Status::Ok();
     stopping_ = true;
   }
-  flush_cv_.notify_all();
+  flush_cv_.SignalAll();
   if (flusher_.joinable()) flusher_.join();
   group_active_ = false;
   Status st = Flush();
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    inflight_cv_.wait(lock, [&] { return inflight_ == 0; });
+    MutexLock lock(&mu_);
+    inflight_cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return inflight_ == 0; });
   }
   cache_.Stop();
   return st;
@@ -170,12 +170,12 @@ Status WorkerService::Stop() {
 void WorkerService::FlushLoop() {
   if (options_.accumulate_ms <= 0) return;
   const auto period = std::chrono::milliseconds(std::max<int64_t>(options_.accumulate_ms / 4, 1));
-  std::unique_lock<std::mutex> lock(flush_mu_);
-  while (!flush_cv_.wait_for(lock, period, [&] { return stopping_; })) {
-    lock.unlock();
+  MutexLock lock(&flush_mu_);
+  while (!flush_cv_.WaitFor(&flush_mu_, period, [&]() REQUIRES(flush_mu_) { return stopping_; })) {
+    lock.Unlock();
     Status st = FlushDue(/*force=*/false);
     if (!st.ok()) spdlog::warn("timed flush of accumulated gradients failed: {}", st.ToString());
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -280,7 +280,7 @@ StatusOr<InferReply> WorkerService::Infer(const std::string& session,
     reply.predictions.push_back(std::move(p));
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stats_.infer_requests++;
     stats_.infer_examples += batch.size();
   }
@@ -297,7 +297,7 @@ Status WorkerService::CheckFinite(const GradOutput& g) {
     if (!ok) st = NonFinite("the gradient of '" + params[i].name + "'");
   }
   if (!st.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stats_.rejected_nonfinite++;
   }
   return st;
@@ -345,7 +345,7 @@ StatusOr<LearnReply> WorkerService::Learn(const std::string& session,
   if (local_ && reply.dense_pushed) local_->Reset();
   if (kept && reply.outcome == LearnOutcome::kApplied) reply.outcome = LearnOutcome::kAccumulated;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stats_.learn_requests++;
     stats_.learn_examples += batch.size();
     stats_.max_tau = std::max(stats_.max_tau, reply.tau);
@@ -356,7 +356,7 @@ StatusOr<LearnReply> WorkerService::Learn(const std::string& session,
 WorkerStats WorkerService::stats() const {
   WorkerStats s;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     s = stats_;
     s.inflight_pushes = inflight_;
     s.group_active = group_active_;

@@ -8,15 +8,14 @@
 #define ONLINEPS_WORKER_WORKER_SERVICE_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "ps/ps_client.h"
 #include "ps/table_spec.h"
@@ -181,14 +180,14 @@ class WorkerService {
   std::vector<std::unique_ptr<Accumulator>> group_acc_;
   std::atomic<bool> group_active_{false};
 
-  mutable std::mutex mu_;
-  WorkerStats stats_;  // guarded by mu_ (cache and context filled in by stats())
-  std::condition_variable inflight_cv_;
-  size_t inflight_ = 0;  // guarded by mu_
+  mutable Mutex mu_;
+  WorkerStats stats_ GUARDED_BY(mu_);  // cache and context filled in by stats()
+  CondVar inflight_cv_;
+  size_t inflight_ GUARDED_BY(mu_) = 0;
 
-  std::mutex flush_mu_;
-  std::condition_variable flush_cv_;
-  bool stopping_ = false;  // guarded by flush_mu_
+  Mutex flush_mu_;
+  CondVar flush_cv_;
+  bool stopping_ GUARDED_BY(flush_mu_) = false;
   std::thread flusher_;
   std::atomic<bool> started_{false};
 };
