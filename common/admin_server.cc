@@ -23,7 +23,6 @@
 #include <ctime>
 #include <exception>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string_view>
@@ -31,6 +30,8 @@
 #include <thread>
 #include <unordered_map>
 #include <utility>
+
+#include "common/mutex.h"
 
 namespace onlineps {
 namespace {
@@ -510,7 +511,7 @@ class AdminServer::Impl {
   void Stop();
 
   void SetReadyCheck(std::function<Status()> check) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ready_check_ = std::move(check);
   }
 
@@ -573,8 +574,8 @@ class AdminServer::Impl {
   std::unordered_map<std::string, size_t> open_per_client_;
   std::set<std::pair<TimePoint, uint64_t>> deadlines_;  // one per connection
 
-  std::mutex mu_;
-  std::function<Status()> ready_check_;  // guarded by mu_
+  Mutex mu_;
+  std::function<Status()> ready_check_ GUARDED_BY(mu_);
 };
 
 StatusOr<int> AdminServer::Impl::Start(const std::string& host, int port) {
@@ -891,7 +892,7 @@ Response AdminServer::Impl::Metrics() const {
 Response AdminServer::Impl::Ready() {
   std::function<Status()> check;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     check = ready_check_;  // run it unlocked: a slow check must not block SetReadyCheck
   }
   Status status = check ? RunCheck(check) : Status::Ok();

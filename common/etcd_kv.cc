@@ -3,11 +3,11 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
+
+#include "common/mutex.h"
 
 namespace onlineps {
 
@@ -107,13 +107,13 @@ class EtcdKv final : public KvStore {
   ~EtcdKv() override {
     std::deque<Call> left;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
       left.swap(queue_);
       for (Call& c : urgent_) left.push_back(std::move(c));
       urgent_.clear();
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     thread_.join();
     for (Call& c : left) {
       KvResult r;
@@ -212,11 +212,11 @@ class EtcdKv final : public KvStore {
   // queued behind slow reads would let a healthy primary's lease run out.
   void Enqueue(std::string path, const json& body, Callback done, bool urgent, Parse parse) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (!stop_ && queue_.size() + urgent_.size() < options_.max_queued) {
         (urgent ? urgent_ : queue_)
             .push_back(Call{std::move(path), body.dump(), std::move(done), std::move(parse)});
-        cv_.notify_one();
+        cv_.Signal();
         return;
       }
     }
@@ -227,17 +227,18 @@ class EtcdKv final : public KvStore {
   }
 
   void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     while (true) {
-      cv_.wait(lock, [this] { return stop_ || !queue_.empty() || !urgent_.empty(); });
+      cv_.Wait(&mu_,
+               [this]() REQUIRES(mu_) { return stop_ || !queue_.empty() || !urgent_.empty(); });
       if (stop_) return;
       auto& from = urgent_.empty() ? queue_ : urgent_;
       Call call = std::move(from.front());
       from.pop_front();
-      lock.unlock();
+      lock.Unlock();
       KvResult r = Execute(call);
       call.done(std::move(r));
-      lock.lock();
+      lock.Lock();
     }
   }
 
@@ -321,10 +322,10 @@ class EtcdKv final : public KvStore {
   const EtcdKvOptions options_;
   const std::vector<Endpoint> endpoints_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Call> queue_, urgent_;  // guarded by mu_
-  bool stop_ = false;                // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Call> queue_ GUARDED_BY(mu_), urgent_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
   // Used by the loop thread only.
   std::vector<std::unique_ptr<httplib::Client>> clients_;
   size_t current_ = 0;

@@ -12,7 +12,7 @@ FaultyClientTransport::~FaultyClientTransport() { Close(); }
 
 Status FaultyClientTransport::Connect(const std::vector<std::string>& endpoints, Handler handler) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (connected_ || closing_) return FailedPrecondition("fault transport already connected");
     connected_ = true;
   }
@@ -25,7 +25,7 @@ Status FaultyClientTransport::Connect(const std::vector<std::string>& endpoints,
 
 Status FaultyClientTransport::Send(size_t index, Frames frames) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!connected_ || closing_) return Unavailable("fault transport is not connected");
   }
   Inject(/*outgoing=*/true, index, std::move(frames));
@@ -38,7 +38,7 @@ void FaultyClientTransport::Count(std::atomic<uint64_t> FaultCounters::*field, u
 
 void FaultyClientTransport::Inject(bool outgoing, size_t server, Frames frames) {
   std::uniform_real_distribution<double> unit(0.0, 1.0);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (closing_) return;
   if (unit(rng_) < faults_.drop) {
     Count(&FaultCounters::dropped);
@@ -64,41 +64,41 @@ void FaultyClientTransport::Inject(bool outgoing, size_t server, Frames frames) 
     held_.push(Held{now + delay, next_order_++, outgoing, server,
                     i + 1 < copies ? frames : std::move(frames)});
   }
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void FaultyClientTransport::DeliveryLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (!closing_) {
     if (held_.empty()) {
-      cv_.wait(lock);
+      cv_.Wait(&mu_);
       continue;
     }
     if (held_.top().due > Clock::now()) {
-      cv_.wait_until(lock, held_.top().due);
+      cv_.WaitUntil(&mu_, held_.top().due);
       continue;
     }
     Held h = held_.top();
     held_.pop();
-    lock.unlock();
+    lock.Unlock();
     Count(&FaultCounters::passed);
     if (h.outgoing) {
       (void)inner_->Send(h.server, std::move(h.frames));  // as a lost request
     } else {
       handler_(h.server, std::move(h.frames));
     }
-    lock.lock();
+    lock.Lock();
   }
 }
 
 void FaultyClientTransport::Close() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (closing_) return;
     closing_ = true;
     held_ = {};
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   inner_->Close();  // no more incoming after this
   if (thread_.joinable()) thread_.join();
 }

@@ -10,16 +10,15 @@
 #define ONLINEPS_COMMON_FAULT_TRANSPORT_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <queue>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/transport.h"
 
 namespace onlineps {
@@ -56,13 +55,13 @@ class FaultyClientTransport final : public ClientTransport {
 
   Handler handler_;  // set by Connect before the delivery thread starts
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::priority_queue<Held, std::vector<Held>, std::greater<>> held_;  // guarded by mu_
-  std::mt19937_64 rng_;                                                // guarded by mu_
-  uint64_t next_order_ = 0;                                            // guarded by mu_
-  bool connected_ = false;                                             // guarded by mu_
-  bool closing_ = false;                                               // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::priority_queue<Held, std::vector<Held>, std::greater<>> held_ GUARDED_BY(mu_);
+  std::mt19937_64 rng_ GUARDED_BY(mu_);
+  uint64_t next_order_ GUARDED_BY(mu_) = 0;
+  bool connected_ GUARDED_BY(mu_) = false;
+  bool closing_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

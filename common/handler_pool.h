@@ -7,18 +7,18 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace onlineps {
 
@@ -50,11 +50,11 @@ class HandlerPool {
 
  private:
   struct Lane {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<T> queue;  // guarded by mu
-    bool closed = false;  // guarded by mu
-    bool busy = false;    // guarded by mu; an item of this lane is running
+    Mutex mu;
+    CondVar cv;
+    std::deque<T> queue GUARDED_BY(mu);
+    bool closed GUARDED_BY(mu) = false;
+    bool busy GUARDED_BY(mu) = false;  // an item of this lane is running
     std::thread thread;
   };
   void Run(Lane* lane);
@@ -67,7 +67,7 @@ class HandlerPool {
   std::vector<std::unique_ptr<Lane>> lanes_;
 
   std::atomic<uint64_t> dropped_{0};
-  std::mutex close_mu_;  // serializes Close()
+  Mutex close_mu_;  // serializes Close()
 };
 
 template <typename T>
@@ -84,7 +84,7 @@ bool HandlerPool<T>::Submit(size_t key, T&& item) {
   Lane* lane = lanes_[key % lanes_.size()].get();
   bool was_empty;
   {
-    std::lock_guard<std::mutex> lock(lane->mu);
+    MutexLock lock(&lane->mu);
     if (lane->closed) return false;
     if (max_queue_ != 0 && lane->queue.size() >= max_queue_) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
@@ -95,7 +95,7 @@ bool HandlerPool<T>::Submit(size_t key, T&& item) {
   }
   // The thread only sleeps on an empty queue, so only that transition needs a wake-up;
   // notifying after unlocking spares it from waking straight into a held mutex.
-  if (was_empty) lane->cv.notify_one();
+  if (was_empty) lane->cv.Signal();
   return true;
 }
 
@@ -103,50 +103,50 @@ template <typename T>
 bool HandlerPool<T>::TryRunInline(size_t key, T& item) {
   Lane* lane = lanes_[key % lanes_.size()].get();
   {
-    std::lock_guard<std::mutex> lock(lane->mu);
+    MutexLock lock(&lane->mu);
     if (lane->closed || lane->busy || !lane->queue.empty()) return false;
     lane->busy = true;
   }
   Invoke(std::move(item));
   bool wake;
   {
-    std::lock_guard<std::mutex> lock(lane->mu);
+    MutexLock lock(&lane->mu);
     lane->busy = false;
     // The lane's thread may be waiting on `busy` alone: with queued items, or to exit
     // after Close().
     wake = !lane->queue.empty() || lane->closed;
   }
-  if (wake) lane->cv.notify_one();
+  if (wake) lane->cv.Signal();
   return true;
 }
 
 template <typename T>
 void HandlerPool<T>::Close() {
-  std::lock_guard<std::mutex> close_lock(close_mu_);
+  MutexLock close_lock(&close_mu_);
   for (auto& lane : lanes_) {
-    std::lock_guard<std::mutex> lock(lane->mu);
+    MutexLock lock(&lane->mu);
     lane->closed = true;
   }
   for (auto& lane : lanes_) {
-    lane->cv.notify_all();
+    lane->cv.SignalAll();
     if (lane->thread.joinable()) lane->thread.join();
   }
 }
 
 template <typename T>
 void HandlerPool<T>::Run(Lane* lane) {
-  std::unique_lock<std::mutex> lock(lane->mu);
+  MutexLock lock(&lane->mu);
   while (true) {
-    lane->cv.wait(lock, [lane] {
+    lane->cv.Wait(&lane->mu, [lane]() REQUIRES(lane->mu) {
       return (!lane->queue.empty() && !lane->busy) || (lane->closed && !lane->busy);
     });
     if (lane->queue.empty()) return;  // closed and drained
     T item = std::move(lane->queue.front());
     lane->queue.pop_front();
     lane->busy = true;
-    lock.unlock();
+    lock.Unlock();
     Invoke(std::move(item));
-    lock.lock();
+    lock.Lock();
     lane->busy = false;
   }
 }

@@ -41,10 +41,10 @@ class MemServerCore {
   const TransportOptions options_;
   std::unique_ptr<HandlerPool<Incoming>> pool_;  // set before registration, then immutable
 
-  std::mutex mu_;
-  std::unordered_map<std::string, Route> peers_;  // guarded by mu_
-  size_t prune_at_ = 64;                          // guarded by mu_
-  bool open_ = false;                             // guarded by mu_
+  Mutex mu_;
+  std::unordered_map<std::string, Route> peers_ GUARDED_BY(mu_);
+  size_t prune_at_ GUARDED_BY(mu_) = 64;
+  bool open_ GUARDED_BY(mu_) = false;
 };
 
 namespace {
@@ -69,25 +69,25 @@ class Registry {
   }
 
   Status Bind(const std::string& name, std::shared_ptr<MemServerCore> core) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!servers_.emplace(name, std::move(core)).second) {
       return Status(StatusCode::kAlreadyExists, "mem://" + name + " is already bound");
     }
     return Status::Ok();
   }
   void Unbind(const std::string& name) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     servers_.erase(name);
   }
   std::shared_ptr<MemServerCore> Find(const std::string& name) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = servers_.find(name);
     return it == servers_.end() ? nullptr : it->second;
   }
 
  private:
-  std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<MemServerCore>> servers_;  // guarded by mu_
+  Mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<MemServerCore>> servers_ GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -100,7 +100,7 @@ void MemServerCore::StartPool(ServerTransport::Handler handler) {
 }
 
 void MemServerCore::SetOpen(bool open) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   open_ = open;
 }
 
@@ -113,7 +113,7 @@ void MemServerCore::Deliver(const std::string& peer, const std::shared_ptr<Inbox
 
 void MemServerCore::RememberPeer(const std::string& peer, const std::shared_ptr<Inbox>& inbox,
                                  size_t index) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (peers_.count(peer) != 0) return;
   peers_.emplace(peer, Route{inbox, index});
   if (peers_.size() < prune_at_) return;
@@ -129,7 +129,7 @@ Status MemServerCore::Reply(const std::string& peer, Frames&& frames) {
   std::shared_ptr<Inbox> inbox;
   size_t index = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!open_) return Unavailable("server transport is stopped");
     auto it = peers_.find(peer);
     if (it == peers_.end()) return Status::Ok();  // unknown peer: dropped, as by ZeroMQ
@@ -150,7 +150,7 @@ MemServerTransport::~MemServerTransport() { Stop(); }
 uint64_t MemServerTransport::dropped() const { return core_->dropped(); }
 
 StatusOr<std::string> MemServerTransport::Start(const std::string& endpoint, Handler handler) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (state_ != State::kNew) return FailedPrecondition("server transport already started");
   if (!handler) return InvalidArgument("server transport needs a handler");
   std::string name;
@@ -176,7 +176,7 @@ Status MemServerTransport::Send(const std::string& peer, Frames frames) {
 }
 
 void MemServerTransport::Stop() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const bool running = state_ == State::kRunning;
   state_ = State::kStopped;
   if (!running) return;
@@ -192,12 +192,12 @@ MemClientTransport::MemClientTransport(const TransportOptions& options) : option
 MemClientTransport::~MemClientTransport() { Close(); }
 
 uint64_t MemClientTransport::dropped() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return inbox_ ? inbox_->dropped() : 0;
 }
 
 Status MemClientTransport::Connect(const std::vector<std::string>& endpoints, Handler handler) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (state_ != State::kNew) return FailedPrecondition("client transport already connected");
   if (!handler) return InvalidArgument("client transport needs a handler");
   std::vector<std::string> names(endpoints.size());
@@ -223,7 +223,7 @@ Status MemClientTransport::Send(size_t index, Frames frames) {
   if (frames.empty()) return InvalidArgument("Send: no frames");
   std::shared_ptr<Inbox> inbox;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (state_ != State::kRunning) return Unavailable("client transport is not connected");
     inbox = inbox_;
   }
@@ -239,7 +239,7 @@ Status MemClientTransport::Send(size_t index, Frames frames) {
 void MemClientTransport::Close() {
   std::shared_ptr<Inbox> inbox;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (state_ == State::kRunning) inbox = inbox_;
     state_ = State::kClosed;
   }

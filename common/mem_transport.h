@@ -10,12 +10,12 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/handler_pool.h"
+#include "common/mutex.h"
 #include "common/transport.h"
 
 namespace onlineps {
@@ -41,10 +41,10 @@ class MemServerTransport final : public ServerTransport {
   // Immutable after construction.
   const std::shared_ptr<MemServerCore> core_;
 
-  std::mutex mu_;  // serializes Start/Stop
+  Mutex mu_;  // serializes Start/Stop
   enum class State { kNew, kRunning, kStopped };
-  State state_ = State::kNew;  // guarded by mu_
-  std::string name_;           // guarded by mu_
+  State state_ GUARDED_BY(mu_) = State::kNew;
+  std::string name_ GUARDED_BY(mu_);
 };
 
 class MemClientTransport final : public ClientTransport {
@@ -69,14 +69,14 @@ class MemClientTransport final : public ClientTransport {
   // Immutable after construction.
   const TransportOptions options_;
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   enum class State { kNew, kRunning, kClosed };
-  State state_ = State::kNew;  // guarded by mu_
+  State state_ GUARDED_BY(mu_) = State::kNew;
   // Written by Connect before state_ becomes kRunning, then immutable, so Send reads
   // them without mu_ once it has seen kRunning.
   std::vector<std::string> names_;
-  std::vector<std::string> peers_;                // this client's identity towards each server
-  std::shared_ptr<HandlerPool<Delivery>> inbox_;  // guarded by mu_; runs the Handler
+  std::vector<std::string> peers_;  // this client's identity towards each server
+  std::shared_ptr<HandlerPool<Delivery>> inbox_ GUARDED_BY(mu_);  // runs the Handler
 };
 
 }  // namespace onlineps

@@ -6,11 +6,11 @@
 #define ONLINEPS_COMMON_PERIODIC_THREAD_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <utility>
+
+#include "common/mutex.h"
 
 namespace onlineps {
 
@@ -25,20 +25,20 @@ class PeriodicThread {
   void Start(std::chrono::milliseconds period, std::function<void()> tick, bool tick_first) {
     if (thread_.joinable()) return;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = false;
     }
     thread_ = std::thread([this, period, tick = std::move(tick), tick_first] {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (tick_first) {
-        lock.unlock();
+        lock.Unlock();
         tick();
-        lock.lock();
+        lock.Lock();
       }
-      while (!cv_.wait_for(lock, period, [this] { return stop_; })) {
-        lock.unlock();
+      while (!cv_.WaitFor(&mu_, period, [this]() REQUIRES(mu_) { return stop_; })) {
+        lock.Unlock();
         tick();
-        lock.lock();
+        lock.Lock();
       }
     });
   }
@@ -46,17 +46,17 @@ class PeriodicThread {
   // Returns once the thread has ended. Idempotent.
   void Stop() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     if (thread_.joinable()) thread_.join();
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

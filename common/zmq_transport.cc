@@ -186,13 +186,13 @@ class ZapHandler {
     return *h;
   }
   std::string Register(const std::vector<std::string>& allowed) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const std::string domain = "onlineps-" + std::to_string(next_++);
     domains_[domain] = std::set<std::string>(allowed.begin(), allowed.end());
     return domain;
   }
   void Unregister(const std::string& domain) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     domains_.erase(domain);
   }
 
@@ -245,7 +245,7 @@ class ZapHandler {
   bool Allowed(const std::string& domain, const std::string& mechanism, const std::string& key) {
     if (mechanism != "CURVE") return mechanism == "NULL";
     if (domain.empty()) return true;  // a CURVE server without an allow list
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = domains_.find(domain);
     return it != domains_.end() && it->second.count(key) > 0;
   }
@@ -260,7 +260,7 @@ class ZapHandler {
   }
 
   zmq::socket_t rep_;
-  std::mutex mu_;
+  Mutex mu_;
   std::map<std::string, std::set<std::string>> domains_;
   uint64_t next_ = 0;
   std::atomic<uint64_t> refused_{0};
@@ -303,7 +303,7 @@ ZmqServerTransport::~ZmqServerTransport() { Stop(); }
 uint64_t ZmqServerTransport::dropped() const { return pool_ ? pool_->dropped() : 0; }
 
 StatusOr<std::string> ZmqServerTransport::Start(const std::string& endpoint, Handler handler) {
-  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  MutexLock lock(&lifecycle_mu_);
   if (state_ != State::kNew) return FailedPrecondition("server transport already started");
   if (!handler) return InvalidArgument("server transport needs a handler");
   // Binding on the caller's thread reports bind errors directly; the sockets then move
@@ -313,7 +313,7 @@ StatusOr<std::string> ZmqServerTransport::Start(const std::string& endpoint, Han
   pool_ = std::make_unique<HandlerPool<Incoming>>(
       "zmq server", options_.handler_threads, options_.max_queue_per_thread, std::move(handler));
   {
-    std::lock_guard<std::mutex> send_lock(send_mu_);
+    MutexLock send_lock(&send_mu_);
     open_ = true;
   }
   io_thread_ = std::thread(&ZmqServerTransport::IoLoop, this);
@@ -350,7 +350,7 @@ Status ZmqServerTransport::Send(const std::string& peer, Frames frames) {
   if (frames.empty()) return InvalidArgument("Send: no frames");
   try {
     std::vector<zmq::message_t> parts = WithRoutingPart(peer.data(), peer.size(), frames);
-    std::lock_guard<std::mutex> lock(send_mu_);
+    MutexLock lock(&send_mu_);
     if (!open_) return Unavailable("server transport is stopped");
     return PushParts(push_, &parts);
   } catch (const zmq::error_t& e) {
@@ -359,25 +359,25 @@ Status ZmqServerTransport::Send(const std::string& peer, Frames frames) {
 }
 
 void ZmqServerTransport::Stop() {
-  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  MutexLock lock(&lifecycle_mu_);
   const bool running = state_ == State::kRunning;
   state_ = State::kStopped;
   if (!running) return;
   {
-    std::lock_guard<std::mutex> send_lock(send_mu_);
+    MutexLock send_lock(&send_mu_);
     receiving_.store(false, std::memory_order_release);
     WakeIo(push_);
   }
   pool_->Close();  // handlers finish their queues; their replies still flow
   {
-    std::lock_guard<std::mutex> send_lock(send_mu_);
+    MutexLock send_lock(&send_mu_);
     open_ = false;
     exit_.store(true, std::memory_order_release);
     WakeIo(push_);
   }
   io_thread_.join();
   if (!zap_domain_.empty()) ZapHandler::Get().Unregister(zap_domain_);
-  std::lock_guard<std::mutex> send_lock(send_mu_);
+  MutexLock send_lock(&send_mu_);
   CloseQuietly(&push_);
 }
 
@@ -441,13 +441,13 @@ ZmqClientTransport::ZmqClientTransport(const TransportOptions& options) : option
 ZmqClientTransport::~ZmqClientTransport() { Close(); }
 
 Status ZmqClientTransport::Connect(const std::vector<std::string>& endpoints, Handler handler) {
-  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  MutexLock lock(&lifecycle_mu_);
   if (state_ != State::kNew) return FailedPrecondition("client transport already connected");
   if (!handler) return InvalidArgument("client transport needs a handler");
   ONLINEPS_RETURN_IF_ERROR(ConnectSockets(endpoints));
   handler_ = std::move(handler);
   {
-    std::lock_guard<std::mutex> send_lock(send_mu_);
+    MutexLock send_lock(&send_mu_);
     open_ = true;
     num_servers_ = endpoints.size();
   }
@@ -488,7 +488,7 @@ Status ZmqClientTransport::Send(size_t index, Frames frames) {
   try {
     const uint64_t index64 = index;
     std::vector<zmq::message_t> parts = WithRoutingPart(&index64, sizeof(index64), frames);
-    std::lock_guard<std::mutex> lock(send_mu_);
+    MutexLock lock(&send_mu_);
     if (!open_) return Unavailable("client transport is closed");
     if (index >= num_servers_) {
       return InvalidArgument("Send: server index " + std::to_string(index) + " out of range (" +
@@ -501,18 +501,18 @@ Status ZmqClientTransport::Send(size_t index, Frames frames) {
 }
 
 void ZmqClientTransport::Close() {
-  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  MutexLock lock(&lifecycle_mu_);
   const bool running = state_ == State::kRunning;
   state_ = State::kClosed;
   if (!running) return;
   {
-    std::lock_guard<std::mutex> send_lock(send_mu_);
+    MutexLock send_lock(&send_mu_);
     open_ = false;
     exit_.store(true, std::memory_order_release);
     WakeIo(push_);
   }
   io_thread_.join();
-  std::lock_guard<std::mutex> send_lock(send_mu_);
+  MutexLock send_lock(&send_mu_);
   CloseQuietly(&push_);
 }
 

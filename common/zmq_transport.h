@@ -10,13 +10,13 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 #include <zmq.hpp>
 
 #include "common/handler_pool.h"
+#include "common/mutex.h"
 #include "common/transport.h"
 
 namespace onlineps {
@@ -48,9 +48,9 @@ class ZmqServerTransport final : public ServerTransport {
   // Immutable after construction.
   const TransportOptions options_;
 
-  std::mutex lifecycle_mu_;  // serializes Start/Stop
+  Mutex lifecycle_mu_;  // serializes Start/Stop
   enum class State { kNew, kRunning, kStopped };
-  State state_ = State::kNew;  // guarded by lifecycle_mu_
+  State state_ GUARDED_BY(lifecycle_mu_) = State::kNew;
 
   // Owned by io_thread_ while it runs.
   zmq::socket_t router_;
@@ -60,9 +60,9 @@ class ZmqServerTransport final : public ServerTransport {
   std::atomic<bool> receiving_{true};  // false: I/O thread stops reading the ROUTER
   std::atomic<bool> exit_{false};      // true: I/O thread flushes replies and exits
 
-  std::mutex send_mu_;
-  zmq::socket_t push_;  // guarded by send_mu_
-  bool open_ = false;   // guarded by send_mu_: Send accepted
+  Mutex send_mu_;
+  zmq::socket_t push_ GUARDED_BY(send_mu_);
+  bool open_ GUARDED_BY(send_mu_) = false;  // Send accepted
 
   std::string zap_domain_;  // registered with the ZAP handler while bound ("" : none)
 };
@@ -90,9 +90,9 @@ class ZmqClientTransport final : public ClientTransport {
   // Immutable after construction.
   const TransportOptions options_;
 
-  std::mutex lifecycle_mu_;  // serializes Connect/Close
+  Mutex lifecycle_mu_;  // serializes Connect/Close
   enum class State { kNew, kRunning, kClosed };
-  State state_ = State::kNew;  // guarded by lifecycle_mu_
+  State state_ GUARDED_BY(lifecycle_mu_) = State::kNew;
 
   // Owned by io_thread_ while it runs.
   std::vector<zmq::socket_t> dealers_;
@@ -102,10 +102,10 @@ class ZmqClientTransport final : public ClientTransport {
   std::atomic<bool> exit_{false};
   std::atomic<uint64_t> dropped_{0};
 
-  std::mutex send_mu_;
-  zmq::socket_t push_;      // guarded by send_mu_
-  bool open_ = false;       // guarded by send_mu_
-  size_t num_servers_ = 0;  // guarded by send_mu_
+  Mutex send_mu_;
+  zmq::socket_t push_ GUARDED_BY(send_mu_);
+  bool open_ GUARDED_BY(send_mu_) = false;
+  size_t num_servers_ GUARDED_BY(send_mu_) = 0;
 };
 
 }  // namespace onlineps

@@ -18,7 +18,7 @@ Status Backend::EnsureContext(const std::string& session, const std::string& wor
   const uint64_t incarnation = pool_->Incarnation(worker);
   const auto now = std::chrono::steady_clock::now();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = copies_.find(session);
     if (!ctx && it == copies_.end()) return Status::Ok();  // nothing here, nothing there
     if (ctx && it != copies_.end() && it->second.worker == worker &&
@@ -40,7 +40,7 @@ Status Backend::EnsureContext(const std::string& session, const std::string& wor
     return Unavailable("sending the session's context to " + worker + " failed (" +
                        r.status().ToString() + "); the call was not sent");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (ctx) {
     copies_[session] = Copy{worker, incarnation, ctx->revision, now};
   } else {
@@ -95,7 +95,7 @@ Status Backend::SyncContext(const std::string& session) {
   if (!s.ok()) {
     // The bridge's copy is authoritative and already changed: revision 0 matches no
     // context, so the next call re-sends it (or clears the worker's copy).
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Copy& c = copies_[session];
     c.worker = worker;
     c.revision = 0;
@@ -104,7 +104,7 @@ Status Backend::SyncContext(const std::string& session) {
 }
 
 void Backend::Forget(const std::vector<std::string>& sessions) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const std::string& s : sessions) copies_.erase(s);
 }
 
@@ -112,7 +112,7 @@ void Backend::EndSession(const std::string& session) {
   const std::string worker = router_->OwnerOf(session);
   bool had_copy = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     had_copy = copies_.erase(session) > 0;
   }
   if (had_copy && !worker.empty()) {

@@ -10,12 +10,12 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "common/wire.h"
 #include "mcp_bridge/context_store.h"
@@ -71,8 +71,8 @@ class Backend {
   WorkerPool* const pool_;
   ContextStore* const contexts_;
   std::atomic<uint64_t> next_any_{0};
-  std::mutex mu_;
-  std::unordered_map<std::string, Copy> copies_;  // guarded by mu_; bounded by the sessions
+  Mutex mu_;
+  std::unordered_map<std::string, Copy> copies_ GUARDED_BY(mu_);  // bounded by the sessions
 };
 
 }  // namespace onlineps::bridge

@@ -67,7 +67,7 @@ void BridgeMetrics::Update() {
   const auto [known, healthy] = pool_->Counts();
   healthy_->Set(static_cast<double>(healthy));
   down_->Set(static_cast<double>(known - healthy));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const double moves = static_cast<double>(rs.moves);
   if (moves > moves_seen_) moves_->Increment(moves - moves_seen_);
   moves_seen_ = moves;

@@ -12,8 +12,8 @@
 
 #include <chrono>
 #include <memory>
-#include <mutex>
 
+#include "common/mutex.h"
 #include "common/periodic_thread.h"
 #include "mcp_bridge/context_store.h"
 #include "mcp_bridge/mcp_server.h"
@@ -44,9 +44,9 @@ class BridgeMetrics {
   prometheus::Histogram* staleness_;
   prometheus::Gauge *sessions_, *routed_, *contexts_gauge_, *healthy_, *down_;
   prometheus::Counter* moves_;
-  double moves_seen_ = 0;  // guarded by mu_
+  double moves_seen_ GUARDED_BY(mu_) = 0;
 
-  std::mutex mu_;
+  Mutex mu_;
   onlineps::PeriodicThread thread_;
 };
 

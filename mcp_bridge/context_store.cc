@@ -51,14 +51,14 @@ Status ContextStore::CheckLimits(const std::vector<std::string>& items,
   return Status::Ok();
 }
 
-std::mutex& ContextStore::IoLock(const std::string& id) {
+Mutex& ContextStore::IoLock(const std::string& id) {
   return io_mu_[std::hash<std::string>{}(id) % io_mu_.size()];
 }
 
 size_t ContextStore::Persist(StateDir* dir) {
   // The most recently used first, so that a smaller --context-max-sessions keeps those.
   std::vector<StateDir::Record> records = dir->Load(kKind);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const int64_t now = now_ms_();
   for (StateDir::Record& r : records) {
     Context c;
@@ -116,8 +116,8 @@ void ContextStore::ExpireLocked(int64_t now) {
 void ContextStore::RemoveFiles(const std::vector<std::string>& ids) {
   for (const std::string& id : ids) {
     // A change of that session in the meantime wrote the file again: keep it.
-    std::lock_guard<std::mutex> io(IoLock(id));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock io(&IoLock(id));
+    MutexLock lock(&mu_);
     if (!contexts_.count(id)) dir_->Remove(kKind, id);
   }
 }
@@ -146,10 +146,10 @@ StatusOr<Context> ContextStore::Change(const std::string& session,
   const std::string id = StateDir::HashOf(session);
   std::vector<std::string> dropped;  // by Current making room
   StatusOr<Context> out = [&]() -> StatusOr<Context> {
-    std::lock_guard<std::mutex> io(IoLock(id));
+    MutexLock io(&IoLock(id));
     Context next;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       const int64_t now = now_ms_();
       StatusOr<const Context*> current = Current(id, now);
       dropped.swap(dropped_);
@@ -164,12 +164,12 @@ StatusOr<Context> ContextStore::Change(const std::string& session,
           kKind, id,
           {{"items", next.items}, {"features", next.features}, {"revision", next.revision}});
       if (!saved.ok()) {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         ++stats_.save_errors;
         return saved;  // nothing changed
       }
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     contexts_[id] = next;
     return next;
   }();
@@ -206,7 +206,7 @@ StatusOr<Context> ContextStore::Append(const std::string& session, std::string i
     *dropped = drop;
   });
   if (c.ok() && *dropped > 0) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stats_.items_dropped += *dropped;
   }
   return c;
@@ -214,10 +214,10 @@ StatusOr<Context> ContextStore::Append(const std::string& session, std::string i
 
 bool ContextStore::Clear(const std::string& session) {
   const std::string id = StateDir::HashOf(session);
-  std::lock_guard<std::mutex> io(IoLock(id));
+  MutexLock io(&IoLock(id));
   bool had = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     had = contexts_.erase(id) > 0;
   }
   if (dir_ && had) dir_->Remove(kKind, id);
@@ -230,7 +230,7 @@ std::optional<Context> ContextStore::Get(const std::string& session) {
   bool touch = false;
   std::vector<std::string> dropped;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const int64_t now = now_ms_();
     if (options_.ttl_ms > 0 && now - last_sweep_ms_ > options_.ttl_ms / 4) ExpireLocked(now);
     auto it = contexts_.find(id);
@@ -255,7 +255,7 @@ std::optional<Context> ContextStore::Get(const std::string& session) {
 void ContextStore::Expire() {
   std::vector<std::string> dropped;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ExpireLocked(now_ms_());
     dropped.swap(dropped_);
   }
@@ -263,7 +263,7 @@ void ContextStore::Expire() {
 }
 
 ContextStats ContextStore::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ContextStats s = stats_;
   s.sessions = contexts_.size();
   return s;

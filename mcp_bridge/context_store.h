@@ -14,12 +14,12 @@
 #include <array>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "mcp_bridge/state_dir.h"
 
@@ -78,26 +78,26 @@ class ContextStore {
   StatusOr<Context> Change(const std::string& session, const std::function<void(Context*)>& edit);
   // The live context of the session hashed to `id`, or null when there is none (then
   // checks there is room for one).
-  StatusOr<const Context*> Current(const std::string& id, int64_t now);  // REQUIRES: mu_
-  void ExpireLocked(int64_t now);                                        // REQUIRES: mu_
-  void Drop(std::unordered_map<std::string, Context>::iterator it);      // REQUIRES: mu_
+  StatusOr<const Context*> Current(const std::string& id, int64_t now) REQUIRES(mu_);
+  void ExpireLocked(int64_t now) REQUIRES(mu_);
+  void Drop(std::unordered_map<std::string, Context>::iterator it) REQUIRES(mu_);
   // Removes the files of contexts dropped from memory (taken from dropped_ under mu_),
   // unless one came back since. Holds no lock when called.
   void RemoveFiles(const std::vector<std::string>& ids);
-  std::mutex& IoLock(const std::string& id);
+  Mutex& IoLock(const std::string& id);
 
   const ContextStoreOptions options_;
   const std::function<int64_t()> now_ms_;
-  mutable std::mutex mu_;
-  std::unordered_map<std::string, Context> contexts_;  // guarded by mu_; by key hash
-  ContextStats stats_;                                 // guarded by mu_
-  uint64_t next_revision_ = 1;                         // guarded by mu_
-  int64_t last_sweep_ms_ = 0;                          // guarded by mu_
-  std::vector<std::string> dropped_;                   // guarded by mu_; files to remove (hashes)
-  StateDir* dir_ = nullptr;                            // set before serving
+  mutable Mutex mu_;
+  std::unordered_map<std::string, Context> contexts_ GUARDED_BY(mu_);  // by key hash
+  ContextStats stats_ GUARDED_BY(mu_);
+  uint64_t next_revision_ GUARDED_BY(mu_) = 1;
+  int64_t last_sweep_ms_ GUARDED_BY(mu_) = 0;
+  std::vector<std::string> dropped_ GUARDED_BY(mu_);  // files to remove (hashes)
+  StateDir* dir_ = nullptr;                           // set before serving
   // Serializes the changes of one session (and its file) without holding mu_ over I/O.
   // Taken before mu_, one at a time.
-  std::array<std::mutex, 64> io_mu_;
+  std::array<Mutex, 64> io_mu_;
 };
 
 }  // namespace onlineps::bridge

@@ -50,7 +50,7 @@ StatusOr<std::unique_ptr<Recorder>> Recorder::Open(const std::string& path, uint
                      {"wait_us", "microseconds"},
                      {"run_us", "microseconds"}};
   header["start_unix_us"] = UnixUs();
-  std::lock_guard<std::mutex> lock(r->mu_);
+  MutexLock lock(&r->mu_);
   if (!r->WriteLine(header.dump())) return Unavailable("--record " + path + ": write failed");
   return r;
 }
@@ -59,7 +59,7 @@ Recorder::Recorder(std::FILE* f, std::string path, uint64_t max_bytes)
     : path_(std::move(path)), max_bytes_(max_bytes), file_(f), start_us_(SteadyUs()) {}
 
 Recorder::~Recorder() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (file_) std::fclose(file_);
 }
 
@@ -98,14 +98,14 @@ void Recorder::Record(const TraceRecord& r) {
               {"latency_us", r.latency_us},
               {"wait_us", r.wait_us},
               {"run_us", r.run_us}};
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!file_) return;
   rec["seq"] = ++seq_;
   WriteLine(rec.dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
 uint64_t Recorder::records() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return seq_;
 }
 

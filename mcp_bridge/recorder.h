@@ -6,10 +6,10 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace onlineps::bridge {
@@ -36,14 +36,14 @@ class Recorder {
 
  private:
   Recorder(std::FILE* f, std::string path, uint64_t max_bytes);
-  bool WriteLine(const std::string& line);  // REQUIRES: mu_
+  bool WriteLine(const std::string& line) REQUIRES(mu_);
 
   const std::string path_;
   const uint64_t max_bytes_;
-  mutable std::mutex mu_;
-  std::FILE* file_;       // guarded by mu_; null once disabled
-  uint64_t bytes_ = 0;    // guarded by mu_
-  uint64_t seq_ = 0;      // guarded by mu_
+  mutable Mutex mu_;
+  std::FILE* file_ GUARDED_BY(mu_);  // null once disabled
+  uint64_t bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t seq_ GUARDED_BY(mu_) = 0;
   int64_t start_us_ = 0;  // immutable after Open
 };
 

@@ -67,7 +67,7 @@ void Router::Assign(const std::string& session, const std::string& worker) {
 }
 
 StatusOr<std::string> Router::Route(const std::string& session) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (auto it = owner_.find(session); it != owner_.end()) {
     used_ms_[session] = now_ms_();
     return it->second;
@@ -84,13 +84,13 @@ StatusOr<std::string> Router::Route(const std::string& session) {
 }
 
 std::string Router::OwnerOf(const std::string& session) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = owner_.find(session);
   return it == owner_.end() ? std::string() : it->second;
 }
 
 bool Router::Release(const std::string& session) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = owner_.find(session);
   if (it == owner_.end()) return false;
   if (auto l = loads_.find(it->second); l != loads_.end() && l->second > 0) --l->second;
@@ -102,7 +102,7 @@ bool Router::Release(const std::string& session) {
 std::vector<std::string> Router::ReleaseIdle(std::chrono::milliseconds idle) {
   std::vector<std::string> idle_sessions;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const int64_t cutoff = now_ms_() - idle.count();
     for (const auto& [s, t] : used_ms_) {
       if (t < cutoff) idle_sessions.push_back(s);
@@ -140,7 +140,7 @@ void Router::ShedOverload() {
 }
 
 bool Router::AddWorker(const std::string& worker) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!loads_.emplace(worker, 0).second) return false;
   RebuildRing();
   const size_t cap = Cap(owner_.size());
@@ -155,7 +155,7 @@ bool Router::AddWorker(const std::string& worker) {
 }
 
 bool Router::RemoveWorker(const std::string& worker) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (loads_.erase(worker) == 0) return false;
   RebuildRing();
   std::vector<std::pair<uint64_t, std::string>> orphans;
@@ -176,14 +176,14 @@ bool Router::RemoveWorker(const std::string& worker) {
 }
 
 std::vector<std::string> Router::Workers() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<std::string> out;
   for (const auto& [w, load] : loads_) out.push_back(w);
   return out;
 }
 
 RouterStats Router::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   RouterStats s;
   s.sessions = owner_.size();
   s.moves = moves_;

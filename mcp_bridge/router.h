@@ -12,11 +12,11 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace onlineps::bridge {
@@ -71,13 +71,13 @@ class Router {
   void ShedOverload();                                                    // REQUIRES: mu_
 
   const RouterOptions options_;
-  mutable std::mutex mu_;
-  std::vector<Point> ring_;                             // guarded by mu_, sorted
-  std::map<std::string, size_t> loads_;                 // guarded by mu_
-  std::unordered_map<std::string, std::string> owner_;  // guarded by mu_
-  std::unordered_map<std::string, int64_t> used_ms_;    // guarded by mu_; last Route
+  mutable Mutex mu_;
+  std::vector<Point> ring_ GUARDED_BY(mu_);  // sorted
+  std::map<std::string, size_t> loads_ GUARDED_BY(mu_);
+  std::unordered_map<std::string, std::string> owner_ GUARDED_BY(mu_);
+  std::unordered_map<std::string, int64_t> used_ms_ GUARDED_BY(mu_);  // last Route
   const std::function<int64_t()> now_ms_;
-  uint64_t moves_ = 0;  // guarded by mu_
+  uint64_t moves_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace onlineps::bridge

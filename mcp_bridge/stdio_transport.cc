@@ -2,7 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <condition_variable>
 #include <cstdlib>
 #include <deque>
 #include <thread>
@@ -30,24 +29,24 @@ StdioTransport::StdioTransport(StdioTransportOptions options, McpServer* server,
 
 void StdioTransport::Write(const json& message) {
   const std::string line = message.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
-  std::lock_guard<std::mutex> lock(out_mu_);
+  MutexLock lock(&out_mu_);
   std::fwrite(line.data(), 1, line.size(), out_);
   std::fflush(out_);
 }
 
 void StdioTransport::FlushAndExit(int code) {
-  std::lock_guard<std::mutex> lock(out_mu_);  // held until exit: no half-written line
+  MutexLock lock(&out_mu_);  // held until exit: no half-written line
   std::fflush(out_);
   std::_Exit(code);
 }
 
 size_t StdioTransport::Run() {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<json> queue;  // guarded by mu
-  bool eof = false;        // guarded by mu
+  Mutex mu;
+  CondVar cv;
+  std::deque<json> queue GUARDED_BY(mu);
+  bool eof GUARDED_BY(mu) = false;
   auto session = [this] {
-    std::lock_guard<std::mutex> lock(session_mu_);
+    MutexLock lock(&session_mu_);
     return session_id_;
   };
   auto handle = [this, &session](json m) {
@@ -74,7 +73,7 @@ size_t StdioTransport::Run() {
     if (!reply.new_session_id.empty()) {
       std::string previous;
       {
-        std::lock_guard<std::mutex> lock(session_mu_);
+        MutexLock lock(&session_mu_);
         previous = std::exchange(session_id_, reply.new_session_id);
       }
       if (!previous.empty()) mcp_->EndSession(previous, "");  // a worker call: not under the lock
@@ -84,15 +83,15 @@ size_t StdioTransport::Run() {
     if (!reply.body.is_null() && !cancelled) Write(reply.body);
   };
   std::thread executor([&] {
-    std::unique_lock<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     while (true) {
-      cv.wait(lock, [&] { return eof || !queue.empty(); });
+      cv.Wait(&mu, [&]() REQUIRES(mu) { return eof || !queue.empty(); });
       if (queue.empty()) return;
       json m = std::move(queue.front());
       queue.pop_front();
-      lock.unlock();
+      lock.Unlock();
       handle(std::move(m));
-      lock.lock();
+      lock.Lock();
     }
   });
   size_t messages = 0;
@@ -137,7 +136,7 @@ size_t StdioTransport::Run() {
       handle(std::move(m));
       continue;
     }
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     if (queue.size() >= options_.max_queued) {
       if (m.is_object() && m.contains("id")) {
         Write(JsonRpcError(m["id"], kServerError, "too many queued requests; retry later"));
@@ -145,13 +144,13 @@ size_t StdioTransport::Run() {
       continue;
     }
     queue.push_back(std::move(m));
-    cv.notify_one();
+    cv.Signal();
   }
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     eof = true;
   }
-  cv.notify_one();
+  cv.Signal();
   executor.join();
   if (const std::string sid = session(); !sid.empty()) mcp_->EndSession(sid, "");
   return messages;

@@ -7,10 +7,10 @@
 #define ONLINEPS_MCP_BRIDGE_STDIO_TRANSPORT_H_
 
 #include <cstdio>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/mutex.h"
 #include "mcp_bridge/mcp_server.h"
 
 namespace onlineps::bridge {
@@ -38,9 +38,9 @@ class StdioTransport {
   McpServer* const mcp_;
   std::FILE* const in_;
   std::FILE* const out_;
-  std::mutex out_mu_;
-  std::mutex session_mu_;
-  std::string session_id_;  // guarded by session_mu_; set by initialize
+  Mutex out_mu_;
+  Mutex session_mu_;
+  std::string session_id_ GUARDED_BY(session_mu_);  // set by initialize
 };
 
 }  // namespace onlineps::bridge

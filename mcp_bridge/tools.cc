@@ -256,7 +256,7 @@ ToolResult Tools::Infer(const ToolCall& c) {
 }
 
 void Tools::NoteLearn(int64_t version, int64_t tau) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   max_version_ = std::max(max_version_, version);
   if (tau < 0) return;
   const uint64_t t = static_cast<uint64_t>(tau);
@@ -424,8 +424,8 @@ ToolResult Tools::ModelInfo(const ToolCall& c) {
   json staleness;
   int64_t version;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto quantile = [&](double q) -> int64_t {
+    MutexLock lock(&mu_);
+    auto quantile = [&](double q) REQUIRES(mu_) -> int64_t {
       if (tau_count_ == 0) return 0;
       const uint64_t rank = static_cast<uint64_t>(std::ceil(q * static_cast<double>(tau_count_)));
       uint64_t seen = 0;

@@ -9,11 +9,11 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "mcp_bridge/backend.h"
 #include "mcp_bridge/context_store.h"
 #include "mcp_bridge/router.h"
@@ -84,10 +84,11 @@ class Tools {
   Router* const router_;
   nlohmann::json list_;
 
-  std::mutex mu_;                   // staleness statistics from learn replies
-  std::vector<uint64_t> tau_hist_;  // guarded by mu_; [0, 1023] and one overflow bucket
-  uint64_t tau_count_ = 0, tau_sum_ = 0, tau_max_ = 0;  // guarded by mu_
-  int64_t max_version_ = 0;                             // guarded by mu_
+  Mutex mu_;                                        // staleness statistics from learn replies
+  std::vector<uint64_t> tau_hist_ GUARDED_BY(mu_);  // [0, 1023] and one overflow bucket
+  uint64_t tau_count_ GUARDED_BY(mu_) = 0, tau_sum_ GUARDED_BY(mu_) = 0,
+                      tau_max_ GUARDED_BY(mu_) = 0;
+  int64_t max_version_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace onlineps::bridge

@@ -54,7 +54,7 @@ Status WorkerPool::Start() {
     return InvalidArgument("no workers: give --workers and/or --workers-dns");
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const std::string& e : options_.endpoints) {
       if (e.rfind("tcp://", 0) != 0 && e.rfind("ipc://", 0) != 0) {
         return InvalidArgument("worker endpoint '" + e + "' is not tcp://host:port");
@@ -76,19 +76,19 @@ Status WorkerPool::Start() {
 
 void WorkerPool::Stop() {
   {
-    std::lock_guard<std::mutex> lock(stop_mu_);
+    MutexLock lock(&stop_mu_);
     stopping_ = true;
   }
-  stop_cv_.notify_all();
+  stop_cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
 }
 
 Status WorkerPool::Resolve() {
   ONLINEPS_ASSIGN_OR_RETURN(std::vector<std::string> found, ResolveWorkers(options_.dns));
-  std::lock_guard<std::mutex> membership(membership_mu_);
+  MutexLock membership(&membership_mu_);
   std::vector<std::string> gone;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const std::string& e : found) workers_[e].info.endpoint = e;
     for (const std::string& e : dns_members_) {
       const bool listed = std::count(options_.endpoints.begin(), options_.endpoints.end(), e) > 0;
@@ -106,7 +106,7 @@ Status WorkerPool::Resolve() {
 }
 
 std::shared_ptr<worker::WorkerClient> WorkerPool::ClientOf(const std::string& endpoint) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = workers_.find(endpoint);
   if (it == workers_.end()) return nullptr;
   if (!it->second.client) {
@@ -133,10 +133,10 @@ StatusOr<json> WorkerPool::Call(const std::string& endpoint, Op op, const json& 
 void WorkerPool::Apply(const std::string& endpoint, const StatusOr<json>& reply) {
   // Held across the state change and the router call, so that two probes of one worker
   // (the loop's and a failed call's) cannot leave the ring and the health flag apart.
-  std::lock_guard<std::mutex> membership(membership_mu_);
+  MutexLock membership(&membership_mu_);
   bool healthy = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = workers_.find(endpoint);
     if (it == workers_.end()) return;
     Entry& e = it->second;
@@ -188,7 +188,7 @@ bool WorkerPool::Probe(const std::string& endpoint) {
 void WorkerPool::ProbeAll() {
   std::vector<std::string> endpoints;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const auto& [e, entry] : workers_) endpoints.push_back(e);
   }
   std::vector<std::future<bool>> probes;
@@ -205,7 +205,7 @@ bool WorkerPool::ReportFailure(const std::string& endpoint) {
              : StatusOr<json>(Unavailable("not connected"));
   if (!reply.ok()) {
     // The call already failed once: one failed probe is enough to leave the ring.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (auto it = workers_.find(endpoint); it != workers_.end()) {
       it->second.failures = std::max(it->second.failures, options_.failures_to_down - 1);
     }
@@ -216,47 +216,48 @@ bool WorkerPool::ReportFailure(const std::string& endpoint) {
 
 void WorkerPool::Loop() {
   auto next_dns = std::chrono::steady_clock::now() + options_.dns_interval;
-  std::unique_lock<std::mutex> lock(stop_mu_);
-  while (!stop_cv_.wait_for(lock, options_.health_interval, [this] { return stopping_; })) {
-    lock.unlock();
+  MutexLock lock(&stop_mu_);
+  while (!stop_cv_.WaitFor(&stop_mu_, options_.health_interval,
+                           [this]() REQUIRES(stop_mu_) { return stopping_; })) {
+    lock.Unlock();
     if (!options_.dns.empty() && std::chrono::steady_clock::now() >= next_dns) {
       if (Status s = Resolve(); !s.ok()) spdlog::warn("worker pool: {}", s.ToString());
       next_dns = std::chrono::steady_clock::now() + options_.dns_interval;
     }
     ProbeAll();
-    lock.lock();
+    lock.Lock();
   }
 }
 
 uint64_t WorkerPool::Incarnation(const std::string& endpoint) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = workers_.find(endpoint);
   return it == workers_.end() ? 0 : it->second.info.incarnation;
 }
 
 std::shared_ptr<const std::vector<std::string>> WorkerPool::Labels(
     const std::string& endpoint) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = workers_.find(endpoint);
   return it == workers_.end() ? nullptr : it->second.labels;
 }
 
 std::vector<WorkerInfo> WorkerPool::Workers() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<WorkerInfo> out;
   for (const auto& [e, entry] : workers_) out.push_back(entry.info);
   return out;
 }
 
 std::pair<size_t, size_t> WorkerPool::Counts() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   size_t healthy = 0;
   for (const auto& [e, entry] : workers_) healthy += entry.info.healthy ? 1 : 0;
   return {workers_.size(), healthy};
 }
 
 size_t WorkerPool::healthy() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   size_t n = 0;
   for (const auto& [e, entry] : workers_) n += entry.info.healthy ? 1 : 0;
   return n;

@@ -9,16 +9,15 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "common/wire.h"
 #include "mcp_bridge/router.h"
@@ -88,15 +87,15 @@ class WorkerPool {
   const WorkerPoolOptions options_;
   Router* const router_;
 
-  std::mutex membership_mu_;              // serializes health transitions with their router calls
-  mutable std::mutex mu_;                 // taken after membership_mu_, never before
-  std::map<std::string, Entry> workers_;  // guarded by mu_
-  std::vector<std::string> dns_members_;  // guarded by mu_
-  uint64_t next_incarnation_ = 1;         // guarded by mu_
+  Mutex membership_mu_;  // serializes health transitions with their router calls
+  mutable Mutex mu_;     // taken after membership_mu_, never before
+  std::map<std::string, Entry> workers_ GUARDED_BY(mu_);
+  std::vector<std::string> dns_members_ GUARDED_BY(mu_);
+  uint64_t next_incarnation_ GUARDED_BY(mu_) = 1;
 
-  std::mutex stop_mu_;
-  std::condition_variable stop_cv_;
-  bool stopping_ = false;  // guarded by stop_mu_
+  Mutex stop_mu_;
+  CondVar stop_cv_;
+  bool stopping_ GUARDED_BY(stop_mu_) = false;
   std::thread thread_;
 };
 

@@ -18,7 +18,7 @@ void Dedup::Advance(Window* w, uint64_t seq) {
 
 Dedup::Verdict Dedup::Begin(uint64_t sender, uint64_t seq) {
   if (seq == 0) return Verdict::kNew;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Window* w = senders_.Find(sender);
   if (w == nullptr) w = &senders_.Put(sender, Window{});
   if (seq > w->high) {
@@ -36,7 +36,7 @@ Dedup::Verdict Dedup::Begin(uint64_t sender, uint64_t seq) {
 
 void Dedup::Commit(uint64_t sender, uint64_t seq) {
   if (seq == 0) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Window* w = senders_.Find(sender);
   if (w == nullptr || seq > w->high || w->high - seq >= kWindow) return;
   w->in_progress.reset(seq % kWindow);
@@ -45,24 +45,24 @@ void Dedup::Commit(uint64_t sender, uint64_t seq) {
 
 void Dedup::Abort(uint64_t sender, uint64_t seq) {
   if (seq == 0) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Window* w = senders_.Find(sender);
   if (w == nullptr || seq > w->high || w->high - seq >= kWindow) return;
   w->in_progress.reset(seq % kWindow);
 }
 
 size_t Dedup::senders() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return senders_.size();
 }
 
 size_t Dedup::evictions() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return senders_.evictions();
 }
 
 void Dedup::Save(ByteWriter* out) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   out->Put<uint64_t>(senders_.size());
   senders_.ForEach([out](uint64_t sender, const Window& w) {
     out->Put<uint64_t>(sender);
@@ -92,7 +92,7 @@ Status Dedup::Load(ByteReader* r) {
     }
     loaded.emplace_back(sender, w);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   senders_.Clear();
   // Saved most recent first; insert oldest first to rebuild the same order.
   for (auto it = loaded.rbegin(); it != loaded.rend(); ++it) senders_.Put(it->first, it->second);

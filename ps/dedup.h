@@ -8,11 +8,11 @@
 
 #include <bitset>
 #include <cstdint>
-#include <mutex>
 #include <vector>
 
 #include "common/bytes.h"
 #include "common/lru_map.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace onlineps::ps {
@@ -49,8 +49,8 @@ class Dedup {
   };
   static void Advance(Window* w, uint64_t seq);
 
-  mutable std::mutex mu_;
-  LruMap<uint64_t, Window> senders_;  // guarded by mu_
+  mutable Mutex mu_;
+  LruMap<uint64_t, Window> senders_ GUARDED_BY(mu_);
 };
 
 }  // namespace onlineps::ps

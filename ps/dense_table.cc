@@ -40,7 +40,7 @@ std::vector<float*> DenseTable::Slots(std::vector<float>& storage, int slots) {
 }
 
 uint64_t DenseTable::version() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return version_;
 }
 
@@ -51,7 +51,7 @@ StatusOr<PullResult> DenseTable::Pull(const PullRequest& req) {
   }
   if (ssp_) ssp_->Touch(req.sender, req.now_ms);
   PullResult out;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   out.version = version_;
   out.values = req.averaged ? avg_ : w_;
   if (rules_.needs_backup() && req.record_backup && !req.averaged) {
@@ -76,7 +76,7 @@ StatusOr<PushResult> DenseTable::Push(const PushRequest& req) {
   if (clipped) clipped_pushes_.fetch_add(1);
   PushResult res;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     res.tau = version_ >= req.base_version ? version_ - req.base_version : 0;
     ONLINEPS_RETURN_IF_ERROR(rules_.CheckBound(spec_.name, res.tau));
     if (req.delta) {
@@ -155,7 +155,7 @@ bool DenseTable::Releasable(uint64_t sender, uint64_t now_ms) {
 }
 
 TableStats DenseTable::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   TableStats s;
   s.version = version_;
   s.elements = n_;
@@ -168,7 +168,7 @@ TableStats DenseTable::Stats() const {
 }
 
 void DenseTable::Save(ByteWriter* w) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   w->Put<uint64_t>(version_);
   w->PutArray(w_.data(), w_.size());
   w->PutArray(opt_state_.data(), opt_state_.size());
@@ -180,7 +180,7 @@ void DenseTable::Save(ByteWriter* w) const {
 }
 
 Status DenseTable::Load(ByteReader* r) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ONLINEPS_RETURN_IF_ERROR(r->Get(&version_, "dense version"));
   ONLINEPS_RETURN_IF_ERROR(r->GetArray(&w_, "dense weights", w_.size()));
   ONLINEPS_RETURN_IF_ERROR(r->GetArray(&opt_state_, "optimizer state", opt_state_.size()));

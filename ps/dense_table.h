@@ -6,11 +6,11 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <vector>
 
 #include "common/lru_map.h"
+#include "common/mutex.h"
 #include "ps/rule_set.h"
 #include "ps/ssp_clock.h"
 #include "ps/table.h"
@@ -32,13 +32,13 @@ class DenseTable : public Table {
   Status Load(ByteReader* r) override;
 
  private:
-  // REQUIRES: mu_ held. Applies one gradient (already compensated if needed).
-  void ApplyLocked(const float* g, const float* w_bak, float lr_scale);
-  void ApplyDeltaLocked(const float* delta);
-  // REQUIRES: mu_ held. Adds g (compensated against w_bak) to the accumulator; returns
+  // Applies one gradient (already compensated if needed).
+  void ApplyLocked(const float* g, const float* w_bak, float lr_scale) REQUIRES(mu_);
+  void ApplyDeltaLocked(const float* delta) REQUIRES(mu_);
+  // Adds g (compensated against w_bak) to the accumulator; returns
   // true when K pushes are in and the sum was applied.
-  bool AccumulateLocked(const float* g, const float* w_bak, uint64_t tau);
-  void AfterApplyLocked();
+  bool AccumulateLocked(const float* g, const float* w_bak, uint64_t tau) REQUIRES(mu_);
+  void AfterApplyLocked() REQUIRES(mu_);
   std::vector<float*> Slots(std::vector<float>& storage, int slots);
 
   // Immutable after construction.
@@ -46,19 +46,19 @@ class DenseTable : public Table {
   const RuleSet rules_;
   const uint64_t n_;
 
-  mutable std::mutex mu_;
-  uint64_t version_ = 0;                      // guarded by mu_
-  std::vector<float> w_;                      // guarded by mu_
-  std::vector<float> opt_state_, pol_state_;  // guarded by mu_; slot-major
+  mutable Mutex mu_;
+  uint64_t version_ GUARDED_BY(mu_) = 0;
+  std::vector<float> w_ GUARDED_BY(mu_);
+  std::vector<float> opt_state_ GUARDED_BY(mu_), pol_state_ GUARDED_BY(mu_);  // slot-major
   std::vector<float*> opt_slots_, pol_slots_;
-  std::vector<float> avg_;                        // guarded by mu_; Polyak average
-  std::vector<float> acc_;                        // guarded by mu_; accumulation sum
-  uint32_t acc_count_ = 0;                        // guarded by mu_
-  uint64_t acc_tau_sum_ = 0;                      // guarded by mu_
-  LruMap<uint64_t, std::vector<float>> backups_;  // guarded by mu_; DC-ASGD w_bak
-  uint64_t backup_misses_ = 0;                    // guarded by mu_
+  std::vector<float> avg_ GUARDED_BY(mu_);  // Polyak average
+  std::vector<float> acc_ GUARDED_BY(mu_);  // accumulation sum
+  uint32_t acc_count_ GUARDED_BY(mu_) = 0;
+  uint64_t acc_tau_sum_ GUARDED_BY(mu_) = 0;
+  LruMap<uint64_t, std::vector<float>> backups_ GUARDED_BY(mu_);  // DC-ASGD w_bak
+  uint64_t backup_misses_ GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> clipped_pushes_{0};
-  std::vector<float> scratch_;   // guarded by mu_
+  std::vector<float> scratch_ GUARDED_BY(mu_);
   std::optional<SspClock> ssp_;  // block mode only; has its own lock
 };
 

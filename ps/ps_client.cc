@@ -4,15 +4,14 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <queue>
 #include <random>
 #include <thread>
 
+#include "common/mutex.h"
 #include "common/partition.h"
 #include "common/request_ids.h"
 #include "common/wire.h"
@@ -22,27 +21,29 @@ namespace onlineps::ps {
 using Clock = std::chrono::steady_clock;
 
 struct Ticket::State {
-  std::mutex mu;
-  std::condition_variable cv;
-  int remaining = 0;                   // guarded by mu
-  bool done = false;                   // guarded by mu
+  Mutex mu;
+  CondVar cv;
+  int remaining GUARDED_BY(mu) = 0;
+  bool done GUARDED_BY(mu) = false;
   std::atomic<bool> done_fast{false};  // set with done; lets Wait spin briefly
-  Status status;                       // guarded by mu; first error wins
+  Status status GUARDED_BY(mu);        // first error wins
   PsClient::Callback callback;
 
   // One part of the call finished with `st`.
   void Complete(const Status& st) {
     PsClient::Callback cb;
+    Status result;  // status is final once done, but read it under mu all the same
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       if (!st.ok() && status.ok()) status = st;
       if (--remaining > 0) return;
       done = true;
       done_fast.store(true, std::memory_order_release);
       cb = std::move(callback);
+      if (cb) result = status;
     }
-    cv.notify_all();
-    if (cb) cb(status);
+    cv.SignalAll();
+    if (cb) cb(result);
   }
 };
 
@@ -55,14 +56,14 @@ Status Ticket::Wait() const {
          std::chrono::steady_clock::now() < spin_until) {
     std::this_thread::yield();
   }
-  std::unique_lock<std::mutex> lock(state_->mu);
-  state_->cv.wait(lock, [this] { return state_->done; });
+  MutexLock lock(&state_->mu);
+  state_->cv.Wait(&state_->mu, [this]() REQUIRES(state_->mu) { return state_->done; });
   return state_->status;
 }
 
 bool Ticket::Ready() const {
   if (!state_) return false;
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(&state_->mu);
   return state_->done;
 }
 
@@ -166,20 +167,20 @@ class PsClientImpl : public PsClient {
   std::vector<std::atomic<size_t>> primary_;
   std::vector<std::atomic<uint64_t>> epoch_;  // highest replication epoch seen per shard
 
-  std::mutex mu_;
-  RequestIdPool ids_;                                       // guarded by mu_
-  std::vector<std::unique_ptr<Pending>> slots_;             // guarded by mu_
+  Mutex mu_;
+  RequestIdPool ids_ GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Pending>> slots_ GUARDED_BY(mu_);
   using Deadline = std::pair<Clock::time_point, uint32_t>;  // (attempt deadline, id)
-  std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> deadlines_;  // mu_
-  std::vector<std::pair<Clock::time_point, std::unique_ptr<Pending>>> delayed_;     // mu_
-  bool stop_ = false;                                                               // mu_
-  Clock::time_point timer_wake_ = Clock::time_point::max();  // guarded by mu_
-  std::condition_variable timer_cv_;
+  std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> deadlines_ GUARDED_BY(mu_);
+  std::vector<std::pair<Clock::time_point, std::unique_ptr<Pending>>> delayed_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
+  Clock::time_point timer_wake_ GUARDED_BY(mu_) = Clock::time_point::max();
+  CondVar timer_cv_;
   std::thread timer_;
 
-  std::mutex meta_mu_;
-  std::map<std::string, std::shared_ptr<const TableMeta>> meta_;  // guarded by meta_mu_
-  std::mutex reply_mu_;  // serializes PushReply updates from different shards
+  Mutex meta_mu_;
+  std::map<std::string, std::shared_ptr<const TableMeta>> meta_ GUARDED_BY(meta_mu_);
+  Mutex reply_mu_;  // serializes PushReply updates from different shards
 };
 
 Status PsClientImpl::Start() {
@@ -199,7 +200,10 @@ Status PsClientImpl::Start() {
       b = e + 1;
     }
   }
-  slots_.resize(ids_.capacity());
+  {
+    MutexLock lock(&mu_);  // no other thread yet; for the analysis
+    slots_.resize(ids_.capacity());
+  }
   transport_ = NewClientTransport(endpoints_, options_.transport);
   ONLINEPS_RETURN_IF_ERROR(transport_->Connect(
       endpoints_, [this](size_t target, Frames&& f) { OnReply(target, std::move(f)); }));
@@ -209,16 +213,16 @@ Status PsClientImpl::Start() {
 
 void PsClientImpl::Shutdown() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) return;
     stop_ = true;
   }
-  timer_cv_.notify_all();
+  timer_cv_.SignalAll();
   if (timer_.joinable()) timer_.join();
   if (transport_) transport_->Close();
   std::vector<std::unique_ptr<Pending>> left;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (auto& p : slots_)
       if (p) left.push_back(std::move(p));
     for (auto& d : delayed_) left.push_back(std::move(d.second));
@@ -229,6 +233,7 @@ void PsClientImpl::Shutdown() {
 
 std::shared_ptr<Ticket::State> PsClientImpl::NewCall(int parts, Callback done) {
   auto s = std::make_shared<Ticket::State>();
+  MutexLock lock(&s->mu);  // not shared yet; for the analysis
   s->remaining = parts;
   s->callback = std::move(done);
   return s;
@@ -285,7 +290,7 @@ void PsClientImpl::Send(std::unique_ptr<Pending> p) {
   p->attempt_deadline = std::min(now + options_.attempt_timeout, p->call_deadline);
   Frames frames;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) {
       p->call->Complete(Status(StatusCode::kCancelled, "client shut down"));
       return;
@@ -305,7 +310,7 @@ void PsClientImpl::Send(std::unique_ptr<Pending> p) {
     const size_t target = p->target;
     // Wake the timer only when this deadline comes before its planned wake-up; waking it
     // on every call would cost a thread switch per round trip.
-    if (p->attempt_deadline < timer_wake_) timer_cv_.notify_one();
+    if (p->attempt_deadline < timer_wake_) timer_cv_.Signal();
     slots_[*id & 0xffff] = std::move(p);
     Status st = transport_->Send(target, std::move(frames));
     if (!st.ok()) spdlog::debug("send to {} failed: {}", endpoints_[target], st.ToString());
@@ -336,7 +341,7 @@ void PsClientImpl::OnReply(size_t target, Frames&& frames) {
   }
   std::unique_ptr<Pending> p;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto slot = ids_.SlotOf(h->request_id);
     if (!slot || !slots_[*slot] || slots_[*slot]->target != target) return;  // late or foreign
     p = std::move(slots_[*slot]);
@@ -384,19 +389,19 @@ void PsClientImpl::Retry(std::unique_ptr<Pending> p, Clock::time_point now, cons
   }
   // A refused attempt (draining, in progress) waits a little; a lost one resends now.
   auto when = why.code() == StatusCode::kUnavailable ? now + std::chrono::milliseconds(20) : now;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   delayed_.emplace_back(when, std::move(p));
-  timer_cv_.notify_one();
+  timer_cv_.Signal();
 }
 
 void PsClientImpl::TimerLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (!stop_) {
     auto wake = Clock::now() + std::chrono::milliseconds(50);
     if (!deadlines_.empty()) wake = std::min(wake, deadlines_.top().first);
     for (const auto& d : delayed_) wake = std::min(wake, d.first);
     timer_wake_ = wake;
-    timer_cv_.wait_until(lock, wake);
+    timer_cv_.WaitUntil(&mu_, wake);
     timer_wake_ = Clock::time_point::min();  // awake: Send need not notify
     const auto now = Clock::now();
     std::vector<std::unique_ptr<Pending>> expired, due;
@@ -417,13 +422,13 @@ void PsClientImpl::TimerLoop() {
         ++i;
       }
     }
-    lock.unlock();
+    lock.Unlock();
     for (auto& p : expired) {
       Failover(p->shard, p->target, -1);  // a silent replica may be a dead primary
       Retry(std::move(p), now, DeadlineExceeded("attempt timed out"));
     }
     for (auto& p : due) Send(std::move(p));
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -433,13 +438,13 @@ namespace {
 
 StatusOr<std::shared_ptr<const TableMeta>> PsClientImpl::Meta(const std::string& table) {
   {
-    std::lock_guard<std::mutex> lock(meta_mu_);
+    MutexLock lock(&meta_mu_);
     auto it = meta_.find(table);
     if (it != meta_.end()) return it->second;
   }
   auto spec = OpenTable(table);
   if (!spec.ok()) return spec.status();
-  std::lock_guard<std::mutex> lock(meta_mu_);
+  MutexLock lock(&meta_mu_);
   return meta_.at(table);
 }
 
@@ -458,7 +463,7 @@ void PsClientImpl::CacheMeta(const TableSpec& spec) {
       m->contiguous.push_back(contiguous);
     }
   }
-  std::lock_guard<std::mutex> lock(meta_mu_);
+  MutexLock lock(&meta_mu_);
   meta_[spec.name] = std::move(m);
 }
 
@@ -519,7 +524,7 @@ Status PsClientImpl::Checkpoint() {
 
 void PsClientImpl::FillPushReply(PushReply* r, size_t shard, const Header& h) {
   if (r == nullptr) return;
-  std::lock_guard<std::mutex> lock(reply_mu_);
+  MutexLock lock(&reply_mu_);
   r->versions[shard] = h.version;
   r->taus[shard] = h.tau;
   r->max_tau = std::max(r->max_tau, h.tau);

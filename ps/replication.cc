@@ -37,15 +37,18 @@ class Replica::Env final : public ReplicaEnv {
     Status st = r_->transport_->Send(member, std::move(frames));
     if (!st.ok()) spdlog::debug("replication send to {} failed: {}", member, st.ToString());
   }
-  void Kv(uint64_t id, KvCall call) override { r_->kv_outbox_.emplace_back(id, std::move(call)); }
-  void TakeSnapshot(size_t member, uint64_t token) override {
+  // The core calls these with r_->mu_ held.
+  void Kv(uint64_t id, KvCall call) override REQUIRES(r_->mu_) {
+    r_->kv_outbox_.emplace_back(id, std::move(call));
+  }
+  void TakeSnapshot(size_t member, uint64_t token) override REQUIRES(r_->mu_) {
     // One pending snapshot per backup (the newest request; older tokens are stale).
     auto& todo = r_->snapshot_todo_;
     todo.erase(std::remove_if(todo.begin(), todo.end(),
                               [member](const auto& t) { return t.first == member; }),
                todo.end());
     todo.emplace_back(member, token);
-    r_->cv_.notify_all();
+    r_->cv_.SignalAll();
   }
 
  private:
@@ -91,7 +94,7 @@ auto Replica::WithCore(F f) {
   std::vector<std::pair<ReplicaCore::Done, Status>> done;
   if constexpr (std::is_void_v<decltype(f(*core_))>) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       f(*core_);
       calls.swap(kv_outbox_);
       done = core_->TakeCompletions();
@@ -100,7 +103,7 @@ auto Replica::WithCore(F f) {
   } else {
     decltype(f(*core_)) out;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       out = f(*core_);
       calls.swap(kv_outbox_);
       done = core_->TakeCompletions();
@@ -115,7 +118,7 @@ void Replica::Flush(std::vector<std::pair<uint64_t, KvCall>> calls,
   for (auto& [id, call] : calls) {
     auto cb = [this, id = id](KvResult r) {
       WithCore([&](ReplicaCore& c) { c.OnKv(NowMs(), id, r); });
-      cv_.notify_all();
+      cv_.SignalAll();
     };
     switch (call.kind) {
       case KvCall::Kind::kGrant:
@@ -157,7 +160,7 @@ Status Replica::Start() {
   ONLINEPS_RETURN_IF_ERROR(transport_->Connect(
       options_.members, [this](size_t m, Frames&& f) { OnReply(m, std::move(f)); }));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     started_ = true;
   }
   WithCore([](ReplicaCore& c) { c.Start(NowMs()); });
@@ -175,14 +178,15 @@ Status Replica::Start() {
 
 void Replica::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!started_ || stop_) return;
   }
   WithCore([](ReplicaCore& c) { c.Stop(NowMs()); });
   {
     // The revocation frees the leadership at once; wait for etcd (bounded).
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::seconds(1), [this] { return core_->stop_settled(); });
+    MutexLock lock(&mu_);
+    cv_.WaitFor(&mu_, std::chrono::seconds(1),
+                [this]() REQUIRES(mu_) { return core_->stop_settled(); });
     stop_ = true;
   }
   cv_.notify_all();
@@ -193,37 +197,37 @@ void Replica::Stop() {
 }
 
 bool Replica::primary() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return core_->primary();
 }
 
 uint64_t Replica::epoch() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return core_->epoch();
 }
 
 uint64_t Replica::last_lsn() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return core_->lsn();
 }
 
 uint64_t Replica::log_epoch() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return core_->log_epoch();
 }
 
 bool Replica::InSync() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return core_->in_sync();
 }
 
 bool Replica::ExactState() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return !core_->needs_snapshot();
 }
 
 ReplicaStats Replica::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return core_->Stats();
 }
 
@@ -240,7 +244,7 @@ void Replica::WhenCommitted(uint64_t lsn, Done done) {
 }
 
 void Replica::Handle(const Header& h, const Frames& frames, Header* reply) {
-  std::lock_guard<std::mutex> apply(apply_mu_);
+  MutexLock apply(&apply_mu_);
   const auto action =
       WithCore([&](ReplicaCore& c) { return c.BeginMessage(NowMs(), h, frames, reply); });
   if (action == ReplicaCore::Action::kReply) return;
@@ -287,17 +291,19 @@ void Replica::OnReply(size_t member, Frames&& frames) {
 void Replica::SnapshotLoop() {
   // Its own thread: a snapshot of a large shard takes seconds, and the ticker must keep
   // renewing the lease and sending heartbeats meanwhile.
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (!stop_) {
-    cv_.wait(lock, [this] { return stop_ || !snapshot_todo_.empty(); });
+    cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return stop_ || !snapshot_todo_.empty(); });
     if (stop_) break;
-    auto [member, token] = snapshot_todo_.front();
+    // Not a structured binding: C++17 lambdas cannot capture those (clang refuses).
+    const size_t member = snapshot_todo_.front().first;
+    const uint64_t token = snapshot_todo_.front().second;
     snapshot_todo_.pop_front();
-    lock.unlock();
+    lock.Unlock();
     uint64_t at = 0;
     auto bytes = hooks_.snapshot(&at);
     WithCore([&](ReplicaCore& c) { c.OnSnapshot(NowMs(), member, token, bytes, at); });
-    lock.lock();
+    lock.Lock();
   }
 }
 

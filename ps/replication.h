@@ -9,17 +9,16 @@
 #ifndef ONLINEPS_PS_REPLICATION_H_
 #define ONLINEPS_PS_REPLICATION_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/kv_store.h"
+#include "common/mutex.h"
 #include "common/periodic_thread.h"
 #include "common/status.h"
 #include "common/transport.h"
@@ -113,7 +112,7 @@ class Replica {
   // Runs `f` on the core under the lock, then issues the etcd calls and snapshot requests
   // it made and runs the completions it released, outside the lock.
   template <typename F>
-  auto WithCore(F f);
+  auto WithCore(F f) EXCLUDES(mu_);
   void Flush(std::vector<std::pair<uint64_t, KvCall>> calls,
              std::vector<std::pair<ReplicaCore::Done, Status>> done);
   void SnapshotLoop();  // takes the snapshots the core asks for
@@ -130,13 +129,15 @@ class Replica {
   std::shared_ptr<KvStore> kv_;
   std::unique_ptr<ClientTransport> transport_;  // to every member (own index unused)
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::unique_ptr<ReplicaCore> core_;                      // guarded by mu_
-  std::vector<std::pair<uint64_t, KvCall>> kv_outbox_;     // guarded by mu_
-  std::deque<std::pair<size_t, uint64_t>> snapshot_todo_;  // guarded by mu_
-  bool stop_ = false, started_ = false;                    // guarded by mu_
-  std::mutex apply_mu_;  // one replication message applied at a time (backup)
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::unique_ptr<ReplicaCore> core_ GUARDED_BY(mu_);
+  std::vector<std::pair<uint64_t, KvCall>> kv_outbox_ GUARDED_BY(mu_);
+  std::deque<std::pair<size_t, uint64_t>> snapshot_todo_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false, started_ GUARDED_BY(mu_) = false;
+  // One replication message applied at a time (backup). Taken before mu_, and before
+  // the locks of the hooks (ShardServer), which take mu_ through Append / last_lsn.
+  Mutex apply_mu_ ACQUIRED_BEFORE(mu_);
   std::thread snapshot_thread_;
   PeriodicThread ticker_;  // last: stopped before the members it uses go
 };

@@ -101,7 +101,7 @@ void ShardServer::Metrics::CountRequest(Op op, StatusCode code) {
   if (o >= kOps || c >= kCodes) return;
   prometheus::Counter* counter = counters_[o][c].load(std::memory_order_acquire);
   if (counter == nullptr) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     counter = &requests_.Add(
         {{"op", std::string(OpName(op))}, {"code", std::string(StatusCodeName(code))}});
     counters_[o][c].store(counter, std::memory_order_release);
@@ -115,7 +115,7 @@ void ShardServer::Metrics::ObserveDuration(Op op, double seconds) {
 }
 
 void ShardServer::Metrics::CountCheckpoint(bool ok, double seconds, uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   checkpoints_.Add({{"result", ok ? "ok" : "error"}}).Increment();
   if (ok) {
     checkpoint_seconds_.Set(seconds);
@@ -124,7 +124,7 @@ void ShardServer::Metrics::CountCheckpoint(bool ok, double seconds, uint64_t byt
 }
 
 void ShardServer::Metrics::UpdateTable(const std::string& name, const TableStats& s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   table_version_.Add({{"table", name}}).Set(static_cast<double>(s.version));
   table_rows_.Add({{"table", name}}).Set(static_cast<double>(s.rows));
   table_memory_.Add({{"table", name}}).Set(static_cast<double>(s.memory_bytes));
@@ -133,7 +133,7 @@ void ShardServer::Metrics::UpdateTable(const std::string& name, const TableStats
 }
 
 void ShardServer::Metrics::UpdateReplica(const ReplicaStats& s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const std::pair<const char*, double> gauges[] = {
       {"primary", s.primary ? 1 : 0},
       {"epoch", static_cast<double>(s.epoch)},

@@ -14,10 +14,10 @@
 #include <atomic>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <tuple>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "common/wire.h"
 #include "ps/replication.h"
@@ -62,10 +62,10 @@ class ShardServer::Metrics {
   prometheus::Family<prometheus::Gauge>& clipped_pushes_;
   prometheus::Family<prometheus::Gauge>& replica_gauges_;
   prometheus::Family<prometheus::Counter>& replica_events_;
-  ReplicaStats replica_seen_;  // guarded by mu_: what the counters already count
+  ReplicaStats replica_seen_ GUARDED_BY(mu_);  // what the counters already count
   std::array<prometheus::Histogram*, kOps> durations_{};
   std::array<std::array<std::atomic<prometheus::Counter*>, kCodes>, kOps> counters_{};
-  std::mutex mu_;  // creation of new series
+  Mutex mu_;  // creation of new series
 };
 
 }  // namespace onlineps::ps

@@ -108,7 +108,7 @@ StatusOr<std::string> ShardServer::Start() {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(maint_mu_);
+    MutexLock lock(&maint_mu_);
     started_ = true;
   }
   maintenance_.Start(
@@ -208,7 +208,7 @@ bool ShardServer::ReplicationAllowed(const std::string& client_key) const {
 
 void ShardServer::Stop() {
   {
-    std::lock_guard<std::mutex> lock(maint_mu_);
+    MutexLock lock(&maint_mu_);
     if (!started_ || stopping_.exchange(true)) return;
   }
   ready_ = false;
@@ -238,10 +238,10 @@ void ShardServer::Stop() {
 StatusOr<std::string> ShardServer::Checkpoint() {
   const std::string path = checkpoint_path();
   if (path.empty()) return FailedPrecondition("no checkpoint directory configured");
-  std::lock_guard<std::mutex> lock(ckpt_mu_);
+  MutexLock lock(&ckpt_mu_);
   // Pushes pause while tables and dedup windows are written, so the file holds exactly
   // the pushes its dedup state says were applied.
-  std::unique_lock<std::shared_mutex> gate(apply_gate_);
+  WriterLock gate(&apply_gate_);
   auto t0 = std::chrono::steady_clock::now();
   auto bytes = WriteCheckpoint(path, {options_.shard, options_.num_shards}, *tables(), dedup_);
   metrics_->CountCheckpoint(bytes.ok(), SecondsSince(t0), bytes.ok() ? *bytes : 0);
@@ -329,7 +329,7 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
   switch (h.op) {
     case Op::kCreateTable: {
       if (!replica_) return CreateTable(h, reply);
-      std::lock_guard<std::mutex> order(order_mu_);
+      MutexLock order(&order_mu_);
       ONLINEPS_RETURN_IF_ERROR(CreateTable(h, reply));
       *commit_lsn = reply->message == "created" ? replica_->Append(frames) : replica_->last_lsn();
       return Status::Ok();
@@ -408,7 +408,7 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
 Status ShardServer::CreateTable(const Header& h, Header* reply) {
   auto spec = DecodeSpec(h.spec);
   if (!spec.ok()) return spec.status();
-  std::lock_guard<std::mutex> lock(tables_mu_);
+  MutexLock lock(&tables_mu_);
   auto current = tables();
   auto it = current->find(spec->name);
   if (it != current->end()) {
@@ -468,7 +468,7 @@ Status ShardServer::Pull(const Header& h, const Frames& frames, Table& t, Header
 
 Status ShardServer::ApplyLogged(const Header& h, const Frames& frames, std::shared_ptr<Table> t,
                                 Header* reply, bool* hold, uint64_t* commit_lsn) {
-  std::lock_guard<std::mutex> order(order_mu_);
+  MutexLock order(&order_mu_);
   bool applied = false;
   ONLINEPS_RETURN_IF_ERROR(Push(h, frames, std::move(t), reply, hold, &applied));
   // A duplicate waits for everything logged so far, which includes its original.
@@ -489,7 +489,7 @@ Status ShardServer::PullMaybeLogged(const Header& h, const Frames& frames, Table
   // the history and compensates the pusher's next push exactly as the primary does.
   // The reply does not wait for the backups: at worst a failover loses the copy, and
   // that push goes uncompensated (counted in backup_misses).
-  std::lock_guard<std::mutex> order(order_mu_);
+  MutexLock order(&order_mu_);
   ONLINEPS_RETURN_IF_ERROR(Pull(h, frames, t, reply, out));
   replica_->Append(frames);
   return Status::Ok();
@@ -514,15 +514,15 @@ Status ShardServer::ApplyReplicated(const Header& h, const Frames& frames) {
 }
 
 StatusOr<std::string> ShardServer::Snapshot(uint64_t* lsn) {
-  std::lock_guard<std::mutex> order(order_mu_);
-  std::unique_lock<std::shared_mutex> gate(apply_gate_);
+  MutexLock order(&order_mu_);
+  WriterLock gate(&apply_gate_);
   *lsn = replica_->last_lsn();
   return SerializeShard({options_.shard, options_.num_shards}, *tables(), dedup_);
 }
 
 Status ShardServer::LoadSnapshot(const std::string& bytes) {
-  std::unique_lock<std::shared_mutex> gate(apply_gate_);
-  std::lock_guard<std::mutex> lock(tables_mu_);
+  WriterLock gate(&apply_gate_);
+  MutexLock lock(&tables_mu_);
   auto loaded = ParseShard(bytes, "snapshot", {options_.shard, options_.num_shards}, &dedup_);
   if (!loaded.ok()) return loaded.status();
   std::atomic_store(&tables_, std::shared_ptr<const TableMap>(
@@ -545,7 +545,7 @@ Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<
     req.keys = frames[1].As<uint64_t>();
   }
   if (!dense) ONLINEPS_RETURN_IF_ERROR(CheckKeysOwned(h.table, req.keys, req.num_keys));
-  std::shared_lock<std::shared_mutex> gate(apply_gate_);
+  ReaderLock gate(&apply_gate_);
   switch (dedup_.Begin(h.sender, h.seq)) {
     case Dedup::Verdict::kDuplicate:
       metrics_->CountDuplicate();
@@ -629,7 +629,7 @@ void ShardServer::SendReply(const std::string& peer, const Header& reply, Frames
 }
 
 void ShardServer::HoldReply(Held held) {
-  std::lock_guard<std::mutex> lock(held_mu_);
+  MutexLock lock(&held_mu_);
   if (held_.size() >= options_.max_held_replies || stopping_) {
     // Bounded: past the cap a reply goes out at once rather than growing the list.
     transport_->Send(held.peer, std::move(held.reply)).ok();
@@ -642,7 +642,7 @@ void ShardServer::HoldReply(Held held) {
 void ShardServer::ReleaseHeld(bool all) {
   std::vector<Held> ready;
   {
-    std::lock_guard<std::mutex> lock(held_mu_);
+    MutexLock lock(&held_mu_);
     if (held_.empty()) return;
     const uint64_t now = NowMs();
     for (size_t i = 0; i < held_.size();) {

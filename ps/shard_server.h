@@ -8,11 +8,10 @@
 #include <atomic>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/periodic_thread.h"
 #include "common/status.h"
 #include "common/transport.h"
@@ -125,26 +124,30 @@ class ShardServer {
 
   std::unique_ptr<ServerTransport> transport_;
   std::unique_ptr<Replica> replica_;  // null when not replicated
+  // Lock order: order_mu_ -> ckpt_mu_ -> apply_gate_ -> tables_mu_ -> held_mu_ (each
+  // ACQUIRED_BEFORE the next); maint_mu_ is never held with another. order_mu_ is held
+  // across Replica::Append, so it also comes before the Replica's own locks.
   // Replicated shards apply and log updates one at a time, so backups see the same order.
-  std::mutex order_mu_;
+  Mutex order_mu_ ACQUIRED_BEFORE(ckpt_mu_);
   Dedup dedup_;
   std::atomic<bool> ready_{false};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> final_checkpoint_failed_{false};
 
-  mutable std::mutex tables_mu_;            // serializes writers; readers load the snapshot
+  // Serializes writers of tables_; readers atomic_load the snapshot without it.
+  mutable Mutex tables_mu_ ACQUIRED_BEFORE(held_mu_);
   std::shared_ptr<const TableMap> tables_;  // copy-on-write; atomic_load/atomic_store
 
-  std::mutex held_mu_;
-  std::vector<Held> held_;  // guarded by held_mu_
+  Mutex held_mu_;
+  std::vector<Held> held_ GUARDED_BY(held_mu_);
 
-  std::mutex ckpt_mu_;  // one checkpoint at a time
+  Mutex ckpt_mu_ ACQUIRED_BEFORE(apply_gate_);  // one checkpoint at a time
   // Shared by pushes (dedup check through commit), exclusive while a checkpoint is
   // written: the file never holds a push its dedup windows miss, or the reverse.
-  std::shared_mutex apply_gate_;
+  SharedMutex apply_gate_ ACQUIRED_BEFORE(tables_mu_);
 
-  std::mutex maint_mu_;
-  bool started_ = false;        // guarded by maint_mu_
+  Mutex maint_mu_;
+  bool started_ GUARDED_BY(maint_mu_) = false;
   PeriodicThread maintenance_;  // last: stopped before the members it uses go
 };
 

@@ -24,7 +24,7 @@ struct SparseTable::Stripe {
   };
   Stripe(size_t backup_rows, size_t candidates) : backups(backup_rows), admission(candidates) {}
 
-  std::mutex mu;
+  Mutex mu;
   std::unordered_map<uint64_t, uint32_t> index;  // key -> slot
   std::vector<float> data;                       // slot * row_floats
   std::vector<Meta> meta;
@@ -103,7 +103,7 @@ void SparseTable::ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn) cons
   for (size_t si = 0; si < num_stripes_; ++si) {
     if (groups[si].empty()) continue;
     Stripe& s = *stripes_[si];
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(&s.mu);
     for (uint32_t i : groups[si]) fn(s, i);
   }
 }
@@ -272,7 +272,7 @@ StatusOr<PushResult> SparseTable::Accumulate(const PushRequest& req, uint64_t ta
   PushResult res;
   res.tau = tau;
   {
-    std::lock_guard<std::mutex> lock(acc_mu_);
+    MutexLock lock(&acc_mu_);
     for (size_t i = 0; i < req.num_keys; ++i) {
       auto& sum = acc_[req.keys[i]];
       if (sum.empty()) sum.assign(dim_, 0.0f);
@@ -301,7 +301,7 @@ void SparseTable::ApplyAccumulated(float lr_scale, uint64_t now_ms) {
   for (auto& [key, sum] : acc_) {
     for (float& x : sum) x *= scale;
     Stripe& s = StripeOf(key);
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(&s.mu);
     int64_t slot = FindOrCreate(s, key, now_ms);
     if (slot >= 0) {
       ApplyRow(s, static_cast<uint32_t>(slot), 0, sum.data(), false, lr_scale, step,
@@ -321,7 +321,7 @@ void SparseTable::Maintain(uint64_t now_ms) {
   if (spec_.ttl_ms == 0) return;
   for (size_t si = 0; si < num_stripes_; ++si) {
     Stripe& s = *stripes_[si];
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(&s.mu);
     while (s.tail != kNil && s.meta[s.tail].last_ms + spec_.ttl_ms < now_ms) s.Evict(s.tail);
   }
 }
@@ -333,7 +333,7 @@ TableStats SparseTable::Stats() const {
   st.clipped_pushes = clipped_pushes_.load();
   for (size_t si = 0; si < num_stripes_; ++si) {
     Stripe& s = *stripes_[si];
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(&s.mu);
     st.rows += s.index.size();
     st.evicted_rows += s.evicted;
     st.backups += s.backups.size();
@@ -348,7 +348,7 @@ void SparseTable::Save(ByteWriter* w) const {
   w->Put<uint64_t>(version_.load());
   for (size_t si = 0; si < num_stripes_; ++si) {
     Stripe& s = *stripes_[si];
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(&s.mu);
     w->Put<uint64_t>(s.index.size());
     // Oldest first, so a restore rebuilds the same LRU order.
     for (uint32_t i = s.tail; i != kNil; i = s.meta[i].prev) {
@@ -358,7 +358,7 @@ void SparseTable::Save(ByteWriter* w) const {
     }
   }
   // Pushes answered "queued" are part of the state: keep the accumulator.
-  std::lock_guard<std::mutex> lock(acc_mu_);
+  MutexLock lock(&acc_mu_);
   w->Put<uint32_t>(acc_count_);
   w->Put<uint64_t>(acc_tau_sum_);
   w->Put<uint64_t>(acc_.size());
@@ -386,7 +386,7 @@ Status SparseTable::Load(ByteReader* r) {
       for (float& x : row) ONLINEPS_RETURN_IF_ERROR(r->Get(&x, "sparse row values"));
       if (&StripeOf(key) != stripes_[si].get()) return DataLoss("sparse row in the wrong stripe");
       Stripe& s = *stripes_[si];
-      std::lock_guard<std::mutex> lock(s.mu);
+      MutexLock lock(&s.mu);
       auto found = s.index.find(key);
       int64_t slot = found == s.index.end() ? -1 : static_cast<int64_t>(found->second);
       if (slot < 0) {
@@ -418,7 +418,7 @@ Status SparseTable::LoadAccumulator(ByteReader* r, uint64_t version) {
     for (float& x : sum) ONLINEPS_RETURN_IF_ERROR(r->Get(&x, "accumulator values"));
     acc[key] = std::move(sum);
   }
-  std::lock_guard<std::mutex> lock(acc_mu_);
+  MutexLock lock(&acc_mu_);
   acc_ = std::move(acc);
   acc_count_ = count;
   acc_tau_sum_ = tau_sum;

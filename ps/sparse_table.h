@@ -8,12 +8,12 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "common/lru_map.h"
+#include "common/mutex.h"
 #include "ps/rule_set.h"
 #include "ps/ssp_clock.h"
 #include "ps/table.h"
@@ -61,7 +61,7 @@ class SparseTable : public Table {
   // Push after the shape, finiteness and clip checks.
   StatusOr<PushResult> PushChecked(const PushRequest& req);
   StatusOr<PushResult> Accumulate(const PushRequest& req, uint64_t tau);
-  void ApplyAccumulated(float lr_scale, uint64_t now_ms);  // REQUIRES: acc_mu_ held
+  void ApplyAccumulated(float lr_scale, uint64_t now_ms) REQUIRES(acc_mu_);
 
   // Immutable after construction.
   const TableSpec spec_;
@@ -76,10 +76,10 @@ class SparseTable : public Table {
   std::atomic<uint64_t> backup_misses_{0};
   std::atomic<uint64_t> clipped_pushes_{0};
 
-  mutable std::mutex acc_mu_;                             // accumulation (accumulate > 1) only
-  std::unordered_map<uint64_t, std::vector<float>> acc_;  // guarded by acc_mu_
-  uint32_t acc_count_ = 0;                                // guarded by acc_mu_
-  uint64_t acc_tau_sum_ = 0;                              // guarded by acc_mu_
+  mutable Mutex acc_mu_;  // accumulation (accumulate > 1) only
+  std::unordered_map<uint64_t, std::vector<float>> acc_ GUARDED_BY(acc_mu_);
+  uint32_t acc_count_ GUARDED_BY(acc_mu_) = 0;
+  uint64_t acc_tau_sum_ GUARDED_BY(acc_mu_) = 0;
 
   std::optional<SspClock> ssp_;
 };

@@ -16,7 +16,7 @@ uint64_t SspClock::MinLiveClock(uint64_t now_ms) {
 }
 
 void SspClock::Touch(uint64_t sender, uint64_t now_ms) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = senders_.find(sender);
   if (it != senders_.end()) {
     it->second.last_ms = now_ms;
@@ -38,12 +38,12 @@ void SspClock::Touch(uint64_t sender, uint64_t now_ms) {
 
 void SspClock::Tick(uint64_t sender, uint64_t now_ms) {
   Touch(sender, now_ms);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   senders_[sender].clock++;
 }
 
 bool SspClock::Releasable(uint64_t sender, uint64_t now_ms) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = senders_.find(sender);
   if (it == senders_.end()) return true;
   const uint64_t min_clock = MinLiveClock(now_ms);

@@ -7,8 +7,9 @@
 #define ONLINEPS_PS_SSP_CLOCK_H_
 
 #include <cstdint>
-#include <mutex>
 #include <unordered_map>
+
+#include "common/mutex.h"
 
 namespace onlineps::ps {
 
@@ -29,12 +30,12 @@ class SspClock {
     uint64_t clock = 0;
     uint64_t last_ms = 0;
   };
-  uint64_t MinLiveClock(uint64_t now_ms);  // REQUIRES: mu_ held
+  uint64_t MinLiveClock(uint64_t now_ms) REQUIRES(mu_);
 
   const uint64_t bound_, lease_ms_;
   const size_t max_senders_;
-  std::mutex mu_;
-  std::unordered_map<uint64_t, Entry> senders_;  // guarded by mu_
+  Mutex mu_;
+  std::unordered_map<uint64_t, Entry> senders_ GUARDED_BY(mu_);
 };
 
 }  // namespace onlineps::ps

@@ -5,15 +5,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <thread>
 
 #include "common/mcp_client.h"
+#include "common/mutex.h"
 
 namespace onlineps::replay {
 namespace {
@@ -113,9 +112,9 @@ class Run {
     for (uint32_t i = 0; i < n; ++i) pool.emplace_back([this] { Serve(); });
     Dispatch(offsets, loop_ms);
     {
-      std::unique_lock<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       done_sending_ = true;
-      cv_.notify_all();
+      cv_.SignalAll();
     }
     for (auto& t : pool) t.join();
     for (auto& [key, s] : sessions_) {  // sessions cut short by --duration-s or Ctrl-C
@@ -161,9 +160,9 @@ class Run {
           std::this_thread::sleep_until(
               std::min(due, Clock::now() + std::chrono::milliseconds(50)));
         }
-        std::unique_lock<std::mutex> l(mu_);
+        MutexLock l(&mu_);
         while (queued_ >= o_.max_queued && !Stopped()) {
-          cv_space_.wait_for(l, std::chrono::milliseconds(50));
+          cv_space_.WaitFor(&mu_, std::chrono::milliseconds(50));
         }
         if (Stopped()) {
           res_.not_sent = total_ - dispatched_;
@@ -184,7 +183,7 @@ class Run {
         if (!s.busy) {
           s.busy = true;
           ready_.push_back(it->second);
-          cv_.notify_one();
+          cv_.Signal();
         }
       }
     }
@@ -195,25 +194,25 @@ class Run {
       std::shared_ptr<SessionRun> s;
       Pending p{};
       {
-        std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [&] { return !ready_.empty() || done_sending_; });
+        MutexLock l(&mu_);
+        cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return !ready_.empty() || done_sending_; });
         if (ready_.empty()) return;
         s = ready_.front();
         ready_.pop_front();
         p = s->pending.front();
       }
       Outcome out = Send(s.get(), *p.call, p.loop, p.due_ms);
-      std::unique_lock<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       Note(out);
       s->pending.pop_front();
       --queued_;
-      cv_space_.notify_one();
+      cv_space_.Signal();
       if (--s->remaining == 0) {
         if (s->client) s->client->Close();
         sessions_.erase(s->key);
       } else if (!s->pending.empty()) {
         ready_.push_back(s);
-        cv_.notify_one();
+        cv_.Signal();
       } else {
         s->busy = false;
       }
@@ -316,8 +315,10 @@ class Run {
   std::FILE* csv_ = nullptr;
   uint64_t total_ = 0;
 
-  std::mutex mu_;  // guards everything below, and res_ and csv_
-  std::condition_variable cv_, cv_space_;
+  // mu_ guards everything below, and res_ and csv_. Not GUARDED_BY yet: the setup and
+  // the summary touch them unlocked, outside the threads.
+  Mutex mu_;
+  CondVar cv_, cv_space_;
   std::map<std::string, std::shared_ptr<SessionRun>> sessions_;
   std::deque<std::shared_ptr<SessionRun>> ready_;
   uint64_t queued_ = 0, dispatched_ = 0;

@@ -5,6 +5,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 "$root/scripts/build.sh"
+# clang proves the locking annotations (common/mutex.h); -fsyntax-only, no second build.
+"$root/scripts/check_thread_safety.sh"
 build=${ONLINEPS_BUILD_DIR:-$root/build}
 jobs=${ONLINEPS_JOBS:-$(nproc)}
 cd "$build"

@@ -37,7 +37,7 @@ std::optional<Accumulator::Batch> Accumulator::Add(const std::vector<float>& gra
                  size_);
     std::abort();
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (cur_.calls == 0) {
     cur_.sum.assign(size_, 0.0f);  // allocated lazily: an idle parameter holds no buffer
     cur_.base = base;
@@ -55,7 +55,7 @@ std::optional<Accumulator::Batch> Accumulator::Add(const std::vector<float>& gra
 }
 
 std::optional<Accumulator::Batch> Accumulator::TakeIfDue(int64_t now_ms, bool force) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (cur_.calls == 0) return std::nullopt;
   const bool old = max_ms_ > 0 && now_ms - first_ms_ >= max_ms_;
   if (!force && !old) return std::nullopt;
@@ -63,7 +63,7 @@ std::optional<Accumulator::Batch> Accumulator::TakeIfDue(int64_t now_ms, bool fo
 }
 
 uint64_t Accumulator::pending_examples() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return cur_.examples;
 }
 

@@ -6,10 +6,10 @@
 #define ONLINEPS_WORKER_ACCUMULATOR_H_
 
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <vector>
 
+#include "common/mutex.h"
 #include "ps/ps_client.h"
 
 namespace onlineps::worker {
@@ -35,14 +35,14 @@ class Accumulator {
   uint64_t pending_examples() const;
 
  private:
-  std::optional<Batch> TakeLocked();
+  std::optional<Batch> TakeLocked() REQUIRES(mu_);
 
   const size_t size_;
   const uint64_t examples_;
   const int64_t max_ms_;
-  mutable std::mutex mu_;
-  Batch cur_;             // guarded by mu_
-  int64_t first_ms_ = 0;  // guarded by mu_
+  mutable Mutex mu_;
+  Batch cur_ GUARDED_BY(mu_);
+  int64_t first_ms_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace onlineps::worker

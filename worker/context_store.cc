@@ -84,7 +84,7 @@ Status ContextStore::Set(const std::string& session, std::vector<std::string> it
   c.items.assign(std::make_move_iterator(items.begin()), std::make_move_iterator(items.end()));
   c.features = std::move(features);
   c.updated_ms = now;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   FindLive(session, now);  // sweeps expired sessions before one may be evicted for room
   Trim(&c);
   sessions_.Put(session, std::move(c));
@@ -94,7 +94,7 @@ Status ContextStore::Set(const std::string& session, std::vector<std::string> it
 Status ContextStore::Append(const std::string& session, std::string item) {
   ONLINEPS_RETURN_IF_ERROR(CheckSession(session));
   const int64_t now = now_();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   SessionContext* c = FindLive(session, now);
   if (c == nullptr) c = &sessions_.Put(session, SessionContext{});
   c->items.push_back(std::move(item));
@@ -104,14 +104,14 @@ Status ContextStore::Append(const std::string& session, std::string item) {
 }
 
 bool ContextStore::Clear(const std::string& session) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (FindLive(session, now_()) == nullptr) return false;
   return sessions_.Erase(session);
 }
 
 std::optional<SessionContext> ContextStore::Get(const std::string& session) {
   const int64_t now = now_();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   SessionContext* c = FindLive(session, now);
   if (c == nullptr) return std::nullopt;
   c->updated_ms = now;
@@ -120,7 +120,7 @@ std::optional<SessionContext> ContextStore::Get(const std::string& session) {
 
 ContextInput ContextStore::Input(const std::string& session) {
   const int64_t now = now_();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   SessionContext* c = FindLive(session, now);
   ContextInput in;
   if (c == nullptr) return in;
@@ -135,7 +135,7 @@ ContextInput ContextStore::Input(const std::string& session) {
 
 void ContextStore::Expire() {
   const int64_t now = now_();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (options_.ttl_ms <= 0) return;
   stats_.expired += sessions_.EvictWhile([&](const std::string&, const SessionContext& c) {
     return now - c.updated_ms > options_.ttl_ms;
@@ -143,7 +143,7 @@ void ContextStore::Expire() {
 }
 
 ContextStoreStats ContextStore::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ContextStoreStats s = stats_;
   s.sessions = sessions_.size();
   s.evicted_lru = sessions_.evictions();

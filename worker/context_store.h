@@ -9,12 +9,12 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/lru_map.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "worker/model.h"
 
@@ -66,14 +66,14 @@ class ContextStore {
 
  private:
   Status CheckSession(const std::string& session) const;
-  void Trim(SessionContext* c);
-  SessionContext* FindLive(const std::string& session, int64_t now);  // REQUIRES: mu_
+  void Trim(SessionContext* c) REQUIRES(mu_);
+  SessionContext* FindLive(const std::string& session, int64_t now) REQUIRES(mu_);
 
   const ContextStoreOptions options_;
   const std::function<int64_t()> now_;
-  mutable std::mutex mu_;
-  LruMap<std::string, SessionContext> sessions_;  // guarded by mu_
-  ContextStoreStats stats_;                       // guarded by mu_
+  mutable Mutex mu_;
+  LruMap<std::string, SessionContext> sessions_ GUARDED_BY(mu_);
+  ContextStoreStats stats_ GUARDED_BY(mu_);
 };
 
 }  // namespace onlineps::worker

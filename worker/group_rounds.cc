@@ -68,7 +68,7 @@ Status WorkerService::GroupRound() {
   LearnReply ignored;
   Status pushed = FinishPushes(pushes, ReplyWhen::kApplied, &ignored);
   if (failed.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stats_.group_rounds++;
   }
   if (!pushed.ok()) spdlog::warn("group push failed: {}", pushed.ToString());

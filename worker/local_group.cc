@@ -103,10 +103,10 @@ Status DecodeHeader(const zmq::message_t& m, Header* h) {
 // would block exit on any open socket). A forked child makes its own: a context must not
 // cross fork().
 zmq::context_t& InprocContext() {
-  static std::mutex mu;
+  static Mutex mu;
   static zmq::context_t* context = nullptr;
   static pid_t owner = 0;
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(&mu);
   if (context == nullptr || owner != getpid()) {
     context = new zmq::context_t(1);
     owner = getpid();

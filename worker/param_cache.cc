@@ -63,14 +63,14 @@ struct ParamCache::DenseEntry {
   FreshnessBound bound;
   std::atomic<bool> shape_checked{false};
   std::mutex pull_mu;  // held for a whole pull: concurrent misses wait for one pull
-  std::mutex mu;       // guards the fields below; never held across a pull
-  std::shared_ptr<const DenseSnapshot> snapshot;
-  ps::VersionVector newest;   // per shard: from pulls and push replies
-  int64_t last_read_ms = -1;  // -1: never read (not hot)
-  uint64_t pulls = 0;         // successful pulls: the last snapshot's pull_id
-  uint64_t attempts = 0;      // pulls started
-  Status last_status;         // of the last pull that ended
-  uint64_t generation = 0;    // bumped by Invalidate: a pull begun before is not kept
+  Mutex mu;            // never held across a pull
+  std::shared_ptr<const DenseSnapshot> snapshot GUARDED_BY(mu);
+  ps::VersionVector newest GUARDED_BY(mu);   // per shard: from pulls and push replies
+  int64_t last_read_ms GUARDED_BY(mu) = -1;  // -1: never read (not hot)
+  uint64_t pulls GUARDED_BY(mu) = 0;         // successful pulls: the last snapshot's pull_id
+  uint64_t attempts GUARDED_BY(mu) = 0;      // pulls started
+  Status last_status GUARDED_BY(mu);         // of the last pull that ended
+  uint64_t generation GUARDED_BY(mu) = 0;  // bumped by Invalidate: a pull begun before is not kept
 };
 
 struct ParamCache::SparseEntry {
@@ -84,10 +84,10 @@ struct ParamCache::SparseEntry {
   uint32_t dim = 0;
   FreshnessBound bound;
   std::atomic<bool> shape_checked{false};
-  std::mutex mu;  // guards the fields below; never held across a pull
-  LruMap<uint64_t, Row> rows;
-  ps::VersionVector newest;
-  uint64_t generation = 0;
+  Mutex mu;  // never held across a pull
+  LruMap<uint64_t, Row> rows GUARDED_BY(mu);
+  ps::VersionVector newest GUARDED_BY(mu);
+  uint64_t generation GUARDED_BY(mu) = 0;
 };
 
 ParamCache::ParamCache(ps::PsClient* client, ParamCacheOptions options)
@@ -107,6 +107,7 @@ void ParamCache::AddDense(const std::string& table, uint64_t size) {
   e->name = table;
   e->size = size;
   e->bound = BoundOf(table, options_.dense);
+  MutexLock lock(&e->mu);  // not shared yet; for the analysis
   e->newest.assign(num_shards_, 0);
   dense_.insert_or_assign(table, std::move(e));
 }
@@ -116,6 +117,7 @@ void ParamCache::AddSparse(const std::string& table, uint32_t dim) {
   e->name = table;
   e->dim = dim;
   e->bound = BoundOf(table, options_.sparse);
+  MutexLock lock(&e->mu);  // not shared yet; for the analysis
   e->newest.assign(num_shards_, 0);
   sparse_.insert_or_assign(table, std::move(e));
 }
@@ -139,7 +141,8 @@ bool ParamCache::Fresh(const FreshnessBound& b, int64_t fetched_ms, uint64_t ver
   return true;
 }
 
-bool ParamCache::FreshDense(const DenseEntry& e, int64_t now) const {
+// REQUIRES(e.mu) here: the header cannot name a member of the incomplete DenseEntry.
+bool ParamCache::FreshDense(const DenseEntry& e, int64_t now) const REQUIRES(e.mu) {
   if (!e.snapshot) return false;
   const DenseSnapshot& s = *e.snapshot;
   // Shards version independently: the copy is only as fresh as its most lagging shard.
@@ -157,7 +160,7 @@ StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::Dense(const std::stri
   const int64_t now = Now();
   uint64_t attempts;
   {
-    std::lock_guard<std::mutex> lock(e->mu);
+    MutexLock lock(&e->mu);
     e->last_read_ms = now;
     if (FreshDense(*e, now)) {
       AddStats(One(&ParamCacheStats::dense_hits));
@@ -169,7 +172,7 @@ StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::Dense(const std::stri
   {
     // Judged at this read's arrival time: a pull that finished while this one waited
     // is within the bound for it, so concurrent misses share that one pull.
-    std::lock_guard<std::mutex> lock(e->mu);
+    MutexLock lock(&e->mu);
     if (FreshDense(*e, now)) {
       AddStats(One(&ParamCacheStats::dense_hits));
       return e->snapshot;
@@ -196,7 +199,7 @@ ParamCache::PendingPull ParamCache::StartPull(DenseEntry* e) {
   PendingPull p;
   p.entry = e;
   {
-    std::lock_guard<std::mutex> lock(e->mu);
+    MutexLock lock(&e->mu);
     p.generation = e->generation;
     ++e->attempts;
   }
@@ -214,7 +217,7 @@ ParamCache::PendingPull ParamCache::StartPull(DenseEntry* e) {
 StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::FinishPull(PendingPull& p) {
   DenseEntry* e = p.entry;
   Status st = p.status.ok() ? p.ticket.Wait() : p.status;
-  std::lock_guard<std::mutex> lock(e->mu);
+  MutexLock lock(&e->mu);
   e->last_status = st.WithContext("ParamCache: pull of dense table '" + e->name + "'");
   if (!st.ok()) return e->last_status;
   p.snap->pull_id = ++e->pulls;
@@ -240,7 +243,7 @@ StatusOr<std::vector<std::shared_ptr<const DenseSnapshot>>> ParamCache::DenseAll
   std::vector<std::shared_ptr<const DenseSnapshot>> out(entries.size());
   std::vector<size_t> stale;
   for (size_t i = 0; i < entries.size(); ++i) {
-    std::lock_guard<std::mutex> lock(entries[i]->mu);
+    MutexLock lock(&entries[i]->mu);
     entries[i]->last_read_ms = now;
     if (FreshDense(*entries[i], now)) {
       out[i] = entries[i]->snapshot;
@@ -257,7 +260,7 @@ StatusOr<std::vector<std::shared_ptr<const DenseSnapshot>>> ParamCache::DenseAll
   for (size_t i : stale) {
     held.emplace_back(entries[i]->pull_mu);
     {
-      std::lock_guard<std::mutex> lock(entries[i]->mu);
+      MutexLock lock(&entries[i]->mu);
       if (FreshDense(*entries[i], now)) {
         out[i] = entries[i]->snapshot;  // a concurrent reader's pull served this one
         continue;
@@ -293,7 +296,7 @@ Status ParamCache::Sparse(const std::string& table, const uint64_t* keys, size_t
   std::vector<size_t> missing;
   ParamCacheStats delta;
   {
-    std::lock_guard<std::mutex> lock(e->mu);
+    MutexLock lock(&e->mu);
     for (size_t i = 0; i < n; ++i) {
       const uint32_t shard = ShardOfKey(keys[i], num_shards_);
       const SparseEntry::Row* r = e->rows.Find(keys[i]);
@@ -313,7 +316,7 @@ Status ParamCache::Sparse(const std::string& table, const uint64_t* keys, size_t
   if (base != nullptr) {
     // A shard none of the rows came from gets the newest version seen there: it adds
     // nothing to a push's staleness and never drags a min over several reads to 0.
-    std::lock_guard<std::mutex> lock(e->mu);
+    MutexLock lock(&e->mu);
     base->resize(num_shards_);
     for (uint32_t s = 0; s < num_shards_; ++s) {
       (*base)[s] = mins[s] == kNoRow ? e->newest[s] : mins[s];
@@ -339,7 +342,7 @@ Status ParamCache::PullRows(SparseEntry* e, const uint64_t* keys,
   ps::VersionVector versions;
   uint64_t generation;
   {
-    std::lock_guard<std::mutex> lock(e->mu);
+    MutexLock lock(&e->mu);
     generation = e->generation;
   }
   const int64_t fetched = Now();
@@ -347,7 +350,7 @@ Status ParamCache::PullRows(SparseEntry* e, const uint64_t* keys,
   if (!st.ok()) return st.WithContext("ParamCache: pull of sparse table '" + e->name + "'");
   delta->sparse_pulls = 1;
   versions.resize(num_shards_, 0);
-  std::lock_guard<std::mutex> lock(e->mu);
+  MutexLock lock(&e->mu);
   Raise(&e->newest, versions);
   if (e->generation == generation) {
     const size_t evicted = e->rows.evictions();
@@ -368,23 +371,23 @@ Status ParamCache::PullRows(SparseEntry* e, const uint64_t* keys,
 
 void ParamCache::ObserveVersions(const std::string& table, const ps::VersionVector& versions) {
   if (auto it = dense_.find(table); it != dense_.end()) {
-    std::lock_guard<std::mutex> lock(it->second->mu);
+    MutexLock lock(&it->second->mu);
     Raise(&it->second->newest, versions);
   }
   if (auto it = sparse_.find(table); it != sparse_.end()) {
-    std::lock_guard<std::mutex> lock(it->second->mu);
+    MutexLock lock(&it->second->mu);
     Raise(&it->second->newest, versions);
   }
 }
 
 void ParamCache::Invalidate(const std::string& table) {
   if (auto it = dense_.find(table); it != dense_.end()) {
-    std::lock_guard<std::mutex> lock(it->second->mu);
+    MutexLock lock(&it->second->mu);
     it->second->snapshot.reset();
     ++it->second->generation;
   }
   if (auto it = sparse_.find(table); it != sparse_.end()) {
-    std::lock_guard<std::mutex> lock(it->second->mu);
+    MutexLock lock(&it->second->mu);
     it->second->rows.Clear();
     ++it->second->generation;
   }
@@ -393,13 +396,13 @@ void ParamCache::Invalidate(const std::string& table) {
 void ParamCache::InvalidateRows(const std::string& table, const uint64_t* keys, size_t n) {
   auto it = sparse_.find(table);
   if (it == sparse_.end()) return;
-  std::lock_guard<std::mutex> lock(it->second->mu);
+  MutexLock lock(&it->second->mu);
   for (size_t i = 0; i < n; ++i) it->second->rows.Erase(keys[i]);
   ++it->second->generation;
 }
 
 bool ParamCache::RefreshWanted(DenseEntry* e, int64_t now) const {
-  std::lock_guard<std::mutex> lock(e->mu);
+  MutexLock lock(&e->mu);
   if (e->last_read_ms < 0 || now - e->last_read_ms > options_.hot_window_ms) return false;
   if (!e->snapshot) return true;
   // Refreshing at half the age bound leaves the other half for the pull to land before
@@ -427,7 +430,7 @@ void ParamCache::RefreshDue() {
 }
 
 void ParamCache::AddStats(const ParamCacheStats& d) {
-  std::lock_guard<std::mutex> lock(stats_mu_);
+  MutexLock lock(&stats_mu_);
   stats_.dense_hits += d.dense_hits;
   stats_.dense_pulls += d.dense_pulls;
   stats_.refresher_pulls += d.refresher_pulls;
@@ -440,11 +443,11 @@ void ParamCache::AddStats(const ParamCacheStats& d) {
 ParamCacheStats ParamCache::stats() const {
   ParamCacheStats s;
   {
-    std::lock_guard<std::mutex> lock(stats_mu_);
+    MutexLock lock(&stats_mu_);
     s = stats_;
   }
   for (const auto& [name, e] : sparse_) {
-    std::lock_guard<std::mutex> lock(e->mu);
+    MutexLock lock(&e->mu);
     s.sparse_rows += e->rows.size();
   }
   return s;

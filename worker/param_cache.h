@@ -11,11 +11,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/lru_map.h"
+#include "common/mutex.h"
 #include "common/periodic_thread.h"
 #include "common/status.h"
 #include "ps/ps_client.h"
@@ -120,8 +120,8 @@ class ParamCache {
   std::map<std::string, std::unique_ptr<DenseEntry>> dense_;
   std::map<std::string, std::unique_ptr<SparseEntry>> sparse_;
 
-  mutable std::mutex stats_mu_;
-  ParamCacheStats stats_;  // guarded by stats_mu_
+  mutable Mutex stats_mu_;
+  ParamCacheStats stats_ GUARDED_BY(stats_mu_);
 
   PeriodicThread refresher_;  // last: stopped before the members it uses go
 };

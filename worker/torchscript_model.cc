@@ -9,14 +9,13 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
-#include <condition_variable>
 #include <exception>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
+#include "common/mutex.h"
 #include "worker/model.h"
 #include "worker/model_factories.h"
 #include "worker/torch_common.h"
@@ -45,8 +44,8 @@ class ReplicaPool {
   explicit ReplicaPool(torch::jit::Module prototype) : prototype_(std::move(prototype)) {}
 
   std::unique_ptr<Replica> Acquire() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !free_.empty() || created_ < kMaxReplicas; });
+    MutexLock lock(&mu_);
+    cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return !free_.empty() || created_ < kMaxReplicas; });
     if (!free_.empty()) {
       std::unique_ptr<Replica> replica = std::move(free_.back());
       free_.pop_back();
@@ -65,18 +64,18 @@ class ReplicaPool {
 
   void Release(std::unique_ptr<Replica> replica) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       free_.push_back(std::move(replica));
     }
-    cv_.notify_one();
+    cv_.Signal();
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  torch::jit::Module prototype_;                // guarded by mu_ (cloned only under it)
-  std::vector<std::unique_ptr<Replica>> free_;  // guarded by mu_
-  size_t created_ = 0;                          // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  torch::jit::Module prototype_ GUARDED_BY(mu_);  // cloned only under it
+  std::vector<std::unique_ptr<Replica>> free_ GUARDED_BY(mu_);
+  size_t created_ GUARDED_BY(mu_) = 0;
 };
 
 // Returns the borrowed replica to its pool on every path out of a call.

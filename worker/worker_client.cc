@@ -1,9 +1,8 @@
 #include "worker/worker_client.h"
 
-#include <condition_variable>
-#include <mutex>
 #include <unordered_map>
 
+#include "common/mutex.h"
 #include "common/request_ids.h"
 
 namespace onlineps::worker {
@@ -13,11 +12,11 @@ using nlohmann::json;
 
 // One call waiting for its reply.
 struct Waiter {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;  // guarded by mu
-  Status status;      // guarded by mu
-  json body;          // guarded by mu
+  Mutex mu;
+  CondVar cv;
+  bool done GUARDED_BY(mu) = false;
+  Status status GUARDED_BY(mu);
+  json body GUARDED_BY(mu);
 };
 
 class WorkerClientImpl : public WorkerClient {
@@ -42,11 +41,11 @@ class WorkerClientImpl : public WorkerClient {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     uint32_t id;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       std::optional<uint32_t> got;
       // Bounded: callers past max_inflight wait for a free id.
-      if (!slot_cv_.wait_until(lock, deadline,
-                               [&] { return (got = ids_.Acquire()).has_value(); })) {
+      if (!slot_cv_.WaitUntil(&mu_, deadline,
+                              [&]() REQUIRES(mu_) { return (got = ids_.Acquire()).has_value(); })) {
         return Status(StatusCode::kDeadlineExceeded, "too many calls in flight to the worker");
       }
       id = *got;
@@ -59,10 +58,11 @@ class WorkerClientImpl : public WorkerClient {
     std::vector<uint8_t> bytes = json::to_msgpack(body);
     frames.push_back(Frame::FromVector(std::move(bytes)));
     Status sent = transport_->Send(0, std::move(frames));
-    std::unique_lock<std::mutex> lock(waiter->mu);
+    MutexLock lock(&waiter->mu);
     const bool done =
-        sent.ok() && waiter->cv.wait_until(lock, deadline, [&] { return waiter->done; });
-    lock.unlock();
+        sent.ok() && waiter->cv.WaitUntil(&waiter->mu, deadline,
+                                          [&]() REQUIRES(waiter->mu) { return waiter->done; });
+    lock.Unlock();
     Forget(id);
     if (!sent.ok()) return sent;
     if (!done) {
@@ -70,6 +70,7 @@ class WorkerClientImpl : public WorkerClient {
                                                        options_.endpoint + ": no reply within " +
                                                        std::to_string(timeout.count()) + " ms");
     }
+    lock.Lock();  // uncontended: after Forget no reply can reach the waiter
     if (!waiter->status.ok()) return waiter->status;
     return std::move(waiter->body);
   }
@@ -77,11 +78,11 @@ class WorkerClientImpl : public WorkerClient {
  private:
   void Forget(uint32_t id) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       waiting_.erase(id);
       ids_.Release(id);
     }
-    slot_cv_.notify_one();
+    slot_cv_.Signal();
   }
 
   // On the transport's I/O thread: match the reply to its caller and wake it.
@@ -91,7 +92,7 @@ class WorkerClientImpl : public WorkerClient {
     if (!h.ok()) return;  // not ours to answer; the caller times out
     std::shared_ptr<Waiter> w;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = waiting_.find(h->request_id);
       if (it == waiting_.end()) return;  // late reply to a call that gave up
       w = it->second;
@@ -104,20 +105,20 @@ class WorkerClientImpl : public WorkerClient {
       if (body.is_discarded()) st = Status(StatusCode::kMalformed, "reply body is not msgpack");
     }
     {
-      std::lock_guard<std::mutex> lock(w->mu);
+      MutexLock lock(&w->mu);
       w->status = st;
       w->body = std::move(body);
       w->done = true;
     }
-    w->cv.notify_all();
+    w->cv.SignalAll();
   }
 
   const WorkerClientOptions options_;
   std::unique_ptr<ClientTransport> transport_;
-  std::mutex mu_;
-  std::condition_variable slot_cv_;
-  RequestIdPool ids_;                                              // guarded by mu_
-  std::unordered_map<uint32_t, std::shared_ptr<Waiter>> waiting_;  // guarded by mu_
+  Mutex mu_;
+  CondVar slot_cv_;
+  RequestIdPool ids_ GUARDED_BY(mu_);
+  std::unordered_map<uint32_t, std::shared_ptr<Waiter>> waiting_ GUARDED_BY(mu_);
 };
 
 }  // namespace

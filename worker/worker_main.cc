@@ -4,16 +4,15 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdlib>
 #include <iostream>
-#include <mutex>
 #include <thread>
 
 #include "common/admin_server.h"
 #include "common/config.h"
 #include "common/curve.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "common/periodic_thread.h"
 #include "common/signals.h"
 #include "ps/ps_client.h"
@@ -29,6 +28,9 @@
 
 namespace {
 
+using onlineps::CondVar;
+using onlineps::Mutex;
+using onlineps::MutexLock;
 using onlineps::Status;
 using onlineps::StatusCode;
 namespace worker = onlineps::worker;
@@ -314,31 +316,31 @@ class SignalWatcher {
   SignalWatcher() {
     std::thread([this] {
       const int sig = onlineps::WaitForShutdownSignal();
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (!serving_) {
         spdlog::info("signal {} during start-up: exiting", sig);
         spdlog::shutdown();
         std::_Exit(0);
       }
       sig_ = sig;
-      cv_.notify_all();
+      cv_.SignalAll();
     }).detach();
   }
   void Serving() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     serving_ = true;
   }
   int Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return sig_ != 0; });
+    MutexLock lock(&mu_);
+    cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return sig_ != 0; });
     return sig_;
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool serving_ = false;  // guarded by mu_
-  int sig_ = 0;           // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  bool serving_ GUARDED_BY(mu_) = false;
+  int sig_ GUARDED_BY(mu_) = 0;
 };
 
 // Pings every shard every 2 s on its own thread; /readyz reports the last result, so a
@@ -350,19 +352,19 @@ class ShardProbe {
         std::chrono::seconds(2),
         [this, ps] {
           Status st = ps->WaitForShards(std::chrono::milliseconds(1000));
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(&mu_);
           last_ = st;
         },
         /*tick_first=*/true);
   }
   Status last() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return last_;
   }
 
  private:
-  std::mutex mu_;
-  Status last_ = onlineps::Unavailable("shards not probed yet");  // guarded by mu_
+  Mutex mu_;
+  Status last_ GUARDED_BY(mu_) = onlineps::Unavailable("shards not probed yet");
   onlineps::PeriodicThread thread_;  // last: stopped before the members it writes go
 };
 

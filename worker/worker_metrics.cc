@@ -59,7 +59,7 @@ void WorkerMetrics::Stop() { thread_.Stop(); }
 void WorkerMetrics::Update() {
   const WorkerStats s = service_->stats();
   const WorkerServerStats rpc = server_->stats();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   infer_requests_.Set(static_cast<double>(s.infer_requests));
   infer_examples_.Set(static_cast<double>(s.infer_examples));
   learn_requests_.Set(static_cast<double>(s.learn_requests));

@@ -11,8 +11,8 @@
 
 #include <chrono>
 #include <memory>
-#include <mutex>
 
+#include "common/mutex.h"
 #include "common/periodic_thread.h"
 #include "worker/worker_server.h"
 #include "worker/worker_service.h"
@@ -42,10 +42,12 @@ class WorkerMetrics {
   const std::chrono::milliseconds period_;
   std::shared_ptr<prometheus::Registry> registry_;
 
-  std::mutex mu_;
-  Counter infer_requests_, infer_examples_, learn_requests_, learn_examples_, pushes_, push_errors_,
-      nonfinite_, rpc_errors_, rpc_dropped_, dense_pulls_, sparse_pulls_,
-      refresher_pulls_;  // guarded by mu_
+  Mutex mu_;
+  Counter infer_requests_ GUARDED_BY(mu_), infer_examples_ GUARDED_BY(mu_),
+      learn_requests_ GUARDED_BY(mu_), learn_examples_ GUARDED_BY(mu_), pushes_ GUARDED_BY(mu_),
+      push_errors_ GUARDED_BY(mu_), nonfinite_ GUARDED_BY(mu_), rpc_errors_ GUARDED_BY(mu_),
+      rpc_dropped_ GUARDED_BY(mu_), dense_pulls_ GUARDED_BY(mu_), sparse_pulls_ GUARDED_BY(mu_),
+      refresher_pulls_ GUARDED_BY(mu_);
   prometheus::Gauge *max_tau_, *inflight_, *sessions_, *sparse_rows_;
   PeriodicThread thread_;  // last: stopped before the members it writes go
 };

@@ -14,8 +14,9 @@ void WorkerService::StartPush(
     const std::function<ps::Ticket(ps::PushReply*, ps::PsClient::Callback)>& send) {
   {
     // Bounded: a learn waits here rather than queue pushes without limit.
-    std::unique_lock<std::mutex> lock(mu_);
-    inflight_cv_.wait(lock, [&] { return inflight_ < options_.max_inflight_pushes; });
+    MutexLock lock(&mu_);
+    inflight_cv_.Wait(&mu_,
+                      [&]() REQUIRES(mu_) { return inflight_ < options_.max_inflight_pushes; });
     ++inflight_;
   }
   if (!options_.read_own_writes) forget = [] {};
@@ -36,13 +37,13 @@ void WorkerService::OnPushDone(const std::string& table, const ps::PushReply& re
     spdlog::warn("push to table '{}' failed: {}", table, st.ToString());
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     --inflight_;
     stats_.pushes++;
     if (!st.ok()) stats_.push_errors++;
     if (st.ok()) stats_.max_tau = std::max(stats_.max_tau, reply.max_tau);
   }
-  inflight_cv_.notify_all();
+  inflight_cv_.SignalAll();
 }
 
 std::function<void()> WorkerService::ForgetDense(const std::string& table) {

@@ -163,8 +163,8 @@ Status WorkerService::Stop() {
   group_active_ = false;
   Status st = Flush();
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    inflight_cv_.wait(lock, [&] { return inflight_ == 0; });
+    MutexLock lock(&mu_);
+    inflight_cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return inflight_ == 0; });
   }
   cache_.Stop();
   return st;
@@ -276,7 +276,7 @@ StatusOr<InferReply> WorkerService::Infer(const std::string& session,
     reply.predictions.push_back(std::move(p));
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stats_.infer_requests++;
     stats_.infer_examples += batch.size();
   }
@@ -293,7 +293,7 @@ Status WorkerService::CheckFinite(const GradOutput& g) {
     if (!ok) st = NonFinite("the gradient of '" + params[i].name + "'");
   }
   if (!st.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stats_.rejected_nonfinite++;
   }
   return st;
@@ -341,7 +341,7 @@ StatusOr<LearnReply> WorkerService::Learn(const std::string& session,
   if (local_ && reply.dense_pushed) local_->Reset();
   if (kept && reply.outcome == LearnOutcome::kApplied) reply.outcome = LearnOutcome::kAccumulated;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stats_.learn_requests++;
     stats_.learn_examples += batch.size();
     stats_.max_tau = std::max(stats_.max_tau, reply.tau);
@@ -352,7 +352,7 @@ StatusOr<LearnReply> WorkerService::Learn(const std::string& session,
 WorkerStats WorkerService::stats() const {
   WorkerStats s;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     s = stats_;
     s.inflight_pushes = inflight_;
     s.group_active = group_active_;

@@ -8,14 +8,13 @@
 #define ONLINEPS_WORKER_WORKER_SERVICE_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/periodic_thread.h"
 #include "common/status.h"
 #include "ps/ps_client.h"
@@ -182,10 +181,10 @@ class WorkerService {
   std::vector<std::unique_ptr<Accumulator>> group_acc_;
   std::atomic<bool> group_active_{false};
 
-  mutable std::mutex mu_;
-  WorkerStats stats_;  // guarded by mu_ (cache and context filled in by stats())
-  std::condition_variable inflight_cv_;
-  size_t inflight_ = 0;  // guarded by mu_
+  mutable Mutex mu_;
+  WorkerStats stats_ GUARDED_BY(mu_);  // cache and context filled in by stats()
+  CondVar inflight_cv_;
+  size_t inflight_ GUARDED_BY(mu_) = 0;
 
   std::atomic<bool> stopping_{false};
   PeriodicThread flusher_;
