@@ -189,7 +189,7 @@ void Replica::Stop() {
                 [this]() REQUIRES(mu_) { return core_->stop_settled(); });
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   ticker_.Stop();
   if (snapshot_thread_.joinable()) snapshot_thread_.join();
   kv_.reset();  // fails what is still queued (the stopped core ignores it)
