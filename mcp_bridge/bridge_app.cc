@@ -1,6 +1,8 @@
-// onlineps_mcp_bridge: serves MCP (Streamable HTTP or stdio) to agents and routes each
-// session to one onlineps worker. Flags, ONLINEPS_* env vars and --config are
-// documented in docs/configuration.md; `onlineps_mcp_bridge --help` lists them.
+// The bridge process: flags, the components wired together, serving until a signal.
+// Flags, ONLINEPS_* env vars and --config are documented in docs/configuration.md;
+// `onlineps_mcp_bridge --help` lists them.
+#include "mcp_bridge/bridge_app.h"
+
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -16,7 +18,6 @@
 #include "mcp_bridge/backend.h"
 #include "mcp_bridge/bridge_metrics.h"
 #include "mcp_bridge/context_store.h"
-#include "mcp_bridge/fixtures.h"
 #include "mcp_bridge/http_transport.h"
 #include "mcp_bridge/mcp_server.h"
 #include "mcp_bridge/recorder.h"
@@ -51,7 +52,6 @@ struct Flags {
   uint64_t record_max_bytes = 1ull << 30;
   std::string admin_host = "127.0.0.1";
   int admin_port = 9300;
-  bool test_fixtures = false;
   onlineps::LogOptions log;
 };
 
@@ -170,9 +170,6 @@ void AddToolFlags(CLI::App& app, Flags* f) {
       ->capture_default_str();
   app.add_option("--admin-port", f->admin_port, "Admin HTTP port (-1: off, 0: any)")
       ->capture_default_str();
-  app.add_flag(
-      "--test-fixtures", f->test_fixtures,
-      "Serve the MCP conformance suite's fixture tools, resources and prompts (tests only)");
   onlineps::AddLoggingFlags(app, &f->log);
   onlineps::AddCurveFlags(app, &f->curve, /*server=*/false, /*client=*/true);
 }
@@ -205,7 +202,9 @@ void WaitForWorker(const bridge::WorkerPool& pool, int64_t seconds) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace onlineps::bridge {
+
+int RunBridge(int argc, char** argv, const std::function<void(McpServer*)>& extend) {
   onlineps::BlockShutdownSignals();
   Flags f;
   f.log.component = "bridge";
@@ -275,7 +274,6 @@ int main(int argc, char** argv) {
     }
     recorder = std::move(*r);
   }
-  std::unique_ptr<bridge::Fixtures> fixtures;  // outlives mcp
   bridge::McpServer mcp(f.mcp, &tools, recorder.get(), [&](const std::string& key) {
     contexts.Clear(key);
     backend.EndSession(key);
@@ -284,11 +282,7 @@ int main(int argc, char** argv) {
     spdlog::info("state: {} MCP sessions restored from {}", mcp.Persist(state.get()),
                  state->path());
   }
-  if (f.test_fixtures) {
-    fixtures = bridge::NewConformanceFixtures();
-    mcp.SetFixtures(fixtures.get());
-    spdlog::warn("--test-fixtures: serving the MCP conformance fixtures (tests only)");
-  }
+  if (extend) extend(&mcp);
 
   std::unique_ptr<onlineps::AdminServer> admin;
   std::unique_ptr<bridge::BridgeMetrics> metrics;
@@ -358,3 +352,5 @@ int main(int argc, char** argv) {
   if (admin) admin->Stop();
   return 0;
 }
+
+}  // namespace onlineps::bridge
