@@ -148,10 +148,8 @@ Tools::Tools(ToolsOptions options, Backend* backend, ContextStore* contexts, Wor
   list_ = json::array();
   for (const auto& [declaration, run] : table) {
     Entry e{declaration, run, {}};
-    for (const auto& [name, schema] :
-         declaration["inputSchema"].value("properties", json::object()).items()) {
-      e.arguments.insert(name);
-    }
+    const json properties = declaration["inputSchema"].value("properties", json::object());
+    for (const auto& [name, schema] : properties.items()) e.arguments.insert(name);
     entries_.push_back(std::move(e));
     list_.push_back(declaration);
   }
