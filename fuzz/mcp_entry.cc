@@ -19,12 +19,12 @@
 #include "fuzz/fuzz_entries.h"
 #include "mcp_bridge/backend.h"
 #include "mcp_bridge/context_store.h"
-#include "mcp_bridge/fixtures.h"
 #include "mcp_bridge/mcp_server.h"
 #include "mcp_bridge/router.h"
 #include "mcp_bridge/stdio_transport.h"
 #include "mcp_bridge/tools.h"
 #include "mcp_bridge/worker_pool.h"
+#include "testing/mcp_fixtures/conformance_fixtures.h"
 
 namespace onlineps::fuzz {
 namespace {
@@ -33,8 +33,8 @@ using bridge::Reply;
 using bridge::Request;
 using nlohmann::json;
 
-// What a bridge holds besides its McpServer. Built once: the tool schemas and fixtures
-// cost milliseconds under the sanitizers. Its state (contexts of sessions that
+// What a bridge holds besides its McpServer. Built once: the tool schemas cost
+// milliseconds under the sanitizers. Its state (contexts of sessions that
 // set_context named) is bounded by a small store.
 struct Backing {
   Backing()
@@ -42,8 +42,7 @@ struct Backing {
         pool(bridge::WorkerPoolOptions{}, &router),
         contexts(ContextOptions()),
         backend(bridge::BackendOptions{}, &router, &pool, &contexts),
-        tools(bridge::ToolsOptions{}, &backend, &contexts, &pool, &router),
-        fixtures(bridge::NewConformanceFixtures()) {}
+        tools(bridge::ToolsOptions{}, &backend, &contexts, &pool, &router) {}
   static bridge::ContextStoreOptions ContextOptions() {
     bridge::ContextStoreOptions o;
     o.max_sessions = 64;
@@ -54,7 +53,6 @@ struct Backing {
   bridge::ContextStore contexts;
   bridge::Backend backend;
   bridge::Tools tools;
-  std::unique_ptr<bridge::Fixtures> fixtures;
 };
 
 Backing* Shared() {
@@ -67,7 +65,7 @@ struct Bridge {
   explicit Bridge(bool with_fixtures)
       : mcp(Options(), &Shared()->tools, nullptr,
             [](const std::string& key) { Shared()->backend.EndSession(key); }) {
-    if (with_fixtures) mcp.SetFixtures(Shared()->fixtures.get());
+    if (with_fixtures) fixtures = testing::ConformanceFixtures::Install(&mcp);
   }
   static bridge::McpServerOptions Options() {
     bridge::McpServerOptions o;
@@ -76,6 +74,7 @@ struct Bridge {
     return o;
   }
   bridge::McpServer mcp;
+  std::unique_ptr<testing::ConformanceFixtures> fixtures;  // destroyed before mcp
 };
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }

@@ -337,33 +337,14 @@ void HttpTransport::Impl::Post(const httplib::Request& req, httplib::Response& r
   r.principal = principal;
   r.session_id = req.get_header_value("Mcp-Session-Id");
   r.header_version = req.get_header_value("MCP-Protocol-Version");
-  const bool is_init = m.is_object() && m.value("method", json()) == "initialize";
-  r.stateless = !is_init && r.session_id.empty() && r.header_version == kModernVersion;
-  if (r.session_id.empty() && r.header_version == kModernVersion && is_init) {
-    SendError(res, 404, kMethodNotFound,
-              "Method not found: initialize is not part of revision 2026-07-28 (use "
-              "server/discover)",
-              m.value("id", json()));
+  const RevisionChoice revision =
+      ChooseRevision(m, r.session_id, r.header_version, TransportKind::kHttp);
+  if (revision.refused()) {
+    res.status = *revision.http_status;
+    res.set_content(revision.body.dump(-1, ' ', false, json::error_handler_t::replace), kJson);
     return;
   }
-  if (!is_init && r.session_id.empty() && !r.header_version.empty() &&
-      r.header_version != kModernVersion && !IsLegacyVersion(r.header_version)) {
-    SendError(res, 400, kUnsupportedVersion, "Unsupported protocol version: " + r.header_version,
-              m.is_object() ? m.value("id", json()) : json(),
-              {{"supported", SupportedVersions()}, {"requested", r.header_version}});
-    return;
-  }
-  if (!is_init && r.session_id.empty() && r.header_version.empty() && m.is_object()) {
-    // A modern request without the version header still announces itself in _meta.
-    const json p = m.value("params", json::object());
-    const json meta = p.is_object() ? p.value("_meta", json::object()) : json::object();
-    if (meta.is_object() && meta.contains("io.modelcontextprotocol/protocolVersion")) {
-      SendError(res, 400, kHeaderMismatch,
-                "Header mismatch: the MCP-Protocol-Version header is required",
-                m.value("id", json()));
-      return;
-    }
-  }
+  r.stateless = revision.stateless;
   if (r.stateless && m.is_object() && !CheckModernHeaders(req, m, res)) return;
   const bool stream =
       mcp_->WantsStream(m) && (r.stateless || mcp_->HasSession(r.session_id, r.principal));

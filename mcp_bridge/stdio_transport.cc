@@ -11,18 +11,6 @@ namespace onlineps::bridge {
 
 using nlohmann::json;
 
-namespace {
-
-// A request of revision 2026-07-28 names it in its _meta; it needs no initialize.
-bool IsModern(const json& m) {
-  if (!m.is_object() || !m.contains("params") || !m["params"].is_object()) return false;
-  const json& meta = m["params"].value("_meta", json::object());
-  return meta.is_object() &&
-         meta.value("io.modelcontextprotocol/protocolVersion", json()) == kModernVersion;
-}
-
-}  // namespace
-
 StdioTransport::StdioTransport(StdioTransportOptions options, McpServer* server, std::FILE* in,
                                std::FILE* out)
     : options_(options), mcp_(server), in_(in), out_(out) {}
@@ -54,21 +42,13 @@ size_t StdioTransport::Run() {
     r.message = std::move(m);
     r.session_id = session();
     r.notify = [this](const json& n) { Write(n); };
-    const bool is_init = r.message.is_object() && r.message.value("method", json()) == "initialize";
-    r.stateless = !is_init && r.session_id.empty() && IsModern(r.message);
-    const bool is_ping = r.message.is_object() && r.message.value("method", json()) == "ping";
-    if (is_ping && r.session_id.empty() && !r.stateless && r.message.contains("id")) {
-      Write({{"jsonrpc", "2.0"}, {"id", r.message["id"]}, {"result", json::object()}});
-      return;  // ping is allowed before initialize
-    }
-    if (!is_init && !r.stateless && r.session_id.empty() && r.message.is_object() &&
-        r.message.contains("method")) {
-      if (r.message.contains("id")) {
-        Write(JsonRpcError(r.message["id"], kInvalidRequest,
-                           "Server not initialized: send initialize first"));
-      }
+    const RevisionChoice revision =
+        ChooseRevision(r.message, r.session_id, "", TransportKind::kStdio);
+    if (revision.refused()) {
+      if (!revision.body.is_null()) Write(revision.body);
       return;
     }
+    r.stateless = revision.stateless;
     Reply reply = mcp_->Handle(r);
     if (!reply.new_session_id.empty()) {
       std::string previous;
@@ -79,7 +59,7 @@ size_t StdioTransport::Run() {
       if (!previous.empty()) mcp_->EndSession(previous, "");  // a worker call: not under the lock
     }
     const bool cancelled = reply.body.is_object() && reply.body.contains("error") &&
-                           reply.body["error"].value("code", 0) == -32800;
+                           reply.body["error"].value("code", 0) == kRequestCancelled;
     if (!reply.body.is_null() && !cancelled) Write(reply.body);
   };
   std::thread executor([&] {

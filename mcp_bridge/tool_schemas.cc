@@ -1,6 +1,8 @@
 // The tools/list entries: names, descriptions, input and output schemas.
 #include "mcp_bridge/tool_schemas.h"
 
+#include "worker/examples.h"
+
 namespace onlineps::bridge {
 
 using nlohmann::json;
@@ -15,24 +17,6 @@ json SessionProperty() {
           {"x-mcp-header", "Session"}};
 }
 
-json FeaturesProperty() {
-  return {{"type", "array"},
-          {"items", {{"type", "number"}}},
-          {"description", "Dense input features (the mlp model)"}};
-}
-
-json ExampleSchema(bool labelled) {
-  json p = {{"text", {{"type", "string"}, {"description", "Input text (the text model)"}}},
-            {"features", FeaturesProperty()}};
-  if (labelled) {
-    p["label"] = {{"type", {"string", "integer"}},
-                  {"description", "A label name of the model, or its index"}};
-  }
-  json s = {{"type", "object"}, {"properties", p}, {"additionalProperties", false}};
-  if (labelled) s["required"] = {"label"};
-  return s;
-}
-
 json ContextOutput() {
   return {{"type", "object"},
           {"properties",
@@ -42,6 +26,8 @@ json ContextOutput() {
             {"dropped_items", {{"type", "integer"}}}}},
           {"required", {"found", "items", "features"}}};
 }
+
+json FeaturesProperty() { return worker::RequestProperties(/*labelled=*/false)["features"]; }
 
 json Tool(const std::string& name, const std::string& title, const std::string& description,
           json input, json output, bool read_only) {
@@ -55,6 +41,17 @@ json Tool(const std::string& name, const std::string& title, const std::string& 
           {"annotations", {{"readOnlyHint", read_only}, {"openWorldHint", false}}}};
 }
 
+// The input of infer and learn: the session, and the examples by the rule of
+// worker/examples.h.
+json ExamplesInput(bool labelled) {
+  json input = {{"properties", worker::RequestProperties(labelled)}};
+  input["properties"]["session"] = SessionProperty();
+  input.update(worker::RequestSchemaRule(labelled));
+  return input;
+}
+
+}  // namespace
+
 json InferTool() {
   json prediction = {
       {"type", "object"},
@@ -63,26 +60,21 @@ json InferTool() {
         {"index", {{"type", "integer"}}},
         {"scores", {{"type", "object"}, {"additionalProperties", {{"type", "number"}}}}}}},
       {"required", {"label", "index", "scores"}}};
-  return Tool(
-      "infer", "Predict",
-      "Runs the served model on one input (text or features) or a batch (examples) and "
-      "returns the predicted label with a score per label. The session's context, if any, "
-      "is extra input.",
-      {{"properties",
-        {{"session", SessionProperty()},
-         {"text", {{"type", "string"}, {"description", "One input text"}}},
-         {"features", FeaturesProperty()},
-         {"examples", {{"type", "array"}, {"minItems", 1}, {"items", ExampleSchema(false)}}}}}},
-      {{"type", "object"},
-       {"properties",
-        {{"label", {{"type", "string"}}},
-         {"scores", {{"type", "object"}, {"additionalProperties", {{"type", "number"}}}}},
-         {"predictions", {{"type", "array"}, {"items", prediction}}},
-         {"model_version", {{"type", "integer"}}},
-         {"params_age_ms", {{"type", "number"}}},
-         {"worker", {{"type", "string"}}}}},
-       {"required", {"label", "scores", "predictions", "model_version"}}},
-      true);
+  return Tool("infer", "Predict",
+              "Runs the served model on one input (text or features) or a batch (examples) and "
+              "returns the predicted label with a score per label. The session's context, if any, "
+              "is extra input.",
+              ExamplesInput(/*labelled=*/false),
+              {{"type", "object"},
+               {"properties",
+                {{"label", {{"type", "string"}}},
+                 {"scores", {{"type", "object"}, {"additionalProperties", {{"type", "number"}}}}},
+                 {"predictions", {{"type", "array"}, {"items", prediction}}},
+                 {"model_version", {{"type", "integer"}}},
+                 {"params_age_ms", {{"type", "number"}}},
+                 {"worker", {{"type", "string"}}}}},
+               {"required", {"label", "scores", "predictions", "model_version"}}},
+              true);
 }
 
 json LearnTool() {
@@ -91,12 +83,7 @@ json LearnTool() {
       "Teaches the model with labelled examples: the worker computes gradients and pushes "
       "them to the parameter servers. Returns the model version after the update, the "
       "staleness the servers measured, and whether it was applied, queued or accumulated.",
-      {{"properties",
-        {{"session", SessionProperty()},
-         {"examples", {{"type", "array"}, {"minItems", 1}, {"items", ExampleSchema(true)}}},
-         {"text", {{"type", "string"}, {"description", "One example's text (with label)"}}},
-         {"features", FeaturesProperty()},
-         {"label", {{"type", {"string", "integer"}}, {"description", "One example's label"}}}}}},
+      ExamplesInput(/*labelled=*/true),
       {{"type", "object"},
        {"properties",
         {{"examples", {{"type", "integer"}}},
@@ -110,6 +97,8 @@ json LearnTool() {
        {"required", {"examples", "loss", "outcome", "model_version", "staleness"}}},
       false);
 }
+
+namespace {
 
 json ContextTool(const std::string& name, const std::string& title, const std::string& d,
                  json props, std::vector<std::string> required, bool read_only) {
@@ -125,42 +114,50 @@ json ContextTool(const std::string& name, const std::string& title, const std::s
 
 }  // namespace
 
-json ToolList() {
-  json tools = json::array();
-  tools.push_back(InferTool());
-  tools.push_back(LearnTool());
-  tools.push_back(ContextTool(
+json SetContextTool() {
+  return ContextTool(
       "set_context", "Set context",
       "Replaces the session's context: text items and/or features that become extra input "
       "to this session's infer and learn calls. Context never enters the shared model.",
       {{"items", {{"type", "array"}, {"items", {{"type", "string"}}}}},
        {"text", {{"type", "string"}, {"description", "One more item, after items"}}},
        {"features", FeaturesProperty()}},
-      {}, false));
-  tools.push_back(ContextTool("append_context", "Append context",
-                              "Adds one text item to the session's context (a rolling window: "
-                              "the oldest items are dropped past the limits).",
-                              {{"text", {{"type", "string"}}}}, {"text"}, false));
-  tools.push_back(ContextTool("clear_context", "Clear context", "Removes the session's context.",
-                              json::object(), {}, false));
-  tools.push_back(ContextTool("get_context", "Get context", "Returns the session's context.",
-                              json::object(), {}, true));
-  tools.push_back(
-      Tool("model_info", "Model info",
-           "Describes the served model: labels, parameter tables, the newest model version seen, "
-           "staleness statistics of learn calls, and the workers with their session counts.",
-           json::object(),
-           {{"type", "object"},
-            {"properties",
-             {{"labels", {{"type", "array"}, {"items", {{"type", "string"}}}}},
-              {"tables", {{"type", "array"}}},
-              {"model_version", {{"type", "integer"}}},
-              {"staleness", {{"type", "object"}}},
-              {"workers", {{"type", "array"}}},
-              {"sessions", {{"type", "integer"}}}}},
-            {"required", {"labels", "tables", "model_version", "staleness", "workers"}}},
-           true));
-  return tools;
+      {}, false);
+}
+
+json AppendContextTool() {
+  return ContextTool("append_context", "Append context",
+                     "Adds one text item to the session's context (a rolling window: "
+                     "the oldest items are dropped past the limits).",
+                     {{"text", {{"type", "string"}}}}, {"text"}, false);
+}
+
+json ClearContextTool() {
+  return ContextTool("clear_context", "Clear context", "Removes the session's context.",
+                     json::object(), {}, false);
+}
+
+json GetContextTool() {
+  return ContextTool("get_context", "Get context", "Returns the session's context.", json::object(),
+                     {}, true);
+}
+
+json ModelInfoTool() {
+  return Tool("model_info", "Model info",
+              "Describes the served model: labels, parameter tables, the newest model version "
+              "seen, staleness statistics of learn calls, and the workers with their session "
+              "counts.",
+              json::object(),
+              {{"type", "object"},
+               {"properties",
+                {{"labels", {{"type", "array"}, {"items", {{"type", "string"}}}}},
+                 {"tables", {{"type", "array"}}},
+                 {"model_version", {{"type", "integer"}}},
+                 {"staleness", {{"type", "object"}}},
+                 {"workers", {{"type", "array"}}},
+                 {"sessions", {{"type", "integer"}}}}},
+               {"required", {"labels", "tables", "model_version", "staleness", "workers"}}},
+              true);
 }
 
 }  // namespace onlineps::bridge

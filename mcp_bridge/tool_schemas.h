@@ -1,6 +1,8 @@
-// The bridge's tool definitions for tools/list (JSON Schema 2020-12). The "session"
-// property of each tool carries "x-mcp-header": "Session", so clients of revision
-// 2026-07-28 send it as the Mcp-Param-Session header and the bridge can route on it.
+// The declarations (tools/list entries, JSON Schema 2020-12) of the bridge's tools. The
+// "session" property of each tool carries "x-mcp-header": "Session", so clients of
+// revision 2026-07-28 send it as the Mcp-Param-Session header and the bridge can route
+// on it. infer and learn take examples by the rule of worker/examples.h, whose schema
+// they embed. Stateless.
 #ifndef ONLINEPS_MCP_BRIDGE_TOOL_SCHEMAS_H_
 #define ONLINEPS_MCP_BRIDGE_TOOL_SCHEMAS_H_
 
@@ -8,7 +10,13 @@
 
 namespace onlineps::bridge {
 
-nlohmann::json ToolList();
+nlohmann::json InferTool();
+nlohmann::json LearnTool();
+nlohmann::json SetContextTool();
+nlohmann::json AppendContextTool();
+nlohmann::json ClearContextTool();
+nlohmann::json GetContextTool();
+nlohmann::json ModelInfoTool();
 
 }  // namespace onlineps::bridge
 

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "mcp_bridge/tool_schemas.h"
+#include "worker/examples.h"
 #include "worker/request_limits.h"
 
 namespace onlineps::bridge {
@@ -21,7 +22,7 @@ ToolResult Error(std::string message) {
   return r;
 }
 
-// Names the first argument the tool does not take.
+// Names the first argument the tool's schema does not declare.
 std::string CheckKeys(const json& args, const std::set<std::string>& allowed,
                       const std::string& tool) {
   for (const auto& [k, v] : args.items()) {
@@ -43,14 +44,9 @@ worker::RequestLimits LimitsOf(const ToolsOptions& o) {
   return l;
 }
 
-// An example's features also against `limits` (a context's have their own bound).
-std::string CheckFeatures(const json& f, const std::string& where,
-                          const worker::RequestLimits* limits = nullptr) {
+// A context's features (the context store bounds their count).
+std::string CheckFeatures(const json& f, const std::string& where) {
   if (!f.is_array()) return where + " must be an array of numbers";
-  if (Status st = limits ? worker::CheckFeatureCount(f.size(), where, *limits) : Status::Ok();
-      !st.ok()) {
-    return st.message();
-  }
   for (size_t i = 0; i < f.size(); ++i) {
     if (!f[i].is_number() || !std::isfinite(f[i].get<double>())) {
       return where + "[" + std::to_string(i) + "] is not a finite number";
@@ -59,70 +55,15 @@ std::string CheckFeatures(const json& f, const std::string& where,
   return "";
 }
 
-// One example: exactly one of text / features, plus label when `labelled`. `where`
-// names it in messages ("examples[3]"); empty for the call's own top-level example.
-std::string CheckExample(const json& e, const std::string& where, bool labelled,
-                         const worker::RequestLimits& limits) {
-  auto field = [&](const std::string& f) { return where.empty() ? f : where + "." + f; };
-  const std::string self = where.empty() ? "the call" : where;
-  if (!e.is_object()) return self + " must be an object";
-  std::set<std::string> allowed = {"text", "features"};
-  if (labelled) allowed.insert("label");
-  for (const auto& [k, v] : e.items()) {
-    if (!allowed.count(k)) return self + " has an unknown field '" + k + "'";
-  }
-  const bool text = e.contains("text"), features = e.contains("features");
-  if (text == features) return self + " needs exactly one of 'text' or 'features'";
-  if (text) {
-    if (!e["text"].is_string()) return field("text") + " must be a string";
-    const size_t bytes = e["text"].get_ref<const std::string&>().size();
-    if (Status st = worker::CheckTextBytes(bytes, field("text"), limits); !st.ok()) {
-      return st.message();
-    }
-  } else if (std::string m = CheckFeatures(e["features"], field("features"), &limits); !m.empty()) {
-    return m;
-  }
-  if (labelled) {
-    if (!e.contains("label")) return self + " needs a 'label'";
-    const json& l = e["label"];
-    if (!l.is_string() && !(l.is_number_integer() && l.get<int64_t>() >= 0)) {
-      return field("label") + " must be a label name or a non-negative index";
-    }
-  }
-  return "";
-}
-
-// The examples of an infer or learn call: `examples`, or one at top level.
+// The examples of an infer or learn call, by the rule of worker/examples.h.
 StatusOr<json> ExamplesOf(const json& args, bool labelled, const worker::RequestLimits& limits) {
-  json examples = json::array();
-  if (args.contains("examples")) {
-    if (args.contains("text") || args.contains("features") || args.contains("label")) {
-      return InvalidArgument("give either 'examples' or one example (text/features), not both");
-    }
-    const json& ex = args["examples"];
-    if (!ex.is_array() || ex.empty())
-      return InvalidArgument("'examples' must be a non-empty array");
-    if (Status st = worker::CheckBatchSize(ex.size(), limits, "--max-examples"); !st.ok()) {
-      return InvalidArgument("'examples': " + st.message());
-    }
-    for (size_t i = 0; i < ex.size(); ++i) {
-      std::string m = CheckExample(ex[i], "examples[" + std::to_string(i) + "]", labelled, limits);
-      if (!m.empty()) return InvalidArgument(m);
-    }
-    return ex;
-  }
-  json one = json::object();
-  for (const char* k : {"text", "features", "label"}) {
-    if (args.contains(k)) one[k] = args[k];
-  }
-  if (!one.contains("text") && !one.contains("features")) {
-    return InvalidArgument(std::string("give 'text', 'features' or 'examples'") +
-                           (labelled ? " with a 'label'" : ""));
-  }
-  std::string m = CheckExample(one, "", labelled, limits);
-  if (!m.empty()) return InvalidArgument(m);
-  examples.push_back(std::move(one));
-  return examples;
+  worker::ExampleRule rule;
+  rule.labelled = labelled;
+  rule.limits = limits;
+  rule.batch_flag = "--max-examples";
+  rule.top_level = "";
+  ONLINEPS_RETURN_IF_ERROR(worker::CheckExamples(args, rule));
+  return worker::ExampleArray(args);
 }
 
 // The words of text in each worker call the examples are sent in (`chunk` examples a
@@ -192,33 +133,52 @@ Tools::Tools(ToolsOptions options, Backend* backend, ContextStore* contexts, Wor
       contexts_(contexts),
       pool_(pool),
       router_(router),
-      list_(ToolList()),
-      tau_hist_(1025, 0) {}
-
-bool Tools::Has(const std::string& name) const {
-  for (const json& t : list_) {
-    if (t["name"] == name) return true;
+      tau_hist_(1025, 0) {
+  // Each tool once: its declaration and its handler. The arguments it takes come from
+  // its inputSchema.
+  const std::pair<json, ToolResult (Tools::*)(const ToolCall&)> table[] = {
+      {InferTool(), &Tools::Infer},
+      {LearnTool(), &Tools::Learn},
+      {SetContextTool(), &Tools::SetContext},
+      {AppendContextTool(), &Tools::AppendContext},
+      {ClearContextTool(), &Tools::ClearContext},
+      {GetContextTool(), &Tools::GetContext},
+      {ModelInfoTool(), &Tools::ModelInfo},
+  };
+  list_ = json::array();
+  for (const auto& [declaration, run] : table) {
+    Entry e{declaration, run, {}};
+    const json properties = declaration["inputSchema"].value("properties", json::object());
+    for (const auto& [name, schema] : properties.items()) e.arguments.insert(name);
+    entries_.push_back(std::move(e));
+    list_.push_back(declaration);
   }
-  return false;
+}
+
+const Tools::Entry* Tools::Find(const std::string& name) const {
+  for (const Entry& e : entries_) {
+    if (e.declaration["name"] == name) return &e;
+  }
+  return nullptr;
+}
+
+bool Tools::Has(const std::string& name) const { return Find(name) != nullptr; }
+
+bool Tools::SendsProgress(const std::string& name, const json& arguments) const {
+  if (name != "learn") return false;
+  auto it = arguments.find("examples");
+  return it != arguments.end() && it->is_array() && it->size() > 1;
 }
 
 ToolResult Tools::Call(const ToolCall& c) {
   if (!c.arguments.is_object()) return Error("arguments must be an object");
-  if (c.name == "infer") return Infer(c);
-  if (c.name == "learn") return Learn(c);
-  if (c.name == "set_context") return SetContext(c, false);
-  if (c.name == "append_context") return SetContext(c, true);
-  if (c.name == "clear_context") return ClearContext(c);
-  if (c.name == "get_context") return GetContext(c);
-  if (c.name == "model_info") return ModelInfo(c);
-  return Error("unknown tool '" + c.name + "'");
+  const Entry* e = Find(c.name);
+  if (!e) return Error("unknown tool '" + c.name + "'");
+  if (auto m = CheckKeys(c.arguments, e->arguments, c.name); !m.empty()) return Error(m);
+  return (this->*e->run)(c);
 }
 
 ToolResult Tools::Infer(const ToolCall& c) {
-  if (auto m = CheckKeys(c.arguments, {"session", "text", "features", "examples"}, "infer");
-      !m.empty()) {
-    return Error(m);
-  }
   auto examples = ExamplesOf(c.arguments, false, LimitsOf(options_));
   if (!examples.ok()) return Error(examples.status().message());
   // An infer is one worker call.
@@ -267,11 +227,6 @@ void Tools::NoteLearn(int64_t version, int64_t tau) {
 }
 
 ToolResult Tools::Learn(const ToolCall& c) {
-  if (auto m =
-          CheckKeys(c.arguments, {"session", "examples", "text", "features", "label"}, "learn");
-      !m.empty()) {
-    return Error(m);
-  }
   auto examples = ExamplesOf(c.arguments, true, LimitsOf(options_));
   if (!examples.ok()) return Error(examples.status().message());
   const size_t total = examples->size(), chunk = std::max<size_t>(1, options_.learn_chunk);
@@ -334,11 +289,12 @@ ToolResult Tools::Learn(const ToolCall& c) {
   return out;
 }
 
-ToolResult Tools::SetContext(const ToolCall& c, bool append) {
+ToolResult Tools::SetContext(const ToolCall& c) { return StoreContext(c, false); }
+
+ToolResult Tools::AppendContext(const ToolCall& c) { return StoreContext(c, true); }
+
+ToolResult Tools::StoreContext(const ToolCall& c, bool append) {
   const std::string tool = append ? "append_context" : "set_context";
-  std::set<std::string> keys = {"session", "text"};
-  if (!append) keys.insert({"items", "features"});
-  if (auto m = CheckKeys(c.arguments, keys, tool); !m.empty()) return Error(m);
   if (c.session.empty()) {
     return Error(tool + " needs a session: pass 'session', or call it on a stateful MCP session");
   }
@@ -381,7 +337,6 @@ ToolResult Tools::SetContext(const ToolCall& c, bool append) {
 }
 
 ToolResult Tools::ClearContext(const ToolCall& c) {
-  if (auto m = CheckKeys(c.arguments, {"session"}, "clear_context"); !m.empty()) return Error(m);
   if (c.session.empty()) return Error("clear_context needs a session");
   ToolResult out;
   out.structured = {{"cleared", contexts_->Clear(c.session)}};
@@ -391,7 +346,6 @@ ToolResult Tools::ClearContext(const ToolCall& c) {
 }
 
 ToolResult Tools::GetContext(const ToolCall& c) {
-  if (auto m = CheckKeys(c.arguments, {"session"}, "get_context"); !m.empty()) return Error(m);
   if (c.session.empty()) return Error("get_context needs a session");
   std::optional<Context> ctx = contexts_->Get(c.session);
   ToolResult out;
@@ -401,7 +355,6 @@ ToolResult Tools::GetContext(const ToolCall& c) {
 }
 
 ToolResult Tools::ModelInfo(const ToolCall& c) {
-  if (auto m = CheckKeys(c.arguments, {}, "model_info"); !m.empty()) return Error(m);
   const RouterStats rs = router_->stats();
   json workers = json::array(), labels = json::array(), tables = json::array();
   for (const WorkerInfo& w : pool_->Workers()) {

@@ -1,8 +1,9 @@
 // Tools: the MCP tools the bridge serves (infer, learn, set_context, append_context,
-// clear_context, get_context, model_info), their JSON schemas, argument validation and
-// execution through the Backend. Invalid arguments and worker errors become results
-// with is_error and a message saying what is wrong (MCP: isError results, so an agent
-// can correct itself). Thread-safe.
+// clear_context, get_context, model_info), each declared once with its schema and
+// handler (a table, as the SDK's registerTool): arguments the schema does not name are
+// refused from it, then the handler checks values and runs through the Backend. Invalid
+// arguments and worker errors become results with is_error and a message saying what is
+// wrong (MCP: isError results, so an agent can correct itself). Thread-safe.
 #ifndef ONLINEPS_MCP_BRIDGE_TOOLS_H_
 #define ONLINEPS_MCP_BRIDGE_TOOLS_H_
 
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -67,11 +69,23 @@ class Tools {
   const nlohmann::json& List() const { return list_; }
   bool Has(const std::string& name) const;
   ToolResult Call(const ToolCall& call);
+  // Whether a call of `name` with `arguments` sends progress (a learn of several
+  // examples), so wants a streamed response when the client asked for progress.
+  bool SendsProgress(const std::string& name, const nlohmann::json& arguments) const;
 
  private:
+  struct Entry {
+    nlohmann::json declaration;
+    ToolResult (Tools::*run)(const ToolCall&);
+    std::set<std::string> arguments;  // the names inputSchema.properties declares
+  };
+
+  const Entry* Find(const std::string& name) const;
   ToolResult Infer(const ToolCall& c);
   ToolResult Learn(const ToolCall& c);
-  ToolResult SetContext(const ToolCall& c, bool append);
+  ToolResult SetContext(const ToolCall& c);
+  ToolResult AppendContext(const ToolCall& c);
+  ToolResult StoreContext(const ToolCall& c, bool append);
   ToolResult ClearContext(const ToolCall& c);
   ToolResult GetContext(const ToolCall& c);
   ToolResult ModelInfo(const ToolCall& c);
@@ -82,6 +96,7 @@ class Tools {
   ContextStore* const contexts_;
   WorkerPool* const pool_;
   Router* const router_;
+  std::vector<Entry> entries_;
   nlohmann::json list_;
 
   Mutex mu_;                                        // staleness statistics from learn replies

@@ -1,5 +1,6 @@
 # MCP conformance suite (npm @modelcontextprotocol/conformance, pinned in tests/conformance/run.sh)
-# against the real bridge with --test-fixtures, a PS shard and a worker; one test per spec
+# against the bridge serving the suite's fixtures (onlineps_mcp_bridge_fixtures, testing/), a PS
+# shard and a worker; one test per spec
 # revision, each with its baseline tests/conformance/expected-failures-<revision>.yml. Needs node
 # and npx on PATH and the npm registry (or a filled npm cache); the suite runs on the npm package
 # node@22. Shares the switch of the MCP client tests: -DONLINEPS_MCP_CLIENT_TESTS=OFF leaves these

@@ -3,7 +3,7 @@
 # regression inputs they found replay through the same entry points with g++.
 add_library(onlineps_fuzz_entries STATIC ${CMAKE_SOURCE_DIR}/fuzz/wire_entry.cc
             ${CMAKE_SOURCE_DIR}/fuzz/mcp_entry.cc ${CMAKE_SOURCE_DIR}/fuzz/trace_entry.cc)
-target_link_libraries(onlineps_fuzz_entries PUBLIC onlineps_ps onlineps_mcp_bridge
+target_link_libraries(onlineps_fuzz_entries PUBLIC onlineps_ps onlineps_mcp_fixtures
                       onlineps_replay_trace)
 onlineps_test(fuzz_regression_test onlineps_fuzz_entries onlineps_worker_core)
 target_compile_definitions(fuzz_regression_test PRIVATE

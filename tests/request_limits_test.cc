@@ -111,18 +111,22 @@ TEST(RequestLimitsTest, ExamplesOfRefusesOverLimitRequestsAndKeepsTheirTexts) {
 
 TEST(RequestLimitsTest, ARequestAtEveryLimitAtOnceIsAccepted) {
   const RequestLimits l = Small();
-  // 4 examples of 64 bytes, 5 words each: 20 words.
-  const std::string text = "aaaaaaaaaaaa bbbbbbbbbbbb cccccccccccc dddddddddddd eeeeeeeeeeee";
+  // 4 examples (the batch limit): two texts of 64 bytes and 10 words each (20 words in
+  // all), and two of 8 features. An example has text or features, never both
+  // (worker/examples.h).
+  const std::string text = "aaaaa bbbbb ccccc ddddd eeeee fffff ggggg hhhhh iiiii jjjjjjjjjj";
   ASSERT_EQ(text.size(), 64u);
+  ASSERT_EQ(CountWords(text), 10u);
   json examples = json::array();
-  for (int i = 0; i < 4; ++i) {
-    examples.push_back({{"text", text}, {"features", std::vector<float>(8, 0.5f)}, {"label", 1}});
+  for (int i = 0; i < 2; ++i) examples.push_back({{"text", text}, {"label", 1}});
+  for (int i = 0; i < 2; ++i) {
+    examples.push_back({{"features", std::vector<float>(8, 0.5f)}, {"label", 1}});
   }
   json body = {{"examples", examples}};
   auto r = ExamplesOf(body, kLabels, /*need_labels=*/true, l);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_EQ(r->size(), 4u);
-  EXPECT_EQ((*r)[3].text, text);
+  EXPECT_EQ((*r)[1].text, text);
   EXPECT_EQ((*r)[3].features.size(), 8u);
   EXPECT_EQ((*r)[3].label, 1);
 }

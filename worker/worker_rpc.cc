@@ -7,6 +7,7 @@
 
 #include "common/json_depth.h"
 #include "worker/body_scan.h"
+#include "worker/examples.h"
 
 namespace onlineps::worker {
 namespace {
@@ -79,47 +80,20 @@ constexpr size_t kMaxContextFeatures = 1 << 20;
 // the recursive msgpack parser far from the end of the stack.
 constexpr size_t kMaxBodyDepth = 64;
 
-// The sizes of one example against `limits`, adding its words to `*words`. Reads sizes
-// and scans text; copies nothing.
-Status CheckExampleSizes(const json& e, const std::string& where, const RequestLimits& limits,
-                         size_t* words) {
-  if (!e.is_object()) return Status::Ok();  // ExampleOf names the error
-  const auto text = e.find("text");
-  if (text != e.end() && text->is_string()) {
-    const auto& s = text->get_ref<const std::string&>();
-    ONLINEPS_RETURN_IF_ERROR(CheckTextBytes(s.size(), where + ".text", limits));
-    *words += CountWords(s);
-  }
-  const auto features = e.find("features");
-  if (features != e.end() && (features->is_array() || features->is_binary())) {
-    const size_t n =
-        features->is_array() ? features->size() : features->get_binary().size() / sizeof(float);
-    ONLINEPS_RETURN_IF_ERROR(CheckFeatureCount(n, where + ".features", limits));
-  }
-  return Status::Ok();
-}
-
+// One example CheckExamples accepted, decoded: its text moved out of `e`, its features
+// as floats, its label resolved against `labels`.
 StatusOr<Example> ExampleOf(json& e, const std::string& where,
                             const std::vector<std::string>& labels, bool need_labels) {
-  if (!e.is_object()) return Invalid(where + " must be a map");
   Example ex;
-  const auto text = e.find("text");
-  const auto features = e.find("features");
-  if (text == e.end() && features == e.end()) {
-    return Invalid(where + " needs \"text\" or \"features\"");
-  }
-  if (text != e.end()) {
-    if (!text->is_string()) return Invalid(where + ".text must be a string");
+  if (const auto text = e.find("text"); text != e.end()) {
     ex.text = std::move(text->get_ref<std::string&>());
   }
-  if (features != e.end()) {
-    // CheckExampleSizes has bounded the count.
+  if (const auto features = e.find("features"); features != e.end()) {
+    // CheckExamples has bounded the count.
     ONLINEPS_ASSIGN_OR_RETURN(ex.features, FloatsOf(*features, where + ".features", SIZE_MAX));
   }
-  const auto label = e.find("label");
-  if (need_labels && label == e.end()) return Invalid(where + " needs a \"label\"");
   if (need_labels) {
-    ONLINEPS_ASSIGN_OR_RETURN(ex.label, LabelOf(*label, where + ".label", labels));
+    ONLINEPS_ASSIGN_OR_RETURN(ex.label, LabelOf(e["label"], where + ".label", labels));
   }
   return ex;
 }
@@ -222,28 +196,19 @@ StatusOr<std::string> SessionOf(const json& body, size_t max_bytes) {
 
 StatusOr<std::vector<Example>> ExamplesOf(json& body, const std::vector<std::string>& labels,
                                           bool need_labels, const RequestLimits& limits) {
-  std::vector<Example> out;
+  ExampleRule rule;
+  rule.labelled = need_labels;
+  rule.limits = limits;
   size_t words = 0;
-  const auto it = body.find("examples");
-  if (it == body.end()) {
-    ONLINEPS_RETURN_IF_ERROR(CheckExampleSizes(body, "request", limits, &words));
-    ONLINEPS_RETURN_IF_ERROR(CheckTokens(words, limits));
-    ONLINEPS_ASSIGN_OR_RETURN(Example e, ExampleOf(body, "request", labels, need_labels));
-    out.push_back(std::move(e));
-    return out;
-  }
-  if (!it->is_array()) return Invalid("\"examples\" must be an array");
-  if (it->empty()) return Invalid("\"examples\" is empty");
-  ONLINEPS_RETURN_IF_ERROR(CheckBatchSize(it->size(), limits));
-  for (size_t i = 0; i < it->size(); ++i) {
-    ONLINEPS_RETURN_IF_ERROR(
-        CheckExampleSizes((*it)[i], "examples[" + std::to_string(i) + "]", limits, &words));
-  }
+  ONLINEPS_RETURN_IF_ERROR(CheckExamples(body, rule, &words));
   ONLINEPS_RETURN_IF_ERROR(CheckTokens(words, limits));
-  out.reserve(it->size());
-  for (size_t i = 0; i < it->size(); ++i) {
-    ONLINEPS_ASSIGN_OR_RETURN(
-        Example e, ExampleOf((*it)[i], "examples[" + std::to_string(i) + "]", labels, need_labels));
+  const bool batch = body.contains("examples");
+  std::vector<json*> examples = ExamplesIn(body);
+  std::vector<Example> out;
+  out.reserve(examples.size());
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const std::string where = batch ? "examples[" + std::to_string(i) + "]" : rule.top_level;
+    ONLINEPS_ASSIGN_OR_RETURN(Example e, ExampleOf(*examples[i], where, labels, need_labels));
     out.push_back(std::move(e));
   }
   return out;

@@ -32,11 +32,10 @@ std::string EncodeBody(const nlohmann::json& body);
 
 // "session": optional string (default ""), at most `max_bytes`.
 StatusOr<std::string> SessionOf(const nlohmann::json& body, size_t max_bytes);
-// "examples": array of {"text": str} or {"features": [number]}, plus "label" (string
-// naming one of `labels`, or its index) when `need_labels`. A body with "text" or
-// "features" at top level is one example. Sizes are checked against `limits` before
-// anything is copied; texts are moved out of `body`. Errors: kInvalidArgument naming
-// the field, kTooLarge naming the limit.
+// The examples of an infer (learn: `need_labels`) body, by the rule of worker/examples.h
+// (CheckExamples, then --max-tokens), with labels resolved against `labels`. Everything
+// is checked before anything is copied; texts are moved out of `body`. Errors:
+// kInvalidArgument naming the field, kTooLarge naming the limit.
 StatusOr<std::vector<Example>> ExamplesOf(nlohmann::json& body,
                                           const std::vector<std::string>& labels, bool need_labels,
                                           const RequestLimits& limits);

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs the MCP conformance suite (@modelcontextprotocol/conformance, pinned below) for one spec
-# revision against the real bridge serving its test fixtures (--test-fixtures), with one PS shard
+# revision against the bridge serving the suite's fixtures (onlineps_mcp_bridge_fixtures, a
+# test-only build of onlineps_mcp_bridge: testing/mcp_fixtures/), with one PS shard
 # and one worker behind it, all on ephemeral loopback ports. Everything started here is killed
 # on exit.
 # Usage: tests/conformance/run.sh REVISION    (2025-11-25 | 2026-07-28)
-#   ONLINEPS_BIN_DIR: where onlineps_ps, onlineps_worker and onlineps_mcp_bridge are
+#   ONLINEPS_BIN_DIR: where onlineps_ps, onlineps_worker and onlineps_mcp_bridge_fixtures are
 #                     (default: build/bin of this checkout).
 # Exit code: the suite's. The baseline is expected-failures-REVISION.yml next to this script:
 # an unexpected failure or warning fails the run, and so does a baseline entry that now passes.
@@ -26,7 +27,7 @@ case "$revision" in
 esac
 bin_dir=${ONLINEPS_BIN_DIR:-$here/../../build/bin}
 baseline=$here/expected-failures-$revision.yml
-for tool in onlineps_ps onlineps_worker onlineps_mcp_bridge; do
+for tool in onlineps_ps onlineps_worker onlineps_mcp_bridge_fixtures; do
   if [[ ! -x $bin_dir/$tool ]]; then
     echo "run.sh: $bin_dir/$tool not found (build the project or set ONLINEPS_BIN_DIR)" >&2
     exit 1
@@ -95,8 +96,8 @@ start ps "$bin_dir/onlineps_ps" --shard-index 0 --num-shards 1 --listen tcp://12
   --admin-port -1
 start worker "$bin_dir/onlineps_worker" --ps "$endpoint" --listen tcp://127.0.0.1:0 --model text \
   --labels negative,positive --admin-port -1
-start bridge "$bin_dir/onlineps_mcp_bridge" --workers "$endpoint" --host 127.0.0.1 --port 0 \
-  --admin-port -1 --test-fixtures
+start bridge "$bin_dir/onlineps_mcp_bridge_fixtures" --workers "$endpoint" --host 127.0.0.1 \
+  --port 0 --admin-port -1
 url=$endpoint
 
 # From an empty directory, so npx finds no package.json of this checkout.

@@ -1,10 +1,7 @@
-// Test fixtures only: the tools, resources, prompts and completions that the MCP
-// conformance suite (npm @modelcontextprotocol/conformance) calls by fixed names, each
-// as its scenario describes it (test_simple_text, test://static-text,
-// test_simple_prompt, ...). Served only with --test-fixtures; production tools never
-// depend on this file. Everything here is immutable after construction, so the hooks
-// are thread-safe.
-#include "mcp_bridge/fixtures.h"
+// Each fixture as its conformance scenario describes it (test_simple_text,
+// test://static-text, test_simple_prompt, ...). Everything here but the pending client
+// requests is immutable, so the handlers are thread-safe.
+#include "testing/mcp_fixtures/conformance_fixtures.h"
 
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -12,12 +9,29 @@
 #include <thread>
 #include <vector>
 
-#include "mcp_bridge/mcp_server.h"
+#include "testing/mcp_fixtures/client_requests.h"
 
-namespace onlineps::bridge {
+namespace onlineps::testing {
 namespace {
 
+using bridge::CallContext;
+using bridge::kInvalidParams;
+using bridge::Outcome;
+using bridge::Revisions;
 using nlohmann::json;
+
+// What a fixture tool sees of its call.
+struct FixtureContext {
+  // Sends a notification on this request's stream (null when it has none).
+  std::function<void(const json&)> notify;
+  json progress_token;       // null when the request asked for no progress
+  std::string log_level;     // the session's logging/setLevel level; "" when unset
+  json client_capabilities;  // from initialize (legacy) or _meta (stateless)
+  // Sends a request to the client on this request's stream and waits for its response.
+  std::function<StatusOr<json>(const std::string& method, const json& params)> ask_client;
+};
+
+using FixtureReply = Outcome;
 
 // A 1x1 red RGBA PNG.
 constexpr char kPngBase64[] =
@@ -45,9 +59,9 @@ json Cacheable(json result) {
   return result;
 }
 
-FixtureReply Reply(json result) { return {std::move(result), 0, "", nullptr}; }
+FixtureReply Reply(json result) { return Outcome::Ok(std::move(result)); }
 FixtureReply InvalidParams(const std::string& message, json data = nullptr) {
-  return {json(), kInvalidParams, message, std::move(data)};
+  return Outcome::Error(kInvalidParams, message, std::move(data));
 }
 
 json ObjectSchema(json properties = json::object(), json required = json::array()) {
@@ -571,62 +585,78 @@ FixtureReply Complete(const json& params) {
 struct FixtureMethod {
   const char* method;
   FixtureReply (*handle)(const json& params);
+  Revisions revisions;
 };
 
+// resources/subscribe is not part of 2026-07-28 (subscriptions/listen replaces it).
 constexpr FixtureMethod kMethods[] = {
-    {"resources/list", ListResources},
-    {"resources/templates/list", ListTemplates},
-    {"resources/read", ReadResource},
-    {"resources/subscribe", Subscription},
-    {"resources/unsubscribe", Subscription},
-    {"prompts/list", ListPrompts},
-    {"prompts/get", GetPrompt},
-    {"completion/complete", Complete},
+    {"resources/list", ListResources, Revisions::kBoth},
+    {"resources/templates/list", ListTemplates, Revisions::kBoth},
+    {"resources/read", ReadResource, Revisions::kBoth},
+    {"resources/subscribe", Subscription, Revisions::kStateful},
+    {"resources/unsubscribe", Subscription, Revisions::kStateful},
+    {"prompts/list", ListPrompts, Revisions::kBoth},
+    {"prompts/get", GetPrompt, Revisions::kBoth},
+    {"completion/complete", Complete, Revisions::kBoth},
 };
 
-class ConformanceFixtures : public Fixtures {
- public:
-  json Tools() const override {
-    json list = json::array();
-    for (const FixtureTool& t : ToolTable()) {
-      list.push_back(
-          {{"name", t.name}, {"description", t.description}, {"inputSchema", t.input_schema()}});
-    }
-    return list;
-  }
+json Capabilities() {
+  return {{"resources", {{"subscribe", true}, {"listChanged", false}}},
+          {"prompts", {{"listChanged", false}}},
+          {"completions", json::object()}};
+}
 
-  bool HasTool(const std::string& name) const override { return FindTool(name) != nullptr; }
-
-  bool ToolStreams(const std::string& name) const override {
-    const FixtureTool* t = FindTool(name);
-    return t && t->streams;
+Outcome CallFixture(const FixtureTool& t, const json& args, const CallContext& ctx,
+                    ClientRequests* asks) {
+  FixtureContext f;
+  f.notify = ctx.request->notify;
+  f.progress_token = ctx.progress_token;
+  f.log_level = ctx.session.log_level;
+  f.client_capabilities = ctx.client_capabilities;
+  const bridge::Request* req = ctx.request;
+  f.ask_client = [req, asks](const std::string& method, const json& params) {
+    return asks->Ask(*req, method, params);
+  };
+  try {
+    return Outcome::Ok(t.call(args, f));
+  } catch (const std::exception& e) {
+    return Outcome::Ok(
+        {{"content", {{{"type", "text"}, {"text", std::string("fixture: ") + e.what()}}}},
+         {"isError", true}});
   }
-
-  json CallTool(const std::string& name, const json& arguments,
-                const FixtureContext& ctx) override {
-    const FixtureTool* t = FindTool(name);
-    if (!t) return ToolError("Unknown fixture tool: " + name);
-    return t->call(arguments.is_object() ? arguments : json::object(), ctx);
-  }
-
-  std::optional<FixtureReply> Handle(const std::string& method, const json& params) override {
-    for (const FixtureMethod& m : kMethods) {
-      if (method == m.method) return m.handle(params.is_object() ? params : json::object());
-    }
-    return std::nullopt;
-  }
-
-  json Capabilities() const override {
-    return {{"resources", {{"subscribe", true}, {"listChanged", false}}},
-            {"prompts", {{"listChanged", false}}},
-            {"completions", json::object()}};
-  }
-};
+}
 
 }  // namespace
 
-std::unique_ptr<Fixtures> NewConformanceFixtures() {
-  return std::make_unique<ConformanceFixtures>();
+ConformanceFixtures::ConformanceFixtures() : asks_(std::make_unique<ClientRequests>()) {}
+
+ConformanceFixtures::~ConformanceFixtures() = default;
+
+std::unique_ptr<ConformanceFixtures> ConformanceFixtures::Install(bridge::McpServer* server) {
+  std::unique_ptr<ConformanceFixtures> f(new ConformanceFixtures());
+  ClientRequests* asks = f->asks_.get();
+  for (const FixtureTool& t : ToolTable()) {
+    bridge::ToolDefinition d;
+    d.declaration = {
+        {"name", t.name}, {"description", t.description}, {"inputSchema", t.input_schema()}};
+    d.handler = [&t, asks](const json& args, const CallContext& ctx) {
+      return CallFixture(t, args, ctx, asks);
+    };
+    const bool streams = t.streams;
+    d.streams = [streams](const json&) { return streams; };
+    server->RegisterTool(std::move(d));
+  }
+  for (const FixtureMethod& m : kMethods) {
+    auto handle = m.handle;
+    server->RegisterMethod(m.method, m.revisions, [handle](const json& params, const CallContext&) {
+      return handle(params);
+    });
+  }
+  server->AddCapabilities(Capabilities());
+  server->SetResponseHandler([asks](const json& response, const std::string& session_id) {
+    asks->Deliver(response, session_id);
+  });
+  return f;
 }
 
-}  // namespace onlineps::bridge
+}  // namespace onlineps::testing

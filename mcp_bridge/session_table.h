@@ -1,0 +1,107 @@
+// SessionTable: the MCP sessions of the stateful revisions (2025-03-26 / 2025-06-18 /
+// 2025-11-25): bounded, idle-expired, bound to the caller's identity, with the calls in
+// flight on each (for notifications/cancelled). With Persist, sessions are kept in the
+// state directory and survive a restart. Ending a session's contexts is the caller's
+// job: the methods that end sessions return their keys (KeyOf). Thread-safe; no method
+// blocks on anything but its own mutex and the state directory.
+#ifndef ONLINEPS_MCP_BRIDGE_SESSION_TABLE_H_
+#define ONLINEPS_MCP_BRIDGE_SESSION_TABLE_H_
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "mcp_bridge/state_dir.h"
+
+namespace onlineps::bridge {
+
+// What a request's handlers see of its session.
+struct SessionView {
+  std::string version;    // the negotiated protocol revision
+  std::string log_level;  // set by logging/setLevel; "" sends no log messages
+  nlohmann::json client_capabilities = nlohmann::json::object();
+};
+
+class SessionTable {
+ public:
+  SessionTable(size_t max_sessions, std::chrono::milliseconds idle);
+
+  // "<principal>/" ("" without one): the prefix of every routing key of that identity.
+  static std::string PrefixOf(const std::string& principal);
+  // The routing and context key of a session: PrefixOf(principal) + "m:" + id.
+  static std::string KeyOf(const std::string& principal, const std::string& session_id);
+
+  // Loads the sessions saved in `dir` (those idle past `idle` are dropped) and saves
+  // every new session there, before its id reaches the client. Returns how many are
+  // held. Call before serving; `dir` outlives the table.
+  size_t Persist(StateDir* dir);
+
+  // A new session (a fresh random id, never a client-chosen one). Sweeps idle sessions
+  // first when full or every 10 s, appending the ended keys to `*ended`. Errors:
+  // kResourceExhausted (full) or kUnavailable (not saved), with the message to send.
+  StatusOr<std::string> Create(const std::string& principal, const std::string& version,
+                               nlohmann::json client_capabilities, std::vector<std::string>* ended);
+  // The live session `id` of `principal`, marked used; nullopt when there is none (404).
+  std::optional<SessionView> Use(const std::string& id, const std::string& principal);
+  // The session `id` as it is, without marking it used; nullopt when there is none.
+  std::optional<SessionView> Peek(const std::string& id) const;
+  bool Has(const std::string& id, const std::string& principal) const;
+  // Sets the logging/setLevel level; an error when it could not be saved (it holds until
+  // a restart then).
+  Status SetLogLevel(const std::string& id, const std::string& level);
+  // Ends session `id` of `principal`, cancelling its calls in flight; false when there
+  // is no such session.
+  bool End(const std::string& id, const std::string& principal);
+  // Ends the sessions idle past `idle`; returns their keys.
+  std::vector<std::string> ExpireIdle();
+
+  // Registers call `request_id` of session `id` and returns its cancel flag. Errors:
+  // kNotFound (no session), kResourceExhausted (1024 calls in flight).
+  StatusOr<std::shared_ptr<std::atomic<bool>>> BeginCall(const std::string& id,
+                                                         const std::string& request_id);
+  void EndCall(const std::string& id, const std::string& request_id);
+  // Sets the cancel flag of call `request_id` of session `id`, if it is in flight.
+  void Cancel(const std::string& id, const std::string& request_id);
+
+  size_t size() const;
+
+ private:
+  struct Session {
+    std::string principal;
+    SessionView view;
+    std::chrono::steady_clock::time_point used;
+    std::chrono::steady_clock::time_point touched;  // last use the state directory knows of
+    std::map<std::string, std::shared_ptr<std::atomic<bool>>> inflight;  // request id -> cancel
+  };
+
+  std::vector<std::string> Sweep();  // REQUIRES: mu_; returns the ended session keys
+  // The live or restored session of that id (a restored one moves to sessions_); null
+  // when there is none.
+  Session* Find(const std::string& id);                   // REQUIRES: mu_
+  const Session* FindConst(const std::string& id) const;  // REQUIRES: mu_
+  size_t CountLocked() const;                             // REQUIRES: mu_
+  Status Save(const std::string& id);                     // the session's record to dir_
+
+  // Immutable after construction (dir_: after Persist, before serving).
+  const size_t max_sessions_;
+  const std::chrono::milliseconds idle_;
+  StateDir* dir_ = nullptr;
+
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, Session> sessions_;  // guarded by mu_
+  // Loaded from dir_ and unused since, by StateDir::HashOf(id); Find moves them.
+  std::unordered_map<std::string, Session> restored_;  // guarded by mu_
+  std::chrono::steady_clock::time_point last_sweep_;   // guarded by mu_
+};
+
+}  // namespace onlineps::bridge
+
+#endif  // ONLINEPS_MCP_BRIDGE_SESSION_TABLE_H_

@@ -1,0 +1,167 @@
+#include "mcp_bridge/tool_call_adapter.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "mcp_bridge/session_table.h"
+
+namespace onlineps::bridge {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+int64_t Micros(Clock::duration d) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+}
+
+json CallToolResult(const ToolResult& result) {
+  if (result.is_error) {
+    return {{"content", {{{"type", "text"}, {"text", result.error}}}}, {"isError", true}};
+  }
+  return {{"content",
+           {{{"type", "text"},
+             {"text", result.structured.dump(-1, ' ', false, json::error_handler_t::replace)}}}},
+          {"structuredContent", result.structured},
+          {"isError", false}};
+}
+
+}  // namespace
+
+ToolCallAdapter::ToolCallAdapter(ToolCallAdapterOptions options, Tools* tools, Recorder* recorder)
+    : options_(options), tools_(tools), recorder_(recorder) {}
+
+std::vector<ToolDefinition> ToolCallAdapter::Definitions() {
+  std::vector<ToolDefinition> out;
+  for (const json& declaration : tools_->List()) {
+    const std::string name = declaration["name"];
+    ToolDefinition d;
+    d.declaration = declaration;
+    d.handler = [this, name](const json& arguments, const CallContext& ctx) {
+      return Call(name, arguments, ctx);
+    };
+    d.streams = [this, name](const json& params) {
+      const json meta = params.value("_meta", json::object());
+      if (!meta.is_object() || !meta.contains("progressToken")) return false;
+      const json args = params.value("arguments", json::object());
+      return args.is_object() && tools_->SendsProgress(name, args);
+    };
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+Outcome ToolCallAdapter::Call(const std::string& name, const json& arguments,
+                              const CallContext& ctx) {
+  const auto start = Clock::now();
+  auto admitted = start, released = start;  // the span the call held its session
+  const Request& req = *ctx.request;
+  ToolCall call;
+  call.name = name;
+  call.arguments = arguments;
+  ToolResult result;
+  bool bad_session = false;
+  if (auto s = arguments.find("session"); s != arguments.end()) {
+    std::string problem = s->is_string() ? CheckSessionName(*s) : "session must be a string";
+    if (!problem.empty()) {
+      result.is_error = bad_session = true;
+      result.error = problem;
+    } else {
+      call.session = SessionTable::PrefixOf(req.principal) + "s:" + s->get<std::string>();
+    }
+  } else {
+    call.session = ctx.session_key;  // "" when stateless: no session
+  }
+  // Stateless handles are chosen by the client: a new one per call must not dodge the
+  // limit, so stateless calls are limited per identity.
+  if (!Allow(req.stateless ? "identity|" + req.principal : "session|" + req.session_id)) {
+    return Outcome::Error(kServerError,
+                          "rate limit: more than " + std::to_string(options_.rate_limit) +
+                              " calls/s on this session (--rate-limit); slow down and retry",
+                          nullptr, 429);
+  }
+  const json token = ctx.progress_token;
+  if (req.notify && (token.is_string() || token.is_number_integer())) {
+    call.progress = [&req, token](double p, double total, const std::string& msg) {
+      req.notify(
+          {{"jsonrpc", "2.0"},
+           {"method", "notifications/progress"},
+           {"params",
+            {{"progressToken", token}, {"progress", p}, {"total", total}, {"message", msg}}}});
+    };
+  }
+  call.cancelled = ctx.cancelled;
+  if (!bad_session) {
+    // Calls of one session run one at a time, in the order they arrived. Calls without a
+    // session share nothing, so they take no gate.
+    std::optional<CallGate::Ticket> turn;
+    if (!call.session.empty()) turn.emplace(&gate_, call.session);
+    admitted = Clock::now();
+    result = Run(call);
+    released = Clock::now();
+  }
+  Trace(call, result, start, admitted, released);
+  return Outcome::Ok(CallToolResult(result));
+}
+
+ToolResult ToolCallAdapter::Run(const ToolCall& call) {
+  ToolResult result;
+  try {
+    return tools_->Call(call);
+  } catch (const std::exception& e) {  // nothing may escape into the transport's threads
+    result.error = std::string("internal error: ") + e.what();
+  } catch (...) {
+    result.error = "internal error";
+  }
+  result.is_error = true;
+  return result;
+}
+
+void ToolCallAdapter::Trace(const ToolCall& call, const ToolResult& result, Clock::time_point start,
+                            Clock::time_point admitted, Clock::time_point released) {
+  if (!recorder_ && !observer_) return;
+  const auto end = Clock::now();
+  TraceRecord rec;
+  rec.session = call.session;
+  rec.tool = call.name;
+  rec.arguments = call.arguments;
+  rec.is_error = result.is_error;
+  rec.summary = result.is_error ? result.error : result.summary;
+  rec.worker = result.worker;
+  rec.version = result.version;
+  rec.tau = result.tau;
+  rec.latency_us = Micros(end - start);
+  rec.end_steady_us = Micros(end.time_since_epoch());
+  rec.wait_us = Micros(admitted - start);
+  rec.run_us = Micros(released - admitted);
+  if (recorder_) recorder_->Record(rec);
+  if (observer_) observer_(rec);
+}
+
+bool ToolCallAdapter::Allow(const std::string& key) {
+  if (options_.rate_limit <= 0) return true;
+  std::lock_guard<std::mutex> lock(rate_mu_);
+  const auto now = Clock::now();
+  if (buckets_.size() > 2 * options_.max_sessions) {
+    // Bounded: drop the buckets that have refilled anyway (idle callers), not everyone's.
+    for (auto it = buckets_.begin(); it != buckets_.end();) {
+      const double idle_s = std::chrono::duration<double>(now - it->second.at).count();
+      if (it->second.tokens + idle_s * options_.rate_limit >= options_.rate_burst) {
+        it = buckets_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  auto [it, fresh] = buckets_.try_emplace(key, Bucket{options_.rate_burst, now});
+  Bucket& b = it->second;
+  const double dt = std::chrono::duration<double>(now - b.at).count();
+  b.tokens = std::min(options_.rate_burst, b.tokens + dt * options_.rate_limit);
+  b.at = now;
+  if (b.tokens < 1) return false;
+  b.tokens -= 1;
+  return true;
+}
+
+}  // namespace onlineps::bridge

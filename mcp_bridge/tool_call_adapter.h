@@ -1,0 +1,70 @@
+// ToolCallAdapter: serves the bridge's Tools as McpServer tools. Per call: the "session"
+// argument (a client-chosen handle) or else the MCP session as the routing key, the
+// per-session rate limit (per identity when stateless), per-session order (CallGate),
+// progress notifications, the exception barrier, the CallToolResult (structured content
+// plus its text, or isError) and the trace record. `tools` and `recorder` (may be null)
+// outlive the adapter. Thread-safe; a call blocks while its session runs another.
+#ifndef ONLINEPS_MCP_BRIDGE_TOOL_CALL_ADAPTER_H_
+#define ONLINEPS_MCP_BRIDGE_TOOL_CALL_ADAPTER_H_
+
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "mcp_bridge/call_gate.h"
+#include "mcp_bridge/mcp_server.h"
+#include "mcp_bridge/recorder.h"
+#include "mcp_bridge/tools.h"
+
+namespace onlineps::bridge {
+
+struct ToolCallAdapterOptions {
+  double rate_limit = 0;  // calls per second per session; 0: off
+  double rate_burst = 20;
+  size_t max_sessions = 10000;  // the rate buckets kept are bounded by twice this
+};
+
+class ToolCallAdapter {
+ public:
+  ToolCallAdapter(ToolCallAdapterOptions options, Tools* tools, Recorder* recorder);
+
+  // One definition per tool of `tools`, in tools/list order; their handlers use this.
+  std::vector<ToolDefinition> Definitions();
+  // Called after every call with its trace record. Call before serving.
+  void SetObserver(std::function<void(const TraceRecord&)> observer) {
+    observer_ = std::move(observer);
+  }
+
+ private:
+  struct Bucket {
+    double tokens = 0;
+    std::chrono::steady_clock::time_point at;
+  };
+
+  Outcome Call(const std::string& name, const nlohmann::json& arguments, const CallContext& ctx);
+  ToolResult Run(const ToolCall& call);  // Tools::Call behind the exception barrier
+  bool Allow(const std::string& key);
+  void Trace(const ToolCall& call, const ToolResult& result,
+             std::chrono::steady_clock::time_point start,
+             std::chrono::steady_clock::time_point admitted,
+             std::chrono::steady_clock::time_point released);
+
+  // Immutable after construction (observer_: before serving).
+  const ToolCallAdapterOptions options_;
+  Tools* const tools_;
+  Recorder* const recorder_;
+  std::function<void(const TraceRecord&)> observer_;
+
+  CallGate gate_;  // thread-safe
+
+  std::mutex rate_mu_;
+  std::unordered_map<std::string, Bucket> buckets_;  // guarded by rate_mu_; bounded
+};
+
+}  // namespace onlineps::bridge
+
+#endif  // ONLINEPS_MCP_BRIDGE_TOOL_CALL_ADAPTER_H_
