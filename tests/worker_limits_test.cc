@@ -179,8 +179,8 @@ TEST_F(WorkerLimitsTest, TextWorkerServesTheLargestAllowedRequestWithinTheBound)
   std::string context;
   while (context.size() + 2 <= 16 * 1024) context += "c ";
   ASSERT_TRUE(client_->Call(Op::kContextSet, {{"session", "s"}, {"text", context}}).ok());
-  json with_context = learn;
-  with_context["session"] = "s";
+  json infer_in_context = infer, learn_in_context = learn;
+  infer_in_context["session"] = learn_in_context["session"] = "s";
   struct Step {
     const char* what;
     Op op;
@@ -191,8 +191,8 @@ TEST_F(WorkerLimitsTest, TextWorkerServesTheLargestAllowedRequestWithinTheBound)
       {"text learn: the same, labelled", Op::kLearn, &learn},
       {"text infer: the same, again", Op::kInfer, &infer},
       {"text learn: the same, again", Op::kLearn, &learn},
-      {"text infer: the same, in a session with a 16 KiB context", Op::kInfer, &with_context},
-      {"text learn: the same, in a session with a 16 KiB context", Op::kLearn, &with_context},
+      {"text infer: the same, in a session with a 16 KiB context", Op::kInfer, &infer_in_context},
+      {"text learn: the same, in a session with a 16 KiB context", Op::kLearn, &learn_in_context},
       {"text infer: the same, again", Op::kInfer, &infer},
       {"text learn: the same, again", Op::kLearn, &learn},
   };
@@ -286,14 +286,15 @@ TEST_F(WorkerLimitsTest, MlpWorkerServesTheLargestAllowedRequestsWithinTheBound)
   const RequestLimits l;
   const json normal = {{"features", std::vector<float>(64, 0.5f)}};
   ExpectServesNormalInfer(normal);
-  json batch = json::array();
+  json batch = json::array(), labelled = json::array();
   for (size_t e = 0; e < l.max_batch; ++e) {
-    batch.push_back({{"features", std::vector<float>(64, 0.01f * e)}, {"label", e % 2}});
+    batch.push_back({{"features", std::vector<float>(64, 0.01f * e)}});
+    labelled.push_back({{"features", std::vector<float>(64, 0.01f * e)}, {"label", e % 2}});
   }
   for (bool learn : {false, true}) {
     const Measured m =
         Measure(learn ? "mlp learn: 256 x 64 features" : "mlp infer: 256 x 64 features",
-                learn ? Op::kLearn : Op::kInfer, {{"examples", batch}});
+                learn ? Op::kLearn : Op::kInfer, {{"examples", learn ? labelled : batch}});
     ASSERT_TRUE(m.reply.ok()) << m.reply.status().ToString();
     EXPECT_LT(m.peak - m.idle, kMlpRequestBoundMiB * kMiB);
   }
