@@ -5,11 +5,11 @@
 #ifndef ONLINEPS_MCP_BRIDGE_CALL_GATE_H_
 #define ONLINEPS_MCP_BRIDGE_CALL_GATE_H_
 
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <unordered_map>
+
+#include "common/mutex.h"
 
 namespace onlineps::bridge {
 
@@ -35,9 +35,9 @@ class CallGate {
     int users = 0;
   };
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::unordered_map<std::string, Queue> queues_;  // guarded by mu_; erased when unused
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::unordered_map<std::string, Queue> queues_ GUARDED_BY(mu_);  // erased when unused
 };
 
 }  // namespace onlineps::bridge

@@ -100,7 +100,7 @@ StatusOr<std::string> SessionTable::Create(const std::string& principal, const s
                                            std::vector<std::string>* ended) {
   std::string id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (CountLocked() >= max_sessions_ || Clock::now() - last_sweep_ > kSweepEvery) {
       for (std::string& key : Sweep()) ended->push_back(std::move(key));
     }
@@ -117,7 +117,7 @@ StatusOr<std::string> SessionTable::Create(const std::string& principal, const s
   }
   if (Status saved = Save(id); !saved.ok()) {
     spdlog::error("mcp: {}", saved.ToString());
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     sessions_.erase(id);
     return Unavailable("the bridge could not save the new session (" + saved.ToString() +
                        "); try again later");
@@ -129,7 +129,7 @@ std::optional<SessionView> SessionTable::Use(const std::string& id, const std::s
   SessionView view;
   bool touch = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Session* s = Find(id);
     const auto now = Clock::now();
     if (!s || s->principal != principal || now - s->used > idle_) return std::nullopt;
@@ -144,21 +144,21 @@ std::optional<SessionView> SessionTable::Use(const std::string& id, const std::s
 }
 
 std::optional<SessionView> SessionTable::Peek(const std::string& id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return std::nullopt;
   return it->second.view;
 }
 
 bool SessionTable::Has(const std::string& id, const std::string& principal) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const Session* s = FindConst(id);
   return s && s->principal == principal;
 }
 
 Status SessionTable::SetLogLevel(const std::string& id, const std::string& level) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (auto it = sessions_.find(id); it != sessions_.end()) it->second.view.log_level = level;
   }
   return Save(id);
@@ -166,7 +166,7 @@ Status SessionTable::SetLogLevel(const std::string& id, const std::string& level
 
 bool SessionTable::End(const std::string& id, const std::string& principal) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Session* s = Find(id);
     if (!s || s->principal != principal) return false;
     for (auto& [rid, c] : s->inflight) c->store(true);
@@ -178,13 +178,13 @@ bool SessionTable::End(const std::string& id, const std::string& principal) {
 }
 
 std::vector<std::string> SessionTable::ExpireIdle() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return Sweep();
 }
 
 StatusOr<std::shared_ptr<std::atomic<bool>>> SessionTable::BeginCall(
     const std::string& id, const std::string& request_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return NotFound("Session not found");
   if (it->second.inflight.size() >= kMaxInflight) {
@@ -196,12 +196,12 @@ StatusOr<std::shared_ptr<std::atomic<bool>>> SessionTable::BeginCall(
 }
 
 void SessionTable::EndCall(const std::string& id, const std::string& request_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (auto it = sessions_.find(id); it != sessions_.end()) it->second.inflight.erase(request_id);
 }
 
 void SessionTable::Cancel(const std::string& id, const std::string& request_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
   if (auto c = it->second.inflight.find(request_id); c != it->second.inflight.end()) {
@@ -212,7 +212,7 @@ void SessionTable::Cancel(const std::string& id, const std::string& request_id) 
 
 size_t SessionTable::Persist(StateDir* dir) {
   std::vector<StateDir::Record> records = dir->Load(kKind);  // the most recent first
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const auto now = Clock::now();
   for (const StateDir::Record& r : records) {
     const json& v = r.value;
@@ -249,7 +249,7 @@ Status SessionTable::Save(const std::string& id) {
   if (!dir_) return Status::Ok();
   json record;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = sessions_.find(id);
     if (it == sessions_.end()) return Status::Ok();
     const Session& s = it->second;
@@ -261,13 +261,13 @@ Status SessionTable::Save(const std::string& id) {
   const std::string hash = StateDir::HashOf(id);
   ONLINEPS_RETURN_IF_ERROR(dir_->Put(kKind, hash, record));
   // Ended while being written: its removal may have come first.
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!sessions_.count(id)) dir_->Remove(kKind, hash);
   return Status::Ok();
 }
 
 size_t SessionTable::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return CountLocked();
 }
 

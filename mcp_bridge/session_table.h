@@ -11,13 +11,13 @@
 #include <chrono>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "mcp_bridge/state_dir.h"
 
@@ -95,11 +95,11 @@ class SessionTable {
   const std::chrono::milliseconds idle_;
   StateDir* dir_ = nullptr;
 
-  mutable std::mutex mu_;
-  std::unordered_map<std::string, Session> sessions_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::unordered_map<std::string, Session> sessions_ GUARDED_BY(mu_);
   // Loaded from dir_ and unused since, by StateDir::HashOf(id); Find moves them.
-  std::unordered_map<std::string, Session> restored_;  // guarded by mu_
-  std::chrono::steady_clock::time_point last_sweep_;   // guarded by mu_
+  std::unordered_map<std::string, Session> restored_ GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point last_sweep_ GUARDED_BY(mu_);
 };
 
 }  // namespace onlineps::bridge

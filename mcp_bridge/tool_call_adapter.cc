@@ -141,7 +141,7 @@ void ToolCallAdapter::Trace(const ToolCall& call, const ToolResult& result, Cloc
 
 bool ToolCallAdapter::Allow(const std::string& key) {
   if (options_.rate_limit <= 0) return true;
-  std::lock_guard<std::mutex> lock(rate_mu_);
+  MutexLock lock(&rate_mu_);
   const auto now = Clock::now();
   if (buckets_.size() > 2 * options_.max_sessions) {
     // Bounded: drop the buckets that have refilled anyway (idle callers), not everyone's.

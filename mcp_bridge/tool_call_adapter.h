@@ -9,12 +9,12 @@
 
 #include <chrono>
 #include <functional>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "mcp_bridge/call_gate.h"
 #include "mcp_bridge/mcp_server.h"
 #include "mcp_bridge/recorder.h"
@@ -61,8 +61,8 @@ class ToolCallAdapter {
 
   CallGate gate_;  // thread-safe
 
-  std::mutex rate_mu_;
-  std::unordered_map<std::string, Bucket> buckets_;  // guarded by rate_mu_; bounded
+  Mutex rate_mu_;
+  std::unordered_map<std::string, Bucket> buckets_ GUARDED_BY(rate_mu_);  // bounded
 };
 
 }  // namespace onlineps::bridge

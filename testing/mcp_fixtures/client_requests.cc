@@ -18,7 +18,7 @@ StatusOr<json> ClientRequests::Ask(const bridge::Request& req, const std::string
   pending->session_id = req.session_id;
   std::string id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (pending_.size() >= kMaxPending) {
       return ResourceExhausted("too many requests to clients pending");
     }
@@ -29,12 +29,13 @@ StatusOr<json> ClientRequests::Ask(const bridge::Request& req, const std::string
   bool done;
   json response;
   {
-    std::unique_lock<std::mutex> lock(pending->mu);
-    done = pending->cv.wait_for(lock, kWait, [&] { return pending->done; });
+    MutexLock lock(&pending->mu);
+    done = pending->cv.WaitFor(&pending->mu, kWait,
+                               [&]() REQUIRES(pending->mu) { return pending->done; });
     response = pending->response;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     pending_.erase(id);
   }
   if (!done) return DeadlineExceeded("the client did not answer " + method + " within 30 s");
@@ -49,17 +50,17 @@ bool ClientRequests::Deliver(const json& response, const std::string& session_id
   if (!response["id"].is_string()) return false;
   std::shared_ptr<Pending> pending;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = pending_.find(response["id"].get<std::string>());
     if (it == pending_.end() || it->second->session_id != session_id) return false;
     pending = it->second;
   }
   {
-    std::lock_guard<std::mutex> lock(pending->mu);
+    MutexLock lock(&pending->mu);
     pending->response = response;
     pending->done = true;
   }
-  pending->cv.notify_all();
+  pending->cv.SignalAll();
   return true;
 }
 

@@ -5,14 +5,13 @@
 #ifndef ONLINEPS_TESTING_MCP_FIXTURES_CLIENT_REQUESTS_H_
 #define ONLINEPS_TESTING_MCP_FIXTURES_CLIENT_REQUESTS_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "mcp_bridge/mcp_server.h"
 
@@ -31,16 +30,16 @@ class ClientRequests {
 
  private:
   struct Pending {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;        // guarded by mu
-    nlohmann::json response;  // guarded by mu
-    std::string session_id;   // immutable: only that session may answer
+    Mutex mu;
+    CondVar cv;
+    bool done GUARDED_BY(mu) = false;
+    nlohmann::json response GUARDED_BY(mu);
+    std::string session_id;  // immutable: only that session may answer
   };
 
-  std::mutex mu_;
-  std::map<std::string, std::shared_ptr<Pending>> pending_;  // guarded by mu_
-  uint64_t next_ = 1;                                        // guarded by mu_
+  Mutex mu_;
+  std::map<std::string, std::shared_ptr<Pending>> pending_ GUARDED_BY(mu_);
+  uint64_t next_ GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace onlineps::testing
