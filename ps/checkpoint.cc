@@ -5,7 +5,7 @@
 
 #include "common/bytes.h"
 #include "common/file_io.h"
-#include "common/partition.h"
+#include "common/hash.h"
 
 namespace onlineps::ps {
 

@@ -2,3 +2,4 @@
 onlineps_test(config_test onlineps_common)
 onlineps_test(logging_test onlineps_common)
 onlineps_test(admin_server_test onlineps_common)
+onlineps_test(hash_test onlineps_common)
