@@ -40,12 +40,12 @@ Status ReadTable(ByteReader* r, const ShardIdentity& id, const std::string& path
 uint64_t Checksum64(const void* data, size_t size) {
   const auto* p = static_cast<const unsigned char*>(data);
   // Four interleaved FNV-1a lanes: ~4x faster than one on large files.
-  uint64_t h[4] = {0xcbf29ce484222325ULL, 0x84222325cbf29ce4ULL, 0x100000001b3ULL, 0x1b3ULL};
+  uint64_t h[4] = {kFnv64Offset, 0x84222325cbf29ce4ULL, kFnv64Prime, 0x1b3ULL};
   size_t i = 0;
   for (; i + 4 <= size; i += 4) {
-    for (int l = 0; l < 4; ++l) h[l] = (h[l] ^ p[i + l]) * 0x100000001b3ULL;
+    for (int l = 0; l < 4; ++l) h[l] = Fnv1a64Step(h[l], p[i + l]);
   }
-  for (; i < size; ++i) h[0] = (h[0] ^ p[i]) * 0x100000001b3ULL;
+  for (; i < size; ++i) h[0] = Fnv1a64Step(h[0], p[i]);
   return Mix64(h[0] ^ Mix64(h[1] ^ Mix64(h[2] ^ Mix64(h[3] ^ size))));
 }
 
