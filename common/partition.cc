@@ -4,15 +4,6 @@
 
 namespace onlineps {
 
-uint64_t HashString(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
-  }
-  return Mix64(h);
-}
-
 DenseLayout::DenseLayout(std::string_view table, uint64_t total, uint32_t num_shards,
                          uint64_t slice_elems)
     : total_(total), num_shards_(std::max<uint32_t>(num_shards, 1)) {

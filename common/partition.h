@@ -3,7 +3,7 @@
 // included, lands on exactly one shard in [0, N), spread uniformly even for sequential
 // ids. Dense tensors: cut into slices of at most slice_elems floats; slice i goes to
 // shard (i + table_offset) % N, so a tensor with at least N slices touches every shard.
-// Pure functions; thread-safe.
+// Pure functions; thread-safe. Mix64 and HashString come from common/hash.h.
 #ifndef ONLINEPS_COMMON_PARTITION_H_
 #define ONLINEPS_COMMON_PARTITION_H_
 
@@ -12,20 +12,9 @@
 #include <string_view>
 #include <vector>
 
+#include "common/hash.h"
+
 namespace onlineps {
-
-// A bijective 64-bit mixer (splitmix64 finalizer).
-inline uint64_t Mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
-// FNV-1a of a string, mixed; stable across processes and builds.
-uint64_t HashString(std::string_view s);
 
 // Shard of a sparse key. REQUIRES: num_shards >= 1.
 inline uint32_t ShardOfKey(uint64_t key, uint32_t num_shards) {

@@ -62,26 +62,36 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-// Shorthand constructors, e.g. InvalidArgument("lr must be > 0, got ", x) is not
-// supported on purpose: build messages with std::string / fmt at the call site.
+// One constructor per error code, e.g. ShapeMismatch("table 'emb': 8 floats, want 16").
+// Build messages with std::string / fmt at the call site.
 inline Status InvalidArgument(std::string m) {
   return {StatusCode::kInvalidArgument, std::move(m)};
 }
 inline Status Malformed(std::string m) { return {StatusCode::kMalformed, std::move(m)}; }
+inline Status UnsupportedVersion(std::string m) {
+  return {StatusCode::kUnsupportedVersion, std::move(m)};
+}
+inline Status UnknownOp(std::string m) { return {StatusCode::kUnknownOp, std::move(m)}; }
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
+inline Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
 inline Status ShapeMismatch(std::string m) { return {StatusCode::kShapeMismatch, std::move(m)}; }
+inline Status NonFinite(std::string m) { return {StatusCode::kNonFinite, std::move(m)}; }
+inline Status TooLarge(std::string m) { return {StatusCode::kTooLarge, std::move(m)}; }
+inline Status Stale(std::string m) { return {StatusCode::kStale, std::move(m)}; }
 inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status DeadlineExceeded(std::string m) {
   return {StatusCode::kDeadlineExceeded, std::move(m)};
 }
-inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status ResourceExhausted(std::string m) {
+  return {StatusCode::kResourceExhausted, std::move(m)};
+}
 inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
 inline Status FailedPrecondition(std::string m) {
   return {StatusCode::kFailedPrecondition, std::move(m)};
 }
-inline Status ResourceExhausted(std::string m) {
-  return {StatusCode::kResourceExhausted, std::move(m)};
-}
+inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
+inline Status NotPrimary(std::string m) { return {StatusCode::kNotPrimary, std::move(m)}; }
 
 // Either a value or a non-OK Status. Accessing value() of an error aborts (a bug).
 template <typename T>

@@ -1,6 +1,6 @@
 // Message transport between PS clients and shard servers, behind an interface so tests
-// and replays can swap the network for memory, and tests can inject faults
-// (TransportOptions::faults, common/fault_transport.h).
+// and replays can swap the network for memory, and tests can decorate a client
+// transport, e.g. to inject faults (TransportOptions::decorate, tests/fault_transport.h).
 //
 // Endpoint schemes:
 //   tcp://HOST:PORT, ipc://PATH, inproc://NAME  -> ZeroMQ (ROUTER server, DEALER client)
@@ -25,29 +25,12 @@
 
 namespace onlineps {
 
-// What a fault-injecting client transport counts (common/fault_transport.h).
-struct FaultCounters {
-  std::atomic<uint64_t> passed{0};      // messages delivered (each copy of a duplicate)
-  std::atomic<uint64_t> dropped{0};     // messages lost on purpose
-  std::atomic<uint64_t> duplicated{0};  // messages delivered twice
-  std::atomic<uint64_t> reordered{0};   // messages held back so later ones overtake them
-  std::atomic<uint64_t> overflowed{0};  // dropped because max_held messages were waiting
-};
+class ClientTransport;
 
-// Faults a client transport injects into every message, in both directions (requests
-// it sends and replies it receives), each decided independently from a seeded PRNG.
-// All zero (the default): no fault transport at all. For tests and experiments only.
-struct FaultOptions {
-  double drop = 0;                     // probability a message is lost
-  double duplicate = 0;                // probability a message is delivered twice
-  double reorder = 0;                  // probability a message is held back by ~reorder_delay
-  std::chrono::milliseconds delay{0};  // added to every message
-  std::chrono::milliseconds reorder_delay{20};  // hold-back of a reordered message
-  uint64_t seed = 1;
-  size_t max_held = 65536;  // messages waiting for their delivery time; beyond, dropped
-  std::shared_ptr<FaultCounters> counters;  // optional: where the counts go
-  bool enabled() const { return drop > 0 || duplicate > 0 || reorder > 0 || delay.count() > 0; }
-};
+// Wraps the client transport a factory made and returns what callers get instead: a
+// hook for decorators such as tests' fault injection (tests/fault_transport.h).
+using ClientTransportDecorator =
+    std::function<std::unique_ptr<ClientTransport>(std::unique_ptr<ClientTransport>)>;
 
 struct TransportOptions {
   // Server: handler threads. Requests from one peer always go to the same thread, so
@@ -72,8 +55,9 @@ struct TransportOptions {
   // A server needs its key pair; a client its key pair and the server's public key.
   // mem:// ignores it (nothing leaves the process).
   CurveOptions curve;
-  // Client: injected faults (off by default). Servers ignore it.
-  FaultOptions faults;
+  // Client: when set, NewClientTransport returns decorate(transport) instead of the
+  // transport itself. Null (the default): no decorator. Servers ignore it.
+  ClientTransportDecorator decorate;
 };
 
 // An incoming request on a server: the opaque identity of the peer that sent it plus

@@ -4,7 +4,6 @@
 #include <utility>
 #include <vector>
 
-#include "common/fault_transport.h"
 #include "common/mem_transport.h"
 #include "common/transport.h"
 #include "common/zmq_transport.h"
@@ -90,8 +89,8 @@ std::unique_ptr<ClientTransport> NewClientTransport(const std::vector<std::strin
   } else {
     transport = std::make_unique<ZmqClientTransport>(options);
   }
-  if (!options.faults.enabled()) return transport;
-  return std::make_unique<FaultyClientTransport>(std::move(transport), options.faults);
+  if (!options.decorate) return transport;
+  return options.decorate(std::move(transport));
 }
 
 }  // namespace onlineps

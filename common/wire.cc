@@ -128,6 +128,9 @@ Status DecodeField(const msgpack::object& key, const msgpack::object& val, Heade
     if (!GetUint(val, &h->version)) return FieldError(k, "an unsigned integer");
   } else if (k == "tau") {
     if (!GetUint(val, &h->tau)) return FieldError(k, "an unsigned integer");
+  } else if (k == "pri") {
+    if (!GetUint(val, &u) || u > UINT32_MAX) return FieldError(k, "an unsigned 32-bit integer");
+    h->primary = static_cast<uint32_t>(u);
   } else if (k == "queued") {
     if (val.type != msgpack::type::BOOLEAN) return FieldError(k, "a boolean");
     h->queued = val.via.boolean;
@@ -162,6 +165,7 @@ std::string EncodeHeader(const Header& h) {
   n += reply ? 3 : 0;  // code, ver, tau
   n += !h.message.empty();
   n += h.queued;
+  n += h.primary.has_value();
   n += !h.spec.empty();
   pk.pack_map(n);
   PackKey(pk, "v");
@@ -214,6 +218,10 @@ std::string EncodeHeader(const Header& h) {
   if (h.queued) {
     PackKey(pk, "queued");
     pk.pack_true();
+  }
+  if (h.primary) {
+    PackKey(pk, "pri");
+    pk.pack_uint32(*h.primary);
   }
   if (!h.spec.empty()) {
     PackKey(pk, "spec");

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,10 @@ struct Header {
   uint64_t version = 0;               // "ver": table version at this shard after the op
   uint64_t tau = 0;                   // "tau": staleness of the applied push
   bool queued = false;                // "queued": push accumulated, not yet applied
+  // "pri": with NOT_PRIMARY, the index of the replica the answering one knows as its
+  // group's primary (in --replicas order); absent when it knows none. Older peers
+  // neither send nor read it.
+  std::optional<uint32_t> primary;
   // Free-form maps: table spec on create, stats on info (string -> string).
   std::map<std::string, std::string> spec;  // "spec"
 };

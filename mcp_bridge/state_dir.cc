@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "common/file_io.h"
+#include "common/hash.h"
 #include "common/sha256.h"
 
 namespace onlineps::bridge {
@@ -44,8 +45,8 @@ std::string LegacyFileName(const std::string& key) {
     hex += kHex[c & 15];
   }
   if (hex.size() > 160) {
-    uint64_t h = 1469598103934665603ULL;
-    for (unsigned char c : key) h = (h ^ c) * 1099511628211ULL;
+    // Not FNV's offset basis (its last digit was lost), but what the old names used.
+    const uint64_t h = Fnv1a64(key, 1469598103934665603ULL);
     hex.resize(128);
     hex += '-';
     for (int i = 60; i >= 0; i -= 4) hex += kHex[(h >> i) & 15];

@@ -1,6 +1,7 @@
 // Shard checkpoints. A file holds every table of one shard (spec, version, parameters,
-// optimizer and policy state) and the exactly-once dedup windows, followed by a 64-bit
-// checksum of everything before it. Written to PATH.tmp, fsynced, then renamed over
+// optimizer and policy state) and the exactly-once dedup windows, followed by a
+// checksum of everything before it (CRC-32; files of format 1 end in LegacyChecksum64
+// and still load). Written to PATH.tmp, fsynced, then renamed over
 // PATH, so a crash leaves either the old or the new file, never a torn one.
 // Format: docs/protocol.md#checkpoints. Functions are thread-safe (tables lock).
 #ifndef ONLINEPS_PS_CHECKPOINT_H_
@@ -43,8 +44,11 @@ StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseShard(const std::st
                                                                    const ShardIdentity& id,
                                                                    Dedup* dedup);
 
-// 64-bit FNV-1a, mixed: the checkpoint checksum.
-uint64_t Checksum64(const void* data, size_t size);
+// CRC-32 (zlib's, IEEE 802.3): the checksum of format 2, the one written; the file's last
+// 8 bytes hold it zero-extended.
+uint32_t Crc32(const void* data, size_t size);
+// Four-lane FNV-1a, mixed: the checksum of format 1 (read, never written any more).
+uint64_t LegacyChecksum64(const void* data, size_t size);
 
 }  // namespace onlineps::ps
 

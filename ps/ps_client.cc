@@ -228,7 +228,7 @@ void PsClientImpl::Shutdown() {
     for (auto& d : delayed_) left.push_back(std::move(d.second));
     delayed_.clear();
   }
-  for (auto& p : left) p->call->Complete(Status(StatusCode::kCancelled, "client shut down"));
+  for (auto& p : left) p->call->Complete(Cancelled("client shut down"));
 }
 
 std::shared_ptr<Ticket::State> PsClientImpl::NewCall(int parts, Callback done) {
@@ -292,7 +292,7 @@ void PsClientImpl::Send(std::unique_ptr<Pending> p) {
   {
     MutexLock lock(&mu_);
     if (stop_) {
-      p->call->Complete(Status(StatusCode::kCancelled, "client shut down"));
+      p->call->Complete(Cancelled("client shut down"));
       return;
     }
     auto id = ids_.Acquire();
@@ -355,17 +355,13 @@ void PsClientImpl::OnReply(size_t target, Frames&& frames) {
     while (h->epoch > seen && !epoch_[shard].compare_exchange_weak(seen, h->epoch)) {
     }
     if (h->epoch < seen && st.code() != StatusCode::kNotPrimary) {
-      st = Status(StatusCode::kNotPrimary, "answer from a deposed primary (epoch " +
-                                               std::to_string(h->epoch) + " < " +
-                                               std::to_string(seen) + ")");
+      st = NotPrimary("answer from a deposed primary (epoch " + std::to_string(h->epoch) + " < " +
+                      std::to_string(seen) + ")");
     }
   }
   if (st.code() == StatusCode::kNotPrimary) {
-    int64_t hint = -1;
-    const std::string key = "primary is replica ";
-    if (auto at = st.message().find(key); at != std::string::npos) {
-      hint = std::strtoll(st.message().c_str() + at + key.size(), nullptr, 10);
-    }
+    // A deposed primary's answer names no primary; a real refusal may ("pri").
+    const int64_t hint = h->code == StatusCode::kNotPrimary && h->primary ? *h->primary : -1;
     Failover(shard, target, hint);
     // Resend at once to a named primary; wait a little while an election runs.
     return Retry(std::move(p), Clock::now(),

@@ -786,7 +786,8 @@ void ReplicaCore::SendTo(size_t m, Header h, Frames payload) {
 
 // ------------------------------------------------------------------------------ clients
 
-Status ReplicaCore::CheckPrimary(uint64_t now, uint64_t client_epoch) {
+Status ReplicaCore::CheckPrimary(uint64_t now, uint64_t client_epoch,
+                                 std::optional<uint32_t>* primary) {
   if (client_epoch > epoch_) read_now_ = true;  // verify with etcd; never trusted alone
   if (role_ == Role::kPrimary && now < lease_deadline_ms_) return Status::Ok();
   if (role_ == Role::kEstablishing || role_ == Role::kPrimary) {
@@ -796,10 +797,10 @@ Status ReplicaCore::CheckPrimary(uint64_t now, uint64_t client_epoch) {
     return Status(StatusCode::kNotPrimary, "shard replica shutting down; retry on the new primary");
   }
   if (leader_known_ && leader_.index != config_.index && leader_.index < config_.members.size()) {
-    // Clients parse "primary is replica K" (docs/protocol.md, "Replication").
-    return Status(StatusCode::kNotPrimary, "not primary; primary is replica " +
-                                               std::to_string(leader_.index) + " (" +
-                                               config_.members[leader_.index] + ")");
+    // Clients read the index from the reply's "pri" field; the text is for people.
+    if (primary != nullptr) *primary = static_cast<uint32_t>(leader_.index);
+    return NotPrimary("not primary; primary is replica " + std::to_string(leader_.index) + " (" +
+                      config_.members[leader_.index] + ")");
   }
   return Status(StatusCode::kNotPrimary, "not primary; no primary known (election in progress)");
 }

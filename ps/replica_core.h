@@ -146,9 +146,11 @@ class ReplicaCore {
   bool NextEarly(Header* h, Frames* frames);
 
   // Client requests. OK when this replica is the primary and may serve; NOT_PRIMARY
-  // naming the primary it knows (docs/protocol.md); UNAVAILABLE while it is taking over.
-  // A higher epoch from a client only makes the replica re-read the KvStore.
-  Status CheckPrimary(uint64_t now, uint64_t client_epoch);
+  // naming the primary it knows (docs/protocol.md), its index then also in `*primary`
+  // when not null; UNAVAILABLE while it is taking over. A higher epoch from a client
+  // only makes the replica re-read the KvStore.
+  Status CheckPrimary(uint64_t now, uint64_t client_epoch,
+                      std::optional<uint32_t>* primary = nullptr);
   // Primary: logs an applied update (request frames, header first); returns its lsn.
   uint64_t Append(const Frames& request);
   // Runs `done` once `lsn` is committed (or fails it when this replica stops leading).

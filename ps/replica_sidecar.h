@@ -16,8 +16,10 @@ namespace onlineps::ps {
 struct ReplicaSidecar {
   uint64_t incarnation = 0, log_epoch = 0, lsn = 0;
   bool clean = false;
-  uint64_t checkpoint_bytes = 0;     // size of the checkpoint it describes
-  uint64_t checkpoint_checksum = 0;  // and its trailing checksum (CheckpointTrailer)
+  uint64_t checkpoint_bytes = 0;  // size of the checkpoint it describes
+  // and its trailing checksum (CheckpointTrailer): a CRC-32 for checkpoints of format 2,
+  // LegacyChecksum64 for those of format 1 (ps/checkpoint.h).
+  uint64_t checkpoint_checksum = 0;
 };
 
 // The checksum a checkpoint file ends with (its last 8 bytes); 0 when it cannot be read.

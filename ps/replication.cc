@@ -231,8 +231,8 @@ ReplicaStats Replica::Stats() const {
   return core_->Stats();
 }
 
-Status Replica::CheckPrimary(uint64_t client_epoch) {
-  return WithCore([&](ReplicaCore& c) { return c.CheckPrimary(NowMs(), client_epoch); });
+Status Replica::CheckPrimary(uint64_t client_epoch, std::optional<uint32_t>* primary) {
+  return WithCore([&](ReplicaCore& c) { return c.CheckPrimary(NowMs(), client_epoch, primary); });
 }
 
 uint64_t Replica::Append(const Frames& request) {

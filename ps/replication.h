@@ -13,6 +13,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -94,9 +95,10 @@ class Replica {
   // The group's key prefix in etcd.
   const std::string& group() const { return group_; }
 
-  // OK when this replica is the primary; NOT_PRIMARY naming the primary it knows;
-  // UNAVAILABLE while it takes over. A client's epoch is a hint, never trusted.
-  Status CheckPrimary(uint64_t client_epoch);
+  // OK when this replica is the primary; NOT_PRIMARY naming the primary it knows (its
+  // index also in `*primary` when not null); UNAVAILABLE while it takes over. A client's
+  // epoch is a hint, never trusted.
+  Status CheckPrimary(uint64_t client_epoch, std::optional<uint32_t>* primary = nullptr);
   // Primary: logs an applied update (its request frames, header first) and returns its
   // lsn. Call in apply order (the server serializes apply + Append).
   uint64_t Append(const Frames& request);

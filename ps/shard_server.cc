@@ -269,17 +269,16 @@ void ShardServer::Handle(Incoming&& in) {
     if (!decoded.ok()) {
       st = decoded.status();
     } else if (req = std::move(decoded).value(); bytes > options_.max_message_bytes) {
-      st = Status(StatusCode::kTooLarge, "message of " + std::to_string(bytes) +
-                                             " bytes exceeds the limit of " +
-                                             std::to_string(options_.max_message_bytes));
+      st = TooLarge("message of " + std::to_string(bytes) + " bytes exceeds the limit of " +
+                    std::to_string(options_.max_message_bytes));
     } else if ((req.op == Op::kReplicate || req.op == Op::kReplSnapshot ||
                 req.op == Op::kReplStatus) &&
                !ReplicationAllowed(in.client_key)) {
       // Only the replicas of this shard hold its key (or one of --replica-keys).
-      st = Status(StatusCode::kFailedPrecondition,
-                  "replication messages are accepted only from this shard's replicas (CURVE key " +
-                      (in.client_key.empty() ? std::string("unknown") : in.client_key) +
-                      " is not one of theirs)");
+      st = FailedPrecondition(
+          "replication messages are accepted only from this shard's replicas (CURVE key " +
+          (in.client_key.empty() ? std::string("unknown") : in.client_key) +
+          " is not one of theirs)");
     } else {
       st = Dispatch(req, in.frames, &reply, &payload, in.peer, &held, &commit_lsn);
     }
@@ -287,7 +286,9 @@ void ShardServer::Handle(Incoming&& in) {
   metrics_->CountRequest(req.op, st.code());
   if (!st.ok()) {
     spdlog::debug("{} from peer failed: {}", OpName(req.op), st.ToString());
+    const std::optional<uint32_t> primary = reply.primary;  // set with NOT_PRIMARY
     reply = MakeReply(req, st);
+    reply.primary = primary;
     payload.clear();
   }
   if (replica_) reply.epoch = replica_->epoch();
@@ -324,14 +325,14 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
       break;
   }
   if (replica_ && h.op != Op::kCheckpoint) {
-    ONLINEPS_RETURN_IF_ERROR(replica_->CheckPrimary(h.epoch));
+    ONLINEPS_RETURN_IF_ERROR(replica_->CheckPrimary(h.epoch, &reply->primary));
   }
   switch (h.op) {
     case Op::kCreateTable: {
-      if (!replica_) return CreateTable(h, reply);
+      if (!replica_) return CreateTable(h, reply).status();
       MutexLock order(&order_mu_);
-      ONLINEPS_RETURN_IF_ERROR(CreateTable(h, reply));
-      *commit_lsn = reply->message == "created" ? replica_->Append(frames) : replica_->last_lsn();
+      ONLINEPS_ASSIGN_OR_RETURN(const Created created, CreateTable(h, reply));
+      *commit_lsn = created == Created::kNew ? replica_->Append(frames) : replica_->last_lsn();
       return Status::Ok();
     }
     case Op::kTableInfo:
@@ -341,19 +342,17 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
       // A volume problem is not transient the way "draining" is: answer it as such, so the
       // client reports it instead of retrying UNAVAILABLE until its deadline.
       if (!path.ok() && path.status().code() == StatusCode::kUnavailable) {
-        return Status(StatusCode::kFailedPrecondition,
-                      "checkpoint not written: " + path.status().message());
+        return FailedPrecondition("checkpoint not written: " + path.status().message());
       }
       if (!path.ok()) return path.status();
       reply->message = *path;
       return Status::Ok();
     }
     case Op::kReply:
-      return Status(StatusCode::kUnknownOp, "a shard does not accept replies");
+      return UnknownOp("a shard does not accept replies");
     default:
       if (IsWorkerOp(h.op)) {
-        return Status(StatusCode::kUnknownOp,
-                      std::string(OpName(h.op)) + " is a worker op; this is a PS shard");
+        return UnknownOp(std::string(OpName(h.op)) + " is a worker op; this is a PS shard");
       }
       break;
   }
@@ -401,11 +400,11 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
       return Status::Ok();
     }
     default:
-      return Status(StatusCode::kUnknownOp, "op not served by a shard");
+      return UnknownOp("op not served by a shard");
   }
 }
 
-Status ShardServer::CreateTable(const Header& h, Header* reply) {
+StatusOr<ShardServer::Created> ShardServer::CreateTable(const Header& h, Header* reply) {
   auto spec = DecodeSpec(h.spec);
   if (!spec.ok()) return spec.status();
   MutexLock lock(&tables_mu_);
@@ -415,10 +414,9 @@ Status ShardServer::CreateTable(const Header& h, Header* reply) {
     if (it->second->spec() == *spec) {
       reply->version = it->second->version();
       reply->message = "exists";
-      return Status::Ok();
+      return Created::kExisted;
     }
-    return Status(StatusCode::kAlreadyExists,
-                  "table '" + spec->name + "' exists with a different spec");
+    return AlreadyExists("table '" + spec->name + "' exists with a different spec");
   }
   StatusOr<std::unique_ptr<Table>> table = Internal("not created");
   try {
@@ -434,7 +432,7 @@ Status ShardServer::CreateTable(const Header& h, Header* reply) {
   spdlog::info("created {} table '{}' (optimizer {}, staleness {})",
                spec->kind == TableKind::kDense ? "dense" : "sparse", spec->name, spec->optimizer,
                spec->staleness);
-  return Status::Ok();
+  return Created::kNew;
 }
 
 Status ShardServer::Pull(const Header& h, const Frames& frames, Table& t, Header* reply,
@@ -444,11 +442,9 @@ Status ShardServer::Pull(const Header& h, const Frames& frames, Table& t, Header
   if (sparse) {
     ONLINEPS_ASSIGN_OR_RETURN(req.num_keys, KeyCount(frames));
     if (req.num_keys * t.spec().dim * sizeof(float) > options_.max_message_bytes) {
-      return Status(StatusCode::kTooLarge, "pull of " + std::to_string(req.num_keys) + " rows x " +
-                                               std::to_string(t.spec().dim) +
-                                               " floats would exceed the message limit of " +
-                                               std::to_string(options_.max_message_bytes) +
-                                               " bytes; split it");
+      return TooLarge("pull of " + std::to_string(req.num_keys) + " rows x " +
+                      std::to_string(t.spec().dim) + " floats would exceed the message limit of " +
+                      std::to_string(options_.max_message_bytes) + " bytes; split it");
     }
     req.keys = frames[1].As<uint64_t>();
     ONLINEPS_RETURN_IF_ERROR(CheckKeysOwned(h.table, req.keys, req.num_keys));
@@ -497,7 +493,7 @@ Status ShardServer::PullMaybeLogged(const Header& h, const Frames& frames, Table
 
 Status ShardServer::ApplyReplicated(const Header& h, const Frames& frames) {
   Header reply = MakeReply(h, Status::Ok());
-  if (h.op == Op::kCreateTable) return CreateTable(h, &reply);
+  if (h.op == Op::kCreateTable) return CreateTable(h, &reply).status();
   if (h.op == Op::kPullDense || h.op == Op::kPullSparse) {
     std::shared_ptr<Table> t = FindTable(h.table);
     if (t == nullptr) return NotFound("unknown table '" + h.table + "'");

@@ -86,7 +86,10 @@ class ShardServer {
   // `commit_lsn`: set when the reply must wait for replication of that log entry.
   Status Dispatch(const Header& h, const Frames& frames, Header* reply, Frames* out,
                   std::string_view peer, bool* held, uint64_t* commit_lsn);
-  Status CreateTable(const Header& h, Header* reply);
+  // Whether CreateTable made the table or found an equal one (the reply's "created" or
+  // "exists", docs/protocol.md).
+  enum class Created { kNew, kExisted };
+  StatusOr<Created> CreateTable(const Header& h, Header* reply);
   // Replicated shards: builds replica_ from the options and the checkpoint's sidecar.
   Status MakeReplica(bool restored);
   void WriteSidecar(bool clean, uint64_t checkpoint_bytes);

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "replay/sha256.h"
+#include "common/sha256.h"
 
 namespace onlineps::replay {
 

@@ -15,7 +15,7 @@
 
 #include "ps/ps_client.h"
 #include "ps/shard_server.h"
-#include "replay/sha256.h"
+#include "common/sha256.h"
 #include "replay/trace.h"
 #include "worker/worker_service.h"
 

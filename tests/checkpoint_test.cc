@@ -1,7 +1,8 @@
 // Tests of shard checkpoints (ps/checkpoint.h): a round trip restores tables (weights,
 // optimizer state, Polyak average, accumulation buffer, LRU order, version) and dedup
 // windows so that the restored shard behaves exactly like the original; corrupt,
-// truncated, foreign and missing files are refused with the documented codes; writes
+// truncated, foreign and missing files are refused with the documented codes; files of
+// the previous format (1, FNV checksum) still load; writes
 // are atomic; and a ShardServer checkpoints at Stop() and restores at Start().
 #include "ps/checkpoint.h"
 
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "ps/ps_client.h"
+#include "ps/replica_sidecar.h"
 #include "ps/shard_server.h"
 
 namespace onlineps::ps {
@@ -299,6 +301,84 @@ TEST_F(CheckpointTest, FlippedByteAnywhereIsDataLoss) {
   EXPECT_EQ(target.Begin(100, 1), Dedup::Verdict::kNew);
   EXPECT_EQ(target.senders(), 2u);
   EXPECT_TRUE(ReadCheckpoint(path_, id_, &target).ok());  // the original is still good
+}
+
+// A checkpoint as the code before format 2 wrote it: the same body, format 1, and the
+// four-lane FNV checksum in the trailer.
+std::string AsFormat1(std::string bytes) {
+  const uint32_t one = 1;
+  std::memcpy(bytes.data() + 8, &one, sizeof(one));
+  const uint64_t sum = LegacyChecksum64(bytes.data(), bytes.size() - 8);
+  std::memcpy(bytes.data() + bytes.size() - 8, &sum, sizeof(sum));
+  return bytes;
+}
+
+TEST(CheckpointChecksumTest, MatchTheirPublishedVectors) {
+  EXPECT_EQ(Crc32("123456789", 9), 0xcbf43926u);  // the CRC-32/ISO-HDLC check value
+  EXPECT_EQ(Crc32("", 0), 0u);
+  // docs/protocol.md's vectors for format 1, computed by the code that wrote it.
+  EXPECT_EQ(LegacyChecksum64("", 0), 0xda58e853c9647829ULL);
+  EXPECT_EQ(LegacyChecksum64("abcde", 5), 0xf314757940c4d0c5ULL);
+  EXPECT_EQ(LegacyChecksum64("onlineps", 8), 0x3edf5e083d3881e4ULL);
+}
+
+TEST_F(CheckpointTest, WrittenFileIsFormat2EndingInItsCrc32) {
+  BuildShard();
+  ASSERT_TRUE(WriteCheckpoint(path_, id_, tables_, dedup_).ok());
+  const std::string bytes = ReadFile(path_);
+  uint32_t format = 0;
+  std::memcpy(&format, bytes.data() + 8, sizeof(format));
+  EXPECT_EQ(format, 2u);
+  uint64_t trailer = 0;
+  std::memcpy(&trailer, bytes.data() + bytes.size() - 8, sizeof(trailer));
+  EXPECT_EQ(trailer, Crc32(bytes.data(), bytes.size() - 8));
+  // The replica sidecar records the same value to recognize this very file.
+  EXPECT_EQ(CheckpointTrailer(path_), trailer);
+}
+
+TEST_F(CheckpointTest, Format1FileStillLoadsAndIsStillChecked) {
+  BuildShard();
+  ASSERT_TRUE(WriteCheckpoint(path_, id_, tables_, dedup_).ok());
+  const std::string old = AsFormat1(ReadFile(path_));
+  WriteFile(path_, old);
+  EXPECT_EQ(CheckpointTrailer(path_), LegacyChecksum64(old.data(), old.size() - 8));
+  Dedup restored_dedup;
+  auto restored = ReadCheckpoint(path_, id_, &restored_dedup);
+  ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+  ASSERT_EQ(restored->size(), 2u);
+  auto& dense = *restored->at("dense");
+  auto& sparse = *restored->at("sparse");
+  EXPECT_EQ(dense.version(), dense_->version());
+  EXPECT_EQ(sparse.version(), sparse_->version());
+  const auto keys = ManyKeys();
+  ExpectBitEqual(Pull(dense), Pull(*dense_));
+  ExpectBitEqual(Pull(sparse, keys, true), Pull(*sparse_, keys, true));
+  EXPECT_EQ(restored_dedup.Begin(100, 4), Dedup::Verdict::kDuplicate);
+  EXPECT_EQ(restored_dedup.Begin(100, 3), Dedup::Verdict::kNew);
+
+  // Its legacy checksum is still verified: a flipped body byte is refused.
+  std::string bad = old;
+  bad[old.size() / 2] ^= 0x01;
+  WriteFile(path_, bad);
+  Dedup d;
+  auto r = ReadCheckpoint(path_, id_, &d);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("checksum mismatch"));
+}
+
+TEST_F(CheckpointTest, UnknownFormatIsDataLossNamingIt) {
+  BuildShard();
+  ASSERT_TRUE(WriteCheckpoint(path_, id_, tables_, dedup_).ok());
+  std::string bytes = ReadFile(path_);
+  const uint32_t three = 3;
+  std::memcpy(bytes.data() + 8, &three, sizeof(three));
+  WriteFile(path_, bytes);
+  Dedup d;
+  auto r = ReadCheckpoint(path_, id_, &d);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("unknown format 3"));
 }
 
 TEST_F(CheckpointTest, TruncatedFileIsDataLoss) {

@@ -16,7 +16,7 @@
 #include <set>
 #include <sstream>
 
-#include "replay/sha256.h"
+#include "common/sha256.h"
 
 namespace onlineps::replay {
 namespace {

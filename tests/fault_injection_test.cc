@@ -1,4 +1,4 @@
-// Pushes through a fault-injecting client transport (common/fault_transport.h) to real
+// Pushes through a fault-injecting client transport (tests/fault_transport.h) to real
 // shard servers on loopback ZeroMQ: with messages dropped, duplicated, delayed and
 // reordered in both directions, every acknowledged push is applied exactly once.
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@
 
 #include "ps/ps_client.h"
 #include "ps/shard_server.h"
+#include "tests/fault_transport.h"
 
 namespace onlineps::ps {
 namespace {
@@ -45,7 +46,7 @@ std::unique_ptr<PsClient> Connect(const Cluster& c, FaultOptions faults) {
   o.shards = c.endpoints;
   o.attempt_timeout = milliseconds(60);
   o.timeout = milliseconds(20000);
-  o.transport.faults = std::move(faults);
+  o.transport.decorate = FaultInjection(std::move(faults));
   auto client = PsClient::Connect(o);
   EXPECT_TRUE(client.ok()) << client.status().ToString();
   return client.ok() ? std::move(*client) : nullptr;
@@ -173,7 +174,7 @@ TEST(FaultInjectionTest, EverythingDroppedTimesOutWithoutApplying) {
   o.shards = cluster.endpoints;
   o.attempt_timeout = milliseconds(50);
   o.timeout = milliseconds(300);
-  o.transport.faults = f;
+  o.transport.decorate = FaultInjection(f);
   auto client = PsClient::Connect(o);
   ASSERT_TRUE(client.ok());
   TableSpec sparse;

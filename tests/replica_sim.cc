@@ -159,7 +159,8 @@ class Sim {
   void ClientSend(int c);
   void OnClientPush(int node, int c, uint64_t attempt, Frames frames);
   void ProcessPush(int node, int c, uint64_t attempt, Frames frames);
-  void ReplyToClient(int node, int c, uint64_t attempt, const Header& req, const Status& st);
+  void ReplyToClient(int node, int c, uint64_t attempt, const Header& req, const Status& st,
+                     std::optional<uint32_t> primary = std::nullopt);
   void OnClientReply(int c, uint64_t attempt, const Header& reply);
 
   void FaultLoop();
@@ -483,9 +484,10 @@ void Sim::OnClientPush(int node, int c, uint64_t attempt, Frames frames) {
 void Sim::ProcessPush(int node, int c, uint64_t attempt, Frames frames) {
   Node& n = *nodes_[node];
   auto h = DecodeHeader(frames[0].data(), frames[0].size());
-  Status st = n.core->CheckPrimary(now_, h->epoch);
+  std::optional<uint32_t> primary;
+  Status st = n.core->CheckPrimary(now_, h->epoch, &primary);
   Drain(n);
-  if (!st.ok()) return ReplyToClient(node, c, attempt, *h, st);
+  if (!st.ok()) return ReplyToClient(node, c, attempt, *h, st, primary);
   n.push_busy = true;
   const uint64_t gen = n.gen;
   // The shard applies the push with the replica's lock released, then logs it.
@@ -513,8 +515,10 @@ void Sim::ProcessPush(int node, int c, uint64_t attempt, Frames frames) {
   });
 }
 
-void Sim::ReplyToClient(int node, int c, uint64_t attempt, const Header& req, const Status& st) {
+void Sim::ReplyToClient(int node, int c, uint64_t attempt, const Header& req, const Status& st,
+                        std::optional<uint32_t> primary) {
   Header r = MakeReply(req, st);
+  r.primary = primary;
   r.epoch = nodes_[node]->core ? nodes_[node]->core->epoch() : 0;
   Net(node, kClientBase + c, 0, [this, c, attempt, r] { OnClientReply(c, attempt, r); });
 }
@@ -546,10 +550,8 @@ void Sim::OnClientReply(int c, uint64_t attempt, const Header& reply) {
     return;
   }
   if (st.code() == StatusCode::kNotPrimary) {
-    const std::string key = "primary is replica ";
-    auto at = st.message().find(key);
-    if (at != std::string::npos) {
-      cl.target = std::atoi(st.message().c_str() + at + key.size()) % n_;
+    if (reply.code == StatusCode::kNotPrimary && reply.primary) {
+      cl.target = static_cast<int>(*reply.primary % n_);
       return ClientSend(c);
     }
     cl.target = (cl.target + 1) % n_;

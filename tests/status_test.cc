@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <iterator>
+#include <utility>
+
 namespace onlineps {
 namespace {
 
@@ -18,6 +21,37 @@ TEST(StatusTest, ErrorCarriesCodeAndMessage) {
   EXPECT_EQ(s.ToString(), "SHAPE_MISMATCH: table 'emb': expected 16 floats per row, got 8");
   EXPECT_EQ(s.WithContext("push").message(),
             "push: table 'emb': expected 16 floats per row, got 8");
+}
+
+TEST(StatusTest, EveryErrorCodeHasItsConstructor) {
+  using Make = Status (*)(std::string);
+  const std::pair<Make, StatusCode> all[] = {
+      {InvalidArgument, StatusCode::kInvalidArgument},
+      {Malformed, StatusCode::kMalformed},
+      {UnsupportedVersion, StatusCode::kUnsupportedVersion},
+      {UnknownOp, StatusCode::kUnknownOp},
+      {NotFound, StatusCode::kNotFound},
+      {AlreadyExists, StatusCode::kAlreadyExists},
+      {ShapeMismatch, StatusCode::kShapeMismatch},
+      {NonFinite, StatusCode::kNonFinite},
+      {TooLarge, StatusCode::kTooLarge},
+      {Stale, StatusCode::kStale},
+      {Unavailable, StatusCode::kUnavailable},
+      {DeadlineExceeded, StatusCode::kDeadlineExceeded},
+      {ResourceExhausted, StatusCode::kResourceExhausted},
+      {DataLoss, StatusCode::kDataLoss},
+      {FailedPrecondition, StatusCode::kFailedPrecondition},
+      {Internal, StatusCode::kInternal},
+      {Cancelled, StatusCode::kCancelled},
+      {NotPrimary, StatusCode::kNotPrimary},
+  };
+  // Every code but kOk, each once: a code appended to the enum needs its constructor here.
+  ASSERT_EQ(std::size(all), static_cast<size_t>(StatusCode::kNotPrimary));
+  for (const auto& [make, code] : all) {
+    Status s = make("why");
+    EXPECT_EQ(s.code(), code);
+    EXPECT_EQ(s.message(), "why");
+  }
 }
 
 StatusOr<int> Half(int x) {

@@ -54,6 +54,24 @@ TEST(WireTest, ReplyRoundTripsStatusVersionTau) {
   EXPECT_EQ(st.message(), "tau 9 > bound 4");
 }
 
+TEST(WireTest, PrimaryHintRoundTripsAndIsOptional) {
+  Header req;
+  req.op = Op::kPushSparse;
+  Header r = MakeReply(req, NotPrimary("not primary; primary is replica 0 (tcp://a:1)"));
+  std::string without = EncodeHeader(r);
+  auto plain = DecodeHeader(without.data(), without.size());
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_FALSE(plain->primary.has_value());  // what an older shard's reply decodes to
+  r.primary = 0;                             // replica 0 is a real index, not "absent"
+  std::string with = EncodeHeader(r);
+  EXPECT_GT(with.size(), without.size());
+  auto hinted = DecodeHeader(with.data(), with.size());
+  ASSERT_TRUE(hinted.ok()) << hinted.status().ToString();
+  ASSERT_TRUE(hinted->primary.has_value());
+  EXPECT_EQ(*hinted->primary, 0u);
+  EXPECT_EQ(hinted->code, StatusCode::kNotPrimary);
+}
+
 TEST(WireTest, GarbageIsMalformedNotACrash) {
   const char junk[] = "\xc1\xff\x00garbage";
   auto d = DecodeHeader(junk, sizeof(junk));

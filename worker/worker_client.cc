@@ -46,7 +46,7 @@ class WorkerClientImpl : public WorkerClient {
       // Bounded: callers past max_inflight wait for a free id.
       if (!slot_cv_.WaitUntil(&mu_, deadline,
                               [&]() REQUIRES(mu_) { return (got = ids_.Acquire()).has_value(); })) {
-        return Status(StatusCode::kDeadlineExceeded, "too many calls in flight to the worker");
+        return DeadlineExceeded("too many calls in flight to the worker");
       }
       id = *got;
       waiting_[id] = waiter;
@@ -66,9 +66,8 @@ class WorkerClientImpl : public WorkerClient {
     Forget(id);
     if (!sent.ok()) return sent;
     if (!done) {
-      return Status(StatusCode::kDeadlineExceeded, std::string(OpName(op)) + " to " +
-                                                       options_.endpoint + ": no reply within " +
-                                                       std::to_string(timeout.count()) + " ms");
+      return DeadlineExceeded(std::string(OpName(op)) + " to " + options_.endpoint +
+                              ": no reply within " + std::to_string(timeout.count()) + " ms");
     }
     lock.Lock();  // uncontended: after Forget no reply can reach the waiter
     if (!waiter->status.ok()) return waiter->status;
@@ -102,7 +101,7 @@ class WorkerClientImpl : public WorkerClient {
     if (st.ok() && frames.size() > 1) {
       const auto* p = reinterpret_cast<const uint8_t*>(frames[1].data());
       body = json::from_msgpack(p, p + frames[1].size(), true, false);
-      if (body.is_discarded()) st = Status(StatusCode::kMalformed, "reply body is not msgpack");
+      if (body.is_discarded()) st = Malformed("reply body is not msgpack");
     }
     {
       MutexLock lock(&w->mu);
@@ -125,7 +124,7 @@ class WorkerClientImpl : public WorkerClient {
 
 StatusOr<std::unique_ptr<WorkerClient>> WorkerClient::Connect(WorkerClientOptions options) {
   if (options.endpoint.empty()) {
-    return Status(StatusCode::kInvalidArgument, "worker endpoint is empty");
+    return InvalidArgument("worker endpoint is empty");
   }
   auto client = std::make_unique<WorkerClientImpl>(std::move(options));
   ONLINEPS_RETURN_IF_ERROR(client->Connect());

@@ -1,8 +1,15 @@
-#include "common/fault_transport.h"
+#include "tests/fault_transport.h"
 
 #include <utility>
 
 namespace onlineps {
+
+ClientTransportDecorator FaultInjection(FaultOptions faults) {
+  if (!faults.enabled()) return nullptr;
+  return [faults](std::unique_ptr<ClientTransport> inner) -> std::unique_ptr<ClientTransport> {
+    return std::make_unique<FaultyClientTransport>(std::move(inner), faults);
+  };
+}
 
 FaultyClientTransport::FaultyClientTransport(std::unique_ptr<ClientTransport> inner,
                                              FaultOptions faults)
