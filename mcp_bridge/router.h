@@ -63,12 +63,12 @@ class Router {
     uint64_t hash;
     std::string worker;
   };
-  size_t Cap(size_t sessions) const;                                      // REQUIRES: mu_
-  std::string Place(const std::string& session, uint64_t h, size_t cap);  // REQUIRES: mu_
-  std::string Preferred(uint64_t h) const;                                // REQUIRES: mu_
-  void RebuildRing();                                                     // REQUIRES: mu_
-  void Assign(const std::string& session, const std::string& worker);     // REQUIRES: mu_
-  void ShedOverload();                                                    // REQUIRES: mu_
+  size_t Cap(size_t sessions) const REQUIRES(mu_);
+  std::string Place(const std::string& session, uint64_t h, size_t cap) REQUIRES(mu_);
+  std::string Preferred(uint64_t h) const REQUIRES(mu_);
+  void RebuildRing() REQUIRES(mu_);
+  void Assign(const std::string& session, const std::string& worker) REQUIRES(mu_);
+  void ShedOverload() REQUIRES(mu_);
 
   const RouterOptions options_;
   mutable Mutex mu_;

@@ -82,13 +82,13 @@ class SessionTable {
     std::map<std::string, std::shared_ptr<std::atomic<bool>>> inflight;  // request id -> cancel
   };
 
-  std::vector<std::string> Sweep();  // REQUIRES: mu_; returns the ended session keys
+  std::vector<std::string> Sweep() REQUIRES(mu_);  // returns the ended session keys
   // The live or restored session of that id (a restored one moves to sessions_); null
   // when there is none.
-  Session* Find(const std::string& id);                   // REQUIRES: mu_
-  const Session* FindConst(const std::string& id) const;  // REQUIRES: mu_
-  size_t CountLocked() const;                             // REQUIRES: mu_
-  Status Save(const std::string& id);                     // the session's record to dir_
+  Session* Find(const std::string& id) REQUIRES(mu_);
+  const Session* FindConst(const std::string& id) const REQUIRES(mu_);
+  size_t CountLocked() const REQUIRES(mu_);
+  Status Save(const std::string& id);  // the session's record to dir_
 
   // Immutable after construction (dir_: after Persist, before serving).
   const size_t max_sessions_;
