@@ -377,8 +377,18 @@ void ReplicaCore::MaybeCampaign(uint64_t now) {
       }
     }
     // An unclean election is the last resort: rank everyone, so wait for every replica to
-    // register (or bootstrap_wait_ms), as a replica whose lease lapsed re-registers.
-    const bool all = view_.members.size() >= config_.members.size();
+    // register (or unclean_wait_ms), as a replica whose lease lapsed re-registers. Rank
+    // only registrations written after the ISR: a live replica keeps the registration of
+    // its start (say, empty) while it follows a primary, and re-registers what it holds
+    // only when it finds no primary (above, and when its state differs). Ranked by such
+    // an old registration, a replica that re-synced from the lost ISR members (and left
+    // the ISR only to reload, say) lost to a restarted one with an older checkpoint, and
+    // the updates it alone held were gone (seed 26152).
+    size_t fresh = 0;
+    for (const auto& [index, reg] : view_.members) {
+      if (index < config_.members.size() && reg.mod_revision > view_.isr_mod_revision) fresh++;
+    }
+    const bool all = fresh >= config_.members.size();
     if (!all && now - leaderless_since_ms_ < config_.unclean_wait_ms) {
       return wait("every in-sync replica restarted; waiting for all replicas to register");
     }
