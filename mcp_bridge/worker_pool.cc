@@ -70,18 +70,13 @@ Status WorkerPool::Start() {
                    options_.dns_interval.count());
   }
   ProbeAll();
-  thread_ = std::thread([this] { Loop(); });
+  next_dns_ = std::chrono::steady_clock::now() + options_.dns_interval;
+  health_.Start(
+      options_.health_interval, [this] { HealthTick(); }, /*tick_first=*/false);
   return Status::Ok();
 }
 
-void WorkerPool::Stop() {
-  {
-    MutexLock lock(&stop_mu_);
-    stopping_ = true;
-  }
-  stop_cv_.SignalAll();
-  if (thread_.joinable()) thread_.join();
-}
+void WorkerPool::Stop() { health_.Stop(); }
 
 Status WorkerPool::Resolve() {
   ONLINEPS_ASSIGN_OR_RETURN(std::vector<std::string> found, ResolveWorkers(options_.dns));
@@ -214,19 +209,12 @@ bool WorkerPool::ReportFailure(const std::string& endpoint) {
   return reply.ok();
 }
 
-void WorkerPool::Loop() {
-  auto next_dns = std::chrono::steady_clock::now() + options_.dns_interval;
-  MutexLock lock(&stop_mu_);
-  while (!stop_cv_.WaitFor(&stop_mu_, options_.health_interval,
-                           [this]() REQUIRES(stop_mu_) { return stopping_; })) {
-    lock.Unlock();
-    if (!options_.dns.empty() && std::chrono::steady_clock::now() >= next_dns) {
-      if (Status s = Resolve(); !s.ok()) spdlog::warn("worker pool: {}", s.ToString());
-      next_dns = std::chrono::steady_clock::now() + options_.dns_interval;
-    }
-    ProbeAll();
-    lock.Lock();
+void WorkerPool::HealthTick() {
+  if (!options_.dns.empty() && std::chrono::steady_clock::now() >= next_dns_) {
+    if (Status s = Resolve(); !s.ok()) spdlog::warn("worker pool: {}", s.ToString());
+    next_dns_ = std::chrono::steady_clock::now() + options_.dns_interval;
   }
+  ProbeAll();
 }
 
 uint64_t WorkerPool::Incarnation(const std::string& endpoint) const {

@@ -13,11 +13,11 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "common/mutex.h"
+#include "common/periodic_thread.h"
 #include "common/status.h"
 #include "common/wire.h"
 #include "mcp_bridge/router.h"
@@ -81,7 +81,7 @@ class WorkerPool {
   void ProbeAll();
   bool Probe(const std::string& endpoint);  // returns healthy
   void Apply(const std::string& endpoint, const StatusOr<nlohmann::json>& reply);
-  void Loop();
+  void HealthTick();  // on health_: DNS when due, then a probe of every worker
   std::shared_ptr<worker::WorkerClient> ClientOf(const std::string& endpoint);
 
   const WorkerPoolOptions options_;
@@ -93,10 +93,8 @@ class WorkerPool {
   std::vector<std::string> dns_members_ GUARDED_BY(mu_);
   uint64_t next_incarnation_ GUARDED_BY(mu_) = 1;
 
-  Mutex stop_mu_;
-  CondVar stop_cv_;
-  bool stopping_ GUARDED_BY(stop_mu_) = false;
-  std::thread thread_;
+  std::chrono::steady_clock::time_point next_dns_;  // set by Start; then health_'s only
+  PeriodicThread health_;                           // last: stopped before the members it uses go
 };
 
 // "host:port" -> tcp://ADDRESS:PORT for each address the name resolves to (IPv6 in
