@@ -134,6 +134,17 @@ class CheckpointTest : public ::testing::Test {
 
   // A shard (1 of 2) with a dense Adam table holding one queued accumulated push, a
   // sparse Adagrad table, and dedup windows of two senders.
+  // Writes `bytes` as the checkpoint and expects it refused as DATA_LOSS naming `what`.
+  void ExpectDataLoss(const std::string& bytes, const std::string& what) {
+    WriteFile(path_, bytes);
+    Dedup d;
+    auto r = ReadCheckpoint(path_, id_, &d);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+    EXPECT_THAT(r.status().message(), HasSubstr(what));
+    EXPECT_EQ(d.senders(), 0u);
+  }
+
   void BuildShard() {
     dense_ = NewTable(DenseSpec(), id_);
     sparse_ = NewTable(SparseSpec(), id_);
@@ -359,12 +370,7 @@ TEST_F(CheckpointTest, Format1FileStillLoadsAndIsStillChecked) {
   // Its legacy checksum is still verified: a flipped body byte is refused.
   std::string bad = old;
   bad[old.size() / 2] ^= 0x01;
-  WriteFile(path_, bad);
-  Dedup d;
-  auto r = ReadCheckpoint(path_, id_, &d);
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
-  EXPECT_THAT(r.status().message(), HasSubstr("checksum mismatch"));
+  ExpectDataLoss(bad, "checksum mismatch");
 }
 
 TEST_F(CheckpointTest, UnknownFormatIsDataLossNamingIt) {
@@ -373,12 +379,7 @@ TEST_F(CheckpointTest, UnknownFormatIsDataLossNamingIt) {
   std::string bytes = ReadFile(path_);
   const uint32_t three = 3;
   std::memcpy(bytes.data() + 8, &three, sizeof(three));
-  WriteFile(path_, bytes);
-  Dedup d;
-  auto r = ReadCheckpoint(path_, id_, &d);
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
-  EXPECT_THAT(r.status().message(), HasSubstr("unknown format 3"));
+  ExpectDataLoss(bytes, "unknown format 3");
 }
 
 TEST_F(CheckpointTest, TruncatedFileIsDataLoss) {
