@@ -13,9 +13,16 @@ build=${ONLINEPS_TSA_BUILD_DIR:-$root/build-tsa}
 jobs=${ONLINEPS_JOBS:-$(nproc)}
 filter=${1:-.}
 start=$(date +%s)
+# Debian's clang-14 installs clang++-14; the clang package adds the plain name.
+cxx=clang++
+command -v "$cxx" >/dev/null || cxx=clang++-14
+command -v "$cxx" >/dev/null || {
+  echo "check_thread_safety: clang++ not found: install clang (Debian: apt-get install clang-14)" >&2
+  exit 1
+}
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_COMPILER=clang++ \
+  -DCMAKE_CXX_COMPILER="$cxx" \
   -DONLINEPS_THREAD_SAFETY_CHECK=ON -DONLINEPS_WITH_NCCL=OFF \
   -DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON >/dev/null
 
