@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "common/status.h"
 #include "common/sha256.h"
+#include "common/status.h"
 
 namespace onlineps::replay {
 

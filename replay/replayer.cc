@@ -13,9 +13,9 @@
 #include <map>
 #include <set>
 
+#include "common/sha256.h"
 #include "ps/ps_client.h"
 #include "ps/shard_server.h"
-#include "common/sha256.h"
 #include "replay/trace.h"
 #include "worker/worker_service.h"
 
