@@ -134,6 +134,25 @@ class CheckpointTest : public ::testing::Test {
 
   // A shard (1 of 2) with a dense Adam table holding one queued accumulated push, a
   // sparse Adagrad table, and dedup windows of two senders.
+  // A restored shard equals the live one: specs, versions, sizes, weights and averages.
+  template <typename Tables>
+  void ExpectSameAsLive(const Tables& restored) {
+    ASSERT_EQ(restored.size(), 2u);
+    auto& dense = *restored.at("dense");
+    auto& sparse = *restored.at("sparse");
+    EXPECT_TRUE(dense.spec() == DenseSpec());
+    EXPECT_TRUE(sparse.spec() == SparseSpec());
+    EXPECT_EQ(dense.version(), dense_->version());
+    EXPECT_EQ(sparse.version(), sparse_->version());
+    EXPECT_EQ(dense.local_elements(), dense_->local_elements());
+    EXPECT_EQ(sparse.Stats().rows, sparse_->Stats().rows);
+    const auto keys = ManyKeys();
+    ExpectBitEqual(Pull(dense), Pull(*dense_));
+    ExpectBitEqual(Pull(dense, {}, true), Pull(*dense_, {}, true));
+    ExpectBitEqual(Pull(sparse, keys), Pull(*sparse_, keys));
+    ExpectBitEqual(Pull(sparse, keys, true), Pull(*sparse_, keys, true));
+  }
+
   // Writes `bytes` as the checkpoint and expects it refused as DATA_LOSS naming `what`.
   void ExpectDataLoss(const std::string& bytes, const std::string& what) {
     WriteFile(path_, bytes);
@@ -181,20 +200,10 @@ TEST_F(CheckpointTest, RoundTripRestoresTablesAndDedup) {
   Dedup restored_dedup;
   auto restored = ReadCheckpoint(path_, id_, &restored_dedup);
   ASSERT_TRUE(restored.ok()) << restored.status().ToString();
-  ASSERT_EQ(restored->size(), 2u);
+  ExpectSameAsLive(*restored);
   auto& dense = *restored->at("dense");
   auto& sparse = *restored->at("sparse");
-  EXPECT_TRUE(dense.spec() == DenseSpec());
-  EXPECT_TRUE(sparse.spec() == SparseSpec());
-  EXPECT_EQ(dense.version(), dense_->version());
-  EXPECT_EQ(sparse.version(), sparse_->version());
-  EXPECT_EQ(dense.local_elements(), dense_->local_elements());
-  EXPECT_EQ(sparse.Stats().rows, sparse_->Stats().rows);
   const auto keys = ManyKeys();
-  ExpectBitEqual(Pull(dense), Pull(*dense_));
-  ExpectBitEqual(Pull(dense, {}, true), Pull(*dense_, {}, true));
-  ExpectBitEqual(Pull(sparse, keys), Pull(*sparse_, keys));
-  ExpectBitEqual(Pull(sparse, keys, true), Pull(*sparse_, keys, true));
 
   // Later pushes give identical results: Adam moments and step count, the queued half
   // of the accumulation window, Adagrad accumulators and row Polyak counts all survived.
@@ -356,14 +365,7 @@ TEST_F(CheckpointTest, Format1FileStillLoadsAndIsStillChecked) {
   Dedup restored_dedup;
   auto restored = ReadCheckpoint(path_, id_, &restored_dedup);
   ASSERT_TRUE(restored.ok()) << restored.status().ToString();
-  ASSERT_EQ(restored->size(), 2u);
-  auto& dense = *restored->at("dense");
-  auto& sparse = *restored->at("sparse");
-  EXPECT_EQ(dense.version(), dense_->version());
-  EXPECT_EQ(sparse.version(), sparse_->version());
-  const auto keys = ManyKeys();
-  ExpectBitEqual(Pull(dense), Pull(*dense_));
-  ExpectBitEqual(Pull(sparse, keys, true), Pull(*sparse_, keys, true));
+  ExpectSameAsLive(*restored);
   EXPECT_EQ(restored_dedup.Begin(100, 4), Dedup::Verdict::kDuplicate);
   EXPECT_EQ(restored_dedup.Begin(100, 3), Dedup::Verdict::kNew);
 
