@@ -45,6 +45,10 @@ std::string_view OpName(Op op) {
       return "repl_snapshot";
     case Op::kReplStatus:
       return "repl_status";
+    case Op::kGroupSumFloats:
+      return "group_sum_floats";
+    case Op::kGroupMinU64:
+      return "group_min_u64";
   }
   return "unknown";
 }

@@ -41,9 +41,13 @@ enum class Op : uint8_t {
                        // frames: [entry header, payload...] (one frame: a heartbeat)
   kReplSnapshot = 17,  // primary -> replica: seq = log index of the state in frame 1
   kReplStatus = 18,    // any -> replica: reply spec holds role, inc, lsn, le (need)
+  // Local group (docs/protocol.md, "Local group"), member -> leader: sid = rank, seq = call
+  // number, shape = {n}, spec group_size; frame 1: n float32 / uint64 values.
+  kGroupSumFloats = 19,
+  kGroupMinU64 = 20,
 };
 
-inline constexpr Op kLastOp = Op::kReplStatus;
+inline constexpr Op kLastOp = Op::kGroupMinU64;
 // True for the ops a worker serves (a PS shard answers them with UNKNOWN_OP).
 inline bool IsWorkerOp(Op op) { return op >= Op::kInfer && op <= Op::kWorkerStats; }
 
@@ -53,6 +57,7 @@ std::string_view OpName(Op op);
 inline constexpr uint32_t kFlagDelta = 1u << 0;  // push carries a parameter delta, not a gradient
 inline constexpr uint32_t kFlagAveraged = 1u << 1;  // pull the Polyak-averaged copy
 inline constexpr uint32_t kFlagNoBackup = 1u << 2;  // pull without recording a DC-ASGD backup
+inline constexpr uint32_t kFlagGroupAck = 1u << 3;  // local group: member got the result of seq
 
 // A decoded header. Fields not meaningful for an op keep their defaults and are
 // omitted on encode. Keys on the wire are the short names in the comments.

@@ -1,6 +1,7 @@
 #include "common/zmq_transport.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -38,12 +39,24 @@ constexpr int kBatch = 256;
 // be: see WakeIo).
 constexpr std::chrono::milliseconds kPollFallback{200};
 
+// One object per process, made on first use and never destroyed. A forked child gets its
+// own: ZeroMQ contexts (and the threads behind them) do not survive fork().
+template <typename T>
+T& PerProcess() {
+  static Mutex mu;
+  static T* object = nullptr;
+  static pid_t owner = 0;
+  MutexLock lock(&mu);
+  if (object == nullptr || owner != getpid()) {
+    owner = getpid();
+    object = new T();  // the parent's copy is left alone: its threads are not in this child
+  }
+  return *object;
+}
+
 // One context for the whole process, so inproc:// endpoints connect across transports.
 // Never destroyed: zmq_ctx_term would block exit on any socket still open.
-zmq::context_t& SharedContext() {
-  static auto* context = new zmq::context_t(1);
-  return *context;
-}
+zmq::context_t& SharedContext() { return PerProcess<zmq::context_t>(); }
 
 std::string NextPipeName(const char* kind) {
   static std::atomic<uint64_t> counter{0};
@@ -181,10 +194,9 @@ bool RunGuarded(const char* where, bool exiting, Round round) {
 // the shared context).
 class ZapHandler {
  public:
-  static ZapHandler& Get() {
-    static auto* h = new ZapHandler();
-    return *h;
-  }
+  ZapHandler(const ZapHandler&) = delete;
+  ZapHandler& operator=(const ZapHandler&) = delete;
+  static ZapHandler& Get() { return PerProcess<ZapHandler>(); }
   std::string Register(const std::vector<std::string>& allowed) {
     MutexLock lock(&mu_);
     const std::string domain = "onlineps-" + std::to_string(next_++);
@@ -197,6 +209,8 @@ class ZapHandler {
   }
 
  private:
+  template <typename T>
+  friend T& PerProcess();
   ZapHandler() {
     // Bound before any CURVE socket exists, so no handshake can skip it.
     rep_ = zmq::socket_t(SharedContext(), zmq::socket_type::rep);

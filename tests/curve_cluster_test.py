@@ -7,8 +7,12 @@ only the keys in their --curve-allow lists.
   - onlineps_ps_cli reaches the shard with an allowed certificate, and gets nothing
     through (a timeout, exit 1) without CURVE or with a certificate not on the list;
   - onlineps_worker_cli without the worker's key gets nothing through either;
-  - a bad key file is refused at start, naming the file and line.
+  - a bad key file is refused at start, naming the file and line;
+  - two workers in a --group local over CURVE (each its own certificate, admitted by
+    --group-curve-keys) complete their rounds.
 """
+import json
+import socket
 import os
 import signal
 import subprocess
@@ -119,6 +123,43 @@ def main():
         if "refused a CURVE client" not in shard.stderr():
             fail("the shard did not log the refused client key")
         s.call("infer", {"text": "still serving"})
+
+        group_keys = os.path.join(work, "group.keys")
+        with open(group_keys, "w") as f:  # rank 0's key first
+            for name in ("worker", "cli"):
+                f.write(open(certs[name] + ".pub").read())
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            group_ep = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+        members = []
+        for rank, cert in ((0, "worker"), (1, "cli")):
+            g = opslib.Proc(f"group{rank}", [
+                f"{BIN}/onlineps_worker", "--ps", ps, "--listen", "tcp://127.0.0.1:0",
+                "--admin-port", "-1", "--model", "text", "--curve-cert", certs[cert],
+                "--curve-server-key", certs["ps"] + ".pub", "--curve-allow",
+                certs["bridge"] + ".pub", "--group", "local", "--group-size", "2",
+                "--group-rank", str(rank), "--group-endpoint", group_ep,
+                "--group-curve-keys", group_keys, "--group-round-ms", "50",
+                "--group-timeout-ms", "5000"], work)
+            procs.append(g)
+            members.append((g, endpoint(g, f"group member {rank}")))
+
+        def stats(ep):
+            r = run([f"{BIN}/onlineps_worker_cli", "--worker", ep, "--timeout-ms", "3000",
+                     "--curve-cert", certs["bridge"], "--curve-server-key",
+                     certs["worker"] + ".pub" if ep == members[0][1] else certs["cli"] + ".pub",
+                     "worker_stats"], timeout=30)
+            if r.returncode != 0:
+                fail(f"worker_stats of {ep}: {r.returncode}\n{r.stdout}{r.stderr}")
+            return json.loads(r.stdout)
+
+        opslib.wait_until(lambda: all(stats(ep)["group_rounds"] >= 3 for _, ep in members),
+                          30, "three local group rounds over CURVE")
+        for g, ep in members:
+            st = stats(ep)
+            if not st["group_active"]:
+                fail(f"{g.name}: the group broke: {st}\n{g.stderr()[-2000:]}")
+        print("curve_cluster_test: a local group of two workers over CURVE completes rounds")
         for p in reversed(procs):
             if p.stop(signal.SIGTERM) != 0:
                 fail(f"{p.name} did not exit 0:\n{p.stderr()[-2000:]}")

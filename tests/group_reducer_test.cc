@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/curve.h"
 #include "gtest/gtest.h"
 #include "worker/gpu_config.h"
 #include "worker/local_group.h"
@@ -126,6 +127,7 @@ std::string NewEndpoint(const std::string& transport, const ScratchDir& scratch)
   static std::atomic<int> counter{0};
   const std::string name = "group-" + std::to_string(counter.fetch_add(1));
   if (transport == "inproc") return "inproc://onlineps-" + name;
+  if (transport == "mem") return "mem://onlineps-" + name;
   if (transport == "ipc") return "ipc://" + scratch.File(name);
   return "tcp://127.0.0.1:" + std::to_string(FreeTcpPort());
 }
@@ -146,12 +148,28 @@ class LocalGroupTest : public ::testing::TestWithParam<std::string> {
     for (int r = 0; r < size; ++r) {
       LocalGroupOptions options{r, size, endpoint,
                                 r < int(timeouts.size()) ? timeouts[r] : timeout};
+      if (GetParam() == "curve") options.curve = SharedCert();
       StatusOr<std::unique_ptr<GroupReducer>> g = NewLocalGroup(options);
       EXPECT_TRUE(g.ok()) << endpoint << ": " << g.status().ToString();
       if (!g.ok()) return {};
       groups.push_back(std::move(g).value());
     }
     return groups;
+  }
+
+  // One certificate for every member (the default deployment: one secret per group).
+  static CurveOptions SharedCert() {
+    static const CurveOptions cert = [] {
+      StatusOr<CurveKeyPair> k = NewCurveKeyPair();
+      EXPECT_TRUE(k.ok()) << k.status().ToString();
+      CurveOptions c;
+      if (!k.ok()) return c;
+      c.public_key = c.server_public_key = k->public_key;
+      c.secret_key = k->secret_key;
+      c.allowed_clients = {k->public_key};
+      return c;
+    }();
+    return cert;
   }
 
   ScratchDir scratch_;
@@ -295,7 +313,37 @@ TEST_P(LocalGroupTest, MismatchedCallsFailOnEveryMemberThenRecover) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, LocalGroupTest, ::testing::Values("inproc", "ipc", "tcp"),
+// A member whose key the leader does not admit never reaches it: its call times out, and
+// the leader's names that rank as missing.
+TEST(LocalGroupCurveTest, LeaderAdmitsOnlyTheListedKeys) {
+  StatusOr<CurveKeyPair> leader_key = NewCurveKeyPair();
+  StatusOr<CurveKeyPair> stranger = NewCurveKeyPair();
+  ASSERT_TRUE(leader_key.ok() && stranger.ok()) << leader_key.status().ToString();
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(FreeTcpPort());
+  auto options = [&](int rank, const CurveKeyPair& own) {
+    LocalGroupOptions o{rank, 2, endpoint, milliseconds(rank == 0 ? 600 : 400)};
+    o.curve.public_key = own.public_key;
+    o.curve.secret_key = own.secret_key;
+    o.curve.server_public_key = leader_key->public_key;
+    o.curve.allowed_clients = {leader_key->public_key};
+    return o;
+  };
+  auto lead = NewLocalGroup(options(0, *leader_key));
+  auto member = NewLocalGroup(options(1, *stranger));
+  ASSERT_TRUE(lead.ok() && member.ok()) << lead.status().ToString() << member.status().ToString();
+  std::vector<Status> status(2);
+  OnThreads(2, [&](int r) {
+    float x = 1;
+    status[r] = (r == 0 ? *lead : *member)->SumFloats(&x, 1);
+  });
+  EXPECT_EQ(status[0].code(), StatusCode::kDeadlineExceeded) << status[0].ToString();
+  EXPECT_NE(status[0].message().find("no call from rank(s) 1"), std::string::npos)
+      << status[0].ToString();
+  EXPECT_EQ(status[1].code(), StatusCode::kDeadlineExceeded) << status[1].ToString();
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, LocalGroupTest,
+                         ::testing::Values("inproc", "mem", "ipc", "tcp", "curve"),
                          [](const auto& info) { return info.param; });
 
 TEST(LocalGroupOptionsTest, BadOptionsAreInvalidArgument) {

@@ -1,21 +1,18 @@
 #include "worker/local_group.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
-#include <limits>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
-#include <zmq.hpp>
 
-#include "common/zmq_transport.h"
+#include "common/mutex.h"
+#include "common/transport.h"
+#include "common/wire.h"
 
 namespace onlineps::worker {
 namespace {
@@ -26,138 +23,124 @@ using std::chrono::milliseconds;
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "payload frames are raw little-endian arrays: add byte swapping for this host");
 
-// Every message is [header, payload]; the leader's ROUTER sees [identity, header, payload].
-// Header, 32 bytes little-endian: magic u32, version u8, op u8, code u8, reserved u8,
-// rank u32, size u32, seq u64, n u64. The payload is n raw elements, or the error text
-// of a reply whose code is not OK.
-constexpr uint32_t kMagic = 0x5247504F;  // "OPGR"
-constexpr uint8_t kVersion = 1;
-constexpr size_t kHeaderBytes = 32;
-constexpr auto kLastCode = static_cast<uint8_t>(StatusCode::kNotPrimary);
+// A call is a wire message (common/wire.h, docs/protocol.md "Local group"):
+// [header, payload]. Header: op kGroupSumFloats / kGroupMinU64, sid = the member's rank,
+// seq = the call's sequence number, shape = {n}, spec {"group_size": N}; the payload is
+// n raw elements. The leader's reply: op kReply with the same seq and shape and the
+// result as payload, or a code and message and no payload.
+constexpr const char* kSizeKey = "group_size";
 // Calls a member may make before the leader makes them (it gave up waiting for a reply
 // the leader has not sent yet); more than that and the member is answered with an error.
 constexpr size_t kMaxEarlyCalls = 4;
-// How long destroying a member may wait to deliver what it sent last (the leader's last
-// replies): a process that exits right after its last call must not take them along.
-constexpr int kLingerMs = 1000;
+// How long closing a member may keep flushing what it sent last (ZMQ_LINGER), and how
+// long destroying the leader waits for the members to confirm its last replies.
+constexpr milliseconds kLinger{1000};
 
-enum class GroupOp : uint8_t { kSumFloats = 1, kMinU64 = 2 };
+size_t ElemSize(Op op) { return op == Op::kGroupSumFloats ? sizeof(float) : sizeof(uint64_t); }
+const char* OpLabel(Op op) { return op == Op::kGroupSumFloats ? "SumFloats" : "MinU64"; }
 
-size_t ElemSize(GroupOp op) { return op == GroupOp::kSumFloats ? sizeof(float) : sizeof(uint64_t); }
-const char* OpName(GroupOp op) { return op == GroupOp::kSumFloats ? "SumFloats" : "MinU64"; }
-
-std::string CallName(GroupOp op, uint64_t seq, uint64_t n) {
-  return "group call #" + std::to_string(seq) + " " + OpName(op) + "(n=" + std::to_string(n) + ")";
-}
-
-struct Header {
-  GroupOp op = GroupOp::kSumFloats;
-  StatusCode code = StatusCode::kOk;
-  uint32_t rank = 0;
-  uint32_t size = 0;
-  uint64_t seq = 0;
-  uint64_t n = 0;
-};
-
-void PutLe(uint8_t* p, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint64_t GetLe(const uint8_t* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= uint64_t{p[i]} << (8 * i);
-  return v;
-}
-
-zmq::message_t EncodeHeader(const Header& h) {
-  uint8_t b[kHeaderBytes] = {};
-  PutLe(b, kMagic, 4);
-  b[4] = kVersion;
-  b[5] = static_cast<uint8_t>(h.op);
-  b[6] = static_cast<uint8_t>(h.code);
-  PutLe(b + 8, h.rank, 4);
-  PutLe(b + 12, h.size, 4);
-  PutLe(b + 16, h.seq, 8);
-  PutLe(b + 24, h.n, 8);
-  return zmq::message_t(b, kHeaderBytes);
-}
-
-Status DecodeHeader(const zmq::message_t& m, Header* h) {
-  if (m.size() != kHeaderBytes) {
-    return Malformed("group header of " + std::to_string(m.size()) + " bytes, expected 32");
-  }
-  const auto* b = m.data<uint8_t>();
-  if (GetLe(b, 4) != kMagic) return Malformed("group header: bad magic");
-  if (b[4] != kVersion) return Malformed("group header: version " + std::to_string(b[4]));
-  if (b[5] != 1 && b[5] != 2) return Malformed("group header: op " + std::to_string(b[5]));
-  if (b[6] > kLastCode) return Malformed("group header: code " + std::to_string(b[6]));
-  h->op = static_cast<GroupOp>(b[5]);
-  h->code = static_cast<StatusCode>(b[6]);
-  h->rank = static_cast<uint32_t>(GetLe(b + 8, 4));
-  h->size = static_cast<uint32_t>(GetLe(b + 12, 4));
-  h->seq = GetLe(b + 16, 8);
-  h->n = GetLe(b + 24, 8);
-  return Status::Ok();
-}
-
-// inproc:// members must share a context: one per process, never destroyed (zmq_ctx_term
-// would block exit on any open socket). A forked child makes its own: a context must not
-// cross fork().
-zmq::context_t& InprocContext() {
-  static Mutex mu;
-  static zmq::context_t* context = nullptr;
-  static pid_t owner = 0;
-  MutexLock lock(&mu);
-  if (context == nullptr || owner != getpid()) {
-    context = new zmq::context_t(1);
-    owner = getpid();
-  }
-  return *context;
+std::string CallName(Op op, uint64_t seq, uint64_t n) {
+  return "group call #" + std::to_string(seq) + " " + OpLabel(op) + "(n=" + std::to_string(n) + ")";
 }
 
 std::string Ms(milliseconds d) { return std::to_string(d.count()) + " ms"; }
 
+// One message as the transport delivered it, decoded on the thread that drives the group.
+struct Received {
+  std::string peer;  // leader: the member's transport identity
+  Frames frames;
+};
+
+// A call decoded at the leader.
+struct Incoming {
+  std::string peer;
+  Header header;
+  uint32_t size = 0;  // the group size the member believes in
+  Frame payload;
+  uint64_t n() const { return header.shape.empty() ? 0 : header.shape[0]; }
+};
+
+// Messages handed from the transport's threads to the member's own thread. Bounded: a
+// flood beyond `capacity` is dropped (the leader answers each dropped call with an error).
+class Inbox {
+ public:
+  explicit Inbox(size_t capacity) : capacity_(capacity) {}
+
+  bool Put(Received r) {
+    MutexLock lock(&mu_);
+    if (queue_.size() >= capacity_) return false;
+    queue_.push_back(std::move(r));
+    cv_.Signal();
+    return true;
+  }
+  std::optional<Received> Take(Clock::time_point deadline) {
+    MutexLock lock(&mu_);
+    if (!cv_.WaitUntil(&mu_, deadline, [&]() REQUIRES(mu_) { return !queue_.empty(); })) {
+      return std::nullopt;
+    }
+    Received r = std::move(queue_.front());
+    queue_.pop_front();
+    return r;
+  }
+
+ private:
+  const size_t capacity_;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Received> queue_ GUARDED_BY(mu_);
+};
+
+Frames Message(const Header& h, Frame payload) {
+  Frames frames{Frame::FromString(EncodeHeader(h))};
+  frames.push_back(std::move(payload));
+  return frames;
+}
+
 class LocalGroupImpl final : public GroupReducer {
  public:
-  LocalGroupImpl(const LocalGroupOptions& options, std::unique_ptr<zmq::context_t> context,
-                 zmq::socket_t socket)
+  explicit LocalGroupImpl(const LocalGroupOptions& options)
       : rank_(options.rank),
         size_(options.size),
         endpoint_(options.endpoint),
         timeout_(options.timeout),
         max_message_bytes_(options.max_message_bytes),
-        context_(std::move(context)),
-        socket_(std::move(socket)) {}
+        inbox_(static_cast<size_t>(options.size) * (kMaxEarlyCalls + 2)) {}
+  ~LocalGroupImpl() override {
+    if (server_) {
+      AwaitAcks();
+      server_->Stop();  // the transports' threads use inbox_
+    }
+    if (client_) client_->Close();
+  }
+
+  Status Start(const LocalGroupOptions& options);
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  Status SumFloats(float* data, size_t n) override { return Run(GroupOp::kSumFloats, data, n); }
-  Status MinU64(uint64_t* data, size_t n) override { return Run(GroupOp::kMinU64, data, n); }
+  Status SumFloats(float* data, size_t n) override { return Run(Op::kGroupSumFloats, data, n); }
+  Status MinU64(uint64_t* data, size_t n) override { return Run(Op::kGroupMinU64, data, n); }
 
  private:
-  struct Incoming {
-    zmq::message_t identity;
-    Header header;
-    zmq::message_t payload;
-  };
   // The leader's view of one call: what each member sent (index = rank).
   struct Call {
-    GroupOp op;
+    Op op;
     uint64_t seq;
     uint64_t n;
     std::vector<std::optional<Incoming>> from;
     int missing;
   };
 
-  Status Run(GroupOp op, void* data, size_t n);
-  Status Follow(GroupOp op, uint64_t seq, void* data, size_t n);
-  Status Lead(GroupOp op, uint64_t seq, void* data, size_t n);
+  Status Run(Op op, void* data, size_t n);
+  Status Follow(Op op, uint64_t seq, void* data, size_t n);
+  Status Lead(Op op, uint64_t seq, void* data, size_t n);
+  StatusOr<Incoming> Decode(Received r) const;
   Status Accept(Call* call, Incoming in);
   Status Fail(Call* call, Status status);
   void Reduce(const Call& call, void* data) const;
-  void Send(zmq::message_t* identity, const Header& h, const void* payload, size_t bytes);
-  void Reject(Incoming* in, const Status& status);
-  bool WaitReadable(Clock::time_point deadline);
-  bool RecvAll(std::vector<zmq::message_t>* parts);
+  void Reply(const Incoming& in, const Status& status, Frame payload);
+  void Ack(Op op, uint64_t seq, size_t n);
+  bool TakeAck(const Incoming& in);
+  void AwaitAcks();
 
   // Immutable after construction.
   const int rank_;
@@ -165,22 +148,53 @@ class LocalGroupImpl final : public GroupReducer {
   const std::string endpoint_;
   const milliseconds timeout_;
   const uint64_t max_message_bytes_;
-  // This member's own context (none for inproc://): its destructor, after socket_'s, waits
-  // up to kLingerMs for unsent messages.
-  std::unique_ptr<zmq::context_t> context_;
-  zmq::socket_t socket_;  // ROUTER at the leader, DEALER at members; none if size == 1
+
+  Inbox inbox_;
+  std::unique_ptr<ServerTransport> server_;  // the leader's; null at members
+  std::unique_ptr<ClientTransport> client_;  // a member's; null at the leader
 
   // Used only by the one thread that drives this member.
   uint64_t seq_ = 0;
   std::deque<Incoming> early_;  // leader: members' calls the leader has not made yet
   uint64_t failed_seq_ = 0;     // leader: the last failed call, answered to late members
   Status failed_status_;
+  // Leader: per rank, the last call whose reply the member confirmed, and the ranks the
+  // leader answered for its last call (destroying the leader waits for their acks).
+  std::vector<uint64_t> acked_ = std::vector<uint64_t>(static_cast<size_t>(size_), 0);
+  std::vector<int> answered_;
 };
 
-Status LocalGroupImpl::Run(GroupOp op, void* data, size_t n) {
-  if (n > 0 && data == nullptr) return InvalidArgument(std::string(OpName(op)) + ": null data");
+Status LocalGroupImpl::Start(const LocalGroupOptions& options) {
+  TransportOptions t;
+  t.handler_threads = 1;
+  t.max_message_bytes = std::max<uint64_t>(options.max_message_bytes, 4096) + 4096;
+  t.linger = kLinger;
+  t.curve = options.curve;
+  if (rank_ == 0) {
+    server_ = NewServerTransport(endpoint_, t);
+    auto bound = server_->Start(endpoint_, [this](onlineps::Incoming&& in) {
+      Received r{std::move(in.peer), std::move(in.frames)};
+      const std::string peer = r.peer;
+      if (!inbox_.Put(std::move(r))) {
+        Header h = MakeReply(Header(), ResourceExhausted("the group leader's inbox is full"));
+        (void)server_->Send(peer, {Frame::FromString(EncodeHeader(h))});
+      }
+    });
+    return bound.status().WithContext("local group");
+  }
+  client_ = NewClientTransport({endpoint_}, t);
+  return client_
+      ->Connect({endpoint_},
+                [this](size_t, Frames&& frames) {
+                  (void)inbox_.Put({"", std::move(frames)});
+                })
+      .WithContext("local group");
+}
+
+Status LocalGroupImpl::Run(Op op, void* data, size_t n) {
+  if (n > 0 && data == nullptr) return InvalidArgument(std::string(OpLabel(op)) + ": null data");
   if (n > max_message_bytes_ / ElemSize(op)) {
-    return InvalidArgument(std::string(OpName(op)) + ": " + std::to_string(n) +
+    return InvalidArgument(std::string(OpLabel(op)) + ": " + std::to_string(n) +
                            " elements exceed max_message_bytes " +
                            std::to_string(max_message_bytes_));
   }
@@ -188,52 +202,59 @@ Status LocalGroupImpl::Run(GroupOp op, void* data, size_t n) {
   const uint64_t seq = ++seq_;
   try {
     return rank_ == 0 ? Lead(op, seq, data, n) : Follow(op, seq, data, n);
-  } catch (const zmq::error_t& e) {
-    return FromZmqError(CallName(op, seq, n), e);
   } catch (const std::exception& e) {  // e.g. bad_alloc
     return Internal(CallName(op, seq, n) + ": " + e.what());
   }
 }
 
-Status LocalGroupImpl::Follow(GroupOp op, uint64_t seq, void* data, size_t n) {
+Status LocalGroupImpl::Follow(Op op, uint64_t seq, void* data, size_t n) {
   const size_t bytes = n * ElemSize(op);
   const std::string call = CallName(op, seq, n);
-  zmq::message_t header = EncodeHeader(
-      {op, StatusCode::kOk, static_cast<uint32_t>(rank_), static_cast<uint32_t>(size_), seq, n});
-  zmq::message_t payload(data, bytes);
-  if (!socket_.send(header, zmq::send_flags::sndmore | zmq::send_flags::dontwait) ||
-      !socket_.send(payload, zmq::send_flags::dontwait)) {
-    return Unavailable(call + ": send queue to the leader at " + endpoint_ + " is full");
+  Header h;
+  h.op = op;
+  h.sender = static_cast<uint64_t>(rank_);
+  h.seq = seq;
+  h.shape = {n};
+  h.spec = {{kSizeKey, std::to_string(size_)}};
+  if (Status sent = client_->Send(0, Message(h, Frame::Copy(data, bytes))); !sent.ok()) {
+    return Unavailable(call + ": send to the leader at " + endpoint_ +
+                       " failed: " + sent.message());
   }
   const Clock::time_point deadline = Clock::now() + timeout_;
-  std::vector<zmq::message_t> parts;
   while (true) {
-    if (!WaitReadable(deadline)) {
+    std::optional<Received> in = inbox_.Take(deadline);
+    if (!in) {
       return DeadlineExceeded(call + ": no reply from the leader (rank 0) at " + endpoint_ +
                               " within " + Ms(timeout_));
     }
-    if (!RecvAll(&parts)) continue;
-    if (parts.size() != 2) {
+    const Frames& parts = in->frames;
+    if (parts.empty() || parts.size() > 2) {
       return Malformed(call + ": leader reply of " + std::to_string(parts.size()) + " frames");
     }
-    Header r;
-    ONLINEPS_RETURN_IF_ERROR(DecodeHeader(parts[0], &r).WithContext(call));
-    if (r.seq < seq) continue;  // the late reply to a call this member gave up on
+    StatusOr<Header> decoded = DecodeHeader(parts[0].data(), parts[0].size());
+    if (!decoded.ok()) return decoded.status().WithContext(call);
+    const Header& r = *decoded;
+    if (r.op != Op::kReply)
+      return Malformed(call + ": the leader sent " + std::string(OpName(r.op)));
+    if (r.seq != 0 && r.seq < seq) continue;  // the late reply to a call this member gave up on
     if (r.seq > seq) {
       return FailedPrecondition(call + ": the leader answered call #" + std::to_string(r.seq) +
                                 ": members are out of step");
     }
-    if (r.code != StatusCode::kOk) return Status(r.code, parts[1].to_string());
-    if (r.op != op || r.n != n || parts[1].size() != bytes) {
-      return Malformed(call + ": leader replied with " + OpName(r.op) + "(n=" +
-                       std::to_string(r.n) + ") and " + std::to_string(parts[1].size()) + " bytes");
+    if (r.seq == seq) Ack(op, seq, n);
+    if (r.code != StatusCode::kOk) return ReplyStatus(r);
+    const size_t got = parts.size() == 2 ? parts[1].size() : 0;
+    const uint64_t rn = r.shape.empty() ? 0 : r.shape[0];
+    if (r.seq != seq || rn != n || got != bytes) {
+      return Malformed(call + ": leader replied to call #" + std::to_string(r.seq) +
+                       " (n=" + std::to_string(rn) + ") with " + std::to_string(got) + " bytes");
     }
     if (bytes > 0) std::memcpy(data, parts[1].data(), bytes);
     return Status::Ok();
   }
 }
 
-Status LocalGroupImpl::Lead(GroupOp op, uint64_t seq, void* data, size_t n) {
+Status LocalGroupImpl::Lead(Op op, uint64_t seq, void* data, size_t n) {
   Call call{op, seq, n, std::vector<std::optional<Incoming>>(size_), size_ - 1};
   // A bad call is answered only once every member made it (or time is up), so that all
   // members see the same error rather than some of them a timeout.
@@ -246,80 +267,109 @@ Status LocalGroupImpl::Lead(GroupOp op, uint64_t seq, void* data, size_t n) {
   early.swap(early_);
   for (Incoming& in : early) take(std::move(in));
   const Clock::time_point deadline = Clock::now() + timeout_;
-  std::vector<zmq::message_t> parts;
   while (call.missing > 0) {
-    if (!WaitReadable(deadline)) {
+    std::optional<Received> r = inbox_.Take(deadline);
+    if (!r) {
       if (!failure.ok()) return Fail(&call, failure);
       std::string missing;
-      for (int r = 1; r < size_; ++r) {
-        if (!call.from[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      for (int m = 1; m < size_; ++m) {
+        if (!call.from[m]) missing += (missing.empty() ? "" : ", ") + std::to_string(m);
       }
       return Fail(&call, DeadlineExceeded(CallName(op, seq, n) + ": no call from rank(s) " +
                                           missing + " within " + Ms(timeout_)));
     }
-    if (!RecvAll(&parts) || parts.empty()) continue;
-    Incoming in{std::move(parts[0]), Header(), zmq::message_t()};
-    Status parsed = parts.size() == 3
-                        ? DecodeHeader(parts[1], &in.header)
-                        : Malformed("member message of " + std::to_string(parts.size() - 1) +
-                                    " frames, expected 2");
-    if (!parsed.ok()) {
-      Reject(&in, parsed);
+    Incoming rejected{r->peer, Header(), 0, Frame()};
+    StatusOr<Incoming> in = Decode(std::move(*r));
+    if (!in.ok()) {
+      Reply(rejected, in.status(), Frame());
       continue;
     }
-    in.payload = std::move(parts[2]);
-    take(std::move(in));
+    if (!TakeAck(*in)) take(std::move(in).value());
   }
   if (!failure.ok()) return Fail(&call, failure);
   Reduce(call, data);
-  const Header result{op, StatusCode::kOk, 0, static_cast<uint32_t>(size_), seq, n};
-  for (int r = 1; r < size_; ++r) Send(&call.from[r]->identity, result, data, n * ElemSize(op));
+  const Frame result = Frame::Copy(data, n * ElemSize(op));
+  answered_.clear();
+  for (int m = 1; m < size_; ++m) {
+    Reply(*call.from[m], Status::Ok(), result);
+    answered_.push_back(m);
+  }
   return Status::Ok();
+}
+
+StatusOr<Incoming> LocalGroupImpl::Decode(Received r) const {
+  if (r.frames.size() != 2) {
+    return Malformed("member message of " + std::to_string(r.frames.size()) +
+                     " frames, expected 2");
+  }
+  ONLINEPS_ASSIGN_OR_RETURN(Header h, DecodeHeader(r.frames[0].data(), r.frames[0].size()));
+  if (h.op != Op::kGroupSumFloats && h.op != Op::kGroupMinU64) {
+    return UnknownOp(std::string(OpName(h.op)) + " sent to a local group leader");
+  }
+  const auto size = h.spec.find(kSizeKey);
+  char* end = nullptr;
+  const unsigned long long claimed =
+      size == h.spec.end() ? 0 : std::strtoull(size->second.c_str(), &end, 10);
+  if (h.shape.size() != 1 || size == h.spec.end() || end == size->second.c_str() || *end != 0 ||
+      claimed > UINT32_MAX) {
+    return Malformed("group call without shape {n} and a numeric group_size");
+  }
+  return Incoming{std::move(r.peer), std::move(h), static_cast<uint32_t>(claimed),
+                  std::move(r.frames[1])};
 }
 
 // Takes one member message for the current call. Messages that only their sender got
 // wrong are answered here; a non-OK return fails the whole call.
 Status LocalGroupImpl::Accept(Call* call, Incoming in) {
   const Header& h = in.header;
-  const std::string from = "rank " + std::to_string(h.rank);
-  if (h.size != static_cast<uint32_t>(size_) || h.rank == 0 ||
-      h.rank >= static_cast<uint32_t>(size_)) {
-    Reject(&in, FailedPrecondition("a member claims rank " + std::to_string(h.rank) + " of " +
-                                   std::to_string(h.size) + "; the leader's group has " +
-                                   std::to_string(size_) + " members"));
+  const std::string from = "rank " + std::to_string(h.sender);
+  if (in.size != static_cast<uint32_t>(size_) || h.sender == 0 ||
+      h.sender >= static_cast<uint64_t>(size_)) {
+    Reply(in,
+          FailedPrecondition("a member claims rank " + std::to_string(h.sender) + " of " +
+                             std::to_string(in.size) + "; the leader's group has " +
+                             std::to_string(size_) + " members"),
+          Frame());
     return Status::Ok();
   }
   if (h.seq < call->seq) {
-    Reject(&in, h.seq == failed_seq_
-                    ? failed_status_
-                    : FailedPrecondition(CallName(h.op, h.seq, h.n) + " from " + from +
-                                         " came after the leader finished it: members are "
-                                         "out of step"));
+    Reply(in,
+          h.seq == failed_seq_
+              ? failed_status_
+              : FailedPrecondition(CallName(h.op, h.seq, in.n()) + " from " + from +
+                                   " came after the leader finished it: members are "
+                                   "out of step"),
+          Frame());
     return Status::Ok();
   }
   if (h.seq > call->seq) {
-    const auto ahead = std::count_if(early_.begin(), early_.end(),
-                                     [&](const Incoming& e) { return e.header.rank == h.rank; });
+    const auto ahead = std::count_if(early_.begin(), early_.end(), [&](const Incoming& e) {
+      return e.header.sender == h.sender;
+    });
     if (static_cast<size_t>(ahead) >= kMaxEarlyCalls) {
-      Reject(&in, FailedPrecondition(from + " is too many calls ahead of the leader"));
+      Reply(in, FailedPrecondition(from + " is too many calls ahead of the leader"), Frame());
     } else {
       early_.push_back(std::move(in));
     }
     return Status::Ok();
   }
-  std::optional<Incoming>& slot = call->from[h.rank];
+  std::optional<Incoming>& slot = call->from[h.sender];
   if (slot) {
-    Reject(&in, FailedPrecondition(from + " made " + CallName(h.op, h.seq, h.n) +
-                                   " twice (two members with one rank?)"));
+    Reply(in,
+          FailedPrecondition(from + " made " + CallName(h.op, h.seq, in.n()) +
+                             " twice (two members with one rank?)"),
+          Frame());
     return Status::Ok();
   }
-  const bool same = h.op == call->op && h.n == call->n;
-  const bool sized = same && in.payload.size() == h.n * ElemSize(h.op);
+  const bool same = h.op == call->op && in.n() == call->n;
+  const bool sized = same && in.payload.size() == in.n() * ElemSize(h.op);
+  const Op op = h.op;
+  const uint64_t n = in.n();
   slot = std::move(in);
   --call->missing;
   if (!same) {
     return FailedPrecondition(CallName(call->op, call->seq, call->n) + " at rank 0, but " + from +
-                              " called " + OpName(h.op) + "(n=" + std::to_string(h.n) + ")");
+                              " called " + OpLabel(op) + "(n=" + std::to_string(n) + ")");
   }
   if (!sized) {
     return Malformed(CallName(call->op, call->seq, call->n) + ": " + from + " sent " +
@@ -331,8 +381,11 @@ Status LocalGroupImpl::Accept(Call* call, Incoming in) {
 // Answers every member that already called with `status`, and remembers it for the
 // members that call later.
 Status LocalGroupImpl::Fail(Call* call, Status status) {
+  answered_.clear();
   for (std::optional<Incoming>& in : call->from) {
-    if (in) Reject(&*in, status);
+    if (!in) continue;
+    Reply(*in, status, Frame());
+    answered_.push_back(static_cast<int>(in->header.sender));
   }
   failed_seq_ = call->seq;
   failed_status_ = status;
@@ -342,8 +395,8 @@ Status LocalGroupImpl::Fail(Call* call, Status status) {
 // Folds in rank order, so every member gets bitwise the same result.
 void LocalGroupImpl::Reduce(const Call& call, void* data) const {
   for (int r = 1; r < size_; ++r) {
-    const char* in = call.from[r]->payload.data<char>();  // maybe unaligned: memcpy
-    if (call.op == GroupOp::kSumFloats) {
+    const char* in = call.from[r]->payload.data();  // maybe unaligned: memcpy
+    if (call.op == Op::kGroupSumFloats) {
       auto* out = static_cast<float*>(data);
       for (uint64_t i = 0; i < call.n; ++i) {
         float v;
@@ -361,47 +414,53 @@ void LocalGroupImpl::Reduce(const Call& call, void* data) const {
   }
 }
 
-// ROUTER sends never block: a member that is gone (or at its high-water mark) loses the
-// reply and times out on its side.
-void LocalGroupImpl::Send(zmq::message_t* identity, const Header& h, const void* payload,
-                          size_t bytes) {
-  zmq::message_t header = EncodeHeader(h);
-  zmq::message_t body(payload, bytes);
-  if (!socket_.send(*identity, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return;
-  (void)socket_.send(header, zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-  (void)socket_.send(body, zmq::send_flags::dontwait);
+// Sends never block: a member that is gone (or at its high-water mark) loses the reply
+// and times out on its side.
+void LocalGroupImpl::Reply(const Incoming& in, const Status& status, Frame payload) {
+  Header h = MakeReply(in.header, status);
+  h.seq = in.header.seq;
+  h.shape = in.header.shape;
+  Frames frames{Frame::FromString(EncodeHeader(h))};
+  if (status.ok()) frames.push_back(std::move(payload));
+  (void)server_->Send(in.peer, std::move(frames));
 }
 
-void LocalGroupImpl::Reject(Incoming* in, const Status& status) {
-  Header h = in->header;
-  h.code = status.code();
-  const std::string& text = status.message();
-  Send(&in->identity, h, text.data(), text.size());
+// A member confirms the leader's reply to call `seq` (kFlagGroupAck; no reply), so a
+// leader that is being destroyed knows its last replies were delivered.
+void LocalGroupImpl::Ack(Op op, uint64_t seq, size_t n) {
+  Header h;
+  h.op = op;
+  h.sender = static_cast<uint64_t>(rank_);
+  h.seq = seq;
+  h.shape = {n};
+  h.flags = kFlagGroupAck;
+  h.spec = {{kSizeKey, std::to_string(size_)}};
+  (void)client_->Send(0, Message(h, Frame()));
 }
 
-bool LocalGroupImpl::WaitReadable(Clock::time_point deadline) {
-  while (true) {
-    const auto left =
-        std::max(milliseconds(0), std::chrono::ceil<milliseconds>(deadline - Clock::now()));
-    zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-    try {
-      if (zmq::poll(&item, 1, left) > 0) return true;
-    } catch (const zmq::error_t& e) {
-      if (e.num() != EINTR) throw;
-    }
-    if (Clock::now() >= deadline) return false;
+// True (and recorded) if `in` is a member's ack rather than a call.
+bool LocalGroupImpl::TakeAck(const Incoming& in) {
+  if ((in.header.flags & kFlagGroupAck) == 0) return false;
+  if (in.header.sender < acked_.size()) {
+    acked_[in.header.sender] = std::max(acked_[in.header.sender], in.header.seq);
   }
+  return true;
 }
 
-// One whole multipart message, without blocking; false if none is waiting.
-bool LocalGroupImpl::RecvAll(std::vector<zmq::message_t>* parts) {
-  parts->clear();
-  do {
-    zmq::message_t part;
-    if (!socket_.recv(part, zmq::recv_flags::dontwait)) return !parts->empty();
-    parts->push_back(std::move(part));
-  } while (parts->back().more());
-  return true;
+// Until every member the leader answered last confirmed it, for at most kLinger: a
+// process that exits right after its last call must not take those replies along.
+void LocalGroupImpl::AwaitAcks() {
+  const Clock::time_point deadline = Clock::now() + kLinger;
+  auto pending = [&] {
+    return std::any_of(answered_.begin(), answered_.end(),
+                       [&](int m) { return acked_[static_cast<size_t>(m)] < seq_; });
+  };
+  while (pending()) {
+    std::optional<Received> r = inbox_.Take(deadline);
+    if (!r) return;
+    StatusOr<Incoming> in = Decode(std::move(*r));
+    if (in.ok()) (void)TakeAck(*in);
+  }
 }
 
 }  // namespace
@@ -415,34 +474,12 @@ StatusOr<std::unique_ptr<GroupReducer>> NewLocalGroup(const LocalGroupOptions& o
                            " out of range [0, " + std::to_string(options.size) + ")");
   }
   if (options.timeout.count() <= 0) return InvalidArgument("local group: timeout must be > 0");
-  std::unique_ptr<GroupReducer> group;
-  if (options.size == 1) {
-    group = std::make_unique<LocalGroupImpl>(options, nullptr, zmq::socket_t());
-    return group;
+  auto group = std::make_unique<LocalGroupImpl>(options);
+  if (options.size > 1) {
+    if (options.endpoint.empty()) return InvalidArgument("local group: empty endpoint");
+    ONLINEPS_RETURN_IF_ERROR(group->Start(options));
   }
-  if (options.endpoint.empty()) return InvalidArgument("local group: empty endpoint");
-  const bool leader = options.rank == 0;
-  try {
-    std::unique_ptr<zmq::context_t> own;
-    if (options.endpoint.rfind("inproc://", 0) != 0) own = std::make_unique<zmq::context_t>(1);
-    zmq::socket_t socket(own ? *own : InprocContext(),
-                         leader ? zmq::socket_type::router : zmq::socket_type::dealer);
-    socket.set(zmq::sockopt::linger, kLingerMs);
-    const uint64_t max_frame = std::max<uint64_t>(options.max_message_bytes, 4096);
-    socket.set(zmq::sockopt::maxmsgsize, max_frame > uint64_t{std::numeric_limits<int64_t>::max()}
-                                             ? int64_t{-1}
-                                             : static_cast<int64_t>(max_frame));
-    if (leader) {
-      socket.bind(options.endpoint);
-    } else {
-      socket.connect(options.endpoint);
-    }
-    group = std::make_unique<LocalGroupImpl>(options, std::move(own), std::move(socket));
-    return group;
-  } catch (const zmq::error_t& e) {
-    return FromZmqError(
-        std::string("local group: ") + (leader ? "bind " : "connect ") + options.endpoint, e);
-  }
+  return std::unique_ptr<GroupReducer>(std::move(group));
 }
 
 }  // namespace onlineps::worker

@@ -1,9 +1,10 @@
 // LocalGroup: the CPU GroupReducer, for machines without GPUs and for tests of the
-// aggregation logic. Rank 0 (the leader) binds a ZeroMQ ROUTER, the other members
-// connect DEALERs; each call sends the member's buffer to the leader, which reduces in
-// rank order (so every member gets bitwise the same floats) and sends the result back.
-// Calls carry (op, sequence number, n): members whose calls disagree get
-// kFailedPrecondition instead of a wrong sum. Torch-free.
+// aggregation logic. On the common transport (common/transport.h) and wire header
+// (common/wire.h): rank 0 (the leader) runs a server transport, the other members a
+// client transport to it, CURVE included when configured. Each call sends the member's
+// buffer to the leader, which reduces in rank order (so every member gets bitwise the
+// same floats) and sends the result back. Calls carry (op, sequence number, n): members
+// whose calls disagree get kFailedPrecondition instead of a wrong sum. Torch-free.
 #ifndef ONLINEPS_WORKER_LOCAL_GROUP_H_
 #define ONLINEPS_WORKER_LOCAL_GROUP_H_
 
@@ -12,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "common/curve.h"
 #include "common/status.h"
 #include "worker/group_reducer.h"
 
@@ -21,12 +23,16 @@ struct LocalGroupOptions {
   int rank = 0;  // 0 <= rank < size; rank 0 is the leader
   int size = 1;  // members in the group; 1 makes every call a no-op
   // The leader binds it, the others connect: "ipc:///tmp/x", "tcp://127.0.0.1:PORT", or
-  // "inproc://x" (members in one process). Ignored when size == 1.
+  // "inproc://x" / "mem://x" (members in one process). Ignored when size == 1.
   std::string endpoint;
   // Per call: how long a member waits for the others (leader) or the reply (member).
   std::chrono::milliseconds timeout{60000};
   // Largest buffer one call may carry, in bytes; bigger messages are refused.
   uint64_t max_message_bytes = uint64_t{1} << 30;
+  // CurveZMQ on tcp:// (common/curve.h). The leader needs its key pair (and, to admit
+  // only some members, allowed_clients); members their key pair and server_public_key,
+  // the leader's public key. Empty secret_key: CURVE off.
+  CurveOptions curve{};
 };
 
 // Creates this process's member of the group. The leader binds at once (bind errors are

@@ -51,7 +51,7 @@ struct Flags {
   int admin_port = 9200;
   std::string group = "none";
   int group_rank = 0, group_size = 1, group_device = 0;
-  std::string group_endpoint, group_id_file;
+  std::string group_endpoint, group_id_file, group_curve_keys;
   int64_t group_timeout_ms = 10000;
   onlineps::CurveFlags curve;
   onlineps::CurveOptions curve_options;  // loaded from `curve` in Finish
@@ -199,6 +199,10 @@ void AddGroupFlags(CLI::App& app, Flags* f) {
   app.add_option("--group-size", f->group_size, "Workers in the group")->capture_default_str();
   app.add_option("--group-endpoint", f->group_endpoint,
                  "local: rank 0 binds, others connect (e.g. ipc:///tmp/onlineps-group)");
+  app.add_option("--group-curve-keys", f->group_curve_keys,
+                 "local, with --curve-cert: file of the members' public keys, rank 0's first; "
+                 "the leader admits only these, members expect the first. Default: every "
+                 "member holds the same --curve-cert");
   app.add_option("--group-id-file", f->group_id_file,
                  "nccl: file through which rank 0 hands out the NCCL id (one per group)");
   app.add_option("--group-device", f->group_device, "nccl: CUDA device of this member")
@@ -218,6 +222,18 @@ onlineps::StatusOr<std::unique_ptr<worker::GroupReducer>> MakeGroup(const Flags&
     o.size = f.group_size;
     o.endpoint = f.group_endpoint;
     o.timeout = std::chrono::milliseconds(f.group_timeout_ms);
+    if (f.curve_options.enabled()) {
+      o.curve.public_key = f.curve_options.public_key;
+      o.curve.secret_key = f.curve_options.secret_key;
+      std::vector<std::string> keys{f.curve_options.public_key};
+      if (!f.group_curve_keys.empty()) {
+        ONLINEPS_ASSIGN_OR_RETURN(keys, onlineps::ReadCurvePublicKeys(f.group_curve_keys));
+      }
+      o.curve.server_public_key = keys.front();
+      o.curve.allowed_clients = keys;
+    } else if (!f.group_curve_keys.empty()) {
+      return onlineps::InvalidArgument("--group-curve-keys needs --curve-cert");
+    }
     return worker::NewLocalGroup(o);
   }
 #if ONLINEPS_HAVE_NCCL
