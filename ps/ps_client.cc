@@ -7,13 +7,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <queue>
 #include <random>
-#include <thread>
 
 #include "common/mutex.h"
 #include "common/partition.h"
 #include "common/request_ids.h"
+#include "common/rpc_calls.h"
 #include "common/wire.h"
 
 namespace onlineps::ps {
@@ -147,7 +146,7 @@ class PsClientImpl : public PsClient {
   // index) is not its primary; `hint` is the replica it named, if any.
   void Failover(size_t shard, size_t from, int64_t hint);
   void OnReply(size_t shard, Frames&& frames);
-  void TimerLoop();
+  void Expired(std::unique_ptr<Pending> p);
   void Retry(std::unique_ptr<Pending> p, Clock::time_point now, const Status& why);
   void Shutdown();
   StatusOr<std::shared_ptr<const TableMeta>> Meta(const std::string& table);
@@ -167,16 +166,10 @@ class PsClientImpl : public PsClient {
   std::vector<std::atomic<size_t>> primary_;
   std::vector<std::atomic<uint64_t>> epoch_;  // highest replication epoch seen per shard
 
-  Mutex mu_;
-  RequestIdPool ids_ GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<Pending>> slots_ GUARDED_BY(mu_);
-  using Deadline = std::pair<Clock::time_point, uint32_t>;  // (attempt deadline, id)
-  std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> deadlines_ GUARDED_BY(mu_);
-  std::vector<std::pair<Clock::time_point, std::unique_ptr<Pending>>> delayed_ GUARDED_BY(mu_);
-  bool stop_ GUARDED_BY(mu_) = false;
-  Clock::time_point timer_wake_ GUARDED_BY(mu_) = Clock::time_point::max();
-  CondVar timer_cv_;
-  std::thread timer_;
+  // Attempts in flight and resends due later; its timer thread runs Expired and Send.
+  RpcCalls<Pending> calls_{RequestIdPool::kMaxSlots,
+                           [this](std::unique_ptr<Pending> p) { Expired(std::move(p)); },
+                           [this](std::unique_ptr<Pending> p) { Send(std::move(p)); }};
 
   Mutex meta_mu_;
   std::map<std::string, std::shared_ptr<const TableMeta>> meta_ GUARDED_BY(meta_mu_);
@@ -200,34 +193,16 @@ Status PsClientImpl::Start() {
       b = e + 1;
     }
   }
-  {
-    MutexLock lock(&mu_);  // no other thread yet; for the analysis
-    slots_.resize(ids_.capacity());
-  }
   transport_ = NewClientTransport(endpoints_, options_.transport);
   ONLINEPS_RETURN_IF_ERROR(transport_->Connect(
       endpoints_, [this](size_t target, Frames&& f) { OnReply(target, std::move(f)); }));
-  timer_ = std::thread([this] { TimerLoop(); });
+  calls_.Start();
   return Status::Ok();
 }
 
 void PsClientImpl::Shutdown() {
-  {
-    MutexLock lock(&mu_);
-    if (stop_) return;
-    stop_ = true;
-  }
-  timer_cv_.SignalAll();
-  if (timer_.joinable()) timer_.join();
+  std::vector<std::unique_ptr<Pending>> left = calls_.Stop();
   if (transport_) transport_->Close();
-  std::vector<std::unique_ptr<Pending>> left;
-  {
-    MutexLock lock(&mu_);
-    for (auto& p : slots_)
-      if (p) left.push_back(std::move(p));
-    for (auto& d : delayed_) left.push_back(std::move(d.second));
-    delayed_.clear();
-  }
   for (auto& p : left) p->call->Complete(Cancelled("client shut down"));
 }
 
@@ -285,36 +260,21 @@ uint32_t PullFlags(const PullOptions& opts) {
 }
 
 void PsClientImpl::Send(std::unique_ptr<Pending> p) {
-  const auto now = Clock::now();
   p->attempts++;
-  p->attempt_deadline = std::min(now + options_.attempt_timeout, p->call_deadline);
-  Frames frames;
-  {
-    MutexLock lock(&mu_);
-    if (stop_) {
-      p->call->Complete(Cancelled("client shut down"));
-      return;
-    }
-    auto id = ids_.Acquire();
-    if (!id) {
-      p->call->Complete(ResourceExhausted("more than 65536 requests in flight"));
-      return;
-    }
-    p->header.request_id = *id;
-    p->target = groups_[p->shard][primary_[p->shard].load() % groups_[p->shard].size()];
-    p->header.epoch = epoch_[p->shard].load();
-    frames.reserve(1 + p->payload.size());
-    frames.push_back(Frame::FromString(EncodeHeader(p->header)));
-    for (const Frame& f : p->payload) frames.push_back(f);
-    deadlines_.emplace(p->attempt_deadline, *id);
-    const size_t target = p->target;
-    // Wake the timer only when this deadline comes before its planned wake-up; waking it
-    // on every call would cost a thread switch per round trip.
-    if (p->attempt_deadline < timer_wake_) timer_cv_.Signal();
-    slots_[*id & 0xffff] = std::move(p);
-    Status st = transport_->Send(target, std::move(frames));
-    if (!st.ok()) spdlog::debug("send to {} failed: {}", endpoints_[target], st.ToString());
-  }
+  p->attempt_deadline = std::min(Clock::now() + options_.attempt_timeout, p->call_deadline);
+  const StatusOr<uint32_t> id =
+      calls_.Add(&p, p->attempt_deadline, [this](uint32_t id, Pending& q) {
+        q.header.request_id = id;
+        q.target = groups_[q.shard][primary_[q.shard].load() % groups_[q.shard].size()];
+        q.header.epoch = epoch_[q.shard].load();
+        Frames frames;
+        frames.reserve(1 + q.payload.size());
+        frames.push_back(Frame::FromString(EncodeHeader(q.header)));
+        for (const Frame& f : q.payload) frames.push_back(f);
+        Status st = transport_->Send(q.target, std::move(frames));
+        if (!st.ok()) spdlog::debug("send to {} failed: {}", endpoints_[q.target], st.ToString());
+      });
+  if (!id.ok()) p->call->Complete(id.status());
 }
 
 void PsClientImpl::Failover(size_t shard, size_t from, int64_t hint) {
@@ -339,14 +299,9 @@ void PsClientImpl::OnReply(size_t target, Frames&& frames) {
     spdlog::warn("undecodable reply from {}: {}", endpoints_[target], h.status().ToString());
     return;
   }
-  std::unique_ptr<Pending> p;
-  {
-    MutexLock lock(&mu_);
-    auto slot = ids_.SlotOf(h->request_id);
-    if (!slot || !slots_[*slot] || slots_[*slot]->target != target) return;  // late or foreign
-    p = std::move(slots_[*slot]);
-    ids_.Release(h->request_id);
-  }
+  std::unique_ptr<Pending> p =
+      calls_.Take(h->request_id, [target](const Pending& q) { return q.target == target; });
+  if (!p) return;  // late or foreign
   const size_t shard = p->shard;
   Status st = ReplyStatus(*h);
   if (groups_[shard].size() > 1) {
@@ -385,47 +340,15 @@ void PsClientImpl::Retry(std::unique_ptr<Pending> p, Clock::time_point now, cons
   }
   // A refused attempt (draining, in progress) waits a little; a lost one resends now.
   auto when = why.code() == StatusCode::kUnavailable ? now + std::chrono::milliseconds(20) : now;
-  MutexLock lock(&mu_);
-  delayed_.emplace_back(when, std::move(p));
-  timer_cv_.Signal();
+  if (auto stopped = calls_.Later(when, std::move(p))) {
+    stopped->call->Complete(Cancelled("client shut down"));
+  }
 }
 
-void PsClientImpl::TimerLoop() {
-  MutexLock lock(&mu_);
-  while (!stop_) {
-    auto wake = Clock::now() + std::chrono::milliseconds(50);
-    if (!deadlines_.empty()) wake = std::min(wake, deadlines_.top().first);
-    for (const auto& d : delayed_) wake = std::min(wake, d.first);
-    timer_wake_ = wake;
-    timer_cv_.WaitUntil(&mu_, wake);
-    timer_wake_ = Clock::time_point::min();  // awake: Send need not notify
-    const auto now = Clock::now();
-    std::vector<std::unique_ptr<Pending>> expired, due;
-    while (!deadlines_.empty() && deadlines_.top().first <= now) {
-      const uint32_t id = deadlines_.top().second;
-      deadlines_.pop();
-      auto slot = ids_.SlotOf(id);
-      if (!slot || !slots_[*slot]) continue;  // answered already
-      expired.push_back(std::move(slots_[*slot]));
-      ids_.Release(id);
-    }
-    for (size_t i = 0; i < delayed_.size();) {
-      if (delayed_[i].first <= now) {
-        due.push_back(std::move(delayed_[i].second));
-        delayed_[i] = std::move(delayed_.back());
-        delayed_.pop_back();
-      } else {
-        ++i;
-      }
-    }
-    lock.Unlock();
-    for (auto& p : expired) {
-      Failover(p->shard, p->target, -1);  // a silent replica may be a dead primary
-      Retry(std::move(p), now, DeadlineExceeded("attempt timed out"));
-    }
-    for (auto& p : due) Send(std::move(p));
-    lock.Lock();
-  }
+// On the timer thread: an attempt got no answer in time.
+void PsClientImpl::Expired(std::unique_ptr<Pending> p) {
+  Failover(p->shard, p->target, -1);  // a silent replica may be a dead primary
+  Retry(std::move(p), Clock::now(), DeadlineExceeded("attempt timed out"));
 }
 
 }  // namespace
