@@ -357,13 +357,6 @@ const std::vector<FixtureTool>& ToolTable() {
   return kTools;
 }
 
-const FixtureTool* FindTool(const std::string& name) {
-  for (const FixtureTool& t : ToolTable()) {
-    if (name == t.name) return &t;
-  }
-  return nullptr;
-}
-
 // ---- resources ------------------------------------------------------------------------
 
 struct FixtureResource {
