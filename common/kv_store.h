@@ -1,7 +1,7 @@
 // KvStore: the part of etcd's v3 API that coordination needs (leases, prefix reads and
 // compare-and-swap transactions), asynchronous, so the same callers run against a real
 // etcd (common/etcd_kv.h) and against the in-memory model of the deterministic
-// simulation (tests/sim_etcd.h). The semantics are etcd's: every successful write bumps
+// simulation (tests/ps/sim_etcd.h). The semantics are etcd's: every successful write bumps
 // the store's revision; a key keeps the revision that created it and the one that last
 // changed it; a key put with a lease is deleted when the lease expires or is revoked.
 //

@@ -1,6 +1,6 @@
 // Message transport between PS clients and shard servers, behind an interface so tests
 // and replays can swap the network for memory, and tests can decorate a client
-// transport, e.g. to inject faults (TransportOptions::decorate, tests/fault_transport.h).
+// transport, e.g. to inject faults (TransportOptions::decorate, tests/common/fault_transport.h).
 //
 // Endpoint schemes:
 //   tcp://HOST:PORT, ipc://PATH, inproc://NAME  -> ZeroMQ (ROUTER server, DEALER client)
@@ -28,7 +28,7 @@ namespace onlineps {
 class ClientTransport;
 
 // Wraps the client transport a factory made and returns what callers get instead: a
-// hook for decorators such as tests' fault injection (tests/fault_transport.h).
+// hook for decorators such as tests' fault injection (tests/common/fault_transport.h).
 using ClientTransportDecorator =
     std::function<std::unique_ptr<ClientTransport>(std::unique_ptr<ClientTransport>)>;
 

@@ -1,5 +1,5 @@
 // Entry points shared by the libFuzzer targets (fuzz/*_fuzz.cc) and the regression test
-// (tests/fuzz_regression_test.cc): each runs one input through the real decoders or
+// (tests/system/fuzz_regression_test.cc): each runs one input through the real decoders or
 // request handlers and checks what came back. Each returns "" when the input was handled
 // cleanly (a result, or an error Status / JSON-RPC error), else what went wrong; a
 // crash, a sanitizer report or an escaped exception is a failure too. Not thread-safe:

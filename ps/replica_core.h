@@ -2,7 +2,7 @@
 // state machine: no threads, no clock, no I/O. Time comes in as arguments; messages,
 // coordination calls and snapshots go out through a ReplicaEnv, and their results come
 // back as calls. ps/replication.h runs it in a shard process (real ZeroMQ, real etcd);
-// tests/replica_sim.h runs several in one thread under a seeded fault scheduler.
+// tests/ps/replica_sim.h runs several in one thread under a seeded fault scheduler.
 //
 // The protocol (docs/reliability.md, "Shard replication"; docs/protocol.md):
 // - Membership and election live in a KvStore (etcd), under the group's key prefix:

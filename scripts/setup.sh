@@ -30,7 +30,7 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
-# Node.js and npm run the MCP client tests (tests/mcp, tests/conformance) and the
+# Node.js and npm run the MCP client tests (tests/bridge/mcp, tests/bridge/conformance) and the
 # TypeScript peer of bench/bridge_bench. Any node >= 18 with npm will do (the tests fetch
 # node@22 from npm where they need it); Debian's packages when there is none.
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
@@ -49,7 +49,7 @@ else
   echo "setup: packages installed"
 fi
 
-# promtool (tests/metrics_lint.sh checks every binary's /metrics with it) comes from
+# promtool (tests/system/metrics_lint.sh checks every binary's /metrics with it) comes from
 # Debian's prometheus package, unpacked without installing it (no server, no service).
 tools=${ONLINEPS_TOOLS_DIR:-$(cd "$(dirname "$0")/.." && pwd)/build/tools}
 if [ ! -x "$tools/prom/usr/bin/promtool" ]; then

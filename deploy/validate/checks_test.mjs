@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// Proves that checks.mjs refuses broken manifests (tests/deploy_lint.sh). Takes the
+// Proves that checks.mjs refuses broken manifests (tests/system/deploy_lint.sh). Takes the
 // renders of deploy/k8s/overlays/curve and deploy/k8s/overlays/replicated, adds Secrets
 // made here the way make-curve-secrets.sh makes them (fresh random keys, the binaries'
 // key-file layout), checks that each passes, then breaks one thing at a time and checks

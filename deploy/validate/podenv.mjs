@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // The ONLINEPS_* environment and command line each onlineps container of a render gets,
 // checked against the env names the binaries really read, and written out so that
-// tests/deploy_lint.sh can run the container's exact command line with it, the binary
+// tests/system/deploy_lint.sh can run the container's exact command line with it, the binary
 // replaced by `<binary> --print-config` (which parses flags, env and file exactly as at
 // start, then exits without binding anything). A container that starts through a shell
 // script (the PS: shard index guard, replica layout) thus runs that very script.

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Prints the containerPorts of the onlineps containers of rendered manifests, one per
-// line, sorted (tests/deploy_lint.sh: every one must be EXPOSEd by the images).
+// line, sorted (tests/system/deploy_lint.sh: every one must be EXPOSEd by the images).
 // Containers of other workloads (app.kubernetes.io/name != onlineps, e.g. etcd) run
 // other images and are left out.
 //

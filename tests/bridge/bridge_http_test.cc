@@ -1,0 +1,525 @@
+// The bridge's Streamable HTTP rules, through the real binary: status codes, JSON-RPC
+// errors, sessions, security checks, the stateless revision and recording.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include "mcp_bridge/tools.h"
+#include "tests/bridge/bridge_cluster.h"
+#include "worker/request_limits.h"
+
+namespace onlineps::testing {
+namespace {
+
+class BridgeHttpTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(cluster_.StartShard());
+    worker_ = cluster_.StartWorker();
+    ASSERT_FALSE(worker_.empty());
+  }
+  int Start(std::vector<std::string> flags = {}) {
+    const int port = cluster_.StartBridge({worker_}, std::move(flags));
+    EXPECT_GT(port, 0);
+    return port;
+  }
+  BridgeCluster cluster_;
+  std::string worker_;
+};
+
+json Request(int id, const std::string& method, json params = json::object()) {
+  return {{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", params}};
+}
+
+TEST_F(BridgeHttpTest, InitializeMintsAnUnguessableSessionAndNegotiates) {
+  const int port = Start();
+  McpHttp c(port), d(port);
+  const std::string sid = c.Initialize();
+  EXPECT_TRUE(std::regex_match(sid, std::regex("[0-9a-f]{32}"))) << sid;  // 128 bits
+  EXPECT_NE(d.Initialize(), sid);
+  // Every supported revision is echoed; an unknown one gets the latest.
+  for (const std::string v : {"2025-03-26", "2025-06-18", "2025-11-25", "1999-01-01"}) {
+    McpHttp e(port);
+    HttpReply r = e.Send(Request(1, "initialize",
+                                 {{"protocolVersion", v},
+                                  {"capabilities", json::object()},
+                                  {"clientInfo", {{"name", "t"}, {"version", "1"}}}}));
+    ASSERT_EQ(r.status, 200);
+    EXPECT_EQ(r.body["result"]["protocolVersion"], v == "1999-01-01" ? "2025-11-25" : v);
+    EXPECT_TRUE(r.body["result"]["capabilities"].contains("tools"));
+  }
+  McpHttp f(port);
+  HttpReply bad = f.Send(Request(1, "initialize", json::object()));
+  EXPECT_EQ(bad.body["error"]["code"], -32602);
+  // A client cannot choose its session id (session fixation).
+  McpHttp g(port);
+  g.set_session("1");
+  HttpReply fixed = g.Send(Request(1, "initialize", {{"protocolVersion", "2025-11-25"}}));
+  ASSERT_EQ(fixed.status, 200);
+  EXPECT_NE(fixed.session_id, "1");
+  EXPECT_TRUE(std::regex_match(fixed.session_id, std::regex("[0-9a-f]{32}")));
+}
+
+TEST_F(BridgeHttpTest, StatusCodesFollowTheSpec) {
+  const int port = Start({"--max-request-bytes", "65536"});
+  McpHttp c(port);
+  ASSERT_FALSE(c.Initialize().empty());
+  // Notifications and responses: 202, no body.
+  HttpReply n = c.Send({{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}});
+  EXPECT_EQ(n.status, 202);
+  EXPECT_TRUE(n.raw.empty());
+  EXPECT_EQ(c.Send({{"jsonrpc", "2.0"}, {"id", 99}, {"result", json::object()}}).status, 202);
+  // A request without a session id: 400; an unknown one: 404.
+  McpHttp none(port);
+  EXPECT_EQ(none.Send(Request(1, "tools/list")).status, 400);
+  McpHttp unknown(port);
+  unknown.set_session("00000000000000000000000000000000");
+  HttpReply u = unknown.Send(Request(1, "tools/list"));
+  EXPECT_EQ(u.status, 404);
+  EXPECT_EQ(u.body["error"]["code"], -32001);
+  // An unsupported MCP-Protocol-Version header: 400.
+  auto h = c.Headers();
+  h.erase("MCP-Protocol-Version");
+  h.emplace("MCP-Protocol-Version", "2024-01-01");
+  EXPECT_EQ(c.Post(Request(2, "tools/list").dump(), h).status, 400);
+  // Accept without text/event-stream: 406. Content-Type not JSON: 415.
+  h = c.Headers();
+  h.erase("Accept");
+  h.emplace("Accept", "application/json");
+  EXPECT_EQ(c.Post(Request(3, "ping").dump(), h).status, 406);
+  EXPECT_EQ(c.Post(Request(4, "ping").dump(), c.Headers(), "text/plain").status, 415);
+  // Not JSON: 400 with -32700; a batch: -32600; no method: -32600.
+  HttpReply p = c.Post("{not json", c.Headers());
+  EXPECT_EQ(p.status, 400);
+  EXPECT_EQ(p.body["error"]["code"], -32700);
+  HttpReply b = c.Post("[" + Request(5, "ping").dump() + "]", c.Headers());
+  EXPECT_EQ(b.status, 400);
+  EXPECT_EQ(b.body["error"]["code"], -32600);
+  EXPECT_EQ(c.Send({{"jsonrpc", "2.0"}, {"id", 6}}).body["error"]["code"], -32600);
+  EXPECT_EQ(c.Send({{"jsonrpc", "2.0"}, {"id", nullptr}, {"method", "ping"}}).body["error"]["code"],
+            -32600);
+  // Unknown method: -32601; unknown tool: -32602; ping answers {}.
+  EXPECT_EQ(c.Send(Request(7, "resources/list")).body["error"]["code"], -32601);
+  EXPECT_EQ(c.Send(Request(8, "tools/call", {{"name", "nope"}})).body["error"]["code"], -32602);
+  EXPECT_EQ(c.Send(Request(9, "ping")).body["result"], json::object());
+  EXPECT_EQ(c.Send(Request(10, "logging/setLevel", {{"level", "loud"}})).body["error"]["code"],
+            -32602);
+  EXPECT_EQ(c.Send(Request(11, "logging/setLevel", {{"level", "info"}})).body["result"],
+            json::object());
+  // Too large: 413. GET: 405.
+  EXPECT_EQ(c.Post(std::string(70000, ' '), c.Headers()).status, 413);
+  httplib::Client raw("127.0.0.1", port);
+  EXPECT_EQ(raw.Get("/mcp", c.Headers())->status, 405);
+  // The session still serves after all of that; DELETE ends it, then 404.
+  EXPECT_EQ(c.Send(Request(12, "ping")).status, 200);
+  EXPECT_EQ(raw.Delete("/mcp", c.Headers())->status, 200);
+  EXPECT_EQ(c.Send(Request(13, "ping")).status, 404);
+  EXPECT_EQ(raw.Delete("/mcp", c.Headers())->status, 404);
+}
+
+TEST_F(BridgeHttpTest, ForeignHostAndOriginAreRefused) {
+  const int port = Start();
+  McpHttp c(port);
+  ASSERT_FALSE(c.Initialize().empty());
+  auto h = c.Headers();
+  h.emplace("Origin", "http://evil.example.com");
+  HttpReply o = c.Post(Request(1, "ping").dump(), h);
+  EXPECT_EQ(o.status, 403);
+  EXPECT_NE(o.raw.find("Origin"), std::string::npos);
+  h = c.Headers();
+  h.emplace("Origin", "http://localhost:6274");
+  EXPECT_EQ(c.Post(Request(2, "ping").dump(), h).status, 200);
+  h = c.Headers();
+  h.emplace("Host", "evil.example.com");
+  EXPECT_EQ(c.Post(Request(3, "ping").dump(), h).status, 403);
+}
+
+TEST_F(BridgeHttpTest, BearerTokensBindSessionsToTheirIdentity) {
+  const std::string file = ::testing::TempDir() + "/bridge_tokens";
+  {
+    std::ofstream f(file);
+    f << "# identity token\nalice alice-token-0123456789\nbob bob-token-0123456789ab\n";
+  }
+  const int port = Start({"--tokens-file", file});
+  McpHttp anon(port);
+  HttpReply r = anon.Send(Request(1, "initialize", {{"protocolVersion", "2025-11-25"}}));
+  EXPECT_EQ(r.status, 401);
+  anon.set_token("wrong-token-0123456789");
+  EXPECT_EQ(anon.Send(Request(1, "initialize", {{"protocolVersion", "2025-11-25"}})).status, 401);
+  McpHttp alice(port);
+  alice.set_token("alice-token-0123456789");
+  ASSERT_FALSE(alice.Initialize().empty());
+  ASSERT_FALSE(alice.Call("set_context", {{"items", {"alice's secret"}}}).value("isError", true));
+  // Bob presenting Alice's session id finds nothing.
+  McpHttp bob(port);
+  bob.set_token("bob-token-0123456789ab");
+  bob.set_session(alice.session());
+  EXPECT_EQ(
+      bob.Send(Request(2, "tools/call", {{"name", "get_context"}, {"arguments", json::object()}}))
+          .status,
+      404);
+  // Named sessions are per identity too: the same name is two contexts.
+  ASSERT_FALSE(bob.Initialize().empty());
+  alice.Call("set_context", {{"session", "shared-name"}, {"items", {"from alice"}}});
+  json got = bob.Call("get_context", {{"session", "shared-name"}});
+  EXPECT_FALSE(got["structuredContent"]["found"].get<bool>());
+  // Nor can Bob change Alice's context, through her session id or the shared name.
+  McpHttp intruder(port);
+  intruder.set_token("bob-token-0123456789ab");
+  intruder.set_session(alice.session());
+  EXPECT_EQ(
+      intruder
+          .Send(Request(3, "tools/call",
+                        {{"name", "set_context"}, {"arguments", {{"items", {"bob was here"}}}}}))
+          .status,
+      404);
+  bob.Call("set_context", {{"session", "shared-name"}, {"items", {"from bob"}}});
+  bob.Call("clear_context", {{"session", "shared-name"}});
+  json mine = alice.Call("get_context", json::object());
+  EXPECT_EQ(mine["structuredContent"]["items"], json::array({"alice's secret"})) << mine.dump();
+  json named = alice.Call("get_context", {{"session", "shared-name"}});
+  EXPECT_EQ(named["structuredContent"]["items"], json::array({"from alice"})) << named.dump();
+}
+
+TEST_F(BridgeHttpTest, PerSessionRateLimitIsAClearError) {
+  McpHttp c(Start({"--rate-limit", "2", "--rate-burst", "3"}));
+  ASSERT_FALSE(c.Initialize().empty());
+  int limited = 0, ok = 0;
+  std::string message;
+  for (int i = 0; i < 8; ++i) {
+    int status = 0;
+    json r = c.Call("get_context", json::object(), &status);
+    if (status == 429) {
+      ++limited;
+      message = r["error"]["message"];
+    } else if (status == 200) {
+      ++ok;
+    }
+  }
+  EXPECT_GE(ok, 3);
+  EXPECT_GE(limited, 1);
+  EXPECT_NE(message.find("--rate-limit"), std::string::npos);
+}
+
+TEST_F(BridgeHttpTest, InvalidArgumentsAreToolErrorsNamingTheProblem) {
+  McpHttp c(Start());
+  ASSERT_FALSE(c.Initialize().empty());
+  struct Case {
+    std::string tool;
+    json args;
+    std::string says;
+  } cases[] = {
+      {"infer", {{"txt", "x"}}, "unknown argument 'txt'"},
+      {"infer", json::object(), "give 'text', 'features' or 'examples'"},
+      {"infer", {{"text", 5}}, "text must be a string"},
+      {"infer", {{"features", {1, "a"}}}, "features[1] is not a finite number"},
+      {"learn", {{"text", "good"}}, "needs a 'label'"},
+      {"learn", {{"examples", {{{"text", "good"}, {"label", "meh"}}}}}, "meh"},
+      {"infer", {{"session", "bad name!"}, {"text", "x"}}, "session may hold only"},
+      {"set_context", {{"items", {1}}}, "items[0] is not a string"},
+      {"append_context", json::object(), "needs 'text'"},
+  };
+  for (const Case& k : cases) {
+    json r = c.Call(k.tool, k.args);
+    EXPECT_TRUE(r.value("isError", false)) << k.tool << " " << k.args.dump();
+    const std::string text = r["content"][0]["text"];
+    EXPECT_NE(text.find(k.says), std::string::npos) << text;
+  }
+  EXPECT_FALSE(c.Call("infer", {{"text", "still serving"}}).value("isError", true));
+}
+
+// With default flags on both sides, every infer the bridge accepts fits in one worker call
+// (--max-examples <= the worker's --max-batch), and one more example is refused by the
+// bridge with a message naming the flag.
+TEST_F(BridgeHttpTest, LargestDefaultInferIsServedAndOneMoreIsRefused) {
+  McpHttp c(Start());
+  ASSERT_FALSE(c.Initialize().empty());
+  const size_t limit = bridge::ToolsOptions{}.max_examples;
+  json examples = json::array();
+  for (size_t i = 0; i < limit; ++i) examples.push_back({{"text", "x " + std::to_string(i)}});
+  json r = c.Call("infer", {{"examples", examples}});
+  ASSERT_FALSE(r.value("isError", true)) << r.dump().substr(0, 400);
+  EXPECT_EQ(r["structuredContent"]["predictions"].size(), limit);
+  examples.push_back({{"text", "one too many"}});
+  r = c.Call("infer", {{"examples", examples}});
+  EXPECT_TRUE(r.value("isError", false));
+  EXPECT_NE(r["content"][0]["text"].get<std::string>().find("--max-examples"), std::string::npos)
+      << r.dump().substr(0, 400);
+}
+
+// The bridge's size limits default to the worker's (worker/request_limits.h) and are
+// checked with the worker's messages: an infer at every text limit at once is served by
+// a default worker; one byte or one word more is refused by the bridge, naming the flag.
+TEST_F(BridgeHttpTest, InferAtTheTextLimitsIsServedAndOneMoreByteOrWordIsRefused) {
+  const bridge::ToolsOptions tools;
+  const worker::RequestLimits limits;
+  EXPECT_LE(tools.max_examples, limits.max_batch);
+  EXPECT_LE(tools.max_text_bytes, limits.max_text_bytes);
+  EXPECT_LE(tools.max_tokens, limits.max_tokens);
+  EXPECT_LE(tools.max_features, limits.max_features);
+  McpHttp c(Start());
+  ASSERT_FALSE(c.Initialize().empty());
+  // 4 texts of 8,192 words (32,768 in all); the last one exactly max_text_bytes long.
+  json examples = json::array();
+  for (int i = 0; i < 4; ++i) {
+    std::string t;
+    for (int w = 0; w < 8192; ++w) t += (w ? " " : "") + std::string(1, static_cast<char>('a' + i));
+    if (i == 3) t += std::string(tools.max_text_bytes - t.size(), 'z');  // a longer last word
+    examples.push_back({{"text", t}});
+  }
+  ASSERT_EQ(examples[3]["text"].get<std::string>().size(), tools.max_text_bytes);
+  json r = c.Call("infer", {{"examples", examples}});
+  ASSERT_FALSE(r.value("isError", true)) << r.dump().substr(0, 400);
+  EXPECT_EQ(r["structuredContent"]["predictions"].size(), 4u);
+
+  auto refused = [&](json ex, const std::string& says) {
+    json r = c.Call("infer", {{"examples", ex}});
+    EXPECT_TRUE(r.value("isError", false)) << says;
+    const std::string text = r["content"][0]["text"];
+    EXPECT_NE(text.find(says), std::string::npos) << text.substr(0, 400);
+  };
+  json longer = examples;
+  longer[3]["text"] = longer[3]["text"].get<std::string>() + "z";
+  refused(longer, "examples[3].text is 65537 bytes; at most 65536 bytes (--max-text-bytes)");
+  json more_words = examples;
+  more_words[0]["text"] = more_words[0]["text"].get<std::string>() + " a";
+  refused(more_words, "have 32769 words; at most 32768 per request (--max-tokens)");
+  refused({{{"features", std::vector<float>(tools.max_features + 1, 0.5f)}}},
+          "examples[0].features has 4097 values; at most 4096 per example (--max-features)");
+  // A learn is checked per worker call (--learn-chunk examples), all before the first.
+  json learn = json::array();
+  for (int i = 0; i < 64; ++i) learn.push_back({{"text", "fine"}, {"label", "positive"}});
+  for (int i = 0; i < 2; ++i) {  // 16,384 words, then 16,385
+    learn.push_back({{"text", examples[i]["text"].get<std::string>() + " " +
+                                  examples[i + 1]["text"].get<std::string>() + (i ? " x" : "")},
+                     {"label", "negative"}});
+  }
+  r = c.Call("learn", {{"examples", learn}});
+  EXPECT_TRUE(r.value("isError", false));
+  const std::string text = r["content"][0]["text"];
+  EXPECT_NE(text.find("examples 64..65 (--learn-chunk) have 32769 words"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("were learned"), std::string::npos) << text;
+}
+
+TEST_F(BridgeHttpTest, LongLearnStreamsProgressOverSse) {
+  McpHttp c(Start({"--learn-chunk", "8"}));
+  ASSERT_FALSE(c.Initialize().empty());
+  json examples = json::array();
+  for (int i = 0; i < 40; ++i) {
+    examples.push_back(
+        {{"text", i % 2 ? "great fun" : "dull mess"}, {"label", i % 2 ? "positive" : "negative"}});
+  }
+  HttpReply r = c.Send(Request(5, "tools/call",
+                               {{"name", "learn"},
+                                {"arguments", {{"examples", examples}}},
+                                {"_meta", {{"progressToken", "tok"}}}}));
+  ASSERT_EQ(r.status, 200);
+  ASSERT_EQ(r.events.size(), 6u);  // 5 chunks of 8, then the result
+  double last = 0;
+  for (size_t i = 0; i + 1 < r.events.size(); ++i) {
+    EXPECT_EQ(r.events[i]["method"], "notifications/progress");
+    EXPECT_EQ(r.events[i]["params"]["progressToken"], "tok");
+    EXPECT_GT(r.events[i]["params"]["progress"].get<double>(), last);
+    last = r.events[i]["params"]["progress"];
+  }
+  EXPECT_EQ(last, 40.0);
+  EXPECT_EQ(r.body["id"], 5);
+  EXPECT_EQ(r.body["result"]["structuredContent"]["examples"], 40);
+  EXPECT_EQ(r.body["result"]["structuredContent"]["chunks"], 5);
+}
+
+TEST_F(BridgeHttpTest, CancelledLearnStopsBetweenChunks) {
+  const int port = Start({"--learn-chunk", "1", "--max-examples", "3000"});
+  McpHttp c(port);
+  ASSERT_FALSE(c.Initialize().empty());
+  json examples = json::array();
+  for (int i = 0; i < 3000; ++i)
+    examples.push_back({{"text", "slow " + std::to_string(i)}, {"label", "positive"}});
+  HttpReply reply;
+  std::thread call([&] {
+    reply = c.Send(Request(77, "tools/call",
+                           {{"name", "learn"},
+                            {"arguments", {{"examples", examples}}},
+                            {"_meta", {{"progressToken", 1}}}}));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  McpHttp other(port);
+  other.set_session(c.session());
+  EXPECT_EQ(other
+                .Send({{"jsonrpc", "2.0"},
+                       {"method", "notifications/cancelled"},
+                       {"params", {{"requestId", 77}, {"reason", "test"}}}})
+                .status,
+            202);
+  call.join();
+  ASSERT_EQ(reply.status, 200);
+  EXPECT_EQ(reply.body["error"]["code"], -32800) << reply.body.dump();
+  ASSERT_GE(reply.events.size(), 2u);  // some progress, then the cancellation
+  EXPECT_LT(reply.events[reply.events.size() - 2]["params"]["progress"].get<double>(), 3000);
+  // The session serves its next call at once.
+  EXPECT_FALSE(c.Call("infer", {{"text", "after"}}).value("isError", true));
+}
+
+json Modern(int id, const std::string& method, json params = json::object()) {
+  params["_meta"] = {{"io.modelcontextprotocol/protocolVersion", "2026-07-28"},
+                     {"io.modelcontextprotocol/clientCapabilities", json::object()}};
+  return Request(id, method, params);
+}
+
+httplib::Headers ModernHeaders(const std::string& method, const std::string& name = "") {
+  httplib::Headers h = {{"Accept", "application/json, text/event-stream"},
+                        {"MCP-Protocol-Version", "2026-07-28"},
+                        {"Mcp-Method", method}};
+  if (!name.empty()) h.emplace("Mcp-Name", name);
+  return h;
+}
+
+TEST_F(BridgeHttpTest, StatelessRevisionRoutesOnTheSessionHeader) {
+  McpHttp c(Start());
+  HttpReply d = c.Post(Modern(1, "server/discover").dump(), ModernHeaders("server/discover"));
+  ASSERT_EQ(d.status, 200) << d.raw;
+  EXPECT_EQ(d.body["result"]["supportedVersions"][0], "2026-07-28");
+  EXPECT_EQ(d.body["result"]["resultType"], "complete");
+  EXPECT_TRUE(d.session_id.empty());
+  // tools/list: the session property is marked for the Mcp-Param-Session header.
+  HttpReply l = c.Post(Modern(2, "tools/list").dump(), ModernHeaders("tools/list"));
+  ASSERT_EQ(l.status, 200);
+  EXPECT_EQ(l.body["result"]["tools"][0]["inputSchema"]["properties"]["session"]["x-mcp-header"],
+            "Session");
+  // A call with a session: the header must match the argument.
+  json call =
+      Modern(3, "tools/call",
+             {{"name", "set_context"}, {"arguments", {{"session", "s-42"}, {"items", {"x"}}}}});
+  HttpReply missing = c.Post(call.dump(), ModernHeaders("tools/call", "set_context"));
+  EXPECT_EQ(missing.status, 400);
+  EXPECT_EQ(missing.body["error"]["code"], -32020);
+  auto h = ModernHeaders("tools/call", "set_context");
+  h.emplace("Mcp-Param-Session", "s-42");
+  HttpReply ok = c.Post(call.dump(), h);
+  ASSERT_EQ(ok.status, 200) << ok.raw;
+  EXPECT_EQ(ok.body["result"]["resultType"], "complete");
+  json get =
+      Modern(4, "tools/call", {{"name", "get_context"}, {"arguments", {{"session", "s-42"}}}});
+  h = ModernHeaders("tools/call", "get_context");
+  h.emplace("Mcp-Param-Session", "s-42");
+  EXPECT_EQ(c.Post(get.dump(), h).body["result"]["structuredContent"]["items"], json({"x"}));
+  // Mismatches and unknowns.
+  EXPECT_EQ(c.Post(Modern(5, "tools/list").dump(), ModernHeaders("ping")).body["error"]["code"],
+            -32020);
+  HttpReply nf = c.Post(Modern(6, "nope/nothing").dump(), ModernHeaders("nope/nothing"));
+  EXPECT_EQ(nf.status, 404);
+  EXPECT_EQ(nf.body["error"]["code"], -32601);
+  json old = Modern(7, "tools/list");
+  old["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = "2030-01-01";
+  auto vh = ModernHeaders("tools/list");
+  vh.erase("MCP-Protocol-Version");
+  vh.emplace("MCP-Protocol-Version", "2026-07-28");
+  HttpReply v = c.Post(old.dump(), vh);
+  EXPECT_EQ(v.status, 400);
+}
+
+TEST_F(BridgeHttpTest, RecordWritesEveryToolCall) {
+  const std::string trace = ::testing::TempDir() + "/bridge_trace.jsonl";
+  McpHttp c(Start({"--record", trace}));
+  ASSERT_FALSE(c.Initialize().empty());
+  c.Call("learn", {{"text", "lovely"}, {"label", "positive"}});
+  c.Call("infer", {{"text", "lovely"}});
+  c.Call("infer", {{"bad", 1}});
+  std::ifstream in(trace);
+  std::vector<json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0]["kind"], "header");
+  EXPECT_EQ(lines[0]["format"], "onlineps-trace");
+  EXPECT_EQ(lines[1]["tool"], "learn");
+  EXPECT_EQ(lines[1]["seq"], 1);
+  EXPECT_EQ(lines[1]["session"], "m:" + c.session());
+  EXPECT_EQ(lines[1]["worker"], worker_);
+  EXPECT_GE(lines[1]["version"].get<int64_t>(), 1);
+  EXPECT_EQ(lines[1]["summary"], "applied");
+  EXPECT_EQ(lines[2]["tool"], "infer");
+  EXPECT_EQ(lines[2]["arguments"]["text"], "lovely");
+  EXPECT_TRUE(lines[3]["is_error"].get<bool>());
+  EXPECT_GT(lines[2]["latency_us"].get<int64_t>(), 0);
+}
+
+TEST_F(BridgeHttpTest, MetricsCountToolCallsAndReadinessFollowsWorkers) {
+  int admin = 0;
+  const int port = cluster_.StartBridge({worker_}, {}, &admin);
+  ASSERT_GT(admin, 0);
+  McpHttp c(port);
+  ASSERT_FALSE(c.Initialize().empty());
+  c.Call("infer", {{"text", "good"}});
+  c.Call("infer", {{"text", "good"}});
+  c.Call("infer", {{"nope", 1}});
+  c.Call("learn", {{"text", "good"}, {"label", "positive"}});
+  httplib::Client a("127.0.0.1", admin);
+  std::string metrics;
+  for (int i = 0; i < 30; ++i) {  // gauges are copied once a second
+    metrics = a.Get("/metrics")->body;
+    if (metrics.find("onlineps_bridge_mcp_sessions 1") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_NE(metrics.find("onlineps_bridge_tool_calls_total{result=\"ok\",tool=\"infer\"} 2"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("onlineps_bridge_tool_calls_total{result=\"error\",tool=\"infer\"} 1"),
+            std::string::npos);
+  EXPECT_NE(metrics.find("onlineps_bridge_learn_staleness_count 1"), std::string::npos);
+  EXPECT_NE(metrics.find("onlineps_bridge_workers{state=\"healthy\"} 1"), std::string::npos);
+  EXPECT_NE(metrics.find("onlineps_bridge_mcp_sessions 1"), std::string::npos);
+  EXPECT_EQ(a.Get("/readyz")->status, 200);
+}
+
+TEST_F(BridgeHttpTest, CallsOfOneSessionRunOneAtATime) {
+  const std::string trace = ::testing::TempDir() + "/bridge_order.jsonl";
+  const int port = Start({"--record", trace});
+  McpHttp first(port);
+  const std::string sid = first.Initialize();
+  ASSERT_FALSE(sid.empty());
+  // Six connections send into the same session at once.
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([port, sid, t] {
+      McpHttp c(port);
+      c.set_session(sid);
+      for (int k = 0; k < 5; ++k) {
+        c.Call("learn", {{"examples",
+                          {{{"text", "fun " + std::to_string(t)}, {"label", "positive"}},
+                           {{"text", "dull " + std::to_string(k)}, {"label", "negative"}}}}});
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::ifstream in(trace);
+  std::vector<std::pair<int64_t, int64_t>> runs;  // [start, end] of each call's own work
+  int64_t waited = 0;
+  for (std::string line; std::getline(in, line);) {
+    json r = json::parse(line);
+    if (r["kind"] != "call") continue;
+    const int64_t start =
+        r["t_us"].get<int64_t>() - r["latency_us"].get<int64_t>() + r["wait_us"].get<int64_t>();
+    runs.emplace_back(start, start + r["run_us"].get<int64_t>());
+    waited += r["wait_us"].get<int64_t>();
+  }
+  ASSERT_EQ(runs.size(), 30u);
+  std::sort(runs.begin(), runs.end());
+  for (size_t i = 1; i < runs.size(); ++i) {
+    // +2: each of the three durations is rounded down to a microsecond.
+    EXPECT_GE(runs[i].first + 2, runs[i - 1].second)
+        << "calls " << i - 1 << " and " << i << " overlap";
+  }
+  EXPECT_GT(waited, 0);  // some calls did arrive while another one ran
+}
+
+TEST_F(BridgeHttpTest, SigtermExitsCleanly) {
+  McpHttp c(Start());
+  ASSERT_FALSE(c.Initialize().empty());
+  EXPECT_EQ(cluster_.StopBridge(), 0);
+}
+
+}  // namespace
+}  // namespace onlineps::testing

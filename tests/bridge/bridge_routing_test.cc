@@ -1,0 +1,250 @@
+// Routing through the real binaries: bounded loads, sessions moving when a worker
+// joins or dies, their context following them, and no acknowledged learn lost.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <map>
+#include <thread>
+
+#include "ps/ps_client.h"
+#include "tests/bridge/bridge_cluster.h"
+
+namespace onlineps::testing {
+namespace {
+
+constexpr char kProbe[] = "a fine and lovely day";
+
+std::vector<double> Scores(const json& infer_result) {
+  std::vector<double> s;
+  for (const auto& [label, v] : infer_result["structuredContent"]["scores"].items()) {
+    s.push_back(v.get<double>());
+  }
+  return s;
+}
+
+double MaxDiff(const std::vector<double>& a, const std::vector<double>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::abs(a[i] - b[i]));
+  return a.size() == b.size() ? d : 1e9;
+}
+
+// The number of pushes the shard applied to the text model's embedding table.
+uint64_t EmbedVersion(const std::string& shard) {
+  ps::PsClientOptions o;
+  o.shards = {shard};
+  auto client = ps::PsClient::Connect(o);
+  if (!client.ok()) return 0;
+  if (!(*client)->OpenTable("text/embed").ok()) return 0;
+  uint64_t key = 1;
+  std::vector<float> row(64);
+  ps::VersionVector v;
+  if (!(*client)->PullSparse("text/embed", &key, 1, row.data(), &v).Wait().ok()) return 0;
+  return v.empty() ? 0 : v[0];
+}
+
+json ModelInfo(McpHttp& c) { return c.Call("model_info", json::object())["structuredContent"]; }
+
+TEST(BridgeRoutingTest, AJoiningWorkerTakesAboutAThirdAndContextsFollow) {
+  BridgeCluster cluster;
+  ASSERT_TRUE(cluster.StartShard());
+  const std::string w0 = cluster.StartWorker(), w1 = cluster.StartWorker();
+  const std::string w2 = "tcp://127.0.0.1:" + std::to_string(FreePort());
+  const int port = cluster.StartBridge({w0, w1, w2});
+  ASSERT_GT(port, 0);
+  // Teach a little so the context has something to move.
+  {
+    McpHttp t(port);
+    t.Initialize();
+    for (int i = 0; i < 20; ++i) {
+      t.Call("learn", {{"examples",
+                        {{{"text", "awful dreadful boring"}, {"label", "negative"}},
+                         {{"text", "lovely fine great"}, {"label", "positive"}}}}});
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // past the freshness bound
+  const int n = 36;
+  std::vector<std::unique_ptr<McpHttp>> sessions;
+  std::map<int, std::string> owner;
+  std::map<int, std::vector<double>> scores;
+  for (int i = 0; i < n; ++i) {
+    sessions.push_back(std::make_unique<McpHttp>(port));
+    ASSERT_FALSE(sessions[i]->Initialize().empty());
+    if (i % 2 == 0) {
+      ASSERT_FALSE(sessions[i]
+                       ->Call("set_context", {{"items", {"awful dreadful boring"}}})
+                       .value("isError", true));
+    }
+    json r = sessions[i]->Call("infer", {{"text", kProbe}});
+    ASSERT_FALSE(r.value("isError", true)) << r.dump();
+    owner[i] = r["structuredContent"]["worker"];
+    scores[i] = Scores(r);
+  }
+  // Context is input: sessions with it score differently from those without.
+  EXPECT_GT(MaxDiff(scores[0], scores[1]), 1e-3);
+  McpHttp admin(port);
+  ASSERT_FALSE(admin.Initialize().empty());
+  json info = ModelInfo(admin);
+  for (const json& w : info["workers"]) {
+    if (w["endpoint"] == w2) {
+      EXPECT_FALSE(w["healthy"].get<bool>());
+      continue;
+    }
+    EXPECT_LE(w["sessions"].get<int>(), static_cast<int>(std::ceil(1.25 * (n + 1) / 2.0)));
+  }
+  // The third worker comes up at its address: the bridge's probe adds it to the ring.
+  auto p = std::make_unique<Subprocess>(std::vector<std::string>{
+      ONLINEPS_BIN_DIR "/onlineps_worker", "--ps", cluster.shard_endpoint(), "--listen", w2,
+      "--model", "text", "--labels", "negative,positive", "--lr", "1.0", "--admin-port", "-1",
+      "--log-level", "warn"});
+  ASSERT_EQ(p->WaitForLine("LISTENING ", kProcessStart), w2);
+  bool healthy = false;
+  json last;
+  for (int i = 0; i < 50 && !healthy; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    last = ModelInfo(admin);
+    for (const json& w : last["workers"]) {
+      if (w["endpoint"] == w2 && w["healthy"].get<bool>()) healthy = true;
+    }
+  }
+  ASSERT_TRUE(healthy) << last.dump();
+  int moved = 0;
+  for (int i = 0; i < n; ++i) {
+    json r = sessions[i]->Call("infer", {{"text", kProbe}});
+    ASSERT_FALSE(r.value("isError", true)) << r.dump();
+    const std::string now = r["structuredContent"]["worker"];
+    if (now != owner[i]) {
+      ++moved;
+      EXPECT_EQ(now, w2);  // sessions move only to the new worker
+    }
+    // Same parameters, same context: the same scores wherever the session runs.
+    EXPECT_LT(MaxDiff(Scores(r), scores[i]), 1e-4) << "session " << i << " on " << now;
+  }
+  EXPECT_GE(moved, n / 6);  // about n / 3
+  EXPECT_LE(moved, n * 2 / 3);
+}
+
+TEST(BridgeRoutingTest, KillingAWorkerMidTrafficLosesNoContextAndNoAcknowledgedLearn) {
+  BridgeCluster cluster;
+  ASSERT_TRUE(cluster.StartShard());
+  const std::string w0 = cluster.StartWorker(), w1 = cluster.StartWorker();
+  const int port =
+      cluster.StartBridge({w0, w1}, {"--learn-timeout-ms", "3000", "--infer-timeout-ms", "2000"});
+  ASSERT_GT(port, 0);
+  const int n = 12;
+  std::vector<std::unique_ptr<McpHttp>> sessions;
+  for (int i = 0; i < n; ++i) {
+    sessions.push_back(std::make_unique<McpHttp>(port));
+    ASSERT_FALSE(sessions[i]->Initialize().empty());
+    const std::string item = "context of session " + std::to_string(i);
+    ASSERT_FALSE(sessions[i]->Call("set_context", {{"items", {item}}}).value("isError", true));
+  }
+  std::atomic<int> acked{0}, failed{0}, dishonest{0}, calls{0};
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> traffic;
+  for (int t = 0; t < 3; ++t) {
+    traffic.emplace_back([&, t] {
+      McpHttp own(port);  // one connection per thread; sessions are split among threads
+      for (int k = 0; !stop; ++k) {
+        const int i = t + 3 * (k % (n / 3));
+        own.set_session(sessions[i]->session());
+        json r = own.Call("learn", {{"examples",
+                                     {{{"text", "great fun"}, {"label", "positive"}},
+                                      {{"text", "dull mess"}, {"label", "negative"}}}}});
+        ++calls;
+        if (r.value("isError", true)) {
+          ++failed;
+          const std::string text = r.contains("content") ? r["content"][0].value("text", "") : "";
+          if (text.find("may or may not have been applied") == std::string::npos &&
+              text.find("were not applied") == std::string::npos) {
+            ++dishonest;
+          }
+        } else if (r["structuredContent"]["outcome"] == "applied") {
+          ++acked;
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  cluster.KillWorker(0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  stop = true;
+  for (auto& t : traffic) t.join();
+  EXPECT_EQ(dishonest.load(), 0);
+  EXPECT_GT(acked.load(), 10);
+  // Every acknowledged learn is in the model (a learn cut off by the kill may be too).
+  const uint64_t applied = EmbedVersion(cluster.shard_endpoint());
+  EXPECT_GE(applied, static_cast<uint64_t>(acked.load()));
+  EXPECT_LE(applied, static_cast<uint64_t>(calls.load()));
+  // Every session answers on its next call, on the surviving worker, with its context.
+  for (int i = 0; i < n; ++i) {
+    json r = sessions[i]->Call("infer", {{"text", "how was it"}});
+    ASSERT_FALSE(r.value("isError", true)) << r.dump();
+    EXPECT_EQ(r["structuredContent"]["worker"], w1);
+    json c = sessions[i]->Call("get_context", json::object());
+    EXPECT_EQ(c["structuredContent"]["items"][0], "context of session " + std::to_string(i));
+  }
+  McpHttp admin(port);
+  ASSERT_FALSE(admin.Initialize().empty());
+  const json final_info = ModelInfo(admin);
+  for (const json& w : final_info["workers"]) {
+    EXPECT_EQ(w["healthy"].get<bool>(), w["endpoint"] == w1) << w.dump();
+  }
+}
+
+TEST(BridgeRoutingTest, AnInferInFlightToADeadWorkerIsRetriedOnce) {
+  BridgeCluster cluster;
+  ASSERT_TRUE(cluster.StartShard());
+  const std::string w0 = cluster.StartWorker(), w1 = cluster.StartWorker();
+  // Slow probes, so the bridge learns of the death only through the failed call.
+  const int port = cluster.StartBridge(
+      {w0, w1}, {"--infer-timeout-ms", "1500", "--health-interval-ms", "60000"});
+  ASSERT_GT(port, 0);
+  std::vector<std::unique_ptr<McpHttp>> on_w0;
+  for (int i = 0; i < 40 && on_w0.size() < 3; ++i) {
+    auto c = std::make_unique<McpHttp>(port);
+    ASSERT_FALSE(c->Initialize().empty());
+    ASSERT_FALSE(
+        c->Call("set_context", {{"items", {"kept across the retry"}}}).value("isError", true));
+    json r = c->Call("infer", {{"text", "hello"}});
+    if (r["structuredContent"]["worker"] == w0) on_w0.push_back(std::move(c));
+  }
+  ASSERT_FALSE(on_w0.empty());
+  cluster.KillWorker(0);
+  for (auto& c : on_w0) {
+    json r = c->Call("infer", {{"text", "hello"}});
+    ASSERT_FALSE(r.value("isError", true)) << r.dump();
+    EXPECT_EQ(r["structuredContent"]["worker"], w1);
+    EXPECT_EQ(c->Call("get_context", json::object())["structuredContent"]["items"][0],
+              "kept across the retry");
+  }
+}
+
+TEST(BridgeRoutingTest, WorkersFromDns) {
+  BridgeCluster cluster;
+  ASSERT_TRUE(cluster.StartShard());
+  const int wport = FreePort();
+  const std::string w = cluster.StartWorker("tcp://127.0.0.1:" + std::to_string(wport));
+  ASSERT_EQ(w, "tcp://127.0.0.1:" + std::to_string(wport));
+  // No --workers list: "localhost" resolves to 127.0.0.1 (and maybe ::1, where no worker
+  // listens: that one stays down).
+  const std::string bin = ONLINEPS_BIN_DIR "/onlineps_mcp_bridge";
+  Subprocess bridge({bin, "--workers-dns", "localhost:" + std::to_string(wport), "--port", "0",
+                     "--admin-port", "-1", "--log-level", "warn", "--health-interval-ms", "200"});
+  const std::string url = bridge.WaitForLine("LISTENING ", kProcessStart);
+  ASSERT_FALSE(url.empty());
+  McpHttp c(std::stoi(url.substr(url.rfind(':') + 1)));
+  ASSERT_FALSE(c.Initialize().empty());
+  json r = c.Call("infer", {{"text", "hello"}});
+  ASSERT_FALSE(r.value("isError", true)) << r.dump();
+  EXPECT_EQ(r["structuredContent"]["worker"], w);
+  bool listed = false;
+  const json info = ModelInfo(c);
+  for (const json& e : info["workers"]) {
+    if (e["endpoint"] == w) listed = e["healthy"].get<bool>();
+  }
+  EXPECT_TRUE(listed) << info.dump();
+}
+
+}  // namespace
+}  // namespace onlineps::testing

@@ -1,1 +1,0 @@
-onlineps_test(update_rule_test onlineps_ps)

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Operations checks of the real binaries, one per argument:
+
+  json-logs    ps, worker and bridge run with --log-format json --log-level debug and get
+               input whose text holds quotes, backslashes and newlines (a checkpoint
+               directory, an MCP protocol version); every stderr line of each is one JSON
+               object with ts, level, component and msg, and those characters survive.
+  precedence   the documented precedence, flag > env > config file > default, holds for
+               each binary (read back with --print-config).
+  final-checkpoint
+               a shard whose final checkpoint cannot be written (its directory was
+               replaced by a file) answers `ps_cli checkpoint` at once with the reason,
+               logs why and exits 1 on SIGTERM; with a writable
+               directory it exits 0 and the checkpoint is there.
+  docs-flags   every long flag in each binary's --help is documented in
+               docs/configuration.md, and so is each ONLINEPS_* env name the code reads
+               outside the flag parser.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: opslib
+import opslib  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.environ.get("ONLINEPS_BIN_DIR", os.path.join(ROOT, "build", "bin"))
+BINARIES = ["onlineps_ps", "onlineps_ps_cli", "onlineps_worker", "onlineps_worker_cli",
+            "onlineps_mcp_bridge", "onlineps_replay"]
+
+
+def fail(msg):
+    print(f"ops_cli_test: FAIL: {msg}")
+    sys.exit(1)
+
+
+def json_logs():
+    work = tempfile.mkdtemp(prefix="onlineps-jsonlogs.")
+    ckpt = os.path.join(work, 'ck "quoted" \\ dir')
+    os.makedirs(ckpt)
+    common = ["--log-format", "json", "--log-level", "debug"]
+    procs = []
+    try:
+        shard = opslib.Proc("ps", [f"{BIN}/onlineps_ps", "--shard-index", "0", "--num-shards", "1",
+                                   "--listen", "tcp://127.0.0.1:0", "--admin-port", "-1",
+                                   "--checkpoint-dir", ckpt, *common], work)
+        procs.append(shard)
+        opslib.wait_until(lambda: "LISTENING " in shard.stdout() or not shard.alive(), 30,
+                          "the shard to listen")
+        ps_ep = re.search(r"LISTENING (\S+)", shard.stdout()).group(1)
+        worker = opslib.Proc("worker", [f"{BIN}/onlineps_worker", "--ps", ps_ep, "--listen",
+                                        "tcp://127.0.0.1:0", "--admin-port", "-1", "--model",
+                                        "text", "--labels", 'negative,"positive"', *common], work)
+        procs.append(worker)
+        opslib.wait_until(lambda: "LISTENING " in worker.stdout() or not worker.alive(), 60,
+                          "the worker to listen")
+        w_ep = re.search(r"LISTENING (\S+)", worker.stdout()).group(1)
+        bridge = opslib.Proc("bridge", [f"{BIN}/onlineps_mcp_bridge", "--workers", w_ep,
+                                        "--port", "0", "--admin-port", "-1", *common], work)
+        procs.append(bridge)
+        opslib.wait_until(lambda: "LISTENING " in bridge.stdout() or not bridge.alive(), 30,
+                          "the bridge to listen")
+        url = re.search(r"LISTENING (\S+)", bridge.stdout()).group(1)
+
+        # A client asking for a protocol version with quotes, a backslash and a newline
+        # (the bridge negotiates its own and logs what was asked at debug level).
+        odd = 'v"1\\\n2'
+        req = urllib.request.Request(url, json.dumps({
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": odd, "capabilities": {},
+                       "clientInfo": {"name": 'quote " client', "version": "1"}}}).encode(),
+            {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            r.read()
+        s = opslib.McpSession(url)
+        s.call("learn", {"examples": [{"text": 'say "great" \\o/', "label": '"positive"'}]})
+
+        codes = {p.name: p.stop(signal.SIGTERM) for p in reversed(procs)}
+        if any(c != 0 for c in codes.values()):
+            fail(f"exit codes after SIGTERM: {codes}")
+        seen_quote = seen_newline = False
+        for p in procs:
+            lines = p.stderr().splitlines()
+            if not lines:
+                fail(f"{p.name} logged nothing at debug level")
+            for n, line in enumerate(lines, 1):
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    fail(f"{p.name} stderr line {n} is not JSON ({e}): {line[:300]}")
+                if not isinstance(obj, dict) or set(obj) != {"ts", "level", "component", "msg"}:
+                    fail(f"{p.name} stderr line {n} has fields {sorted(obj)}: {line[:300]}")
+                seen_quote |= '"' in obj["msg"]
+                seen_newline |= "\n" in obj["msg"]
+            print(f"ops_cli_test: {p.name}: {len(lines)} JSON log lines, all valid")
+        if not seen_quote or not seen_newline:
+            fail("no message carried a quote and a newline: the escaping went untested "
+                 f"(quote {seen_quote}, newline {seen_newline})")
+        if odd not in "".join(json.loads(line)["msg"] for line in bridge.stderr().splitlines()):
+            fail("the bridge's debug log did not carry the requested protocol version intact")
+        print("ops_cli_test: json-logs PASS (quotes, backslashes and newlines escaped)")
+    finally:
+        for p in procs:
+            if p.alive():
+                p.stop(signal.SIGKILL)
+
+
+def final_checkpoint():
+    work = tempfile.mkdtemp(prefix="onlineps-finalckpt.")
+    for broken in (False, True):
+        ckpt = os.path.join(work, f"ck-{int(broken)}")
+        os.makedirs(ckpt)
+        shard = opslib.Proc(f"ps{int(broken)}", [
+            f"{BIN}/onlineps_ps", "--shard-index", "0", "--num-shards", "1", "--listen",
+            "tcp://127.0.0.1:0", "--admin-port", "-1", "--checkpoint-dir", ckpt], work)
+        try:
+            opslib.wait_until(lambda: "LISTENING " in shard.stdout() or not shard.alive(), 30,
+                              "the shard to listen")
+            if broken:
+                os.rmdir(ckpt)
+                with open(ckpt, "w") as f:
+                    f.write("not a directory\n")
+                # An on-demand checkpoint fails at once with the reason, not after retries.
+                ep = re.search(r"LISTENING (\S+)", shard.stdout()).group(1)
+                t0 = time.monotonic()
+                r = subprocess.run([f"{BIN}/onlineps_ps_cli", "--shards", ep, "checkpoint"],
+                                   capture_output=True, text=True, timeout=60)
+                took = time.monotonic() - t0
+                if r.returncode == 0 or "checkpoint not written" not in r.stdout + r.stderr \
+                        or took > 3:
+                    fail(f"ps_cli checkpoint on an unwritable dir: exit {r.returncode} after "
+                         f"{took:.1f} s:\n{r.stdout}{r.stderr}")
+            code = shard.stop(signal.SIGTERM)
+        finally:
+            if shard.alive():
+                shard.stop(signal.SIGKILL)
+        logged = "final checkpoint failed" in shard.stderr()
+        if broken and (code != 1 or not logged):
+            fail(f"unwritable checkpoint dir: exit {code}, logged {logged}:\n{shard.stderr()}")
+        if not broken and (code != 0 or logged or not os.listdir(ckpt)):
+            fail(f"writable checkpoint dir: exit {code}, files {os.listdir(ckpt)}:\n"
+                 f"{shard.stderr()}")
+    print("ops_cli_test: final-checkpoint PASS (exit 1 when it cannot be written, else 0)")
+
+
+def print_config(binary, args=(), env=None):
+    r = subprocess.run([f"{BIN}/{binary}", *args, "--print-config"], capture_output=True,
+                       text=True, env={k: v for k, v in (env or os.environ).items()}, timeout=30)
+    if r.returncode != 0:
+        fail(f"{binary} --print-config exited {r.returncode}: {r.stderr.strip()}")
+    values = {}
+    for line in r.stdout.splitlines():
+        if "=" in line and not line.startswith("#"):
+            k, _, v = line.partition("=")
+            values[k.strip()] = v.strip().strip('"')
+    return values
+
+
+def precedence():
+    # (binary, option, file value, env value, flag value, required args)
+    cases = [
+        ("onlineps_ps", "admin-port", "1111", "2222", "3333",
+         ["--shard-index", "0", "--num-shards", "1"]),
+        ("onlineps_worker", "admin-port", "1111", "2222", "3333", ["--ps", "tcp://127.0.0.1:9"]),
+        ("onlineps_mcp_bridge", "port", "1111", "2222", "3333", ["--workers", "tcp://127.0.0.1:9"]),
+    ]
+    work = tempfile.mkdtemp(prefix="onlineps-precedence.")
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("ONLINEPS_")}
+    for binary, opt, file_v, env_v, flag_v, required in cases:
+        conf = os.path.join(work, f"{binary}.conf")
+        with open(conf, "w") as f:
+            f.write(f"# written by ops_cli_test\n{opt} = {file_v}\n")
+        env_name = "ONLINEPS_" + opt.upper().replace("-", "_")
+        default = print_config(binary, required, base_env)[opt]
+        got = {
+            "default": print_config(binary, required, base_env)[opt],
+            "file": print_config(binary, [*required, "--config", conf], base_env)[opt],
+            "file via ONLINEPS_CONFIG": print_config(binary, required,
+                                                     {**base_env, "ONLINEPS_CONFIG": conf})[opt],
+            "env over file": print_config(binary, [*required, "--config", conf],
+                                          {**base_env, env_name: env_v})[opt],
+            "flag over env and file": print_config(binary, [*required, "--config", conf,
+                                                            f"--{opt}", flag_v],
+                                                   {**base_env, env_name: env_v})[opt],
+        }
+        want = {"default": default, "file": file_v, "file via ONLINEPS_CONFIG": file_v,
+                "env over file": env_v, "flag over env and file": flag_v}
+        if got != want or default in (file_v, env_v, flag_v):
+            fail(f"{binary} --{opt}: got {got}, want {want}")
+        print(f"ops_cli_test: {binary} --{opt}: default {default} < file {file_v} < "
+              f"{env_name} {env_v} < flag {flag_v}")
+        # A bad value in the file is refused with the file, line and key named.
+        with open(conf, "w") as f:
+            f.write(f"{opt} = not-a-number\n")
+        r = subprocess.run([f"{BIN}/{binary}", *required, "--config", conf, "--print-config"],
+                           capture_output=True, text=True, env=base_env, timeout=30)
+        if r.returncode == 0 or f"{conf}:1" not in r.stderr or opt not in r.stderr:
+            fail(f"{binary}: a bad config value gave exit {r.returncode}, stderr {r.stderr!r}")
+    print("ops_cli_test: precedence PASS")
+
+
+def docs_flags():
+    doc = open(os.path.join(ROOT, "docs", "configuration.md")).read()
+    missing = []
+    for binary in BINARIES:
+        r = subprocess.run([f"{BIN}/{binary}", "--help"], capture_output=True, text=True,
+                           timeout=30)
+        flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]+)", r.stdout))
+        if len(flags) < 3:
+            fail(f"{binary} --help listed only {sorted(flags)}:\n{r.stdout}{r.stderr}")
+        for flag in sorted(flags):
+            if not re.search(re.escape(flag) + r"(?![a-z0-9-])", doc):
+                missing.append(f"{binary} {flag}")
+        print(f"ops_cli_test: {binary}: {len(flags)} flags, documented")
+    # Environment variables read directly by the code (not through the flag parser).
+    env_names = set()
+    for d in ("common", "ps", "worker", "mcp_bridge", "replay"):
+        for name in os.listdir(os.path.join(ROOT, d)):
+            if name.endswith((".cc", ".h")):
+                text = open(os.path.join(ROOT, d, name)).read()
+                env_names |= set(re.findall(r'getenv\("([A-Z0-9_]+)"\)', text))
+    ops = os.path.join(ROOT, "docs", "operations.md")
+    ops_doc = open(ops).read() if os.path.exists(ops) else ""
+    for name in sorted(env_names):
+        if name not in doc and name not in ops_doc:
+            missing.append(f"env {name}")
+    if missing:
+        fail("not documented in docs/configuration.md: " + ", ".join(missing))
+    print(f"ops_cli_test: docs-flags PASS (env read directly: {sorted(env_names)})")
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1] if len(sys.argv) > 1 else ""
+    checks = {"json-logs": json_logs, "precedence": precedence, "docs-flags": docs_flags,
+              "final-checkpoint": final_checkpoint}
+    if mode not in checks:
+        print(f"usage: ops_cli_test.py {'|'.join(checks)}")
+        sys.exit(2)
+    checks[mode]()

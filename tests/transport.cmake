@@ -1,1 +1,0 @@
-onlineps_test(transport_test onlineps_common)
