@@ -3,7 +3,6 @@
 #include <sys/stat.h>
 #include <zmq.h>
 
-#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
 #include <regex>
@@ -129,51 +128,6 @@ StatusOr<std::vector<std::string>> ReadCurvePublicKeys(const std::string& path) 
   }
   if (out.empty()) return InvalidArgument(path + ": holds no public key");
   return out;
-}
-
-void AddCurveFlags(CLI::App& app, CurveFlags* f, bool server, bool client) {
-  app.add_option("--curve-cert", f->cert,
-                 "CURVE certificate of this process (both keys; enables encrypted, "
-                 "authenticated ZeroMQ links; docs/security.md)");
-  if (client) {
-    app.add_option("--curve-server-key", f->server_key,
-                   "Public key of the servers this process connects to (needs --curve-cert)");
-  }
-  if (server) {
-    app.add_option("--curve-allow", f->allow,
-                   "Client public keys accepted, one per line (default: any client holding "
-                   "this server's public key)");
-  }
-}
-
-StatusOr<CurveOptions> LoadCurve(const CurveFlags& f) {
-  CurveOptions o;
-  if (f.cert.empty()) {
-    if (!f.server_key.empty() || !f.allow.empty()) {
-      return InvalidArgument("--curve-server-key and --curve-allow need --curve-cert");
-    }
-    return o;
-  }
-  auto cert = ReadCurveCert(f.cert);
-  if (!cert.ok()) return cert.status().WithContext("--curve-cert");
-  const CurveKeyPair& k = *cert;
-  o.public_key = k.public_key;
-  o.secret_key = k.secret_key;
-  if (!f.server_key.empty()) {
-    auto keys = ReadCurvePublicKeys(f.server_key);
-    if (!keys.ok()) return keys.status().WithContext("--curve-server-key");
-    if (keys->size() != 1) {
-      return InvalidArgument(f.server_key + ": holds " + std::to_string(keys->size()) +
-                             " public keys; --curve-server-key needs exactly one");
-    }
-    o.server_public_key = (*keys)[0];
-  }
-  if (!f.allow.empty()) {
-    auto allowed = ReadCurvePublicKeys(f.allow);
-    if (!allowed.ok()) return allowed.status().WithContext("--curve-allow");
-    o.allowed_clients = std::move(*allowed);
-  }
-  return o;
 }
 
 }  // namespace onlineps

@@ -15,10 +15,6 @@
 
 #include "common/status.h"
 
-namespace CLI {
-class App;
-}
-
 namespace onlineps {
 
 struct CurveOptions {
@@ -44,15 +40,6 @@ Status WriteCurveCert(const std::string& path, const CurveKeyPair& keys);
 StatusOr<CurveKeyPair> ReadCurveCert(const std::string& path);
 // Reads public keys (one or more): a .pub, a certificate (its public key) or a list.
 StatusOr<std::vector<std::string>> ReadCurvePublicKeys(const std::string& path);
-
-// The three flags; `server` adds --curve-allow, `client` adds --curve-server-key.
-struct CurveFlags {
-  std::string cert, server_key, allow;
-};
-void AddCurveFlags(CLI::App& app, CurveFlags* f, bool server, bool client);
-// Loads the files the flags name. --curve-server-key or --curve-allow without
-// --curve-cert is an error (CURVE needs this process's own key pair).
-StatusOr<CurveOptions> LoadCurve(const CurveFlags& f);
 
 }  // namespace onlineps
 

@@ -117,7 +117,7 @@ class EtcdKv final : public KvStore {
     thread_.join();
     for (Call& c : left) {
       KvResult r;
-      r.status = Status(StatusCode::kCancelled, "etcd client shutting down");
+      r.status = Cancelled("etcd client shutting down");
       c.done(std::move(r));
     }
   }

@@ -115,16 +115,4 @@ Status InitLogging(const LogOptions& options, spdlog::sink_ptr sink) {
   return Status::Ok();
 }
 
-void AddLoggingFlags(CLI::App& app, LogOptions* options) {
-  // Empty is accepted and means "not given", so a dumped config reads back.
-  auto valid_level = [](const std::string& name) -> std::string {
-    return name.empty() ? "" : ParseLogLevel(name).status().message();
-  };
-  app.add_option("--log-level", options->level,
-                 "trace|debug|info|warn|error|critical|off (default: SPDLOG_LEVEL, else info)")
-      ->check(CLI::Validator(valid_level, "LEVEL"));
-  app.add_option("--log-format", options->format, "Log line format")
-      ->check(CLI::IsMember({"text", "json"}));
-}
-
 }  // namespace onlineps

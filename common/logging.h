@@ -7,7 +7,6 @@
 
 #include <spdlog/common.h>
 
-#include <CLI/CLI.hpp>
 #include <string>
 
 #include "common/status.h"
@@ -33,9 +32,6 @@ Status InitLogging(const LogOptions& options, spdlog::sink_ptr sink = nullptr);
 
 // "warn" -> spdlog::level::warn; kInvalidArgument naming the accepted names.
 StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& name);
-
-// Adds --log-level and --log-format bound to `options` (which must outlive `app`).
-void AddLoggingFlags(CLI::App& app, LogOptions* options);
 
 }  // namespace onlineps
 

@@ -71,7 +71,7 @@ class Registry {
   Status Bind(const std::string& name, std::shared_ptr<MemServerCore> core) {
     MutexLock lock(&mu_);
     if (!servers_.emplace(name, std::move(core)).second) {
-      return Status(StatusCode::kAlreadyExists, "mem://" + name + " is already bound");
+      return AlreadyExists("mem://" + name + " is already bound");
     }
     return Status::Ok();
   }

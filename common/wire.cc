@@ -97,7 +97,7 @@ Status DecodeField(const msgpack::object& key, const msgpack::object& val, Heade
     *saw_v = true;
   } else if (k == "op") {
     if (!GetUint(val, &u) || u > 255) return FieldError(k, "an unsigned 8-bit integer");
-    if (u > kMaxOp) return Status(StatusCode::kUnknownOp, "unknown op " + std::to_string(u));
+    if (u > kMaxOp) return UnknownOp("unknown op " + std::to_string(u));
     h->op = static_cast<Op>(u);
     *saw_op = true;
   } else if (k == "rid") {
@@ -257,10 +257,9 @@ StatusOr<Header> DecodeHeader(const void* data, size_t size) {
     }
     if (!saw_v) return Malformed("header has no protocol version field 'v'");
     if (h.protocol != kProtocolVersion) {
-      return Status(StatusCode::kUnsupportedVersion, "protocol version " +
-                                                         std::to_string(h.protocol) +
-                                                         " not supported (this peer speaks " +
-                                                         std::to_string(kProtocolVersion) + ")");
+      return UnsupportedVersion("protocol version " + std::to_string(h.protocol) +
+                                " not supported (this peer speaks " +
+                                std::to_string(kProtocolVersion) + ")");
     }
     if (!saw_op) return Malformed("header has no 'op' field");
   } catch (const std::exception& e) {

@@ -24,7 +24,7 @@ Status FromZmqError(const std::string& what, const zmq::error_t& e) {
     case ENOCOMPATPROTO:
       return InvalidArgument(std::move(message));
     case EADDRINUSE:
-      return Status(StatusCode::kAlreadyExists, std::move(message));
+      return AlreadyExists(std::move(message));
     default:
       return Unavailable(std::move(message));
   }

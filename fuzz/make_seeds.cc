@@ -48,7 +48,7 @@ void WireSeeds(const std::string& dir) {
   h.op = Op::kPushSparse;
   h.shape = {3, 24};
   Write(dir + "/push_sparse", EncodeHeader(h));
-  Header reply = MakeReply(h, Status(StatusCode::kInvalidArgument, "bad shape"));
+  Header reply = MakeReply(h, InvalidArgument("bad shape"));
   reply.version = 10;
   reply.tau = 1;
   reply.queued = true;

@@ -47,7 +47,7 @@ std::string WireOne(const uint8_t* data, size_t size) {
   if (Fingerprint(*again) != Fingerprint(*h))
     return "header changed in an encode/decode round trip";
   (void)ReplyStatus(*h);
-  (void)MakeReply(*h, Status(StatusCode::kMalformed, h->message));
+  (void)MakeReply(*h, Malformed(h->message));
   // The shard server decodes the spec of every create_table request.
   StatusOr<ps::TableSpec> spec = ps::DecodeSpec(h->spec);
   if (spec.ok()) {

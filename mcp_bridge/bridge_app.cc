@@ -12,6 +12,7 @@
 #include "common/admin_server.h"
 #include "common/config.h"
 #include "common/curve.h"
+#include "common/flags.h"
 #include "common/logging.h"
 #include "common/periodic_thread.h"
 #include "common/signals.h"

@@ -300,7 +300,7 @@ ToolResult Tools::StoreContext(const ToolCall& c, bool append) {
   }
   const json& a = c.arguments;
   if (a.contains("text") && !a["text"].is_string()) return Error("'text' must be a string");
-  StatusOr<Context> ctx = Status(StatusCode::kInternal, "unset");
+  StatusOr<Context> ctx = Internal("unset");
   size_t dropped = 0;
   if (append) {
     if (!a.contains("text")) return Error("append_context needs 'text'");

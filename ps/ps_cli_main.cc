@@ -16,6 +16,7 @@
 
 #include "common/config.h"
 #include "common/curve.h"
+#include "common/flags.h"
 #include "common/logging.h"
 #include "ps/ps_client.h"
 

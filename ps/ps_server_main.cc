@@ -8,6 +8,7 @@
 #include "common/config.h"
 #include "common/curve.h"
 #include "common/etcd_kv.h"
+#include "common/flags.h"
 #include "common/logging.h"
 #include "common/signals.h"
 #include "ps/shard_server.h"

@@ -767,7 +767,7 @@ void ReplicaCore::StepDown(uint64_t now, const std::string& why) {
   const bool lost_lease = now >= lease_deadline_ms_;
   role_ = Role::kFollower;
   counters_.step_downs++;
-  FailWaiters(Status(StatusCode::kNotPrimary, "not primary any more (" + why + ")"));
+  FailWaiters(NotPrimary("not primary any more (" + why + ")"));
   log_.clear();
   log_bytes_ = 0;
   for (Follower& f : followers_) f = Follower{};
@@ -804,7 +804,7 @@ Status ReplicaCore::CheckPrimary(uint64_t now, uint64_t client_epoch,
     return Unavailable("replica " + std::to_string(config_.index) + " is taking over as primary");
   }
   if (role_ == Role::kStopped) {
-    return Status(StatusCode::kNotPrimary, "shard replica shutting down; retry on the new primary");
+    return NotPrimary("shard replica shutting down; retry on the new primary");
   }
   if (leader_known_ && leader_.index != config_.index && leader_.index < config_.members.size()) {
     // Clients read the index from the reply's "pri" field; the text is for people.
@@ -812,7 +812,7 @@ Status ReplicaCore::CheckPrimary(uint64_t now, uint64_t client_epoch,
     return NotPrimary("not primary; primary is replica " + std::to_string(leader_.index) + " (" +
                       config_.members[leader_.index] + ")");
   }
-  return Status(StatusCode::kNotPrimary, "not primary; no primary known (election in progress)");
+  return NotPrimary("not primary; no primary known (election in progress)");
 }
 
 uint64_t ReplicaCore::Append(const Frames& request) {
@@ -842,9 +842,8 @@ uint64_t ReplicaCore::Append(const Frames& request) {
 
 void ReplicaCore::WhenCommitted(uint64_t lsn, Done done) {
   if (role_ != Role::kPrimary) {
-    completions_.emplace_back(
-        std::move(done),
-        Status(StatusCode::kNotPrimary, "not primary any more; retry on the new primary"));
+    completions_.emplace_back(std::move(done),
+                              NotPrimary("not primary any more; retry on the new primary"));
     return;
   }
   ReleaseCommitted();
@@ -1114,8 +1113,7 @@ void ReplicaCore::Stop(uint64_t now) {
     h.spec = {{"inc", Hex(config_.incarnation)}};
     SendTo(leader_.index, h);
   }
-  FailWaiters(
-      Status(StatusCode::kNotPrimary, "shard replica shutting down; retry on the new primary"));
+  FailWaiters(NotPrimary("shard replica shutting down; retry on the new primary"));
   role_ = Role::kStopped;
   if (lease_ != 0) {
     // Revoking the lease deletes the leadership and the registration at once, so another

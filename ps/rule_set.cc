@@ -42,10 +42,9 @@ void RuleSet::Apply(float* w, float* const* opt_state, float* const* pol_state, 
 Status RuleSet::CheckBound(const std::string& table, uint64_t tau) const {
   if (max_staleness_ < 0 || bound_mode_ != BoundMode::kReject) return Status::Ok();
   if (tau <= static_cast<uint64_t>(max_staleness_)) return Status::Ok();
-  return Status(StatusCode::kStale, "table '" + table +
-                                        "': push staleness tau=" + std::to_string(tau) +
-                                        " exceeds the bound s=" + std::to_string(max_staleness_) +
-                                        "; pull fresh parameters and recompute");
+  return Stale("table '" + table + "': push staleness tau=" + std::to_string(tau) +
+               " exceeds the bound s=" + std::to_string(max_staleness_) +
+               "; pull fresh parameters and recompute");
 }
 
 const float* ClipToNorm(const float* v, size_t n, double max_norm, std::vector<float>* scratch,

@@ -212,8 +212,7 @@ StatusOr<PushResult> SparseTable::Push(const PushRequest& req) {
                          std::to_string(req.num_values));
   }
   if (!AllFinite(req.values, req.num_values)) {
-    return Status(StatusCode::kNonFinite,
-                  "table '" + spec_.name + "': push contains NaN or Inf; nothing applied");
+    return NonFinite("table '" + spec_.name + "': push contains NaN or Inf; nothing applied");
   }
   std::vector<float> clipped_values;
   bool clipped = false;

@@ -20,4 +20,4 @@ add_executable(onlineps_replay replay_main.cc replay_flags.cc)
 set_target_properties(onlineps_replay PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
 target_compile_definitions(onlineps_replay PRIVATE ONLINEPS_GIT_COMMIT="${ONLINEPS_GIT_COMMIT}")
 target_link_libraries(onlineps_replay PRIVATE onlineps_replay_core onlineps_replay_bridge
-                                              onlineps_worker_models)
+                                              onlineps_worker_models onlineps_flags)

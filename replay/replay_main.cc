@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/config.h"
+#include "common/flags.h"
 #include "common/logging.h"
 #include "replay/batches.h"
 #include "replay/bridge_replay.h"
@@ -304,7 +305,7 @@ int Main(int argc, char** argv) {
 
   Dataset data;
   TraceSteps steps;
-  StatusOr<Workload> workload = Status(StatusCode::kInternal, "no workload");
+  StatusOr<Workload> workload = Internal("no workload");
   if (f.trace.empty()) {
     if (f.dataset != "none") {
       spdlog::info("loading dataset {}", f.dataset);

@@ -317,8 +317,7 @@ StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::string& pa
   // "x" (glibc, C11) makes the existence check and the create one atomic step.
   std::FILE* f = std::fopen(path.c_str(), overwrite ? "w" : "wx");
   if (!f && errno == EEXIST) {
-    return Status(StatusCode::kAlreadyExists,
-                  "trace " + path + " exists (refusing to overwrite it)");
+    return AlreadyExists("trace " + path + " exists (refusing to overwrite it)");
   }
   if (!f) return Unavailable("trace " + path + ": " + std::strerror(errno));
   std::unique_ptr<TraceWriter> w(new TraceWriter(path, f));

@@ -111,13 +111,11 @@ Status ScanBody(const uint8_t* p, size_t n, const RequestLimits& limits,
       return CheckTextBytes(v.str, where, limits);
     }
     if (v.number ? ++numbers > max_numbers : ++others > max_others) {
-      return v.number ? Status(StatusCode::kTooLarge,
-                               "body has more than " + std::to_string(max_numbers) +
-                                   " numbers; at most (--max-batch + 1) x (--max-features + 1)")
-                      : Status(StatusCode::kTooLarge,
-                               "body has more than " + std::to_string(max_others) +
-                                   " maps, arrays, strings and keys; at most 16 per example of "
-                                   "--max-batch, plus 256");
+      return v.number ? TooLarge("body has more than " + std::to_string(max_numbers) +
+                                 " numbers; at most (--max-batch + 1) x (--max-features + 1)")
+                      : TooLarge("body has more than " + std::to_string(max_others) +
+                                 " maps, arrays, strings and keys; at most 16 per example of "
+                                 "--max-batch, plus 256");
     }
     const auto* str = reinterpret_cast<const char*>(p + i + v.size - v.str);
     if (is_key) {

@@ -39,7 +39,7 @@ std::string NcclError(const std::string& what, ncclResult_t r) {
 Status CudaStatus(const std::string& what, cudaError_t e) {
   if (e == cudaSuccess) return Status::Ok();
   if (e == cudaErrorMemoryAllocation) {
-    return Status(StatusCode::kResourceExhausted, CudaError(what, e));
+    return ResourceExhausted(CudaError(what, e));
   }
   return Internal(CudaError(what, e));
 }

@@ -5,8 +5,8 @@ namespace {
 
 // "<what>; at most <most> <unit> (<flag>)"
 Status TooLarge(const std::string& what, size_t most, const char* unit, const char* flag) {
-  return Status(StatusCode::kTooLarge,
-                what + "; at most " + std::to_string(most) + " " + unit + " (" + flag + ")");
+  return onlineps::TooLarge(what + "; at most " + std::to_string(most) + " " + unit + " (" + flag +
+                            ")");
 }
 
 }  // namespace

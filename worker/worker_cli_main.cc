@@ -9,6 +9,7 @@
 #include <map>
 
 #include "common/curve.h"
+#include "common/flags.h"
 #include "worker/worker_client.h"
 
 int main(int argc, char** argv) {

@@ -11,6 +11,7 @@
 #include "common/admin_server.h"
 #include "common/config.h"
 #include "common/curve.h"
+#include "common/flags.h"
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "common/periodic_thread.h"
@@ -245,9 +246,9 @@ onlineps::StatusOr<std::unique_ptr<worker::GroupReducer>> MakeGroup(const Flags&
   o.timeout = std::chrono::milliseconds(f.group_timeout_ms);
   return worker::NewNcclGroup(o);
 #else
-  return Status(StatusCode::kUnavailable,
-                "--group nccl: this build has no NCCL support (CUDA and NCCL were not found "
-                "at configure time); use --group local");
+  return Unavailable(
+      "--group nccl: this build has no NCCL support (CUDA and NCCL were not found "
+      "at configure time); use --group local");
 #endif
 }
 
@@ -289,8 +290,8 @@ Status ParseFreshness(const Flags& f, std::map<std::string, worker::FreshnessBou
       ok = ok && *end == '\0';
     }
     if (!ok) {
-      return Status(StatusCode::kInvalidArgument,
-                    "--freshness '" + item + "' is not PARAM=MAX_AGE_MS[:MAX_VERSIONS_BEHIND]");
+      return onlineps::InvalidArgument("--freshness '" + item +
+                                       "' is not PARAM=MAX_AGE_MS[:MAX_VERSIONS_BEHIND]");
     }
     std::string table = item.substr(0, eq);
     if (table.rfind(f.model.table_prefix, 0) != 0) table = f.model.table_prefix + table;
@@ -316,10 +317,10 @@ Status Finish(Flags* f) {
   f->service.push_timeout = std::chrono::milliseconds(f->ps_timeout_ms);
   if (f->model.table_prefix.empty()) f->model.table_prefix = f->model.kind + "/";
   if (f->model.kind == "mlp" && f->model.input_dim > f->service.limits.max_features) {
-    return Status(StatusCode::kInvalidArgument,
-                  "--input-dim " + std::to_string(f->model.input_dim) +
-                      " is above --max-features " + std::to_string(f->service.limits.max_features) +
-                      ": no request could be served; raise --max-features");
+    return onlineps::InvalidArgument("--input-dim " + std::to_string(f->model.input_dim) +
+                                     " is above --max-features " +
+                                     std::to_string(f->service.limits.max_features) +
+                                     ": no request could be served; raise --max-features");
   }
   return ParseFreshness(*f, &f->service.cache.tables);
 }

@@ -14,41 +14,43 @@ namespace {
 
 using nlohmann::json;
 
-Status Invalid(const std::string& msg) { return Status(StatusCode::kInvalidArgument, msg); }
-
 // Features as msgpack bin of little-endian float32: a memcpy instead of one DOM node
 // per value (decoding 25,000 numbers as an array costs more than a model's forward).
 StatusOr<std::vector<float>> FloatsOfBinary(const json& v, const std::string& where, size_t max) {
   const auto& bytes = v.get_binary();
   if (bytes.size() % sizeof(float) != 0) {
-    return Invalid(where + " binary is " + std::to_string(bytes.size()) +
-                   " bytes, not a whole number of float32 values");
+    return InvalidArgument(where + " binary is " + std::to_string(bytes.size()) +
+                           " bytes, not a whole number of float32 values");
   }
   if (bytes.size() / sizeof(float) > max) {
-    return Invalid(where + " has " + std::to_string(bytes.size() / sizeof(float)) +
-                   " values; at most " + std::to_string(max));
+    return InvalidArgument(where + " has " + std::to_string(bytes.size() / sizeof(float)) +
+                           " values; at most " + std::to_string(max));
   }
   std::vector<float> out(bytes.size() / sizeof(float));
   std::memcpy(out.data(), bytes.data(), bytes.size());
   for (size_t i = 0; i < out.size(); ++i) {
-    if (!std::isfinite(out[i])) return Invalid(where + "[" + std::to_string(i) + "] is NaN or Inf");
+    if (!std::isfinite(out[i]))
+      return InvalidArgument(where + "[" + std::to_string(i) + "] is NaN or Inf");
   }
   return out;
 }
 
 StatusOr<std::vector<float>> FloatsOf(const json& v, const std::string& where, size_t max) {
   if (v.is_binary()) return FloatsOfBinary(v, where, max);
-  if (!v.is_array()) return Invalid(where + " must be an array of numbers or float32 binary");
+  if (!v.is_array())
+    return InvalidArgument(where + " must be an array of numbers or float32 binary");
   if (v.size() > max) {
-    return Invalid(where + " has " + std::to_string(v.size()) + " values; at most " +
-                   std::to_string(max));
+    return InvalidArgument(where + " has " + std::to_string(v.size()) + " values; at most " +
+                           std::to_string(max));
   }
   std::vector<float> out;
   out.reserve(v.size());
   for (size_t i = 0; i < v.size(); ++i) {
-    if (!v[i].is_number()) return Invalid(where + "[" + std::to_string(i) + "] is not a number");
+    if (!v[i].is_number())
+      return InvalidArgument(where + "[" + std::to_string(i) + "] is not a number");
     const double d = v[i].get<double>();
-    if (!std::isfinite(d)) return Invalid(where + "[" + std::to_string(i) + "] is NaN or Inf");
+    if (!std::isfinite(d))
+      return InvalidArgument(where + "[" + std::to_string(i) + "] is NaN or Inf");
     out.push_back(static_cast<float>(d));
   }
   return out;
@@ -63,14 +65,14 @@ StatusOr<int64_t> LabelOf(const json& v, const std::string& where,
     }
     std::string known;
     for (const auto& l : labels) known += (known.empty() ? "" : ", ") + l;
-    return Invalid(where + " '" + s + "' is not a label of this model (" + known + ")");
+    return InvalidArgument(where + " '" + s + "' is not a label of this model (" + known + ")");
   }
   if (v.is_number_integer()) {
     const auto i = v.get<int64_t>();
     if (i >= 0 && i < static_cast<int64_t>(labels.size())) return i;
   }
-  return Invalid(where + " must be a label name or an index below " +
-                 std::to_string(labels.size()));
+  return InvalidArgument(where + " must be a label name or an index below " +
+                         std::to_string(labels.size()));
 }
 
 // Feature values of a context (the context store keeps at most its own max_features; the
@@ -100,7 +102,7 @@ StatusOr<Example> ExampleOf(json& e, const std::string& where,
 
 StatusOr<std::string> RequiredSession(const json& body, size_t max_bytes) {
   ONLINEPS_ASSIGN_OR_RETURN(std::string s, SessionOf(body, max_bytes));
-  if (s.empty()) return Invalid("\"session\" is required for context ops");
+  if (s.empty()) return InvalidArgument("\"session\" is required for context ops");
   return s;
 }
 
@@ -124,14 +126,14 @@ StatusOr<json> ContextOp(WorkerService* service, Op op, const json& body) {
       std::vector<std::string> items;
       const auto it = body.find("items");
       if (it != body.end()) {
-        if (!it->is_array()) return Invalid("\"items\" must be an array of strings");
+        if (!it->is_array()) return InvalidArgument("\"items\" must be an array of strings");
         for (const auto& s : *it) {
-          if (!s.is_string()) return Invalid("\"items\" must be an array of strings");
+          if (!s.is_string()) return InvalidArgument("\"items\" must be an array of strings");
           items.push_back(s.get<std::string>());
         }
       }
       if (body.contains("text")) {
-        if (!body["text"].is_string()) return Invalid("\"text\" must be a string");
+        if (!body["text"].is_string()) return InvalidArgument("\"text\" must be a string");
         items.push_back(body["text"].get<std::string>());
       }
       std::vector<float> features;
@@ -144,7 +146,8 @@ StatusOr<json> ContextOp(WorkerService* service, Op op, const json& body) {
     }
     case Op::kContextAppend: {
       const auto it = body.find("text");
-      if (it == body.end() || !it->is_string()) return Invalid("\"text\" (a string) is required");
+      if (it == body.end() || !it->is_string())
+        return InvalidArgument("\"text\" (a string) is required");
       ONLINEPS_RETURN_IF_ERROR(store.Append(session, it->get<std::string>()));
       return ContextJson(store.Get(session));
     }
@@ -161,8 +164,7 @@ Status CheckBody(const void* data, size_t size, const RequestLimits& limits,
                  std::string_view* session) {
   const auto* p = static_cast<const uint8_t*>(data);
   if (MsgpackNestsDeeperThan(p, size, kMaxBodyDepth)) {
-    return Status(StatusCode::kMalformed,
-                  "body nests deeper than " + std::to_string(kMaxBodyDepth) + " levels");
+    return Malformed("body nests deeper than " + std::to_string(kMaxBodyDepth) + " levels");
   }
   return ScanBody(p, size, limits, session);
 }
@@ -172,8 +174,8 @@ StatusOr<json> DecodeBody(const void* data, size_t size, const RequestLimits& li
   ONLINEPS_RETURN_IF_ERROR(CheckBody(data, size, limits));
   const auto* p = static_cast<const uint8_t*>(data);
   json body = json::from_msgpack(p, p + size, /*strict=*/true, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return Status(StatusCode::kMalformed, "body is not valid msgpack");
-  if (!body.is_object()) return Status(StatusCode::kMalformed, "body must be a msgpack map");
+  if (body.is_discarded()) return Malformed("body is not valid msgpack");
+  if (!body.is_object()) return Malformed("body must be a msgpack map");
   return body;
 }
 
@@ -185,11 +187,11 @@ std::string EncodeBody(const json& body) {
 StatusOr<std::string> SessionOf(const json& body, size_t max_bytes) {
   const auto it = body.find("session");
   if (it == body.end() || it->is_null()) return std::string();
-  if (!it->is_string()) return Invalid("\"session\" must be a string");
+  if (!it->is_string()) return InvalidArgument("\"session\" must be a string");
   std::string s = it->get<std::string>();
   if (s.size() > max_bytes) {
-    return Invalid("\"session\" is " + std::to_string(s.size()) + " bytes; at most " +
-                   std::to_string(max_bytes));
+    return InvalidArgument("\"session\" is " + std::to_string(s.size()) + " bytes; at most " +
+                           std::to_string(max_bytes));
   }
   return s;
 }
@@ -309,8 +311,7 @@ StatusOr<json> HandleWorkerOp(WorkerService* service, Op op, json& body) {
       return s;
     }
     default:
-      return Status(StatusCode::kUnknownOp,
-                    std::string(OpName(op)) + " is not a worker op (is this a PS endpoint?)");
+      return UnknownOp(std::string(OpName(op)) + " is not a worker op (is this a PS endpoint?)");
   }
 }
 

@@ -55,7 +55,7 @@ void WorkerServer::OnMessage(Incoming&& in) {
   requests_.fetch_add(1, std::memory_order_relaxed);
   size_t bytes = 0;
   for (const Frame& f : in.frames) bytes += f.size();
-  auto header = in.frames.empty() ? StatusOr<Header>(Status(StatusCode::kMalformed, "no frames"))
+  auto header = in.frames.empty() ? StatusOr<Header>(Malformed("no frames"))
                                   : DecodeHeader(in.frames[0].data(), in.frames[0].size());
   if (!header.ok()) {
     Header req;  // no request id to echo: the client matches nothing and times out
@@ -66,8 +66,8 @@ void WorkerServer::OnMessage(Incoming&& in) {
   // counts, session) without being decoded; a handler thread decodes it.
   Status st = CheckRequestBytes(bytes, service_->limits());
   if (st.ok() && !IsWorkerOp(header->op)) {
-    st = Status(StatusCode::kUnknownOp,
-                std::string(OpName(header->op)) + " is not a worker op (is this a PS endpoint?)");
+    st =
+        UnknownOp(std::string(OpName(header->op)) + " is not a worker op (is this a PS endpoint?)");
   }
   std::string_view session;
   if (st.ok() && in.frames.size() > 1) {
@@ -89,11 +89,10 @@ void WorkerServer::OnMessage(Incoming&& in) {
   if (queued_bytes_.fetch_add(bytes) + bytes > max_queued) {
     queued_bytes_.fetch_sub(bytes);
     Reply(in.peer,
-          MakeReply(*header, Status(StatusCode::kResourceExhausted,
-                                    "worker is overloaded (requests of more than " +
-                                        std::to_string(max_queued) +
-                                        " bytes queued: " + std::to_string(kQueuedRequests) +
-                                        " x --max-request-bytes); retry later")),
+          MakeReply(*header, ResourceExhausted("worker is overloaded (requests of more than " +
+                                               std::to_string(max_queued) +
+                                               " bytes queued: " + std::to_string(kQueuedRequests) +
+                                               " x --max-request-bytes); retry later")),
           "");
     return;
   }
@@ -105,10 +104,10 @@ void WorkerServer::OnMessage(Incoming&& in) {
   const std::string peer = job.peer;
   if (stopping_.load() || !pool_->Submit(key, std::move(job))) {
     queued_bytes_.fetch_sub(bytes);
-    const Status refused = stopping_.load()
-                               ? Status(StatusCode::kUnavailable, "worker is shutting down")
-                               : Status(StatusCode::kResourceExhausted,
-                                        "worker is overloaded (handler queue full); retry later");
+    const Status refused =
+        stopping_.load()
+            ? Unavailable("worker is shutting down")
+            : ResourceExhausted("worker is overloaded (handler queue full); retry later");
     Reply(peer, MakeReply(h, refused), "");
   }
 }

@@ -22,7 +22,7 @@ bool AllFinite(const std::vector<float>& v) {
 }
 
 Status NonFinite(const std::string& what) {
-  return Status(StatusCode::kNonFinite, what + " is NaN or Inf; nothing was pushed");
+  return onlineps::NonFinite(what + " is NaN or Inf; nothing was pushed");
 }
 
 }  // namespace
@@ -194,7 +194,7 @@ Status WorkerService::FlushDue(bool force) {
 }
 
 Status WorkerService::CheckBatch(const std::vector<Example>& batch, bool need_labels) const {
-  if (batch.empty()) return Status(StatusCode::kInvalidArgument, "no examples");
+  if (batch.empty()) return InvalidArgument("no examples");
   // The RPC checked these before building `batch`; in-process callers meet them here,
   // still before any tokenizing or pull.
   const RequestLimits& limits = options_.limits;
@@ -212,10 +212,9 @@ Status WorkerService::CheckBatch(const std::vector<Example>& batch, bool need_la
   const auto n = static_cast<int64_t>(model_->labels().size());
   for (size_t i = 0; i < batch.size(); ++i) {
     if (batch[i].label < 0 || batch[i].label >= n) {
-      return Status(StatusCode::kInvalidArgument,
-                    "example " + std::to_string(i) + " has no valid label (label index " +
-                        std::to_string(batch[i].label) + ", model has " + std::to_string(n) +
-                        " labels)");
+      return InvalidArgument("example " + std::to_string(i) + " has no valid label (label index " +
+                             std::to_string(batch[i].label) + ", model has " + std::to_string(n) +
+                             " labels)");
     }
   }
   return Status::Ok();

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/flags.h"
 #include "common/zmq_transport.h"
 
 namespace onlineps {
@@ -28,9 +29,7 @@ std::string TempDir() {
   return d ? d : "/tmp";
 }
 
-void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
+void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 CurveKeyPair Keys() {
   auto k = NewCurveKeyPair();
@@ -61,8 +60,8 @@ TEST(CurveKeys, CertRoundTripsWithModeAndPublicHalf) {
 TEST(CurveKeys, ListsCommentsAndBadLinesNamed) {
   const std::string dir = TempDir();
   const CurveKeyPair a = Keys(), b = Keys();
-  WriteFile(dir + "/allow", "# clients\n" + a.public_key + "\n\n  public-key = \"" +
-                                b.public_key + "\"  # the bridge\n");
+  WriteFile(dir + "/allow", "# clients\n" + a.public_key + "\n\n  public-key = \"" + b.public_key +
+                                "\"  # the bridge\n");
   auto keys = ReadCurvePublicKeys(dir + "/allow");
   ASSERT_TRUE(keys.ok()) << keys.status().ToString();
   EXPECT_EQ(*keys, (std::vector<std::string>{a.public_key, b.public_key}));
@@ -72,8 +71,8 @@ TEST(CurveKeys, ListsCommentsAndBadLinesNamed) {
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("bad:2"), std::string::npos) << bad.status().message();
 
-  WriteFile(dir + "/mixed", "public-key = \"" + a.public_key + "\"\nsecret-key = \"" +
-                                b.secret_key + "\"\n");
+  WriteFile(dir + "/mixed",
+            "public-key = \"" + a.public_key + "\"\nsecret-key = \"" + b.secret_key + "\"\n");
   EXPECT_NE(ReadCurveCert(dir + "/mixed").status().message().find("does not belong"),
             std::string::npos);
   EXPECT_EQ(ReadCurvePublicKeys(dir + "/missing").status().code(), StatusCode::kNotFound);

@@ -11,6 +11,8 @@
 #include <sstream>
 #include <string>
 
+#include "common/flags.h"
+
 namespace onlineps {
 namespace {
 

@@ -1,0 +1,31 @@
+// The flags every binary shares, on CLI11 (library onlineps_flags, with config.h):
+// --log-level / --log-format (common/logging.h) and the CURVE key files
+// (common/curve.h). Libraries that only move messages (the PS and worker clients)
+// link onlineps_common alone and never see CLI11.
+#ifndef ONLINEPS_COMMON_FLAGS_H_
+#define ONLINEPS_COMMON_FLAGS_H_
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "common/curve.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace onlineps {
+
+// Adds --log-level and --log-format bound to `options` (which must outlive `app`).
+void AddLoggingFlags(CLI::App& app, LogOptions* options);
+
+// The three flags; `server` adds --curve-allow, `client` adds --curve-server-key.
+struct CurveFlags {
+  std::string cert, server_key, allow;
+};
+void AddCurveFlags(CLI::App& app, CurveFlags* f, bool server, bool client);
+// Loads the files the flags name. --curve-server-key or --curve-allow without
+// --curve-cert is an error (CURVE needs this process's own key pair).
+StatusOr<CurveOptions> LoadCurve(const CurveFlags& f);
+
+}  // namespace onlineps
+
+#endif  // ONLINEPS_COMMON_FLAGS_H_
