@@ -125,14 +125,16 @@ static std::vector<std::pair<uint64_t, std::string>> ByHash(
   return v;
 }
 
-void Router::ShedOverload() {
+void Router::ShedOverload(const std::string& prefer) {
   const size_t cap = Cap(owner_.size());
   for (const auto& [h, s] : ByHash(owner_)) {
     const std::string w = owner_[s];  // a copy: erased below
     if (loads_[w] <= cap) continue;
     --loads_[w];  // take it out before choosing so it is not placed back
     owner_.erase(s);
-    const std::string dest = Place(s, h, cap);
+    // A joining worker with room takes the overflow, so sessions move only to it.
+    const auto p = loads_.find(prefer);
+    const std::string dest = p != loads_.end() && p->second < cap ? prefer : Place(s, h, cap);
     owner_[s] = dest;
     ++loads_[dest];
     if (dest != w) ++moves_;
@@ -150,7 +152,7 @@ bool Router::AddWorker(const std::string& worker) {
     Assign(s, worker);
     ++moves_;
   }
-  ShedOverload();
+  ShedOverload(worker);
   return true;
 }
 

@@ -68,7 +68,9 @@ class Router {
   std::string Preferred(uint64_t h) const REQUIRES(mu_);
   void RebuildRing() REQUIRES(mu_);
   void Assign(const std::string& session, const std::string& worker) REQUIRES(mu_);
-  void ShedOverload() REQUIRES(mu_);
+  // Moves sessions off workers above the bound: to `prefer` (a joining worker) while it
+  // has room, else along the ring.
+  void ShedOverload(const std::string& prefer) REQUIRES(mu_);
 
   const RouterOptions options_;
   mutable Mutex mu_;

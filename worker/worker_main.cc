@@ -246,7 +246,7 @@ onlineps::StatusOr<std::unique_ptr<worker::GroupReducer>> MakeGroup(const Flags&
   o.timeout = std::chrono::milliseconds(f.group_timeout_ms);
   return worker::NewNcclGroup(o);
 #else
-  return Unavailable(
+  return onlineps::Unavailable(
       "--group nccl: this build has no NCCL support (CUDA and NCCL were not found "
       "at configure time); use --group local");
 #endif

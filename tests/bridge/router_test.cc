@@ -98,6 +98,34 @@ TEST(RouterTest, AddingAWorkerMovesAboutOneNthOfTheSessions) {
   EXPECT_LE(MaxLoad(r.stats()), static_cast<size_t>(std::ceil(1.25 * m / 5.0)));
 }
 
+// The shape of BridgeRoutingTest.AJoiningWorker... over many ring layouts: 37 sessions
+// on 2 workers, a third joins. The bound drops from 24 to 16 sessions per worker, and
+// what an old worker sheds goes to the new one (it has room), never to the other old one.
+TEST(RouterTest, AJoiningWorkerTakesTheOverflowItself) {
+  int layouts_with_moves = 0;
+  for (int layout = 0; layout < 300; ++layout) {
+    Router r({});
+    const auto name = [&](int w) {
+      return "tcp://127.0.0.1:" + std::to_string(30000 + layout * 7 + w * 1000);
+    };
+    r.AddWorker(name(0));
+    r.AddWorker(name(1));
+    std::map<std::string, std::string> before;
+    for (int i = 0; i < 37; ++i) before[Session(i)] = r.Route(Session(i)).value();
+    ASSERT_TRUE(r.AddWorker(name(2)));
+    int moved = 0;
+    for (const auto& [s, w] : before) {
+      const std::string now = r.OwnerOf(s);
+      if (now == w) continue;
+      ++moved;
+      EXPECT_EQ(now, name(2)) << "layout " << layout << ": " << s << " moved from " << w;
+    }
+    layouts_with_moves += moved > 0;
+    EXPECT_LE(MaxLoad(r.stats()), 16u) << "layout " << layout;
+  }
+  EXPECT_EQ(layouts_with_moves, 300);
+}
+
 TEST(RouterTest, RemovingAWorkerMovesOnlyItsSessions) {
   Router r({});
   const auto workers = Workers(4);
