@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iterator>
 #include <numeric>
 #include <random>
@@ -535,7 +536,20 @@ TEST(WorkerMultiProcessTest, SigtermWhileWaitingForShardsExitsAtOnce) {
   Subprocess w({ONLINEPS_BIN_DIR "/onlineps_worker", "--ps", "tcp://127.0.0.1:9", "--listen",
                 "tcp://127.0.0.1:0", "--admin-port", "-1", "--log-level", "warn"});
   ASSERT_TRUE(w.started());
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // past flag parsing, into the wait
+  // Loading libtorch can take seconds on a busy machine: wait until main() has blocked
+  // SIGTERM (the first thing it does), then a little more, into the wait for the shards.
+  bool blocked = false;
+  for (int i = 0; i < 600 && !blocked; ++i) {
+    std::ifstream status("/proc/" + std::to_string(w.pid()) + "/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("SigBlk:", 0) == 0) {
+        blocked = (std::stoull(line.substr(7), nullptr, 16) >> (SIGTERM - 1)) & 1;
+      }
+    }
+    if (!blocked) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(blocked) << "the worker never blocked SIGTERM";
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const auto start = std::chrono::steady_clock::now();
   EXPECT_EQ(w.Stop(SIGTERM, std::chrono::milliseconds(5000)), 0);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
