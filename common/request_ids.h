@@ -52,6 +52,11 @@ class RequestIdPool {
     }
   }
 
+  // Releases the id that holds `slot`, which must be in flight.
+  void ReleaseSlot(uint32_t slot) {
+    if (slot < generation_.size()) Release((uint32_t{generation_[slot]} << 16) | slot);
+  }
+
   size_t in_flight() const { return generation_.size() - free_.size(); }
   size_t capacity() const { return generation_.size(); }
 

@@ -98,6 +98,22 @@ class RpcCalls {
     return call;
   }
 
+  // Every call in flight (not the resends scheduled by Later), for the owner to fail:
+  // their replies can no longer come (e.g. the connection they were sent on dropped).
+  std::vector<std::unique_ptr<Call>> TakeAll() {
+    std::vector<std::unique_ptr<Call>> taken;
+    {
+      MutexLock lock(&mu_);
+      for (size_t slot = 0; slot < slots_.size(); ++slot) {
+        if (!slots_[slot]) continue;
+        taken.push_back(std::move(slots_[slot]));
+        ids_.ReleaseSlot(static_cast<uint32_t>(slot));
+      }
+    }
+    free_cv_.SignalAll();
+    return taken;
+  }
+
   // Hands `call` to on_due at `when`, on the timer thread, and returns null; after
   // Stop() returns `call` instead, for the owner to cancel.
   [[nodiscard]] std::unique_ptr<Call> Later(Clock::time_point when, std::unique_ptr<Call> call) {

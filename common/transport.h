@@ -58,6 +58,11 @@ struct TransportOptions {
   // Client: when set, NewClientTransport returns decorate(transport) instead of the
   // transport itself. Null (the default): no decorator. Servers ignore it.
   ClientTransportDecorator decorate;
+  // Client: called on the transport's I/O thread when an established connection to
+  // server `index` drops (the server died or closed it; ZeroMQ tcp:// and ipc:// only).
+  // Requests already sent on it will get no reply; requests sent afterwards wait for a
+  // reconnection. Must not block. Null (the default): not watched.
+  std::function<void(size_t index)> on_disconnect;
 };
 
 // An incoming request on a server: the opaque identity of the peer that sent it plus

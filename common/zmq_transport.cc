@@ -485,10 +485,23 @@ Status ZmqClientTransport::ConnectSockets(const std::vector<std::string>& endpoi
       dealers_.emplace_back(SharedContext(), zmq::socket_type::dealer);
       ApplyNetworkOptions(dealers_.back(), options_);
       ApplyCurve(dealers_.back(), options_.curve, /*server=*/false);
+      if (options_.on_disconnect) {
+        // ZeroMQ reports the dealer's connection events on an inproc PAIR.
+        const std::string monitor = NextPipeName("monitor");
+        if (zmq_socket_monitor(dealers_.back().handle(), monitor.c_str(), ZMQ_EVENT_DISCONNECTED) !=
+            0) {
+          throw zmq::error_t();
+        }
+        monitors_.emplace_back(SharedContext(), zmq::socket_type::pair);
+        monitors_.back().set(zmq::sockopt::linger, 0);
+        monitors_.back().connect(monitor);
+      }
       dealers_.back().connect(endpoint);
     }
     return Status::Ok();
   } catch (const zmq::error_t& e) {
+    for (auto& monitor : monitors_) CloseQuietly(&monitor);
+    monitors_.clear();
     for (auto& dealer : dealers_) CloseQuietly(&dealer);
     dealers_.clear();
     CloseQuietly(&pull_);
@@ -534,6 +547,7 @@ void ZmqClientTransport::IoLoop() {
   std::vector<zmq::pollitem_t> items;
   items.push_back({pull_.handle(), 0, ZMQ_POLLIN, 0});
   for (auto& dealer : dealers_) items.push_back({dealer.handle(), 0, ZMQ_POLLIN, 0});
+  for (auto& monitor : monitors_) items.push_back({monitor.handle(), 0, ZMQ_POLLIN, 0});
   bool more = true;
   while (more) {
     const bool exiting = exit_.load(std::memory_order_acquire);
@@ -545,9 +559,16 @@ void ZmqClientTransport::IoLoop() {
       for (size_t i = 0; i < dealers_.size(); ++i) {
         if (items[i + 1].revents & ZMQ_POLLIN) DeliverReplies(i);
       }
+      for (size_t i = 0; i < monitors_.size(); ++i) {
+        if (items[1 + dealers_.size() + i].revents & ZMQ_POLLIN) ReadMonitor(i);
+      }
       return true;
     });
   }
+  for (auto& dealer : dealers_) {
+    if (!monitors_.empty()) (void)zmq_socket_monitor(dealer.handle(), nullptr, 0);
+  }
+  for (auto& monitor : monitors_) CloseQuietly(&monitor);
   // With linger > 0 the shared context keeps flushing the DEALERs in the background.
   for (auto& dealer : dealers_) CloseQuietly(&dealer);
   CloseQuietly(&pull_);
@@ -561,6 +582,22 @@ void ZmqClientTransport::ForwardRequests(bool drain) {
     std::memcpy(&index, parts[0].data(), sizeof(index));
     if (index >= dealers_.size()) continue;  // Send checked; cannot happen
     if (!SendParts(dealers_[index], &parts, 1)) dropped_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+// One monitor event (two frames: event id and value, then the endpoint).
+void ZmqClientTransport::ReadMonitor(size_t index) {
+  std::vector<zmq::message_t> parts;
+  while (RecvMultipart(monitors_[index], &parts)) {
+    if (parts.empty() || parts[0].size() < sizeof(uint16_t)) continue;
+    uint16_t event;
+    std::memcpy(&event, parts[0].data(), sizeof(event));
+    if (event != ZMQ_EVENT_DISCONNECTED) continue;
+    try {
+      options_.on_disconnect(index);
+    } catch (const std::exception& e) {
+      LogError("client on_disconnect threw", e);
+    }
   }
 }
 

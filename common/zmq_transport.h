@@ -86,6 +86,7 @@ class ZmqClientTransport final : public ClientTransport {
   void IoLoop();
   void ForwardRequests(bool drain);
   void DeliverReplies(size_t index);
+  void ReadMonitor(size_t index);
 
   // Immutable after construction.
   const TransportOptions options_;
@@ -96,6 +97,7 @@ class ZmqClientTransport final : public ClientTransport {
 
   // Owned by io_thread_ while it runs.
   std::vector<zmq::socket_t> dealers_;
+  std::vector<zmq::socket_t> monitors_;  // one per dealer with options_.on_disconnect
   zmq::socket_t pull_;
   Handler handler_;
   std::thread io_thread_;

@@ -93,10 +93,11 @@ Outcome ToolCallAdapter::Call(const std::string& name, const json& arguments,
   }
   call.cancelled = ctx.cancelled;
   if (!bad_session) {
-    // Calls of one session run one at a time, in the order they arrived. Calls without a
-    // session share nothing, so they take no gate.
+    // Calls of one session that reach a worker run one at a time, in the order they
+    // arrived. Calls without a session share nothing, and the tools the bridge answers
+    // alone (get_context, model_info) never queue behind a worker call: no gate.
     std::optional<CallGate::Ticket> turn;
-    if (!call.session.empty()) turn.emplace(&gate_, call.session);
+    if (!call.session.empty() && tools_->Ordered(call.name)) turn.emplace(&gate_, call.session);
     admitted = Clock::now();
     result = Run(call);
     released = Clock::now();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <tuple>
 
 #include "mcp_bridge/tool_schemas.h"
 #include "worker/examples.h"
@@ -134,20 +135,21 @@ Tools::Tools(ToolsOptions options, Backend* backend, ContextStore* contexts, Wor
       pool_(pool),
       router_(router),
       tau_hist_(1025, 0) {
-  // Each tool once: its declaration and its handler. The arguments it takes come from
-  // its inputSchema.
-  const std::pair<json, ToolResult (Tools::*)(const ToolCall&)> table[] = {
-      {InferTool(), &Tools::Infer},
-      {LearnTool(), &Tools::Learn},
-      {SetContextTool(), &Tools::SetContext},
-      {AppendContextTool(), &Tools::AppendContext},
-      {ClearContextTool(), &Tools::ClearContext},
-      {GetContextTool(), &Tools::GetContext},
-      {ModelInfoTool(), &Tools::ModelInfo},
+  // Each tool once: its declaration, its handler, and whether it reaches a worker (and
+  // so runs in the session's order) or the bridge answers it alone. The arguments it
+  // takes come from its inputSchema.
+  const std::tuple<json, ToolResult (Tools::*)(const ToolCall&), bool> table[] = {
+      {InferTool(), &Tools::Infer, true},
+      {LearnTool(), &Tools::Learn, true},
+      {SetContextTool(), &Tools::SetContext, true},
+      {AppendContextTool(), &Tools::AppendContext, true},
+      {ClearContextTool(), &Tools::ClearContext, true},
+      {GetContextTool(), &Tools::GetContext, false},
+      {ModelInfoTool(), &Tools::ModelInfo, false},
   };
   list_ = json::array();
-  for (const auto& [declaration, run] : table) {
-    Entry e{declaration, run, {}};
+  for (const auto& [declaration, run, ordered] : table) {
+    Entry e{declaration, run, {}, ordered};
     const json properties = declaration["inputSchema"].value("properties", json::object());
     for (const auto& [name, schema] : properties.items()) e.arguments.insert(name);
     entries_.push_back(std::move(e));
@@ -163,6 +165,11 @@ const Tools::Entry* Tools::Find(const std::string& name) const {
 }
 
 bool Tools::Has(const std::string& name) const { return Find(name) != nullptr; }
+
+bool Tools::Ordered(const std::string& name) const {
+  const Entry* e = Find(name);
+  return e == nullptr || e->ordered;
+}
 
 bool Tools::SendsProgress(const std::string& name, const json& arguments) const {
   if (name != "learn") return false;

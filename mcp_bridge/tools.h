@@ -68,6 +68,10 @@ class Tools {
   // The tools/list "tools" array (deterministic, the same for every client).
   const nlohmann::json& List() const { return list_; }
   bool Has(const std::string& name) const;
+  // Whether calls of `name` run in their session's order (CallGate): the tools that
+  // reach a worker. get_context and model_info, which the bridge answers alone, never
+  // wait behind a session's worker call. Unknown names: true.
+  bool Ordered(const std::string& name) const;
   ToolResult Call(const ToolCall& call);
   // Whether a call of `name` with `arguments` sends progress (a learn of several
   // examples), so wants a streamed response when the client asked for progress.
@@ -78,6 +82,7 @@ class Tools {
     nlohmann::json declaration;
     ToolResult (Tools::*run)(const ToolCall&);
     std::set<std::string> arguments;  // the names inputSchema.properties declares
+    bool ordered = true;              // see Ordered()
   };
 
   const Entry* Find(const std::string& name) const;

@@ -168,6 +168,10 @@ void WorkerPool::Apply(const std::string& endpoint, const StatusOr<json>& reply)
   if (!healthy && router_->RemoveWorker(endpoint)) {
     spdlog::warn("worker pool: {} is down ({}); its sessions moved", endpoint,
                  reply.status().ToString());
+    // Nothing it was sent will be answered in time: end those calls now.
+    if (auto client = ClientOf(endpoint)) {
+      client->FailInFlight("the worker left the ring (" + reply.status().ToString() + ")");
+    }
   }
 }
 

@@ -52,7 +52,13 @@ class WorkerClientImpl : public WorkerClient {
   }
 
   Status Connect() {
-    transport_ = NewClientTransport({options_.endpoint}, options_.transport);
+    TransportOptions transport = options_.transport;
+    // A worker that dies (or restarts) never answers what it was sent: fail those calls
+    // now instead of at their deadlines.
+    transport.on_disconnect = [this](size_t) {
+      FailInFlight("the connection dropped before the worker answered");
+    };
+    transport_ = NewClientTransport({options_.endpoint}, transport);
     ONLINEPS_RETURN_IF_ERROR(transport_->Connect(
         {options_.endpoint}, [this](size_t, Frames&& frames) { OnReply(std::move(frames)); }));
     calls_.Start();
@@ -89,6 +95,14 @@ class WorkerClientImpl : public WorkerClient {
     waiter->cv.Wait(&waiter->mu, [&]() REQUIRES(waiter->mu) { return waiter->done; });
     if (!waiter->status.ok()) return waiter->status;
     return std::move(waiter->body);
+  }
+
+  void FailInFlight(const std::string& why) override {
+    for (auto& p : calls_.TakeAll()) {
+      p->waiter->Finish(
+          DeadlineExceeded(std::string(OpName(p->op)) + " to " + options_.endpoint + ": " + why),
+          json());
+    }
   }
 
  private:

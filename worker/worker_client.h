@@ -32,6 +32,10 @@ class WorkerClient {
   virtual StatusOr<nlohmann::json> Call(Op op, const nlohmann::json& body) = 0;
   virtual StatusOr<nlohmann::json> Call(Op op, const nlohmann::json& body,
                                         std::chrono::milliseconds timeout) = 0;
+  // Ends every call in flight at once with kDeadlineExceeded saying `why` (their outcome
+  // is unknown: the worker may have applied them). Done by the client itself when the
+  // connection to the worker drops; the bridge also does it when a worker leaves the ring.
+  virtual void FailInFlight(const std::string& why) = 0;
 };
 
 }  // namespace onlineps::worker

@@ -1,9 +1,12 @@
 // Routing through the real binaries: bounded loads, sessions moving when a worker
 // joins or dies, their context following them, and no acknowledged learn lost.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <thread>
 
@@ -220,6 +223,75 @@ TEST(BridgeRoutingTest, AnInferInFlightToADeadWorkerIsRetriedOnce) {
     EXPECT_EQ(c->Call("get_context", json::object())["structuredContent"]["items"][0],
               "kept across the retry");
   }
+}
+
+// Issue 20: a worker killed while a session's learn is in flight. The call ends as soon
+// as the connection drops ("outcome unknown", not at its 30 s deadline), the session's
+// next call succeeds on the other worker within 3 s, and get_context, which the bridge
+// answers alone, never waits behind the stuck learn. Product defaults for the probes.
+TEST(BridgeRoutingTest, ALearnInFlightToAKilledWorkerEndsAtOnce) {
+  using Clock = std::chrono::steady_clock;
+  BridgeCluster cluster;
+  ASSERT_TRUE(cluster.StartShard());
+  const std::string w0 = cluster.StartWorker(), w1 = cluster.StartWorker();
+  const int port =
+      cluster.StartBridge({w0, w1}, {"--health-interval-ms", "500", "--health-timeout-ms", "1000"});
+  ASSERT_GT(port, 0);
+  std::unique_ptr<McpHttp> c;
+  for (int i = 0; i < 40 && !c; ++i) {
+    auto s = std::make_unique<McpHttp>(port);
+    ASSERT_FALSE(s->Initialize().empty());
+    ASSERT_FALSE(s->Call("set_context", {{"items", {"survives the kill"}}}).value("isError", true));
+    if (s->Call("infer", {{"text", "hello"}})["structuredContent"]["worker"] == w0)
+      c = std::move(s);
+  }
+  ASSERT_TRUE(c) << "no session landed on " << w0;
+  McpHttp side(port);  // the same session on a second connection
+  side.set_session(c->session());
+
+  // The worker hangs (SIGSTOP) with the learn in flight, then dies.
+  ASSERT_EQ(kill(cluster.WorkerPid(0), SIGSTOP), 0);
+  json learned;
+  Clock::time_point learn_done;
+  std::thread learn([&] {
+    learned = c->Call("learn", {{"examples", {{{"text", "a fine day"}, {"label", "positive"}}}}});
+    learn_done = Clock::now();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto t0 = Clock::now();
+  json ctx = side.Call("get_context", json::object());
+  const auto get_context_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+  EXPECT_EQ(ctx["structuredContent"]["items"][0], "survives the kill") << ctx.dump();
+  EXPECT_LT(get_context_ms, 1000) << "get_context waited behind the session's learn";
+
+  const auto killed = Clock::now();
+  cluster.KillWorker(0);
+  learn.join();
+  const auto learn_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(learn_done - killed).count();
+  EXPECT_TRUE(learned.value("isError", false)) << learned.dump();
+  EXPECT_NE(learned.dump().find("outcome is unknown"), std::string::npos) << learned.dump();
+  EXPECT_LT(learn_ms, 2500) << "the learn waited for its deadline: " << learned.dump();
+
+  json next;
+  for (int i = 0; i < 30; ++i) {
+    next = c->Call("infer", {{"text", "hello"}});
+    if (!next.value("isError", true)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const auto recovered_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed).count();
+  ASSERT_FALSE(next.value("isError", true)) << next.dump();
+  EXPECT_EQ(next["structuredContent"]["worker"], w1);
+  EXPECT_LT(recovered_ms, 3000);
+  EXPECT_EQ(c->Call("get_context", json::object())["structuredContent"]["items"][0],
+            "survives the kill");
+  std::printf(
+      "kill -9 with a learn in flight: learn ended %lld ms after the kill, the "
+      "session served again after %lld ms; get_context took %lld ms meanwhile\n",
+      static_cast<long long>(learn_ms), static_cast<long long>(recovered_ms),
+      static_cast<long long>(get_context_ms));
 }
 
 TEST(BridgeRoutingTest, WorkersFromDns) {

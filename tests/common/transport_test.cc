@@ -348,6 +348,28 @@ TEST_P(TransportTest, StopWithRequestsInFlightDoesNotHang) {
   });
 }
 
+// The client is told when an established connection drops (its requests will get no
+// reply), so callers can fail them at once instead of at their deadlines.
+TEST_P(TransportTest, ClientIsToldWhenTheServerGoesAway) {
+  if (!IsZmq()) GTEST_SKIP() << "mem:// does not report disconnects (transport.h)";
+  ASSERT_NO_FATAL_FAILURE(StartEchoServer());
+  std::atomic<int> dropped{0};
+  TransportOptions options;
+  options.on_disconnect = [&](size_t index) {
+    EXPECT_EQ(index, 0u);
+    dropped++;
+  };
+  Inbox inbox;
+  auto client = Connect(endpoint_, &inbox, options);
+  ASSERT_TRUE(client->Send(0, {F("hello")}).ok());
+  ASSERT_TRUE(inbox.WaitFor(1));
+  EXPECT_EQ(dropped.load(), 0) << "a live connection reported as dropped";
+  server_->Stop();
+  for (int i = 0; i < 200 && dropped.load() == 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_GE(dropped.load(), 1) << "no disconnect reported within 2 s of the server's stop";
+  client->Close();
+}
+
 TEST_P(TransportTest, ServerThatAppearsLater) {
   if (IsZmq()) {
     // The kernel picks the port (not a ZeroMQ server, whose listener closes
