@@ -138,6 +138,7 @@ class LocalGroupImpl final : public GroupReducer {
   Status Fail(Call* call, Status status);
   void Reduce(const Call& call, void* data) const;
   void Reply(const Incoming& in, const Status& status, Frame payload);
+  Header CallHeader(Op op, uint64_t seq, size_t n) const;
   void Ack(Op op, uint64_t seq, size_t n);
   bool TakeAck(const Incoming& in);
   void AwaitAcks();
@@ -210,13 +211,8 @@ Status LocalGroupImpl::Run(Op op, void* data, size_t n) {
 Status LocalGroupImpl::Follow(Op op, uint64_t seq, void* data, size_t n) {
   const size_t bytes = n * ElemSize(op);
   const std::string call = CallName(op, seq, n);
-  Header h;
-  h.op = op;
-  h.sender = static_cast<uint64_t>(rank_);
-  h.seq = seq;
-  h.shape = {n};
-  h.spec = {{kSizeKey, std::to_string(size_)}};
-  if (Status sent = client_->Send(0, Message(h, Frame::Copy(data, bytes))); !sent.ok()) {
+  if (Status sent = client_->Send(0, Message(CallHeader(op, seq, n), Frame::Copy(data, bytes)));
+      !sent.ok()) {
     return Unavailable(call + ": send to the leader at " + endpoint_ +
                        " failed: " + sent.message());
   }
@@ -428,14 +424,20 @@ void LocalGroupImpl::Reply(const Incoming& in, const Status& status, Frame paylo
 // A member confirms the leader's reply to call `seq` (kFlagGroupAck; no reply), so a
 // leader that is being destroyed knows its last replies were delivered.
 void LocalGroupImpl::Ack(Op op, uint64_t seq, size_t n) {
+  Header h = CallHeader(op, seq, n);
+  h.flags = kFlagGroupAck;
+  (void)client_->Send(0, Message(h, Frame()));
+}
+
+// A member's header for call `seq` (docs/protocol.md, "Local group").
+Header LocalGroupImpl::CallHeader(Op op, uint64_t seq, size_t n) const {
   Header h;
   h.op = op;
   h.sender = static_cast<uint64_t>(rank_);
   h.seq = seq;
   h.shape = {n};
-  h.flags = kFlagGroupAck;
   h.spec = {{kSizeKey, std::to_string(size_)}};
-  (void)client_->Send(0, Message(h, Frame()));
+  return h;
 }
 
 // True (and recorded) if `in` is a member's ack rather than a call.

@@ -98,19 +98,19 @@ class WorkerClientImpl : public WorkerClient {
   }
 
   void FailInFlight(const std::string& why) override {
-    for (auto& p : calls_.TakeAll()) {
-      p->waiter->Finish(
-          DeadlineExceeded(std::string(OpName(p->op)) + " to " + options_.endpoint + ": " + why),
-          json());
-    }
+    for (auto& p : calls_.TakeAll()) Fail(*p, why);
   }
 
  private:
   // On the timer thread: no reply by the call's deadline.
   void Expired(std::unique_ptr<Pending> p) {
-    p->waiter->Finish(
-        DeadlineExceeded(std::string(OpName(p->op)) + " to " + options_.endpoint +
-                         ": no reply within " + std::to_string(p->timeout.count()) + " ms"),
+    Fail(*p, "no reply within " + std::to_string(p->timeout.count()) + " ms");
+  }
+
+  // Ends a call without its reply: kDeadlineExceeded, its outcome unknown.
+  void Fail(const Pending& p, const std::string& why) {
+    p.waiter->Finish(
+        DeadlineExceeded(std::string(OpName(p.op)) + " to " + options_.endpoint + ": " + why),
         json());
   }
 
