@@ -1,7 +1,8 @@
 // PeriodicThread: runs `tick` on its own thread every `period` (first at once when
 // `tick_first`) until Stop() or destruction. Stop() wakes the waiting thread at once;
-// a tick in progress finishes first. The one primitive for "wait until stop or period"
-// loops. Start/Stop from one owning thread; Start after Stop starts it again.
+// a tick in progress finishes first. Wake() runs a tick now (or right after the one in
+// progress); wakes while a tick runs coalesce into one. The one primitive for "wait until stop or
+// period" loops. Start/Stop from one owning thread; Start after Stop starts it again.
 #ifndef ONLINEPS_COMMON_PERIODIC_THREAD_H_
 #define ONLINEPS_COMMON_PERIODIC_THREAD_H_
 
@@ -27,6 +28,7 @@ class PeriodicThread {
     {
       MutexLock lock(&mu_);
       stop_ = false;
+      wake_ = false;
     }
     thread_ = std::thread([this, period, tick = std::move(tick), tick_first] {
       MutexLock lock(&mu_);
@@ -35,12 +37,24 @@ class PeriodicThread {
         tick();
         lock.Lock();
       }
-      while (!cv_.WaitFor(&mu_, period, [this]() REQUIRES(mu_) { return stop_; })) {
+      for (;;) {
+        cv_.WaitFor(&mu_, period, [this]() REQUIRES(mu_) { return stop_ || wake_; });
+        if (stop_) break;
+        wake_ = false;
         lock.Unlock();
         tick();
         lock.Lock();
       }
     });
+  }
+
+  // Thread-safe; does nothing when not running.
+  void Wake() {
+    {
+      MutexLock lock(&mu_);
+      wake_ = true;
+    }
+    cv_.SignalAll();
   }
 
   // Returns once the thread has ended. Idempotent.
@@ -57,6 +71,7 @@ class PeriodicThread {
   Mutex mu_;
   CondVar cv_;
   bool stop_ GUARDED_BY(mu_) = false;
+  bool wake_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -49,6 +49,8 @@ std::string_view OpName(Op op) {
       return "group_sum_floats";
     case Op::kGroupMinU64:
       return "group_min_u64";
+    case Op::kWatch:
+      return "watch";
   }
   return "unknown";
 }

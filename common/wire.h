@@ -45,9 +45,12 @@ enum class Op : uint8_t {
   // number, shape = {n}, spec group_size; frame 1: n float32 / uint64 values.
   kGroupSumFloats = 19,
   kGroupMinU64 = 20,
+  // Table-change notices (docs/protocol.md, "21 · watch"), worker -> shard: spec names
+  // tables and the versions held; answered when one differs, or when the wait ends.
+  kWatch = 21,
 };
 
-inline constexpr Op kLastOp = Op::kGroupMinU64;
+inline constexpr Op kLastOp = Op::kWatch;
 // True for the ops a worker serves (a PS shard answers them with UNKNOWN_OP).
 inline bool IsWorkerOp(Op op) { return op >= Op::kInfer && op <= Op::kWorkerStats; }
 
@@ -55,9 +58,10 @@ std::string_view OpName(Op op);
 
 // Header flag bits.
 inline constexpr uint32_t kFlagDelta = 1u << 0;  // push carries a parameter delta, not a gradient
-inline constexpr uint32_t kFlagAveraged = 1u << 1;  // pull the Polyak-averaged copy
-inline constexpr uint32_t kFlagNoBackup = 1u << 2;  // pull without recording a DC-ASGD backup
-inline constexpr uint32_t kFlagGroupAck = 1u << 3;  // local group: member got the result of seq
+inline constexpr uint32_t kFlagAveraged = 1u << 1;      // pull the Polyak-averaged copy
+inline constexpr uint32_t kFlagNoBackup = 1u << 2;      // pull without recording a DC-ASGD backup
+inline constexpr uint32_t kFlagGroupAck = 1u << 3;      // local group: member got the result of seq
+inline constexpr uint32_t kFlagReturnValues = 1u << 4;  // push: reply carries the values after it
 
 // A decoded header. Fields not meaningful for an op keep their defaults and are
 // omitted on encode. Keys on the wire are the short names in the comments.

@@ -60,21 +60,28 @@ json InferTool() {
         {"index", {{"type", "integer"}}},
         {"scores", {{"type", "object"}, {"additionalProperties", {{"type", "number"}}}}}}},
       {"required", {"label", "index", "scores"}}};
-  return Tool("infer", "Predict",
-              "Runs the served model on one input (text or features) or a batch (examples) and "
-              "returns the predicted label with a score per label. The session's context, if any, "
-              "is extra input.",
-              ExamplesInput(/*labelled=*/false),
-              {{"type", "object"},
-               {"properties",
-                {{"label", {{"type", "string"}}},
-                 {"scores", {{"type", "object"}, {"additionalProperties", {{"type", "number"}}}}},
-                 {"predictions", {{"type", "array"}, {"items", prediction}}},
-                 {"model_version", {{"type", "integer"}}},
-                 {"params_age_ms", {{"type", "number"}}},
-                 {"worker", {{"type", "string"}}}}},
-               {"required", {"label", "scores", "predictions", "model_version"}}},
-              true);
+  return Tool(
+      "infer", "Predict",
+      "Runs the served model on one input (text or features) or a batch (examples) and "
+      "returns the predicted label with a score per label. The session's context, if any, "
+      "is extra input.",
+      ExamplesInput(/*labelled=*/false),
+      {{"type", "object"},
+       {"properties",
+        {{"label", {{"type", "string"}}},
+         {"scores", {{"type", "object"}, {"additionalProperties", {{"type", "number"}}}}},
+         {"predictions", {{"type", "array"}, {"items", prediction}}},
+         {"model_version", {{"type", "integer"}}},
+         {"table_versions",
+          {{"type", "object"},
+           {"description",
+            "Per parameter table, per shard: the version of the copy this answer "
+            "read (0: no row of that shard read)"},
+           {"additionalProperties", {{"type", "array"}, {"items", {{"type", "integer"}}}}}}},
+         {"params_age_ms", {{"type", "number"}}},
+         {"worker", {{"type", "string"}}}}},
+       {"required", {"label", "scores", "predictions", "model_version"}}},
+      true);
 }
 
 json LearnTool() {

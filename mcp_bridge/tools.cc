@@ -110,6 +110,20 @@ const json& Array(const json& j, const char* key) {
   return it != j.end() && it->is_array() ? *it : kEmpty;
 }
 
+// The worker's per-table versions, keeping only well-formed entries (table -> integers).
+json TableVersions(const json& reply) {
+  json out = json::object();
+  auto it = reply.find("versions");
+  if (it == reply.end() || !it->is_object()) return out;
+  for (const auto& [table, v] : it->items()) {
+    if (!v.is_array()) continue;
+    json shards = json::array();
+    for (const json& x : v) shards.push_back(x.is_number_unsigned() ? x.get<uint64_t>() : 0);
+    out[table] = std::move(shards);
+  }
+  return out;
+}
+
 json ContextJson(const Context& c, bool found) {
   return {{"found", found}, {"items", c.items}, {"features", c.features}};
 }
@@ -216,6 +230,7 @@ ToolResult Tools::Infer(const ToolCall& c) {
                     {"scores", predictions[0]["scores"]},
                     {"predictions", predictions},
                     {"model_version", out.version},
+                    {"table_versions", TableVersions(r->reply)},
                     {"params_age_ms", Number(r->reply, "params_age_ms", 0.0)},
                     {"worker", r->worker}};
   out.summary = predictions[0]["label"].get<std::string>();

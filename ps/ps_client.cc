@@ -76,6 +76,7 @@ struct Pending {
   Header header;
   Frames payload;
   std::function<Status(const Header&, const Frames&)> on_reply;
+  std::chrono::milliseconds held_for{0};  // the shard may hold the answer this long (watch)
   Clock::time_point attempt_deadline, call_deadline;
   int attempts = 0;
 };
@@ -130,6 +131,8 @@ class PsClientImpl : public PsClient {
   Ticket PushSparse(const std::string& table, const uint64_t* keys, size_t n, const float* values,
                     const VersionVector& base, PushReply* reply, PushOptions opts,
                     Callback done) override;
+  Ticket Watch(size_t shard, const std::map<std::string, uint64_t>& known,
+               std::chrono::milliseconds wait, WatchReply* reply, Callback done) override;
 
  private:
   std::shared_ptr<Ticket::State> NewCall(int parts, Callback done);
@@ -154,8 +157,10 @@ class PsClientImpl : public PsClient {
   Status Broadcast(Op op, const Header& h);
   Ticket Failed(const Status& st, Callback done);
   void FillPushReply(PushReply* r, size_t shard, const Header& h);
-  // Sends one shard's part of a push; its reply fills `reply`.
-  void SendPush(std::unique_ptr<Pending> p, PushReply* reply);
+  // Sends one shard's part of a push; its reply fills `reply`, and `values` (when set)
+  // takes the reply's frames of updated values.
+  void SendPush(std::unique_ptr<Pending> p, PushReply* reply,
+                std::function<Status(const Header&, const Frames&)> values = nullptr);
 
   PsClientOptions options_;
   std::unique_ptr<ClientTransport> transport_;
@@ -251,7 +256,7 @@ std::unique_ptr<Pending> PsClientImpl::NewPushPart(const std::shared_ptr<Ticket:
     p->header.seq = ++seq_[shard];
   }
   p->header.base_version = shard < base.size() ? base[shard] : 0;
-  p->header.flags = opts.delta ? kFlagDelta : 0;
+  p->header.flags = (opts.delta ? kFlagDelta : 0) | (opts.updated ? kFlagReturnValues : 0);
   return p;
 }
 
@@ -261,7 +266,8 @@ uint32_t PullFlags(const PullOptions& opts) {
 
 void PsClientImpl::Send(std::unique_ptr<Pending> p) {
   p->attempts++;
-  p->attempt_deadline = std::min(Clock::now() + options_.attempt_timeout, p->call_deadline);
+  p->attempt_deadline =
+      std::min(Clock::now() + p->held_for + options_.attempt_timeout, p->call_deadline);
   const StatusOr<uint32_t> id =
       calls_.Add(&p, p->attempt_deadline, [this](uint32_t id, Pending& q) {
         q.header.request_id = id;
@@ -452,14 +458,46 @@ void PsClientImpl::FillPushReply(PushReply* r, size_t shard, const Header& h) {
   r->duplicate |= h.message.rfind("duplicate", 0) == 0;
 }
 
-void PsClientImpl::SendPush(std::unique_ptr<Pending> p, PushReply* reply) {
+void PsClientImpl::SendPush(std::unique_ptr<Pending> p, PushReply* reply,
+                            std::function<Status(const Header&, const Frames&)> values) {
   const size_t shard = p->shard;
-  p->on_reply = [this, reply, shard](const Header& h, const Frames&) {
+  p->on_reply = [this, reply, shard, values = std::move(values)](const Header& h, const Frames& f) {
+    if (values) ONLINEPS_RETURN_IF_ERROR(values(h, f));
     FillPushReply(reply, shard, h);
     return Status::Ok();
   };
   Send(std::move(p));
 }
+
+namespace {
+
+// Scatters a dense reply's frame 1 (shard `s`'s slices in tensor order) into `out`.
+Status ScatterDense(const TableMeta& m, uint32_t s, const Frames& f, float* out) {
+  const uint64_t want = m.layout->ElemsOf(s);
+  if (f.size() < 2 || f[1].CountOf<float>() != static_cast<int64_t>(want)) {
+    return ShapeMismatch("expected " + std::to_string(want) + " floats in the reply");
+  }
+  const float* src = f[1].As<float>();
+  for (const DenseSlice& sl : m.layout->SlicesOf(s)) {
+    std::memcpy(out + sl.offset, src, sl.length * sizeof(float));
+    src += sl.length;
+  }
+  return Status::Ok();
+}
+
+// Scatters a sparse reply's frame 1 (rows in the order of `pos`) into `out`.
+Status ScatterRows(const std::vector<uint32_t>& pos, uint32_t d, const Frames& f, float* out) {
+  if (f.size() < 2 || f[1].CountOf<float>() != static_cast<int64_t>(pos.size() * d)) {
+    return ShapeMismatch("expected " + std::to_string(pos.size() * d) + " floats in the reply");
+  }
+  const float* src = f[1].As<float>();
+  for (size_t i = 0; i < pos.size(); ++i) {
+    std::memcpy(out + size_t{pos[i]} * d, src + i * d, d * sizeof(float));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Ticket PsClientImpl::PullDense(const std::string& table, float* out, VersionVector* versions,
                                PullOptions opts, Callback done) {
@@ -476,15 +514,7 @@ Ticket PsClientImpl::PullDense(const std::string& table, float* out, VersionVect
     p->header.flags = PullFlags(opts);
     std::shared_ptr<const TableMeta> m = *meta;
     p->on_reply = [m, s, out, versions](const Header& h, const Frames& f) -> Status {
-      const uint64_t want = m->layout->ElemsOf(s);
-      if (f.size() < 2 || f[1].CountOf<float>() != static_cast<int64_t>(want)) {
-        return ShapeMismatch("expected " + std::to_string(want) + " floats in the reply");
-      }
-      const float* src = f[1].As<float>();
-      for (const DenseSlice& sl : m->layout->SlicesOf(s)) {
-        std::memcpy(out + sl.offset, src, sl.length * sizeof(float));
-        src += sl.length;
-      }
+      ONLINEPS_RETURN_IF_ERROR(ScatterDense(*m, s, f, out));
       if (versions) (*versions)[s] = h.version;
       return Status::Ok();
     };
@@ -537,7 +567,13 @@ Ticket PsClientImpl::PushDense(const std::string& table, Frame values, const Ver
       }
       p->payload.push_back(Frame::FromVector(std::move(gathered)));
     }
-    SendPush(std::move(p), reply);
+    std::function<Status(const Header&, const Frames&)> values;
+    if (opts.updated) {
+      values = [m = *meta, s, out = opts.updated](const Header&, const Frames& f) {
+        return ScatterDense(*m, s, f, out);
+      };
+    }
+    SendPush(std::move(p), reply, std::move(values));
   }
   return Ticket(call);
 }
@@ -594,14 +630,7 @@ Ticket PsClientImpl::PullSparse(const std::string& table, const uint64_t* keys, 
     p->header.shape = {groups->keys[s].size()};
     p->payload.push_back(shards == 1 ? CopyOf(keys, n) : Frame::FromVector(groups->keys[s]));
     p->on_reply = [groups, s, d, out, versions](const Header& h, const Frames& f) -> Status {
-      const auto& pos = groups->pos[s];
-      if (f.size() < 2 || f[1].CountOf<float>() != static_cast<int64_t>(pos.size() * d)) {
-        return ShapeMismatch("expected " + std::to_string(pos.size() * d) + " floats in the reply");
-      }
-      const float* src = f[1].As<float>();
-      for (size_t i = 0; i < pos.size(); ++i) {
-        std::memcpy(out + size_t{pos[i]} * d, src + i * d, d * sizeof(float));
-      }
+      ONLINEPS_RETURN_IF_ERROR(ScatterRows(groups->pos[s], d, f, out));
       if (versions) (*versions)[s] = h.version;
       return Status::Ok();
     };
@@ -639,12 +668,53 @@ Ticket PsClientImpl::PushSparse(const std::string& table, const uint64_t* keys, 
       p->payload.push_back(Frame::FromVector(std::move(groups.keys[s])));
       p->payload.push_back(Frame::FromVector(std::move(vals)));
     }
-    SendPush(std::move(p), reply);
+    std::function<Status(const Header&, const Frames&)> values;
+    if (opts.updated) {
+      values = [pos = std::move(groups.pos[s]), d, out = opts.updated](
+                   const Header&, const Frames& f) { return ScatterRows(pos, d, f, out); };
+    }
+    SendPush(std::move(p), reply, std::move(values));
   }
   return Ticket(call);
 }
 
 }  // namespace
+
+Ticket PsClientImpl::Watch(size_t shard, const std::map<std::string, uint64_t>& known,
+                           std::chrono::milliseconds wait, WatchReply* reply, Callback done) {
+  if (shard >= num_shards()) {
+    return Failed(InvalidArgument("watch: no shard " + std::to_string(shard)), std::move(done));
+  }
+  auto call = NewCall(1, std::move(done));
+  auto p = NewPart(call, shard, Op::kWatch, "");
+  p->header.spec["wait_ms"] = std::to_string(wait.count());
+  for (const auto& [table, version] : known) p->header.spec["t." + table] = std::to_string(version);
+  p->held_for = wait;
+  p->call_deadline += wait;
+  p->on_reply = [reply](const Header& h, const Frames& f) -> Status {
+    WatchReply r;
+    for (const auto& [k, v] : h.spec) {
+      if (k.size() < 3 || k[1] != '.' || (k[0] != 't' && k[0] != 'k')) continue;
+      const std::string table = k.substr(2);
+      if (k[0] == 't') {
+        r.versions[table] = std::strtoull(v.c_str(), nullptr, 10);
+      } else if (v == "all") {
+        r.all_keys.insert(table);
+      } else {
+        const size_t i = std::strtoull(v.c_str(), nullptr, 10);
+        if (i == 0 || i >= f.size() || f[i].CountOf<uint64_t>() < 0) {
+          return Malformed("watch reply: keys of '" + table + "' name no whole uint64 frame");
+        }
+        const uint64_t* keys = f[i].As<uint64_t>();
+        r.keys[table].assign(keys, keys + f[i].CountOf<uint64_t>());
+      }
+    }
+    if (reply) *reply = std::move(r);
+    return Status::Ok();
+  };
+  Send(std::move(p));
+  return Ticket(call);
+}
 
 StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(PsClientOptions options) {
   auto client = std::make_unique<PsClientImpl>(std::move(options));

@@ -9,7 +9,9 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,6 +57,21 @@ struct PushOptions {
   // workers seeding a table) gets it applied exactly once.
   uint64_t sender = 0;
   uint64_t seq = 0;
+  // When set, each shard's reply carries the parameters the push wrote, read right after
+  // it was applied (so at the reply's version or newer), and they are written here:
+  // spec.size() floats for a dense push, n * dim (row i for key i) for a sparse one. It
+  // must stay valid until the Ticket completes. Saves the pull that would read them back.
+  // DC-ASGD tables record no backup for these values: pull before computing on them.
+  float* updated = nullptr;
+};
+
+// A shard's answer to a watch (docs/protocol.md, "21 · watch").
+struct WatchReply {
+  std::map<std::string, uint64_t> versions;  // each table watched: its version there now
+  // Sparse tables whose version changed: the keys pushed since the version watched, or,
+  // in all_keys, the tables whose changed keys the shard no longer knows.
+  std::map<std::string, std::vector<uint64_t>> keys;
+  std::set<std::string> all_keys;
 };
 
 // The completion of an asynchronous call. Copyable; all copies share the result.
@@ -108,6 +125,12 @@ class PsClient {
   virtual Ticket PushSparse(const std::string& table, const uint64_t* keys, size_t n,
                             const float* values, const VersionVector& base, PushReply* reply,
                             PushOptions opts = {}, Callback done = nullptr) = 0;
+  // Waits at shard `shard` (its primary, when replicated) until a table of `known`
+  // (name -> version held) has another version there, or `wait` passes; `reply` gets
+  // the answer. The call's deadline is `wait` plus the client timeout.
+  virtual Ticket Watch(size_t shard, const std::map<std::string, uint64_t>& known,
+                       std::chrono::milliseconds wait, WatchReply* reply,
+                       Callback done = nullptr) = 0;
 };
 
 }  // namespace onlineps::ps

@@ -48,7 +48,17 @@ ShardServer::ShardServer(ShardServerOptions options, std::shared_ptr<prometheus:
       registry_(std::move(registry)),
       metrics_(std::make_unique<Metrics>(*registry_)),
       dedup_(options_.max_senders),
-      tables_(std::make_shared<const TableMap>()) {}
+      tables_(std::make_shared<const TableMap>()) {
+  WatchersOptions wopts;
+  wopts.max_watches = options_.max_watches;
+  watchers_ = std::make_unique<Watchers>(
+      wopts, [this] { return tables(); },
+      [this](const std::string& peer, const Header& reply, Frames payload) {
+        Header r = reply;
+        if (replica_) r.epoch = replica_->epoch();  // clients fence answers by epoch
+        SendReply(peer, r, std::move(payload));
+      });
+}
 
 ShardServer::~ShardServer() { Stop(); }
 
@@ -216,6 +226,7 @@ void ShardServer::Stop() {
   maintenance_.Stop();
   if (replica_) replica_->Stop();  // backups take over; waiting replies say NOT_PRIMARY
   ReleaseHeld(/*all=*/true);
+  watchers_->Stop();   // watchers get the current versions and watch the next primary
   transport_->Stop();  // handles what is queued, then flushes replies
   if (!options_.checkpoint_dir.empty()) {
     auto st = Checkpoint();
@@ -294,10 +305,11 @@ void ShardServer::Handle(Incoming&& in) {
   if (replica_) reply.epoch = replica_->epoch();
   if (!held && st.ok() && commit_lsn != 0) {
     // Sync replication: the reply waits until the backups have the update.
-    replica_->WhenCommitted(commit_lsn, [this, req, peer = in.peer, reply](const Status& cst) {
+    replica_->WhenCommitted(commit_lsn, [this, req, peer = in.peer, reply,
+                                         payload = std::move(payload)](const Status& cst) {
       Header r = cst.ok() ? reply : MakeReply(req, cst);
       r.epoch = reply.epoch;
-      SendReply(peer, r, {});
+      SendReply(peer, r, cst.ok() ? payload : Frames{});
     });
   } else if (!held) {
     SendReply(in.peer, reply, std::move(payload));
@@ -337,6 +349,11 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
     }
     case Op::kTableInfo:
       return Info(h, reply);
+    case Op::kWatch:
+      // Answered by watchers_, now or when a named table changes.
+      ONLINEPS_RETURN_IF_ERROR(watchers_->Watch(std::string(peer), h, NowMs()));
+      *held = true;
+      return Status::Ok();
     case Op::kCheckpoint: {
       auto path = Checkpoint();
       // A volume problem is not transient the way "draining" is: answer it as such, so the
@@ -382,10 +399,14 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
       } else {
         ONLINEPS_RETURN_IF_ERROR(Push(h, frames, t, reply, &hold, &applied));
       }
+      // The pusher learns the new version from this reply; other watchers get a notice.
+      watchers_->Changed(h.table, peer);
+      if (h.flags & kFlagReturnValues) ONLINEPS_RETURN_IF_ERROR(AppendValues(h, frames, *t, out));
       if (hold) {
         *held = true;
         if (replica_) reply->epoch = replica_->epoch();
         Frames reply_frames{Frame::FromString(EncodeHeader(*reply))};
+        for (const Frame& f : *out) reply_frames.push_back(f);
         Held held_reply{t, h.sender, std::string(peer), std::move(reply_frames),
                         NowMs() + t->spec().block_timeout_ms};
         if (*commit_lsn == 0) {
@@ -523,6 +544,7 @@ Status ShardServer::LoadSnapshot(const std::string& bytes) {
   if (!loaded.ok()) return loaded.status();
   std::atomic_store(&tables_, std::shared_ptr<const TableMap>(
                                   std::make_shared<TableMap>(std::move(loaded).value())));
+  watchers_->Reset();
   return Status::Ok();
 }
 
@@ -558,12 +580,16 @@ Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<
     case Dedup::Verdict::kNew:
       break;
   }
-  StatusOr<PushResult> res = Internal("not applied");
-  try {
-    res = t->Push(req);
-  } catch (const std::bad_alloc&) {
-    res = ResourceExhausted("not enough memory to apply the push to table '" + h.table + "'");
-  }
+  auto apply = [&]() -> StatusOr<PushResult> {
+    try {
+      return t->Push(req);
+    } catch (const std::bad_alloc&) {
+      return ResourceExhausted("not enough memory to apply the push to table '" + h.table + "'");
+    }
+  };
+  // Sparse: the watchers remember which keys changed, for the workers holding them.
+  StatusOr<PushResult> res =
+      dense ? apply() : watchers_->ApplySparse(h.table, req.keys, req.num_keys, apply);
   if (!res.ok()) {
     dedup_.Abort(h.sender, h.seq);  // not applied: a retry may apply it
     return res.status();
@@ -576,6 +602,20 @@ Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<
   reply->queued = res->queued;
   *hold = res->hold;
   ReleaseHeld(/*all=*/false);
+  return Status::Ok();
+}
+
+Status ShardServer::AppendValues(const Header& h, const Frames& frames, Table& t, Frames* out) {
+  PullRequest req;
+  req.sender = h.sender;
+  req.record_backup = false;  // a DC-ASGD pusher that computes on these values must pull
+  req.now_ms = NowMs();
+  if (h.op == Op::kPushSparse) {
+    req.keys = frames[1].As<uint64_t>();
+    req.num_keys = static_cast<size_t>(frames[1].CountOf<uint64_t>());
+  }
+  ONLINEPS_ASSIGN_OR_RETURN(PullResult res, t.Pull(req));
+  out->push_back(Frame::FromVector(std::move(res.values)));
   return Status::Ok();
 }
 
@@ -659,6 +699,7 @@ void ShardServer::ReleaseHeld(bool all) {
 void ShardServer::MaintenanceTick(uint64_t* last_ckpt, uint64_t* last_stats) {
   const uint64_t now = NowMs();
   ReleaseHeld(/*all=*/false);
+  watchers_->Expire(now);  // heartbeats: a watcher knows its notices still flow
   if (now - *last_stats >= 1000) {
     *last_stats = now;
     // Held for the loop: a range-for over *tables() would keep only the map, not the

@@ -19,6 +19,7 @@
 #include "ps/dedup.h"
 #include "ps/replication.h"
 #include "ps/table.h"
+#include "ps/watchers.h"
 
 namespace prometheus {
 class Registry;
@@ -39,6 +40,7 @@ struct ShardServerOptions {
   bool restore = true;                 // load checkpoint_dir/shard-I-of-N.ckpt at Start
   size_t max_senders = 16384;          // dedup windows kept (1 KiB each)
   size_t max_held_replies = 65536;     // block mode: replies waiting for slow workers
+  size_t max_watches = 4096;           // table-change watches held at once (op watch)
   uint64_t maintenance_interval_ms = 50;
   // Primary/backup replication of this shard (ps/replication.h); off with < 2 members.
   ReplicationOptions replication;
@@ -107,6 +109,8 @@ class ShardServer {
   Status PullMaybeLogged(const Header& h, const Frames& frames, Table& t, Header* reply,
                          Frames* out);
   bool RecordsBackup(const Header& h, const Table& t) const;
+  // RETURN_VALUES: appends the parameters the push `h` wrote, as they are now, to `out`.
+  Status AppendValues(const Header& h, const Frames& frames, Table& t, Frames* out);
   // `applied`: the push was new and applied (not a duplicate, not refused).
   Status Push(const Header& h, const Frames& frames, std::shared_ptr<Table> t, Header* reply,
               bool* hold, bool* applied);
@@ -126,7 +130,8 @@ class ShardServer {
   std::unique_ptr<Metrics> metrics_;
 
   std::unique_ptr<ServerTransport> transport_;
-  std::unique_ptr<Replica> replica_;  // null when not replicated
+  std::unique_ptr<Replica> replica_;    // null when not replicated
+  std::unique_ptr<Watchers> watchers_;  // table-change notices; answers through transport_
   // Lock order: order_mu_ -> ckpt_mu_ -> apply_gate_ -> tables_mu_ -> held_mu_ (each
   // ACQUIRED_BEFORE the next); maint_mu_ is never held with another. order_mu_ is held
   // across Replica::Append, so it also comes before the Replica's own locks.

@@ -15,6 +15,12 @@ namespace onlineps::worker {
 namespace {
 
 constexpr uint64_t kNoRow = std::numeric_limits<uint64_t>::max();
+// A shard silent this long past its watch's wait no longer counts as sending notices.
+constexpr int64_t kLiveMarginMs = 1000;
+// The version a first watch names: never the shard's, so it is answered at once.
+constexpr uint64_t kNeverHeard = std::numeric_limits<uint64_t>::max();
+// A failed watch is sent again after this long (a shard down, restarting, refusing).
+constexpr int64_t kWatchRetryMs = 250;
 
 int64_t Now() { return static_cast<int64_t>(NowMs()); }
 
@@ -71,6 +77,7 @@ struct ParamCache::DenseEntry {
   uint64_t attempts GUARDED_BY(mu) = 0;      // pulls started
   Status last_status GUARDED_BY(mu);         // of the last pull that ended
   uint64_t generation GUARDED_BY(mu) = 0;  // bumped by Invalidate: a pull begun before is not kept
+  int64_t stale_since_ms GUARDED_BY(mu) = -1;  // when a newer version was first known; -1: not
 };
 
 struct ParamCache::SparseEntry {
@@ -90,10 +97,24 @@ struct ParamCache::SparseEntry {
   uint64_t generation GUARDED_BY(mu) = 0;
 };
 
+// Watch callbacks outlive nothing: they find the cache here, null once it stopped.
+struct ParamCache::Alive {
+  Mutex mu;
+  ParamCache* cache GUARDED_BY(mu) = nullptr;
+};
+
 ParamCache::ParamCache(ps::PsClient* client, ParamCacheOptions options)
     : client_(client),
       options_(std::move(options)),
-      num_shards_(static_cast<uint32_t>(client->num_shards())) {}
+      num_shards_(static_cast<uint32_t>(client->num_shards())),
+      live_until_(new std::atomic<int64_t>[num_shards_]),
+      alive_(std::make_shared<Alive>()) {
+  MutexLock lock(&watch_mu_);  // not shared yet; for the analysis
+  watching_.assign(num_shards_, false);
+  watch_retry_ms_.assign(num_shards_, 0);
+  known_.resize(num_shards_);
+  for (uint32_t s = 0; s < num_shards_; ++s) live_until_[s].store(0);
+}
 
 ParamCache::~ParamCache() { Stop(); }
 
@@ -107,9 +128,13 @@ void ParamCache::AddDense(const std::string& table, uint64_t size) {
   e->name = table;
   e->size = size;
   e->bound = BoundOf(table, options_.dense);
-  MutexLock lock(&e->mu);  // not shared yet; for the analysis
-  e->newest.assign(num_shards_, 0);
+  {
+    MutexLock lock(&e->mu);  // not shared yet; for the analysis
+    e->newest.assign(num_shards_, 0);
+  }
   dense_.insert_or_assign(table, std::move(e));
+  MutexLock lock(&watch_mu_);
+  for (auto& known : known_) known[table] = kNeverHeard;
 }
 
 void ParamCache::AddSparse(const std::string& table, uint32_t dim) {
@@ -117,40 +142,77 @@ void ParamCache::AddSparse(const std::string& table, uint32_t dim) {
   e->name = table;
   e->dim = dim;
   e->bound = BoundOf(table, options_.sparse);
-  MutexLock lock(&e->mu);  // not shared yet; for the analysis
-  e->newest.assign(num_shards_, 0);
+  {
+    MutexLock lock(&e->mu);  // not shared yet; for the analysis
+    e->newest.assign(num_shards_, 0);
+  }
   sparse_.insert_or_assign(table, std::move(e));
+  MutexLock lock(&watch_mu_);
+  for (auto& known : known_) known[table] = kNeverHeard;
 }
 
 void ParamCache::Start() {
-  if (options_.refresh_interval_ms <= 0) return;
+  if (options_.refresh_interval_ms <= 0 && !options_.notices) return;
+  {
+    MutexLock lock(&alive_->mu);
+    alive_->cache = this;
+  }
+  const int64_t interval = options_.refresh_interval_ms > 0 ? options_.refresh_interval_ms : 50;
   refresher_.Start(
-      std::chrono::milliseconds(options_.refresh_interval_ms), [this] { RefreshDue(); },
-      /*tick_first=*/false);
+      std::chrono::milliseconds(interval), [this] { Tick(); },
+      /*tick_first=*/options_.notices);
 }
 
-void ParamCache::Stop() { refresher_.Stop(); }
+void ParamCache::Stop() {
+  {
+    // Waits for a watch callback in progress; later ones find no cache.
+    MutexLock lock(&alive_->mu);
+    alive_->cache = nullptr;
+  }
+  refresher_.Stop();
+}
+
+bool ParamCache::Live(uint32_t shard, int64_t now) const {
+  return options_.notices && live_until_[shard].load(std::memory_order_relaxed) > now;
+}
 
 bool ParamCache::Fresh(const FreshnessBound& b, int64_t fetched_ms, uint64_t version,
-                       uint64_t newest, int64_t now) const {
-  if (b.max_age_ms >= 0 && now - fetched_ms > b.max_age_ms) return false;
-  if (b.max_versions_behind >= 0 && newest > version &&
-      newest - version > static_cast<uint64_t>(b.max_versions_behind)) {
+                       uint64_t newest, int64_t now, bool live) const {
+  if (!live && b.max_age_ms >= 0 && now - fetched_ms > b.max_age_ms) return false;
+  // With notices, a version the shard announced is stale at once unless a looser
+  // version bound was asked for.
+  const int64_t behind = live && b.max_versions_behind < 0 ? 0 : b.max_versions_behind;
+  if (behind >= 0 && newest > version && newest - version > static_cast<uint64_t>(behind)) {
     return false;
   }
   return true;
 }
 
 // REQUIRES(e.mu) here: the header cannot name a member of the incomplete DenseEntry.
-bool ParamCache::FreshDense(const DenseEntry& e, int64_t now) const REQUIRES(e.mu) {
+bool ParamCache::FreshDense(const DenseEntry& e, int64_t now, bool grace) const REQUIRES(e.mu) {
   if (!e.snapshot) return false;
   const DenseSnapshot& s = *e.snapshot;
+  const bool in_grace =
+      grace && e.stale_since_ms >= 0 && now - e.stale_since_ms < options_.notice_grace_ms;
   // Shards version independently: the copy is only as fresh as its most lagging shard.
   for (uint32_t i = 0; i < num_shards_; ++i) {
     const uint64_t v = i < s.versions.size() ? s.versions[i] : 0;
-    if (!Fresh(e.bound, s.fetched_ms, v, e.newest[i], now)) return false;
+    const bool live = Live(i, now);
+    // With notices only a version can make the copy stale, and the grace applies to it.
+    if (!Fresh(e.bound, s.fetched_ms, v, e.newest[i], now, live) && !(live && in_grace)) {
+      return false;
+    }
   }
   return true;
+}
+
+void ParamCache::RaiseDense(DenseEntry* e, size_t shard, uint64_t version, int64_t now) const
+    REQUIRES(e->mu) {
+  if (shard >= e->newest.size() || version <= e->newest[shard]) return;
+  e->newest[shard] = version;
+  const bool behind = e->snapshot && (shard >= e->snapshot->versions.size() ||
+                                      e->snapshot->versions[shard] < version);
+  if (behind && e->stale_since_ms < 0) e->stale_since_ms = now;
 }
 
 StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::Dense(const std::string& table) {
@@ -162,7 +224,7 @@ StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::Dense(const std::stri
   {
     MutexLock lock(&e->mu);
     e->last_read_ms = now;
-    if (FreshDense(*e, now)) {
+    if (FreshDense(*e, now, /*grace=*/true)) {
       AddStats(One(&ParamCacheStats::dense_hits));
       return e->snapshot;
     }
@@ -173,7 +235,7 @@ StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::Dense(const std::stri
     // Judged at this read's arrival time: a pull that finished while this one waited
     // is within the bound for it, so concurrent misses share that one pull.
     MutexLock lock(&e->mu);
-    if (FreshDense(*e, now)) {
+    if (FreshDense(*e, now, /*grace=*/true)) {
       AddStats(One(&ParamCacheStats::dense_hits));
       return e->snapshot;
     }
@@ -222,7 +284,15 @@ StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::FinishPull(PendingPul
   if (!st.ok()) return e->last_status;
   p.snap->pull_id = ++e->pulls;
   Raise(&e->newest, p.snap->versions);
-  if (e->generation == p.generation) e->snapshot = p.snap;
+  if (e->generation == p.generation) {
+    e->snapshot = p.snap;
+    bool covers = true;
+    for (size_t s = 0; s < e->newest.size(); ++s) {
+      covers &= s < p.snap->versions.size() && p.snap->versions[s] >= e->newest[s];
+    }
+    // A notice that came during the pull keeps the copy stale since then.
+    if (covers) e->stale_since_ms = -1;
+  }
   return std::shared_ptr<const DenseSnapshot>(p.snap);
 }
 
@@ -245,7 +315,7 @@ StatusOr<std::vector<std::shared_ptr<const DenseSnapshot>>> ParamCache::DenseAll
   for (size_t i = 0; i < entries.size(); ++i) {
     MutexLock lock(&entries[i]->mu);
     entries[i]->last_read_ms = now;
-    if (FreshDense(*entries[i], now)) {
+    if (FreshDense(*entries[i], now, /*grace=*/true)) {
       out[i] = entries[i]->snapshot;
     } else {
       stale.push_back(i);
@@ -261,7 +331,7 @@ StatusOr<std::vector<std::shared_ptr<const DenseSnapshot>>> ParamCache::DenseAll
     held.emplace_back(entries[i]->pull_mu);
     {
       MutexLock lock(&entries[i]->mu);
-      if (FreshDense(*entries[i], now)) {
+      if (FreshDense(*entries[i], now, /*grace=*/true)) {
         out[i] = entries[i]->snapshot;  // a concurrent reader's pull served this one
         continue;
       }
@@ -286,7 +356,7 @@ StatusOr<std::vector<std::shared_ptr<const DenseSnapshot>>> ParamCache::DenseAll
 }
 
 Status ParamCache::Sparse(const std::string& table, const uint64_t* keys, size_t n, float* out,
-                          ps::VersionVector* base) {
+                          ps::VersionVector* base, ps::VersionVector* read) {
   auto it = sparse_.find(table);
   if (it == sparse_.end()) return NotFound("ParamCache: no sparse table '" + table + "'");
   SparseEntry* e = it->second.get();
@@ -295,12 +365,21 @@ Status ParamCache::Sparse(const std::string& table, const uint64_t* keys, size_t
   ps::VersionVector mins(num_shards_, kNoRow);
   std::vector<size_t> missing;
   ParamCacheStats delta;
+  std::vector<char> live(num_shards_);
+  for (uint32_t s = 0; s < num_shards_; ++s) live[s] = Live(s, now);
   {
     MutexLock lock(&e->mu);
     for (size_t i = 0; i < n; ++i) {
       const uint32_t shard = ShardOfKey(keys[i], num_shards_);
       const SparseEntry::Row* r = e->rows.Find(keys[i]);
-      if (r == nullptr || !Fresh(e->bound, r->fetched_ms, r->version, e->newest[shard], now)) {
+      // With notices a row is dropped when a push changes it: the shard's version, which
+      // every push to any of its rows raises, says nothing about this one.
+      const bool fresh =
+          r != nullptr &&
+          (live[shard] ? e->bound.max_versions_behind < 0 ||
+                             Fresh(e->bound, r->fetched_ms, r->version, e->newest[shard], now, true)
+                       : Fresh(e->bound, r->fetched_ms, r->version, e->newest[shard], now, false));
+      if (!fresh) {
         missing.push_back(i);
         continue;
       }
@@ -313,6 +392,10 @@ Status ParamCache::Sparse(const std::string& table, const uint64_t* keys, size_t
   Status st = missing.empty() ? Status::Ok() : PullRows(e, keys, missing, out, &mins, &delta);
   AddStats(delta);
   ONLINEPS_RETURN_IF_ERROR(st);
+  if (read != nullptr) {
+    read->resize(num_shards_);
+    for (uint32_t s = 0; s < num_shards_; ++s) (*read)[s] = mins[s] == kNoRow ? 0 : mins[s];
+  }
   if (base != nullptr) {
     // A shard none of the rows came from gets the newest version seen there: it adds
     // nothing to a push's staleness and never drags a min over several reads to 0.
@@ -371,8 +454,9 @@ Status ParamCache::PullRows(SparseEntry* e, const uint64_t* keys,
 
 void ParamCache::ObserveVersions(const std::string& table, const ps::VersionVector& versions) {
   if (auto it = dense_.find(table); it != dense_.end()) {
+    const int64_t now = Now();
     MutexLock lock(&it->second->mu);
-    Raise(&it->second->newest, versions);
+    for (size_t s = 0; s < versions.size(); ++s) RaiseDense(it->second.get(), s, versions[s], now);
   }
   if (auto it = sparse_.find(table); it != sparse_.end()) {
     MutexLock lock(&it->second->mu);
@@ -380,10 +464,56 @@ void ParamCache::ObserveVersions(const std::string& table, const ps::VersionVect
   }
 }
 
+void ParamCache::InstallDense(const std::string& table, std::vector<float> values,
+                              const ps::VersionVector& versions, int64_t sent_ms) {
+  auto it = dense_.find(table);
+  if (it == dense_.end() || values.size() != it->second->size) return;
+  DenseEntry* e = it->second.get();
+  auto snap = std::make_shared<DenseSnapshot>();
+  snap->values = std::move(values);
+  snap->versions = versions;
+  snap->versions.resize(num_shards_, 0);
+  snap->fetched_ms = sent_ms;
+  MutexLock lock(&e->mu);
+  if (e->snapshot) {
+    bool newer = false;
+    for (uint32_t s = 0; s < num_shards_; ++s) {
+      newer |= s >= e->snapshot->versions.size() || snap->versions[s] > e->snapshot->versions[s];
+    }
+    if (!newer) return;  // e.g. the second of two installs of one push
+  }
+  snap->pull_id = ++e->pulls;
+  Raise(&e->newest, snap->versions);
+  e->snapshot = std::move(snap);
+  ++e->generation;  // a pull begun before this push would bring the values before it
+  bool covers = true;
+  for (uint32_t s = 0; s < num_shards_; ++s) covers &= e->snapshot->versions[s] >= e->newest[s];
+  if (covers) e->stale_since_ms = -1;
+}
+
+void ParamCache::InstallRows(const std::string& table, const uint64_t* keys, size_t n,
+                             const float* values, const ps::VersionVector& versions,
+                             int64_t sent_ms) {
+  auto it = sparse_.find(table);
+  if (it == sparse_.end()) return;
+  SparseEntry* e = it->second.get();
+  const size_t dim = e->dim;
+  MutexLock lock(&e->mu);
+  Raise(&e->newest, versions);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t shard = ShardOfKey(keys[i], num_shards_);
+    const uint64_t v = shard < versions.size() ? versions[shard] : 0;
+    e->rows.Put(keys[i],
+                {std::vector<float>(values + i * dim, values + (i + 1) * dim), v, sent_ms});
+  }
+  ++e->generation;  // a pull begun before this push would bring the rows before it
+}
+
 void ParamCache::Invalidate(const std::string& table) {
   if (auto it = dense_.find(table); it != dense_.end()) {
     MutexLock lock(&it->second->mu);
     it->second->snapshot.reset();
+    it->second->stale_since_ms = -1;
     ++it->second->generation;
   }
   if (auto it = sparse_.find(table); it != sparse_.end()) {
@@ -402,14 +532,93 @@ void ParamCache::InvalidateRows(const std::string& table, const uint64_t* keys, 
 }
 
 bool ParamCache::RefreshWanted(DenseEntry* e, int64_t now) const {
+  bool all_live = true;
+  for (uint32_t s = 0; s < num_shards_; ++s) all_live &= Live(s, now);
   MutexLock lock(&e->mu);
   if (e->last_read_ms < 0 || now - e->last_read_ms > options_.hot_window_ms) return false;
   if (!e->snapshot) return true;
   // Refreshing at half the age bound leaves the other half for the pull to land before
-  // a read would find the copy stale and wait.
+  // a read would find the copy stale and wait. Not needed while notices flow.
   const int64_t max_age = e->bound.max_age_ms;
-  if (max_age >= 0 && now - e->snapshot->fetched_ms >= max_age / 2) return true;
-  return !FreshDense(*e, now);
+  if (!all_live && max_age >= 0 && now - e->snapshot->fetched_ms >= max_age / 2) return true;
+  return !FreshDense(*e, now, /*grace=*/false);
+}
+
+void ParamCache::Tick() {
+  if (options_.notices) IssueWatches(Now());
+  RefreshDue();
+}
+
+void ParamCache::IssueWatches(int64_t now) {
+  std::vector<std::pair<uint32_t, std::map<std::string, uint64_t>>> due;
+  {
+    MutexLock lock(&watch_mu_);
+    for (uint32_t s = 0; s < num_shards_; ++s) {
+      if (watching_[s] || watch_retry_ms_[s] > now || known_[s].empty()) continue;
+      watching_[s] = true;
+      due.emplace_back(s, known_[s]);
+    }
+  }
+  for (auto& [shard, known] : due) {
+    auto reply = std::make_shared<ps::WatchReply>();
+    client_->Watch(shard, known, std::chrono::milliseconds(options_.notice_wait_ms), reply.get(),
+                   [alive = alive_, shard = shard, reply](const Status& st) {
+                     MutexLock lock(&alive->mu);
+                     if (alive->cache != nullptr) alive->cache->OnNotice(shard, st, *reply);
+                   });
+  }
+}
+
+void ParamCache::OnNotice(uint32_t shard, const Status& st, const ps::WatchReply& reply) {
+  const int64_t now = Now();
+  if (!st.ok()) {
+    {
+      MutexLock lock(&watch_mu_);
+      watching_[shard] = false;
+      watch_retry_ms_[shard] = now + kWatchRetryMs;
+    }
+    spdlog::debug("watch of shard {} failed: {}", shard, st.ToString());
+    AddStats(One(&ParamCacheStats::watch_errors));
+    return;
+  }
+  ParamCacheStats delta;
+  for (const auto& [table, version] : reply.versions) {
+    if (auto it = dense_.find(table); it != dense_.end()) {
+      MutexLock lock(&it->second->mu);
+      if (version > it->second->newest[shard]) {
+        RaiseDense(it->second.get(), shard, version, now);
+        delta.notices = 1;
+      }
+      continue;
+    }
+    auto it = sparse_.find(table);
+    if (it == sparse_.end()) continue;
+    SparseEntry* e = it->second.get();
+    MutexLock lock(&e->mu);
+    e->newest[shard] = std::max(e->newest[shard], version);
+    std::vector<uint64_t> drop;
+    if (reply.all_keys.count(table) != 0) {
+      e->rows.ForEach([&](uint64_t key, const SparseEntry::Row&) {
+        if (ShardOfKey(key, num_shards_) == shard) drop.push_back(key);
+      });
+    } else if (auto k = reply.keys.find(table); k != reply.keys.end()) {
+      drop = k->second;
+    } else {
+      continue;
+    }
+    for (uint64_t key : drop) delta.rows_noticed += e->rows.Erase(key) ? 1 : 0;
+    ++e->generation;  // a pull in flight may carry the rows as they were before
+    delta.notices = 1;
+  }
+  {
+    MutexLock lock(&watch_mu_);
+    watching_[shard] = false;
+    watch_retry_ms_[shard] = 0;
+    for (const auto& [table, version] : reply.versions) known_[shard][table] = version;
+  }
+  live_until_[shard].store(now + options_.notice_wait_ms + kLiveMarginMs);
+  AddStats(delta);
+  refresher_.Wake();  // the next watch, and a pull of hot dense tables that changed
 }
 
 void ParamCache::RefreshDue() {
@@ -438,6 +647,9 @@ void ParamCache::AddStats(const ParamCacheStats& d) {
   stats_.sparse_misses += d.sparse_misses;
   stats_.sparse_pulls += d.sparse_pulls;
   stats_.sparse_evictions += d.sparse_evictions;
+  stats_.notices += d.notices;
+  stats_.watch_errors += d.watch_errors;
+  stats_.rows_noticed += d.rows_noticed;
 }
 
 ParamCacheStats ParamCache::stats() const {
@@ -450,6 +662,8 @@ ParamCacheStats ParamCache::stats() const {
     MutexLock lock(&e->mu);
     s.sparse_rows += e->rows.size();
   }
+  const int64_t now = Now();
+  for (uint32_t shard = 0; shard < num_shards_; ++shard) s.shards_noticing += Live(shard, now);
   return s;
 }
 

@@ -1,9 +1,14 @@
 // ParamCache: the worker's view of the model, pulled from the PS on demand. Every read
-// is within a freshness bound (max age and/or versions behind the newest version this
-// worker has seen, from its pulls and its own push replies); a stale or missing table or
-// row is pulled before the read returns. A background refresher re-pulls dense tables
-// read recently so reads rarely wait. Sparse rows sit in a bounded LRU per table.
-// Thread-safe. Concurrent misses on one dense table share one pull.
+// is within a freshness bound; a stale or missing table or row is pulled before the read
+// returns. With notices (the default) each shard tells the cache when a table changes
+// (one watch per shard, docs/protocol.md "21 · watch"): while a shard's notices flow, a
+// copy of its part is fresh until a notice says otherwise (dense: a newer version; sparse:
+// the keys pushed), and the refresher re-pulls hot dense tables at once. Where notices
+// do not flow (a shard down or too old to answer watches), the bound is the age and/or
+// versions behind the newest version seen (from pulls and this worker's push replies),
+// and the refresher re-pulls dense tables read recently at half their max age. Sparse
+// rows sit in a bounded LRU per table. Thread-safe. Concurrent misses on one dense table
+// share one pull.
 #ifndef ONLINEPS_WORKER_PARAM_CACHE_H_
 #define ONLINEPS_WORKER_PARAM_CACHE_H_
 
@@ -36,6 +41,17 @@ struct ParamCacheOptions {
   // copy is older than half their max age. 0 disables the refresher.
   int64_t refresh_interval_ms = 50;
   int64_t hot_window_ms = 5000;
+  // Table-change notices (see above). false: the age/version bound alone, as when no
+  // shard answers watches.
+  bool notices = true;
+  // A shard answers a watch with no change after this long (a heartbeat); a shard silent
+  // for this plus 1 s counts as not sending notices, and the age bound applies again.
+  int64_t notice_wait_ms = 1000;
+  // A read may still use a dense copy for this long after a notice (or this worker's
+  // push reply) said it changed, while the refresher pulls the new one: reads rarely
+  // wait, and none is served a copy stale by more than this plus a pull. 0: reads
+  // wait for the pull as soon as a change is known.
+  int64_t notice_grace_ms = 5;
 };
 
 // An immutable copy of a dense table. Shared by concurrent readers; replaced, never
@@ -50,7 +66,11 @@ struct DenseSnapshot {
 struct ParamCacheStats {
   uint64_t dense_hits = 0, dense_pulls = 0, refresher_pulls = 0;
   uint64_t sparse_hits = 0, sparse_misses = 0, sparse_pulls = 0, sparse_evictions = 0;
+  uint64_t notices = 0;       // watch answers saying some table changed
+  uint64_t watch_errors = 0;  // watches that failed (shard down, refused); retried
+  uint64_t rows_noticed = 0;  // cached sparse rows dropped because a notice named them
   size_t sparse_rows = 0;
+  size_t shards_noticing = 0;  // shards whose notices flow now
 };
 
 class ParamCache {
@@ -78,11 +98,21 @@ class ParamCache {
   // Fills `out` (n * dim floats) with rows within the sparse bound, pulling the missing
   // or stale ones in one call, and `base` (one entry per shard) with the oldest version
   // any returned row of that shard was read at: the base a gradient on them must carry.
+  // `read` (optional) gets the same per shard, 0 where no row came from that shard.
   Status Sparse(const std::string& table, const uint64_t* keys, size_t n, float* out,
-                ps::VersionVector* base);
+                ps::VersionVector* base, ps::VersionVector* read = nullptr);
 
   // Raises the newest version seen for `table` from a push reply (versions per shard).
   void ObserveVersions(const std::string& table, const ps::VersionVector& versions);
+  // Installs what this worker's push wrote, as the shards returned it in their replies
+  // (PushOptions::updated), labelled with the reply's versions per shard: reads see the
+  // push without pulling it back. A copy newer on every shard is kept instead. `sent_ms`:
+  // when the push was sent (the values are at least that fresh).
+  void InstallDense(const std::string& table, std::vector<float> values,
+                    const ps::VersionVector& versions, int64_t sent_ms);
+  // The same for sparse rows: `values` holds n * dim floats, row i for keys[i].
+  void InstallRows(const std::string& table, const uint64_t* keys, size_t n, const float* values,
+                   const ps::VersionVector& versions, int64_t sent_ms);
   // Drops every cached copy (e.g. after local-steps mode pushed a delta).
   void Invalidate(const std::string& table);
   // Drops the cached copies of these rows: after a push to them is acknowledged, so the
@@ -95,11 +125,23 @@ class ParamCache {
  private:
   struct DenseEntry;
   struct SparseEntry;
+  struct Alive;
   FreshnessBound BoundOf(const std::string& table, const FreshnessBound& def) const;
+  // `live`: the shard's notices flow, so only a version it announced makes a copy stale.
   bool Fresh(const FreshnessBound& b, int64_t fetched_ms, uint64_t version, uint64_t newest,
-             int64_t now) const;
-  // REQUIRES: e.mu held. False when there is no snapshot.
-  bool FreshDense(const DenseEntry& e, int64_t now) const;
+             int64_t now, bool live) const;
+  bool Live(uint32_t shard, int64_t now) const;
+  // Sends a watch to every shard without one outstanding (and not waiting to retry).
+  void IssueWatches(int64_t now);
+  // A shard's answer to a watch (on a client thread).
+  void OnNotice(uint32_t shard, const Status& st, const ps::WatchReply& reply);
+  void Tick();
+  // REQUIRES: e.mu held. False when there is no snapshot. `grace`: a copy a notice made
+  // stale less than notice_grace_ms ago still counts as fresh (reads, not the refresher).
+  bool FreshDense(const DenseEntry& e, int64_t now, bool grace) const;
+  // REQUIRES: e.mu held. Raises e.newest[shard] to `version`, noting when the copy
+  // became stale.
+  void RaiseDense(DenseEntry* e, size_t shard, uint64_t version, int64_t now) const;
   // REQUIRES: e->pull_mu held.
   struct PendingPull;
   PendingPull StartPull(DenseEntry* e);
@@ -122,6 +164,15 @@ class ParamCache {
 
   mutable Mutex stats_mu_;
   ParamCacheStats stats_ GUARDED_BY(stats_mu_);
+
+  // Notices: per shard, whether a watch is outstanding, when a failed one is retried,
+  // and the versions the next watch names.
+  Mutex watch_mu_;
+  std::vector<bool> watching_ GUARDED_BY(watch_mu_);
+  std::vector<int64_t> watch_retry_ms_ GUARDED_BY(watch_mu_);
+  std::vector<std::map<std::string, uint64_t>> known_ GUARDED_BY(watch_mu_);
+  std::unique_ptr<std::atomic<int64_t>[]> live_until_;  // per shard: notices flow until then
+  std::shared_ptr<Alive> alive_;  // watch callbacks reach the cache only through it
 
   PeriodicThread refresher_;  // last: stopped before the members it uses go
 };

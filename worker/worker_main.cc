@@ -178,6 +178,15 @@ void AddCacheFlags(CLI::App& app, Flags* f) {
   app.add_option("--refresh-interval-ms", c.refresh_interval_ms,
                  "Background refresh of hot dense tables (0: off)")
       ->capture_default_str();
+  app.add_flag("!--no-notices", c.notices,
+               "Do not watch the shards for table changes: copies are then fresh by the age "
+               "and version bounds alone (with notices, a copy of a shard whose notices flow "
+               "is fresh until that shard announces a change, whatever its age)");
+  app.add_option("--notice-wait-ms", c.notice_wait_ms,
+                 "A shard answers a quiet watch after this long; one silent for this plus "
+                 "1 s counts as down, and the age bounds apply again")
+      ->check(CLI::Range(int64_t{10}, int64_t{60000}))
+      ->capture_default_str();
   auto& x = f->service.context;
   app.add_option("--context-max-sessions", x.max_sessions, "Sessions with context (LRU)")
       ->capture_default_str();

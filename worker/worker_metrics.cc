@@ -41,6 +41,12 @@ WorkerMetrics::WorkerMetrics(const WorkerService* service, const WorkerServer* s
   sparse_pulls_.c = NewCounter(r, "onlineps_worker_sparse_pulls_total", "sparse pulls on a read");
   refresher_pulls_.c =
       NewCounter(r, "onlineps_worker_refresher_pulls_total", "dense pulls by the refresher");
+  notices_.c = NewCounter(r, "onlineps_worker_notices_total",
+                          "shard notices that a table this worker holds changed");
+  watch_errors_.c = NewCounter(r, "onlineps_worker_watch_errors_total",
+                               "watches of a shard that failed (retried; age bounds meanwhile)");
+  shards_noticing_ = NewGauge(r, "onlineps_worker_shards_noticing",
+                              "shards whose change notices reach this worker now");
   max_tau_ = NewGauge(r, "onlineps_worker_max_staleness", "largest tau the PS reported");
   inflight_ = NewGauge(r, "onlineps_worker_inflight_pushes", "pushes not yet acknowledged");
   sessions_ = NewGauge(r, "onlineps_worker_context_sessions", "sessions holding context");
@@ -72,6 +78,9 @@ void WorkerMetrics::Update() {
   dense_pulls_.Set(static_cast<double>(s.cache.dense_pulls));
   sparse_pulls_.Set(static_cast<double>(s.cache.sparse_pulls));
   refresher_pulls_.Set(static_cast<double>(s.cache.refresher_pulls));
+  notices_.Set(static_cast<double>(s.cache.notices));
+  watch_errors_.Set(static_cast<double>(s.cache.watch_errors));
+  shards_noticing_->Set(static_cast<double>(s.cache.shards_noticing));
   max_tau_->Set(static_cast<double>(s.max_tau));
   inflight_->Set(static_cast<double>(s.inflight_pushes));
   sessions_->Set(static_cast<double>(s.context.sessions));

@@ -4,13 +4,14 @@
 
 #include <algorithm>
 
+#include "common/clock.h"
 #include "common/frame.h"
 #include "worker/worker_service.h"
 
 namespace onlineps::worker {
 
 void WorkerService::StartPush(
-    const std::string& table, Pushes* pushes, std::function<void()> forget,
+    const std::string& table, Pushes* pushes, std::function<void(const ps::PushReply&)> forget,
     const std::function<ps::Ticket(ps::PushReply*, ps::PsClient::Callback)>& send) {
   {
     // Bounded: a learn waits here rather than queue pushes without limit.
@@ -19,7 +20,7 @@ void WorkerService::StartPush(
                       [&]() REQUIRES(mu_) { return inflight_ < options_.max_inflight_pushes; });
     ++inflight_;
   }
-  if (!options_.read_own_writes) forget = [] {};
+  if (!options_.read_own_writes) forget = [](const ps::PushReply&) {};
   auto reply = std::make_shared<ps::PushReply>();
   // The callback owns the reply too: in queued mode nobody else waits for it.
   ps::Ticket t = send(reply.get(), [this, table, reply, forget](const Status& st) {
@@ -29,10 +30,11 @@ void WorkerService::StartPush(
 }
 
 void WorkerService::OnPushDone(const std::string& table, const ps::PushReply& reply,
-                               const Status& st, const std::function<void()>& forget) {
+                               const Status& st,
+                               const std::function<void(const ps::PushReply&)>& forget) {
   if (st.ok()) {
-    cache_.ObserveVersions(table, reply.versions);
-    forget();
+    if (ObservesOwnPushes()) cache_.ObserveVersions(table, reply.versions);
+    forget(reply);
   } else {
     spdlog::warn("push to table '{}' failed: {}", table, st.ToString());
   }
@@ -46,8 +48,16 @@ void WorkerService::OnPushDone(const std::string& table, const ps::PushReply& re
   inflight_cv_.SignalAll();
 }
 
-std::function<void()> WorkerService::ForgetDense(const std::string& table) {
-  return [this, table] { cache_.Invalidate(table); };
+std::function<void(const ps::PushReply&)> WorkerService::ForgetDense(const std::string& table) {
+  return [this, table](const ps::PushReply&) { cache_.Invalidate(table); };
+}
+
+bool WorkerService::ObservesOwnPushes() const {
+  return options_.read_own_writes || !options_.cache.notices;
+}
+
+bool WorkerService::InstallsPushedValues() const {
+  return options_.read_own_writes && options_.table_template.staleness.rfind("dc_", 0) != 0;
 }
 
 void WorkerService::PushSparse(const std::vector<ps::VersionVector>& base, const GradOutput& grads,
@@ -59,12 +69,23 @@ void WorkerService::PushSparse(const std::vector<ps::VersionVector>& base, const
     if (g.keys.empty()) continue;
     out->sparse_rows_pushed += g.keys.size();
     auto keys = std::make_shared<const std::vector<uint64_t>>(g.keys);
-    auto forget = [this, table = params[i].name, keys] {
-      cache_.InvalidateRows(table, keys->data(), keys->size());
-    };
+    ps::PushOptions opts;
+    std::function<void(const ps::PushReply&)> forget;
+    if (InstallsPushedValues()) {
+      auto updated = std::make_shared<std::vector<float>>(g.values.size());
+      opts.updated = updated->data();
+      forget = [this, table = params[i].name, keys, updated,
+                sent = static_cast<int64_t>(NowMs())](const ps::PushReply& r) {
+        cache_.InstallRows(table, keys->data(), keys->size(), updated->data(), r.versions, sent);
+      };
+    } else {
+      forget = [this, table = params[i].name, keys](const ps::PushReply&) {
+        cache_.InvalidateRows(table, keys->data(), keys->size());
+      };
+    }
     StartPush(params[i].name, pushes, forget, [&](ps::PushReply* r, ps::PsClient::Callback done) {
       return client_->PushSparse(params[i].name, g.keys.data(), g.keys.size(), g.values.data(),
-                                 base[i], r, {}, std::move(done));
+                                 base[i], r, opts, std::move(done));
     });
   }
 }
@@ -72,8 +93,17 @@ void WorkerService::PushSparse(const std::vector<ps::VersionVector>& base, const
 void WorkerService::PushDense(size_t param, Accumulator::Batch batch, Pushes* pushes) {
   const std::string& table = model_->params()[param].name;
   pushes->dense_tables.push_back(table);
-  StartPush(table, pushes, ForgetDense(table), [&](ps::PushReply* r, ps::PsClient::Callback done) {
-    return client_->PushDense(table, Frame::FromVector(std::move(batch.sum)), batch.base, r, {},
+  ps::PushOptions opts;
+  std::function<void(const ps::PushReply&)> forget = ForgetDense(table);
+  if (InstallsPushedValues()) {
+    auto updated = std::make_shared<std::vector<float>>(batch.sum.size());
+    opts.updated = updated->data();
+    forget = [this, table, updated, sent = static_cast<int64_t>(NowMs())](const ps::PushReply& r) {
+      cache_.InstallDense(table, *updated, r.versions, sent);
+    };
+  }
+  StartPush(table, pushes, forget, [&](ps::PushReply* r, ps::PsClient::Callback done) {
+    return client_->PushDense(table, Frame::FromVector(std::move(batch.sum)), batch.base, r, opts,
                               std::move(done));
   });
 }
@@ -106,10 +136,11 @@ Status WorkerService::FinishPushes(Pushes& pushes, ReplyWhen when, LearnReply* o
     }
     // The callback may still be running: do its work here too, so the caller's next
     // read sees this push (read-your-writes).
-    cache_.ObserveVersions(p.table, p.reply->versions);
-    p.forget();
+    if (ObservesOwnPushes()) cache_.ObserveVersions(p.table, p.reply->versions);
+    p.forget(*p.reply);
     out->tau = std::max(out->tau, p.reply->max_tau);
     out->version = std::max(out->version, p.reply->max_version);
+    if (!p.reply->queued) out->versions[p.table] = p.reply->versions;
     if (p.reply->queued) out->outcome = LearnOutcome::kQueued;
   }
   return first;

@@ -221,7 +221,10 @@ json ToJson(const InferReply& r) {
   for (const Prediction& p : r.predictions) {
     preds.push_back({{"label", p.label}, {"index", p.index}, {"scores", p.scores}});
   }
-  return {{"predictions", preds}, {"version", r.version}, {"params_age_ms", r.params_age_ms}};
+  return {{"predictions", preds},
+          {"version", r.version},
+          {"versions", r.versions},
+          {"params_age_ms", r.params_age_ms}};
 }
 
 json ToJson(const LearnReply& r) {
@@ -229,6 +232,7 @@ json ToJson(const LearnReply& r) {
           {"examples", r.examples},
           {"outcome", std::string(LearnOutcomeName(r.outcome))},
           {"version", r.version},
+          {"versions", r.versions},
           {"tau", r.tau},
           {"sparse_rows_pushed", r.sparse_rows_pushed},
           {"dense_pushed", r.dense_pushed}};
@@ -254,7 +258,11 @@ json ToJson(const WorkerStats& s) {
             {"sparse_misses", s.cache.sparse_misses},
             {"sparse_pulls", s.cache.sparse_pulls},
             {"sparse_evictions", s.cache.sparse_evictions},
-            {"sparse_rows", s.cache.sparse_rows}}},
+            {"sparse_rows", s.cache.sparse_rows},
+            {"notices", s.cache.notices},
+            {"watch_errors", s.cache.watch_errors},
+            {"rows_noticed", s.cache.rows_noticed},
+            {"shards_noticing", s.cache.shards_noticing}}},
           {"context",
            {{"sessions", s.context.sessions},
             {"evicted_lru", s.context.evicted_lru},

@@ -46,7 +46,8 @@ struct WorkerService::Read {
   std::vector<std::shared_ptr<const DenseSnapshot>> dense;
   std::vector<SparseRows> rows;
   std::vector<ps::VersionVector> base;  // per param
-  uint64_t version = 0;
+  std::vector<ps::VersionVector> read;  // per param: the versions actually read
+  uint64_t version = 0;                 // the largest of `read`
   int64_t oldest_ms = 0;
 };
 
@@ -230,6 +231,7 @@ StatusOr<WorkerService::Read> WorkerService::ReadParams(const std::vector<Exampl
   r.dense.resize(params.size());
   r.rows.resize(params.size());
   r.base.resize(params.size());
+  r.read.resize(params.size());
   r.oldest_ms = Now();
   // Every dense table in one call: stale ones are pulled concurrently.
   ONLINEPS_ASSIGN_OR_RETURN(auto snaps, cache_.DenseAll(dense_tables_));
@@ -238,6 +240,7 @@ StatusOr<WorkerService::Read> WorkerService::ReadParams(const std::vector<Exampl
     r.dense[i] = std::move(snaps[d]);
     r.view.dense[i] = r.dense[i]->values.data();
     r.base[i] = r.dense[i]->versions;
+    r.read[i] = r.dense[i]->versions;
     r.oldest_ms = std::min(r.oldest_ms, r.dense[i]->fetched_ms);
   }
   for (size_t i = 0; i < params.size(); ++i) {
@@ -248,11 +251,11 @@ StatusOr<WorkerService::Read> WorkerService::ReadParams(const std::vector<Exampl
       rows.values.resize(rows.keys.size() * p.size());
       if (!rows.keys.empty()) {
         ONLINEPS_RETURN_IF_ERROR(cache_.Sparse(p.name, rows.keys.data(), rows.keys.size(),
-                                               rows.values.data(), &r.base[i]));
+                                               rows.values.data(), &r.base[i], &r.read[i]));
       }
       r.view.sparse[i] = &rows;
     }
-    for (uint64_t v : r.base[i]) r.version = std::max(r.version, v);
+    for (uint64_t v : r.read[i]) r.version = std::max(r.version, v);
   }
   return r;
 }
@@ -265,6 +268,9 @@ StatusOr<InferReply> WorkerService::Infer(const std::string& session,
   ONLINEPS_ASSIGN_OR_RETURN(InferOutput out, model_->Infer(batch, ctx, read.view));
   InferReply reply;
   reply.version = read.version;
+  for (size_t i = 0; i < model_->params().size(); ++i) {
+    reply.versions[model_->params()[i].name] = read.read[i];
+  }
   reply.params_age_ms = Now() - read.oldest_ms;
   const auto& labels = model_->labels();
   for (size_t i = 0; i < out.scores.size(); ++i) {

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,7 +74,10 @@ struct Prediction {
 
 struct InferReply {
   std::vector<Prediction> predictions;
-  uint64_t version = 0;       // newest table version (any shard) among parameters read
+  // Per table, per shard: the version of the copy this call read (sparse: the oldest
+  // among its rows from that shard; 0 where it read no row from that shard).
+  std::map<std::string, std::vector<uint64_t>> versions;
+  uint64_t version = 0;       // the largest of `versions`
   int64_t params_age_ms = 0;  // age of the oldest parameter copy read
 };
 
@@ -89,7 +93,11 @@ struct LearnReply {
   size_t examples = 0;
   LearnOutcome outcome = LearnOutcome::kApplied;
   uint64_t version = 0;  // newest table version after this call's pushes (or read)
-  uint64_t tau = 0;      // largest staleness the PS measured for this call's pushes
+  // Per table pushed, per shard: its version there once this call's push was applied
+  // (0: the push touched no row of that shard). A reader whose infer `versions` are at
+  // least these has seen this learn.
+  std::map<std::string, std::vector<uint64_t>> versions;
+  uint64_t tau = 0;  // largest staleness the PS measured for this call's pushes
   size_t sparse_rows_pushed = 0;
   bool dense_pushed = false;
 };
@@ -129,6 +137,8 @@ class WorkerService {
   const Model& model() const { return *model_; }
   const RequestLimits& limits() const { return options_.limits; }
   WorkerStats stats() const;
+  // The parameter cache (tests and benchmarks read it directly).
+  ParamCache& cache() { return cache_; }
   // Table specs this worker creates (for docs and tests).
   std::vector<ps::TableSpec> TableSpecs() const;
 
@@ -140,7 +150,8 @@ class WorkerService {
       std::string table;
       ps::Ticket ticket;
       std::shared_ptr<ps::PushReply> reply;
-      std::function<void()> forget;  // drops our cached copy of what was pushed
+      // After the push is acknowledged: makes our cached copy show it (read-your-writes).
+      std::function<void(const ps::PushReply&)> forget;
     };
     std::vector<One> items;
     std::vector<std::string> dense_tables;
@@ -155,11 +166,20 @@ class WorkerService {
                   Pushes* pushes, LearnReply* out);
   void PushDense(size_t param, Accumulator::Batch batch, Pushes* pushes);
   void PushDelta(size_t param, std::vector<float> delta, Pushes* pushes);
-  void StartPush(const std::string& table, Pushes* pushes, std::function<void()> forget,
+  void StartPush(const std::string& table, Pushes* pushes,
+                 std::function<void(const ps::PushReply&)> forget,
                  const std::function<ps::Ticket(ps::PushReply*, ps::PsClient::Callback)>& send);
-  std::function<void()> ForgetDense(const std::string& table);
+  std::function<void(const ps::PushReply&)> ForgetDense(const std::string& table);
+  // Read-your-writes through the push reply (PushOptions::updated) rather than dropping
+  // the copy and pulling it back: not for DC-ASGD tables, whose shards must record what
+  // a pusher reads, nor with --no-read-own-writes.
+  bool InstallsPushedValues() const;
+  // Whether a push reply's versions make older cached copies stale. Not without
+  // read-your-writes where notices flow: the copy then serves until another worker's
+  // push is announced (with the age bound alone, a version bound still counts them).
+  bool ObservesOwnPushes() const;
   void OnPushDone(const std::string& table, const ps::PushReply& reply, const Status& st,
-                  const std::function<void()>& forget);
+                  const std::function<void(const ps::PushReply&)>& forget);
   // Waits for the pushes (kApplied) or leaves them in flight (kQueued) and fills `out`.
   Status FinishPushes(Pushes& pushes, ReplyWhen when, LearnReply* out);
   Status FlushDue(bool force);

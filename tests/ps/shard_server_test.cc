@@ -536,6 +536,94 @@ TEST_P(ShardServerTest, StartRefusesShardIndexOutOfRangeAndTakenEndpoint) {
   ExpectStillServing();
 }
 
+Header WatchHeader(uint32_t rid, std::map<std::string, std::string> spec) {
+  Header h = Request(Op::kWatch, "", rid);
+  h.spec = std::move(spec);
+  return h;
+}
+
+TEST_P(ShardServerTest, WatchIsHeldUntilANamedTableChangesAndNamesTheKeysPushed) {
+  // The fixture left both tables at version 1. Another client pushes.
+  RawClient other(endpoint_);
+  raw_->Send({HeaderFrame(WatchHeader(71, {{"wait_ms", "10000"}, {"t.d", "1"}, {"t.s", "1"}}))});
+  EXPECT_FALSE(raw_->Receive(200ms).has_value()) << "nothing changed: the watch must be held";
+  auto pushed = other.Call(
+      {HeaderFrame(PushHeader(Op::kPushSparse, "s", 2, 1)), Keys({42, 7}), Floats({1, 1, 1, 1})});
+  ASSERT_TRUE(pushed.has_value());
+  EXPECT_EQ(pushed->first.code, StatusCode::kOk) << pushed->first.message;
+  auto watch = raw_->Receive();
+  ASSERT_TRUE(watch.has_value());
+  EXPECT_EQ(watch->first.request_id, 71u);
+  EXPECT_EQ(watch->first.code, StatusCode::kOk) << watch->first.message;
+  EXPECT_EQ(watch->first.spec["t.s"], "2");
+  EXPECT_EQ(watch->first.spec["t.d"], "1");
+  EXPECT_EQ(watch->first.spec.count("k.d"), 0u) << "dense tables carry no keys";
+  ASSERT_EQ(watch->first.spec["k.s"], "1");
+  ASSERT_EQ(watch->second.size(), 2u);
+  const uint64_t* k = watch->second[1].As<uint64_t>();
+  EXPECT_EQ(std::vector<uint64_t>(k, k + watch->second[1].CountOf<uint64_t>()),
+            (std::vector<uint64_t>{7, 42}));
+  // Watching from the new version: only what came after it.
+  raw_->Send({HeaderFrame(WatchHeader(72, {{"wait_ms", "10000"}, {"t.s", "2"}}))});
+  EXPECT_FALSE(raw_->Receive(100ms).has_value());
+  // The watcher's own push does not answer its watch (the push reply says it all)...
+  auto own =
+      raw_->Call({HeaderFrame(PushHeader(Op::kPushSparse, "s", 1, 3)), Keys({9}), Floats({1, 1})});
+  ASSERT_TRUE(own.has_value());
+  EXPECT_EQ(own->first.request_id, 0u) << "the held watch was answered by its own push";
+  EXPECT_FALSE(raw_->Receive(100ms).has_value());
+  // ...and the next notice names its keys with the other client's.
+  ASSERT_TRUE(
+      other.Call({HeaderFrame(PushHeader(Op::kPushSparse, "s", 2, 2)), Keys({8}), Floats({1, 1})})
+          .has_value());
+  auto next = raw_->Receive();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->first.request_id, 72u);
+  EXPECT_EQ(next->first.spec["t.s"], "4");
+  ASSERT_EQ(next->second.size(), 2u);
+  k = next->second[1].As<uint64_t>();
+  EXPECT_EQ(std::vector<uint64_t>(k, k + next->second[1].CountOf<uint64_t>()),
+            (std::vector<uint64_t>{8, 9}));
+}
+
+TEST_P(ShardServerTest, WatchFromAnOlderVersionIsAnsweredAtOnceWithAllRows) {
+  // The keys pushed before the first watch are not known: "all".
+  auto r = raw_->Call({HeaderFrame(WatchHeader(5, {{"t.d", "0"}, {"t.s", "0"}}))});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  EXPECT_EQ(r->first.spec["t.d"], "1");
+  EXPECT_EQ(r->first.spec["t.s"], "1");
+  EXPECT_EQ(r->first.spec["k.s"], "all");
+  // A version ahead of the shard's (it restarted from an older checkpoint): "all" too.
+  r = raw_->Call({HeaderFrame(WatchHeader(6, {{"t.s", "9"}}))});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.spec["t.s"], "1");
+  EXPECT_EQ(r->first.spec["k.s"], "all");
+}
+
+TEST_P(ShardServerTest, QuietWatchIsAnsweredWhenItsWaitEnds) {
+  const auto t0 = Clock::now();
+  auto r = raw_->Call({HeaderFrame(WatchHeader(9, {{"wait_ms", "150"}, {"t.d", "1"}}))});
+  const auto elapsed = Clock::now() - t0;
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  EXPECT_EQ(r->first.spec["t.d"], "1");
+  EXPECT_GE(elapsed, 140ms);
+  EXPECT_LE(elapsed, 1000ms);
+}
+
+TEST_P(ShardServerTest, BadWatchIsInvalidArgumentAndTheShardKeepsServing) {
+  ExpectError({HeaderFrame(WatchHeader(1, {{"wait_ms", "10"}}))}, StatusCode::kInvalidArgument,
+              "names no table");
+  ExpectError({HeaderFrame(WatchHeader(1, {{"t.d", "one"}}))}, StatusCode::kInvalidArgument,
+              "not an unsigned integer");
+  ExpectError({HeaderFrame(WatchHeader(1, {{"t.d", "1"}, {"bogus", "1"}}))},
+              StatusCode::kInvalidArgument, "bogus");
+  ExpectError({HeaderFrame(WatchHeader(1, {{"t.d", "1"}, {"wait_ms", "99999999999999999999999"}}))},
+              StatusCode::kInvalidArgument, "wait_ms");
+  ExpectStillServing();
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, ShardServerTest, ::testing::Values("mem", "tcp"),
                          [](const auto& info) { return info.param; });
 
@@ -834,6 +922,85 @@ TEST(ShardServerLateStartTest, TimedOutPushIsNotSentLaterFromReusedBuffer) {
   second->Stop();
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
+}
+
+TEST_P(ShardServerClientTest, PushRepliesCarryTheValuesTheyWroteWhenAsked) {
+  std::string e0, e1;
+  ShardServerOptions o;
+  o.num_shards = 2;
+  o.listen = ListenEndpoint(GetParam(), "retvals0");
+  auto s0 = StartServer(o, std::make_shared<prometheus::Registry>(), &e0);
+  o.shard = 1;
+  o.listen = ListenEndpoint(GetParam(), "retvals1");
+  auto s1 = StartServer(o, std::make_shared<prometheus::Registry>(), &e1);
+  ASSERT_NE(s0, nullptr);
+  ASSERT_NE(s1, nullptr);
+  auto a = ConnectClient({e0, e1});
+  ASSERT_NE(a, nullptr);
+  TableSpec dense = DenseSpec();
+  dense.shape = {1000};  // spread over both shards in several slices
+  ASSERT_TRUE(a->CreateTable(dense).ok());
+  ASSERT_TRUE(a->CreateTable(SparseSpec()).ok());
+  std::vector<float> g(1000);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i % 7);
+  ASSERT_TRUE(a->PushDense("d", g.data(), {}, nullptr).Wait().ok());
+  std::vector<float> updated(1000, 99.0f), pulled(1000);
+  PushOptions opts;
+  opts.updated = updated.data();
+  PushReply reply;
+  ASSERT_TRUE(a->PushDense("d", g.data(), {}, &reply, opts).Wait().ok());
+  VersionVector versions;
+  ASSERT_TRUE(a->PullDense("d", pulled.data(), &versions).Wait().ok());
+  EXPECT_EQ(updated, pulled);
+  EXPECT_EQ(reply.versions, versions);
+  EXPECT_EQ(updated[13], -2.0f * (13 % 7));
+  // Sparse: rows in the caller's key order, a repeated key included, across shards.
+  const std::vector<uint64_t> keys = {5, 1, 2, 5};
+  const std::vector<float> rows = {1, 1, 2, 2, 3, 3, 4, 4};
+  std::vector<float> got(8, 99.0f), want(8);
+  opts.updated = got.data();
+  ASSERT_TRUE(a->PushSparse("s", keys.data(), 4, rows.data(), {}, nullptr, opts).Wait().ok());
+  ASSERT_TRUE(a->PullSparse("s", keys.data(), 4, want.data(), nullptr).Wait().ok());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(got[0], -5.0f) << "key 5 pushed twice: 1 + 4";
+  s0->Stop();
+  s1->Stop();
+}
+
+TEST_P(ShardServerClientTest, WatchThroughTheClientReportsVersionsAndKeys) {
+  std::string endpoint;
+  ShardServerOptions o;
+  o.listen = ListenEndpoint(GetParam(), "watch");
+  auto server = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
+  ASSERT_NE(server, nullptr);
+  auto a = ConnectClient({endpoint}), b = ConnectClient({endpoint});
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(a->CreateTable(DenseSpec()).ok());
+  ASSERT_TRUE(a->CreateTable(SparseSpec()).ok());
+  WatchReply first;
+  ASSERT_TRUE(b->Watch(0, {{"d", 0}, {"s", 0}}, 200ms, &first).Wait().ok());  // quiet
+  EXPECT_EQ(first.versions, (std::map<std::string, uint64_t>{{"d", 0}, {"s", 0}}));
+  WatchReply next;
+  Ticket t = b->Watch(0, first.versions, 5000ms, &next);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(t.Ready());
+  const std::vector<uint64_t> keys = {3, 5};
+  const std::vector<float> g = {1, 1, 1, 1};
+  ASSERT_TRUE(a->PushSparse("s", keys.data(), 2, g.data(), {}, nullptr).Wait().ok());
+  ASSERT_TRUE(t.Wait().ok());
+  EXPECT_EQ(next.versions["s"], 1u);
+  EXPECT_EQ(next.keys["s"], keys);
+  EXPECT_TRUE(next.all_keys.empty());
+  // A watch waits longer than the client's attempt timeout without being resent.
+  auto c = ConnectClient({endpoint}, 5000ms, /*attempt=*/100ms);
+  ASSERT_NE(c, nullptr);
+  const auto t0 = Clock::now();
+  WatchReply quiet;
+  ASSERT_TRUE(c->Watch(0, next.versions, 400ms, &quiet).Wait().ok());
+  EXPECT_GE(Clock::now() - t0, 390ms);
+  EXPECT_EQ(quiet.versions, next.versions);
+  server->Stop();
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ShardServerClientTest, ::testing::Values("mem", "tcp"),

@@ -213,6 +213,7 @@ TEST_F(ParamCacheTest, EveryReadIsWithinTheAgeBoundWhileAnotherClientPushes) {
   ParamCacheOptions o;
   o.dense.max_age_ms = 30;
   o.refresh_interval_ms = 5;
+  o.notices = false;  // the age bound's refresher
   auto cache = MakeCache(o);
   cache->Start();
   std::mutex mu;
@@ -514,6 +515,7 @@ TEST_F(ParamCacheTest, RefresherKeepsHotTableFreshWithoutReadsPulling) {
   ParamCacheOptions o;
   o.dense.max_age_ms = 200;
   o.refresh_interval_ms = 10;
+  o.notices = false;  // the age bound's refresher
   auto cache = MakeCache(o);
   cache->Start();
   ReadDense(*cache);
@@ -534,6 +536,7 @@ TEST_F(ParamCacheTest, RefresherLeavesTablesNotReadRecently) {
   ParamCacheOptions o;
   o.dense.max_age_ms = 40;
   o.refresh_interval_ms = 5;
+  o.notices = false;  // the age bound's refresher
   o.hot_window_ms = 150;
   auto cache = MakeCache(o);
   cache->Start();
@@ -547,6 +550,105 @@ TEST_F(ParamCacheTest, RefresherLeavesTablesNotReadRecently) {
   EXPECT_EQ(cache->stats().refresher_pulls, after_window);
   cache->Stop();
   cache->Stop();  // idempotent
+}
+
+// ---------------------------------------------------------------- notices
+
+// Polls `pred` every 2 ms for up to `ms`; the time it took, or -1.
+template <typename Pred>
+int64_t MsUntil(int64_t ms, Pred pred) {
+  const int64_t t0 = Now();
+  while (Now() - t0 <= ms) {
+    if (pred()) return Now() - t0;
+    std::this_thread::sleep_for(2ms);
+  }
+  return -1;
+}
+
+TEST_F(ParamCacheTest, NoticeShowsAnotherClientsDensePushLongBeforeTheAgeBound) {
+  ParamCacheOptions o;
+  o.dense.max_age_ms = 60'000;
+  auto cache = MakeCache(o);
+  cache->Start();
+  ASSERT_GE(MsUntil(3000, [&] { return cache->stats().shards_noticing == 2; }), 0)
+      << "the shards' notices never started flowing";
+  EXPECT_EQ(ReadDense(*cache), std::vector<float>(kDenseSize, 0.0f));
+  const uint64_t reads_pulls = cache->stats().dense_pulls;
+  PushDense(1.0f);
+  const int64_t ms =
+      MsUntil(1000, [&] { return ReadDense(*cache) == std::vector<float>(kDenseSize, -1.0f); });
+  ASSERT_GE(ms, 0) << "another client's push not seen in 1 s with a 60 s age bound";
+  EXPECT_LE(ms, 200);
+  auto s = cache->stats();
+  EXPECT_GE(s.notices, 1u);
+  // The refresher pulled the hot table on notice; reads found it done or shared its pull.
+  EXPECT_GE(s.refresher_pulls + s.dense_pulls - reads_pulls, 1u);
+  cache->Stop();
+}
+
+TEST_F(ParamCacheTest, WithoutNoticesACopyIsKeptForTheWholeAgeBound) {
+  ParamCacheOptions o;
+  o.dense.max_age_ms = 60'000;
+  o.notices = false;
+  auto cache = MakeCache(o);
+  cache->Start();
+  EXPECT_EQ(ReadDense(*cache), std::vector<float>(kDenseSize, 0.0f));
+  PushDense(1.0f);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(ReadDense(*cache), std::vector<float>(kDenseSize, 0.0f));
+  EXPECT_EQ(cache->stats().shards_noticing, 0u);
+  cache->Stop();
+}
+
+TEST_F(ParamCacheTest, NoticeDropsExactlyTheSparseRowsAnotherClientPushed) {
+  ParamCacheOptions o;
+  o.sparse.max_age_ms = 60'000;
+  auto cache = MakeCache(o);
+  cache->Start();
+  ASSERT_GE(MsUntil(3000, [&] { return cache->stats().shards_noticing == 2; }), 0);
+  // Rows on both shards; the pushed one and an untouched one share shard 0.
+  const std::vector<uint64_t> s0 = KeysOnShard(0, 2), s1 = KeysOnShard(1, 1);
+  std::vector<uint64_t> keys = {s0[0], s0[1], s1[0]};
+  std::vector<float> out(keys.size() * kDim);
+  ASSERT_TRUE(cache->Sparse("emb", keys.data(), keys.size(), out.data(), nullptr).ok());
+  EXPECT_EQ(out, std::vector<float>(keys.size() * kDim, 0.0f));
+  PushRow(s0[0], {1, 2});
+  const int64_t ms = MsUntil(1000, [&] {
+    float row[kDim];
+    return cache->Sparse("emb", &s0[0], 1, row, nullptr).ok() && row[0] == -1 && row[1] == -2;
+  });
+  ASSERT_GE(ms, 0) << "the pushed row was not seen in 1 s with a 60 s age bound";
+  EXPECT_LE(ms, 200);
+  const uint64_t pulls = cache->stats().sparse_pulls;
+  // The other rows, on the pushed shard too, are still served from the cache.
+  std::vector<uint64_t> others = {s0[1], s1[0]};
+  ASSERT_TRUE(cache->Sparse("emb", others.data(), 2, out.data(), nullptr).ok());
+  auto s = cache->stats();
+  EXPECT_EQ(s.sparse_pulls, pulls);
+  EXPECT_EQ(s.rows_noticed, 1u);
+  cache->Stop();
+}
+
+TEST_F(ParamCacheTest, AnIdleClusterCostsHeartbeatsNotPulls) {
+  ParamCacheOptions o;
+  o.notice_wait_ms = 200;
+  auto cache = MakeCache(o);
+  cache->Start();
+  ASSERT_GE(MsUntil(3000, [&] { return cache->stats().shards_noticing == 2; }), 0);
+  ReadDense(*cache);
+  uint64_t key = 1;
+  float row[kDim];
+  ASSERT_TRUE(cache->Sparse("emb", &key, 1, row, nullptr).ok());
+  const auto before = cache->stats();
+  // Several heartbeats; with the default 500 ms age bound the copies would be re-pulled.
+  std::this_thread::sleep_for(1200ms);
+  ReadDense(*cache);
+  ASSERT_TRUE(cache->Sparse("emb", &key, 1, row, nullptr).ok());
+  const auto after = cache->stats();
+  EXPECT_EQ(after.dense_pulls + after.refresher_pulls, before.dense_pulls + before.refresher_pulls);
+  EXPECT_EQ(after.sparse_pulls, before.sparse_pulls);
+  EXPECT_EQ(after.shards_noticing, 2u) << "heartbeats keep the notices live";
+  cache->Stop();
 }
 
 class ParamCacheDeadShardTest : public ParamCacheTest {

@@ -341,6 +341,7 @@ TEST_F(WorkerServiceTest, ReadsNeverExceedTheAgeBoundWhileOthersPush) {
   WorkerServiceOptions o;
   o.cache.dense.max_age_ms = 40;
   o.cache.refresh_interval_ms = 0;  // reads themselves must enforce the bound
+  o.cache.notices = false;          // with notices a copy is current until one says not
   StartWorker(Mlp(), o);
   const std::string table = model_->params()[0].name;
   std::atomic<bool> stop{false};
@@ -399,6 +400,59 @@ TEST_F(WorkerServiceTest, ALearnIsVisibleToTheNextInferEvenWithinTheAgeBound) {
   EXPECT_GT(after->predictions[0].scores[1], before->predictions[0].scores[1])
       << "the learn's own update was not read back";
   EXPECT_GE(after->version, l->version);
+}
+
+// PS requests of each op the worker has sent so far, through the taps.
+std::map<Op, int> OpsSent(const std::vector<std::unique_ptr<Tap>>& taps) {
+  std::map<Op, int> n;
+  for (const auto& tap : taps) {
+    for (const auto& frames : tap->requests()) {
+      if (frames.empty()) continue;
+      auto h = DecodeHeader(frames[0].data(), frames[0].size());
+      if (h.ok()) ++n[h->op];
+    }
+  }
+  return n;
+}
+
+TEST_F(WorkerServiceTest, ALearnIsOnePushRoundTripAndStillReadsItsOwnWrites) {
+  WorkerServiceOptions o;
+  o.cache.dense.max_age_ms = 60000;
+  o.cache.sparse.max_age_ms = 60000;
+  StartWorker(Mlp(), o, /*tap=*/true);
+  auto warm = service_->Learn("", Feats({{1, 0, 0, 1}}, {1}));
+  ASSERT_TRUE(warm.ok()) << warm.status().ToString();
+  std::map<Op, int> before = OpsSent(taps_);
+  uint64_t last_version = warm->version;
+  for (int i = 0; i < 10; ++i) {
+    auto l = service_->Learn("", Feats({{1, 0, 0, 1}}, {1}));
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    ASSERT_EQ(l->outcome, LearnOutcome::kApplied);
+    EXPECT_GT(l->version, last_version);
+    last_version = l->version;
+    auto r = service_->Infer("", Feats({{1, 0, 0, 1}}, {}));
+    ASSERT_TRUE(r.ok());
+    EXPECT_GE(r->version, l->version) << "infer read a copy older than its own push";
+    for (const auto& [table, shards] : l->versions) {
+      ASSERT_EQ(r->versions[table].size(), shards.size());
+      for (size_t s = 0; s < shards.size(); ++s) EXPECT_GE(r->versions[table][s], shards[s]);
+    }
+  }
+  std::map<Op, int> after = OpsSent(taps_);
+  const int dense_tables = static_cast<int>(model_->params().size());
+  EXPECT_EQ(after[Op::kPushDense] - before[Op::kPushDense], 10 * dense_tables * 2)
+      << "one push per dense table and shard per learn";
+  EXPECT_EQ(after[Op::kPullDense] - before[Op::kPullDense], 0)
+      << "the pushes' replies carry the new values: nothing is pulled back";
+  // The copy the worker installed is what the shards hold.
+  auto other = Client(endpoints_);
+  for (const ParamInfo& p : model_->params()) {
+    std::vector<float> pulled(p.size());
+    ASSERT_TRUE(other->PullDense(p.name, pulled.data(), nullptr).Wait().ok());
+    auto cached = service_->cache().Dense(p.name);
+    ASSERT_TRUE(cached.ok());
+    EXPECT_EQ((*cached)->values, pulled) << p.name;
+  }
 }
 
 TEST_F(WorkerServiceTest, WithoutReadOwnWritesTheCachedCopyServesUntilItsBound) {
@@ -466,10 +520,21 @@ TEST_F(WorkerServiceTest, PushesCarryOnlyParameterGradientsNeverContext) {
       auto h = DecodeHeader(frames[0].data(), frames[0].size());
       ASSERT_TRUE(h.ok());
       std::string bad;
-      EXPECT_TRUE(OnlyPsHeaderKeys(frames[0], h->op == Op::kCreateTable, &bad))
+      const bool spec_allowed = h->op == Op::kCreateTable || h->op == Op::kWatch;
+      EXPECT_TRUE(OnlyPsHeaderKeys(frames[0], spec_allowed, &bad))
           << "unexpected header key " << bad;
       // Only create_table carries a spec: the table's shape and rules, nothing else.
-      if (h->op != Op::kCreateTable) {
+      if (h->op == Op::kWatch) {
+        // Table names and versions only: "t.<table>" of the model's tables, "wait_ms".
+        for (const auto& [k, v] : h->spec) {
+          const auto& params = model_->params();
+          const bool table = k.rfind("t.", 0) == 0 &&
+                             std::any_of(params.begin(), params.end(),
+                                         [&](const ParamInfo& p) { return "t." + p.name == k; });
+          EXPECT_TRUE(k == "wait_ms" || table) << "watch spec key " << k;
+          EXPECT_EQ(v.find_first_not_of("0123456789"), std::string::npos) << k << "=" << v;
+        }
+      } else if (h->op != Op::kCreateTable) {
         EXPECT_TRUE(h->spec.empty());
       }
       for (const auto& f : frames) {

@@ -1,0 +1,230 @@
+#include "ps/watchers.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+namespace onlineps::ps {
+namespace {
+
+constexpr char kWaitKey[] = "wait_ms";
+constexpr char kTablePrefix[] = "t.";
+constexpr char kKeysPrefix[] = "k.";
+constexpr size_t kMaxTablesPerWatch = 1024;
+
+StatusOr<uint64_t> ParseU64(const std::string& what, const std::string& s) {
+  if (s.empty() || s.size() > 20 || s.find_first_not_of("0123456789") != std::string::npos) {
+    return InvalidArgument("watch: " + what + " '" + s + "' is not an unsigned integer");
+  }
+  try {
+    return std::stoull(s);
+  } catch (const std::exception&) {
+    return InvalidArgument("watch: " + what + " '" + s + "' is out of range");
+  }
+}
+
+}  // namespace
+
+Watchers::Watchers(WatchersOptions options, TablesFn tables, ReplyFn reply)
+    : options_(options), tables_(std::move(tables)), reply_(std::move(reply)) {}
+
+Watchers::ChangeLog* Watchers::LogOf(const std::string& table) {
+  MutexLock lock(&logs_mu_);
+  auto& log = logs_[table];
+  if (!log) log = std::make_unique<ChangeLog>();
+  return log.get();
+}
+
+Status Watchers::Watch(const std::string& peer, const Header& req, uint64_t now_ms) {
+  Held w;
+  w.peer = peer;
+  w.req = req;
+  uint64_t wait_ms = 1000;
+  for (const auto& [k, v] : req.spec) {
+    if (k == kWaitKey) {
+      ONLINEPS_ASSIGN_OR_RETURN(wait_ms, ParseU64("wait_ms", v));
+    } else if (k.rfind(kTablePrefix, 0) == 0 && k.size() > 2) {
+      ONLINEPS_ASSIGN_OR_RETURN(w.known[k.substr(2)], ParseU64("version of " + k.substr(2), v));
+    } else {
+      return InvalidArgument("watch: unknown spec key '" + k + "' (expected wait_ms, t.<table>)");
+    }
+  }
+  if (w.known.empty()) return InvalidArgument("watch names no table (spec keys t.<table>)");
+  if (w.known.size() > kMaxTablesPerWatch) {
+    return InvalidArgument("watch names " + std::to_string(w.known.size()) + " tables; at most " +
+                           std::to_string(kMaxTablesPerWatch));
+  }
+  w.deadline_ms = now_ms + std::min(wait_ms, options_.max_wait_ms);
+  const std::shared_ptr<const TableMap> tables = tables_();
+  // From now on the keys of pushes to the named sparse tables are remembered.
+  for (const auto& [name, version] : w.known) {
+    auto it = tables->find(name);
+    if (it == tables->end() || it->second->spec().kind != TableKind::kSparse) continue;
+    ChangeLog* log = LogOf(name);
+    WriterLock gate(&log->gate);
+    MutexLock lock(&log->mu);
+    if (!log->active) {
+      log->active = true;
+      log->since = it->second->version();
+    }
+  }
+  {
+    MutexLock lock(&mu_);
+    if (stopped_) return Unavailable("shard is stopping");
+    if (!Differs(w, *tables)) {
+      if (held_.size() >= options_.max_watches) {
+        return ResourceExhausted("this shard holds " + std::to_string(held_.size()) +
+                                 " watches already; poll by age instead");
+      }
+      held_.push_back(std::move(w));
+      num_held_.store(held_.size());
+      return Status::Ok();
+    }
+  }
+  Answer(w);
+  return Status::Ok();
+}
+
+bool Watchers::Differs(const Held& w, const TableMap& tables) const {
+  for (const auto& [name, version] : w.known) {
+    auto it = tables.find(name);
+    const uint64_t now = it == tables.end() ? 0 : it->second->version();
+    if (now != version) return true;
+  }
+  return false;
+}
+
+void Watchers::Answer(const Held& w) {
+  Header reply = MakeReply(w.req, Status::Ok());
+  Frames keys_frames;
+  const std::shared_ptr<const TableMap> tables = tables_();
+  for (const auto& [name, known] : w.known) {
+    auto it = tables->find(name);
+    if (it == tables->end()) {
+      reply.spec[kTablePrefix + name] = "0";
+      continue;
+    }
+    const Table& t = *it->second;
+    if (t.spec().kind != TableKind::kSparse) {
+      reply.spec[kTablePrefix + name] = std::to_string(t.version());
+      continue;
+    }
+    ChangeLog* log = LogOf(name);
+    WriterLock gate(&log->gate);  // no push between its version and its keys
+    MutexLock lock(&log->mu);
+    const uint64_t v = t.version();
+    reply.spec[kTablePrefix + name] = std::to_string(v);
+    if (v == known) continue;
+    if (!log->active || v < known || known < log->since) {
+      reply.spec[kKeysPrefix + name] = "all";
+      continue;
+    }
+    std::vector<uint64_t> keys;
+    for (const ChangeLog::Entry& e : log->entries) {
+      if (e.to <= known) continue;
+      keys.insert(keys.end(), e.keys.begin(), e.keys.end());
+    }
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+    reply.spec[kKeysPrefix + name] = std::to_string(1 + keys_frames.size());
+    keys_frames.push_back(Frame::FromVector(std::move(keys)));
+  }
+  reply_(w.peer, reply, std::move(keys_frames));
+}
+
+StatusOr<PushResult> Watchers::ApplySparse(const std::string& table, const uint64_t* keys, size_t n,
+                                           const std::function<StatusOr<PushResult>()>& apply) {
+  ChangeLog* log = LogOf(table);
+  ReaderLock gate(&log->gate);
+  StatusOr<PushResult> res = apply();
+  if (!res.ok()) return res;
+  MutexLock lock(&log->mu);
+  if (!log->active) return res;
+  // A queued (accumulated) push becomes visible with the next version.
+  const uint64_t to = res->queued ? res->version + 1 : res->version;
+  if (n > options_.max_logged_keys) {
+    log->entries.clear();
+    log->keys = 0;
+    log->since = std::max(log->since, to);
+    return res;
+  }
+  log->entries.push_back({to, std::vector<uint64_t>(keys, keys + n)});
+  log->keys += n;
+  while (log->keys > options_.max_logged_keys) {
+    log->since = std::max(log->since, log->entries.front().to);
+    log->keys -= log->entries.front().keys.size();
+    log->entries.pop_front();
+  }
+  return res;
+}
+
+void Watchers::Changed(const std::string& table, std::string_view pusher) {
+  if (num_held_.load() == 0) return;
+  const std::shared_ptr<const TableMap> tables = tables_();
+  auto it = tables->find(table);
+  if (it == tables->end()) return;
+  const uint64_t version = it->second->version();
+  std::vector<Held> ready;
+  {
+    MutexLock lock(&mu_);
+    for (size_t i = 0; i < held_.size();) {
+      auto k = held_[i].known.find(table);
+      if (k != held_[i].known.end() && k->second != version && held_[i].peer != pusher) {
+        ready.push_back(std::move(held_[i]));
+        held_[i] = std::move(held_.back());
+        held_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    num_held_.store(held_.size());
+  }
+  for (const Held& w : ready) Answer(w);
+}
+
+void Watchers::Expire(uint64_t now_ms) {
+  if (num_held_.load() == 0) return;
+  std::vector<Held> ready;
+  {
+    MutexLock lock(&mu_);
+    for (size_t i = 0; i < held_.size();) {
+      if (held_[i].deadline_ms <= now_ms) {
+        ready.push_back(std::move(held_[i]));
+        held_[i] = std::move(held_.back());
+        held_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    num_held_.store(held_.size());
+  }
+  for (const Held& w : ready) Answer(w);
+}
+
+void Watchers::Reset() {
+  const std::shared_ptr<const TableMap> tables = tables_();
+  {
+    MutexLock lock(&logs_mu_);
+    for (auto& [name, log] : logs_) {
+      auto it = tables->find(name);
+      WriterLock gate(&log->gate);
+      MutexLock l(&log->mu);
+      log->entries.clear();
+      log->keys = 0;
+      log->since = it == tables->end() ? 0 : it->second->version();
+    }
+  }
+  Expire(std::numeric_limits<uint64_t>::max());
+}
+
+void Watchers::Stop() {
+  {
+    MutexLock lock(&mu_);
+    stopped_ = true;
+  }
+  Expire(std::numeric_limits<uint64_t>::max());
+}
+
+size_t Watchers::held() const { return num_held_.load(); }
+
+}  // namespace onlineps::ps
