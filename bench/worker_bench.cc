@@ -2,10 +2,15 @@
 // upper bound measured in the same run: the same Model's Infer / Gradients (plus a local
 // SGD apply for learn) called directly on parameter vectors this program owns, with the
 // same batch sizes and thread counts. Shards, worker and clients share this process and
-// its cores, as they would share a small host. Not a test.
+// its cores, as they would share a small host. With --torch (the default when Debian's
+// python3-torch is installed), it also runs bench/torch_rpc_baseline.py in the same run:
+// what a PyTorch user would build (torch.distributed.rpc, caller -> trainer -> one PS, the
+// same mlp 64-32-10 b1) and prints our figures over its. Not a test.
 //   worker_bench [--seconds S] [--threads N] [--shards N] [--quick] [--no-read-own-writes]
+//                [--no-torch]
 #include <prometheus/registry.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -43,6 +48,7 @@ struct Flags {
   int threads = 4;       // client threads for the throughput figures
   int shards = 1;
   bool read_own_writes = true;  // --no-read-own-writes: learn reads may miss own pushes
+  bool torch = true;            // --no-torch: skip the torch.distributed.rpc baseline
 };
 
 struct Figure {
@@ -422,6 +428,27 @@ class ModelBench {
     return rows;
   }
 
+  // Worker learn b1 alone for `seconds` with `threads` callers: calls/s and the process's
+  // CPU per learn (worker, shards and this bench's callers: all share the process).
+  std::pair<double, double> LearnCpu(int threads) {
+    const double cpu0 = ProcessCpuSeconds();
+    const Figure f = Run(threads, flags_.seconds, WorkerCall(Op::kLearn, 1, threads), "learn cpu");
+    const double cpu = ProcessCpuSeconds() - cpu0;
+    const double learns = f.per_s * flags_.seconds;
+    return {f.per_s, learns > 0 ? cpu / learns * 1e3 : 0};
+  }
+  std::pair<double, double> InferRate(int threads) {
+    const Figure f = Run(threads, flags_.seconds, WorkerCall(Op::kInfer, 1, threads), "infer");
+    return {f.per_s, 0};
+  }
+
+  static double ProcessCpuSeconds() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+  }
+
  private:
   // Each caller cycles through 64 prepared batches; thread t starts at batch t.
   Call WorkerCall(Op op, size_t batch, int threads) {
@@ -495,6 +522,48 @@ void PrintFloors(WorkerClient* client, ps::PsClient* ps, const Flags& flags) {
       push.p99_us);
 }
 
+// The torch.distributed.rpc baseline (bench/torch_rpc_baseline.py, Debian python3-torch),
+// measured now, beside this worker's infer and learn b1 at 1 and --threads callers.
+void TorchComparison(ModelBench* bench, const Flags& flags) {
+  const std::string cmd = "/usr/bin/python3 " ONLINEPS_SOURCE_DIR
+                          "/bench/torch_rpc_baseline.py --json --seconds " +
+                          std::to_string(flags.seconds) + " --callers 1," +
+                          std::to_string(flags.threads) + " 2>/dev/null";
+  std::FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (size_t n; p && (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int rc = p ? pclose(p) : -1;
+  json t = json::parse(out, nullptr, /*allow_exceptions=*/false);
+  if (rc != 0 || !t.is_object()) {
+    std::printf(
+        "torch baseline: not measured (%s exited %d; apt-get install python3-torch, or "
+        "--no-torch)\n",
+        cmd.c_str(), rc);
+    return;
+  }
+  std::printf("%-44s %12s %12s %7s\n", "mlp 64-32-10 b1 vs torch.distributed.rpc", "onlineps",
+              "torch rpc", "ratio");
+  for (int c : {1, flags.threads}) {
+    const std::string k = "_c" + std::to_string(c);
+    const std::string callers = std::to_string(c) + " caller(s)";
+    const double ti = t.value("infer_b1" + k + "_per_s", 0.0);
+    const double tl = t.value("learn_b1" + k + "_per_s", 0.0);
+    const double tcpu = t.value("cpu_ms_per_learn" + k, 0.0);
+    const double infer = bench->InferRate(c).first;
+    const auto [learn, cpu_ms] = bench->LearnCpu(c);
+    std::printf("%-44s %12.1f %12.1f %7.2f\n", ("infer b1 calls/s, " + callers).c_str(), infer, ti,
+                ti > 0 ? infer / ti : 0);
+    std::printf("%-44s %12.1f %12.1f %7.2f\n", ("learn b1 calls/s, " + callers).c_str(), learn, tl,
+                tl > 0 ? learn / tl : 0);
+    std::printf("%-44s %12.3f %12.3f %7.2f\n", ("CPU ms per learn (*), " + callers).c_str(), cpu_ms,
+                tcpu, cpu_ms > 0 ? tcpu / cpu_ms : 0);
+  }
+  std::printf(
+      "(*) onlineps: the whole bench process (worker, shards and its own callers); torch: the "
+      "trainer and PS processes; ratio = torch / onlineps\n");
+}
+
 // Serves `options` through a WorkerService + WorkerServer on tcp loopback, then measures.
 int BenchModel(const std::string& name, const ModelOptions& options, ps::PsClient* ps,
                std::vector<Example> pool, const Flags& flags, std::vector<Row>* rows) {
@@ -520,6 +589,9 @@ int BenchModel(const std::string& name, const ModelOptions& options, ps::PsClien
   if (!client.ok()) return 1;
   ModelBench bench(name, model->get(), ps, client->get(), std::move(pool), flags);
   for (Row& r : bench.RunAll()) rows->push_back(std::move(r));
+  if (options.kind == "mlp" && options.input_dim == 64 && flags.torch) {
+    TorchComparison(&bench, flags);
+  }
   const WorkerStats ws = service.stats();
   std::printf(
       "cache: %s: dense %llu hits, %llu pulls, %llu refresher pulls; sparse %llu hits, %llu "
@@ -540,13 +612,15 @@ int Main(int argc, char** argv) {
   Flags flags;
   const char* usage =
       "usage: worker_bench [--seconds S] [--threads N] [--shards N] [--quick] "
-      "[--no-read-own-writes]\n";
+      "[--no-read-own-writes] [--no-torch]\n";
   for (int i = 1; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
     if (!std::strcmp(argv[i], "--quick")) {
       flags.seconds = 0.5;
     } else if (!std::strcmp(argv[i], "--no-read-own-writes")) {
       flags.read_own_writes = false;
+    } else if (!std::strcmp(argv[i], "--no-torch")) {
+      flags.torch = false;
     } else if (!std::strcmp(argv[i], "--seconds") && has_value) {
       flags.seconds = std::atof(argv[++i]);
     } else if (!std::strcmp(argv[i], "--threads") && has_value) {

@@ -94,6 +94,10 @@ struct ParamCache::SparseEntry {
   Mutex mu;  // never held across a pull
   LruMap<uint64_t, Row> rows GUARDED_BY(mu);
   ps::VersionVector newest GUARDED_BY(mu);
+  // Per shard: the version of the last notice. Every row still cached is current at it
+  // (a notice drops the rows it names), so a row read counts as of this version at least:
+  // a row nobody pushes for an hour is not an hour stale.
+  ps::VersionVector confirmed GUARDED_BY(mu);
   uint64_t generation GUARDED_BY(mu) = 0;
 };
 
@@ -145,6 +149,7 @@ void ParamCache::AddSparse(const std::string& table, uint32_t dim) {
   {
     MutexLock lock(&e->mu);  // not shared yet; for the analysis
     e->newest.assign(num_shards_, 0);
+    e->confirmed.assign(num_shards_, 0);
   }
   sparse_.insert_or_assign(table, std::move(e));
   MutexLock lock(&watch_mu_);
@@ -384,7 +389,7 @@ Status ParamCache::Sparse(const std::string& table, const uint64_t* keys, size_t
         continue;
       }
       std::memcpy(out + i * dim, r->values.data(), dim * sizeof(float));
-      mins[shard] = std::min(mins[shard], r->version);
+      mins[shard] = std::min(mins[shard], std::max(r->version, e->confirmed[shard]));
     }
   }
   delta.sparse_hits = n - missing.size();
@@ -604,10 +609,12 @@ void ParamCache::OnNotice(uint32_t shard, const Status& st, const ps::WatchReply
     } else if (auto k = reply.keys.find(table); k != reply.keys.end()) {
       drop = k->second;
     } else {
+      e->confirmed[shard] = std::max(e->confirmed[shard], version);  // nothing changed
       continue;
     }
     for (uint64_t key : drop) delta.rows_noticed += e->rows.Erase(key) ? 1 : 0;
     ++e->generation;  // a pull in flight may carry the rows as they were before
+    e->confirmed[shard] = version;
     delta.notices = 1;
   }
   {

@@ -187,6 +187,11 @@ void AddCacheFlags(CLI::App& app, Flags* f) {
                  "1 s counts as down, and the age bounds apply again")
       ->check(CLI::Range(int64_t{10}, int64_t{60000}))
       ->capture_default_str();
+  app.add_option("--notice-grace-ms", c.notice_grace_ms,
+                 "Reads may use a dense copy this long after a notice said it changed, while "
+                 "the refresher pulls the new one (0: wait for the pull at once)")
+      ->check(CLI::Range(int64_t{0}, int64_t{60000}))
+      ->capture_default_str();
   auto& x = f->service.context;
   app.add_option("--context-max-sessions", x.max_sessions, "Sessions with context (LRU)")
       ->capture_default_str();

@@ -629,6 +629,31 @@ TEST_F(ParamCacheTest, NoticeDropsExactlyTheSparseRowsAnotherClientPushed) {
   cache->Stop();
 }
 
+TEST_F(ParamCacheTest, ACachedRowNobodyPushesCountsAsCurrentNotAsOldAsItsPull) {
+  ParamCacheOptions o;
+  o.sparse.max_age_ms = 60'000;
+  auto cache = MakeCache(o);
+  cache->Start();
+  ASSERT_GE(MsUntil(3000, [&] { return cache->stats().shards_noticing == 2; }), 0);
+  const std::vector<uint64_t> s0 = KeysOnShard(0, 2);
+  float row[kDim];
+  ps::VersionVector base;
+  ASSERT_TRUE(cache->Sparse("emb", &s0[0], 1, row, &base).ok());
+  // Other rows of the same shard move on; this one is not pushed.
+  ps::VersionVector pushed;
+  for (int i = 0; i < 5; ++i) pushed = PushRow(s0[1], {1, 1});
+  ASSERT_GE(MsUntil(1000,
+                    [&] {
+                      ps::VersionVector b;
+                      return cache->Sparse("emb", &s0[0], 1, row, &b).ok() && b[0] == pushed[0];
+                    }),
+            0)
+      << "the unchanged row's base stayed at the version it was pulled at (" << base[0]
+      << "), so a gradient on it would be measured " << pushed[0] - base[0] << " versions stale";
+  EXPECT_EQ(cache->stats().sparse_pulls, 1u) << "the row itself was not pulled again";
+  cache->Stop();
+}
+
 TEST_F(ParamCacheTest, AnIdleClusterCostsHeartbeatsNotPulls) {
   ParamCacheOptions o;
   o.notice_wait_ms = 200;
