@@ -85,6 +85,41 @@ TEST_F(ReplicationTest, Kill9PrimaryLosesNoAcknowledgedPush) {
   ExpectEveryAckOnce();
 }
 
+// Issue 20: change notices follow the primary. A watch sent to a dead primary fails over
+// like any call; the new primary answers it with the keys pushed since (or "all").
+TEST_F(ReplicationTest, WatchFollowsTheNewPrimaryAfterKill9) {
+  Up(1, 2);
+  CreateTable();
+  auto watcher = PsClient::Connect(Options());
+  auto writer = PsClient::Connect(Options());
+  ASSERT_TRUE(watcher.ok() && writer.ok());
+  WatchReply first;
+  ASSERT_TRUE(
+      (*watcher)
+          ->Watch(0, {{"rows", std::numeric_limits<uint64_t>::max()}}, milliseconds(500), &first)
+          .Wait()
+          .ok());
+  uint64_t known = first.versions["rows"];
+  ASSERT_TRUE(WaitFor([&] { return Primary(0) >= 0; }, milliseconds(5000)));  // metrics: 1 s
+  const int p = Primary(0);
+  Signal(0, p, SIGKILL);
+  ASSERT_TRUE(WaitFor([&] { return Primary(0) == 1 - p; }, milliseconds(10000)));
+  const uint64_t key = 12345;
+  const float grad = -1.0f;
+  ASSERT_TRUE((*writer)->PushSparse("rows", &key, 1, &grad, {}, nullptr).Wait().ok());
+  bool seen = false;
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (!seen && Clock::now() < deadline) {
+    WatchReply a;
+    if (!(*watcher)->Watch(0, {{"rows", known}}, milliseconds(500), &a).Wait().ok()) continue;
+    const auto& keys = a.keys["rows"];
+    seen = a.all_keys.count("rows") != 0 || std::find(keys.begin(), keys.end(), key) != keys.end();
+    known = a.versions["rows"];
+  }
+  EXPECT_TRUE(seen) << "no notice of the push from the new primary";
+  EXPECT_GE(known, 1u);
+}
+
 // Issue 18, case 1: a backup restarted empty within the follower timeout used to stay
 // "in sync" with nothing, stall every push, and be elected with an empty table.
 TEST_F(ReplicationTest, BackupRestartedEmptyIsResyncedBeforeItCanLead) {
