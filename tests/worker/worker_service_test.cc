@@ -526,7 +526,9 @@ TEST_F(WorkerServiceTest, PushesCarryOnlyParameterGradientsNeverContext) {
       // Only create_table carries a spec: the table's shape and rules, nothing else.
       if (h->op == Op::kWatch) {
         // Table names and versions only: "t.<table>" of the model's tables, "wait_ms".
-        for (const auto& [k, v] : h->spec) {
+        for (const auto& kv : h->spec) {
+          const std::string& k = kv.first;
+          const std::string& v = kv.second;
           const auto& params = model_->params();
           const bool table = k.rfind("t.", 0) == 0 &&
                              std::any_of(params.begin(), params.end(),
