@@ -31,6 +31,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
+using onlineps::testing::CpuSeconds;
 using onlineps::testing::Subprocess;
 
 struct Flags {
@@ -62,22 +63,6 @@ struct Target {
   std::function<std::function<bool(std::string*)>(int thread)> make_caller;
   std::vector<pid_t> servers;
 };
-
-// User + system CPU seconds a process has used (/proc/PID/stat), 0 if unreadable.
-double CpuSeconds(pid_t pid) {
-  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
-  if (!f) return 0;
-  char buf[4096];
-  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  buf[n] = 0;
-  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces
-  if (!p) return 0;
-  unsigned long utime = 0, stime = 0;
-  // Fields after ')': state(3) ... utime(14) stime(15).
-  std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime);
-  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
 
 // One MCP session of the load generator; false with `error` set for a failure or a
 // tool error.

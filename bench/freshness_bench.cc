@@ -35,6 +35,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 using onlineps::Op;
+using onlineps::testing::CpuSeconds;
 using onlineps::testing::Subprocess;
 
 struct Flags {
@@ -107,21 +108,6 @@ Flags ParseFlags(int argc, char** argv) {
     }
   }
   return f;
-}
-
-// User + system CPU seconds a process has used (/proc/PID/stat), 0 if unreadable.
-double CpuSeconds(pid_t pid) {
-  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
-  if (!f) return 0;
-  char buf[4096];
-  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  buf[n] = 0;
-  const char* p = std::strrchr(buf, ')');
-  if (!p) return 0;
-  unsigned long utime = 0, stime = 0;
-  std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime);
-  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 struct Result {

@@ -61,7 +61,11 @@ Status Watchers::Watch(const std::string& peer, const Header& req, uint64_t now_
     auto it = tables->find(name);
     if (it == tables->end() || it->second->spec().kind != TableKind::kSparse) continue;
     ChangeLog* log = LogOf(name);
-    WriterLock gate(&log->gate);
+    {
+      MutexLock lock(&log->mu);
+      if (log->active) continue;  // the common case: no need to stop the pushes
+    }
+    WriterLock gate(&log->gate);  // no push between the version read and recording
     MutexLock lock(&log->mu);
     if (!log->active) {
       log->active = true;
@@ -164,31 +168,23 @@ void Watchers::Changed(const std::string& table, std::string_view pusher) {
   auto it = tables->find(table);
   if (it == tables->end()) return;
   const uint64_t version = it->second->version();
-  std::vector<Held> ready;
-  {
-    MutexLock lock(&mu_);
-    for (size_t i = 0; i < held_.size();) {
-      auto k = held_[i].known.find(table);
-      if (k != held_[i].known.end() && k->second != version && held_[i].peer != pusher) {
-        ready.push_back(std::move(held_[i]));
-        held_[i] = std::move(held_.back());
-        held_.pop_back();
-      } else {
-        ++i;
-      }
-    }
-    num_held_.store(held_.size());
-  }
-  for (const Held& w : ready) Answer(w);
+  AnswerHeld([&](const Held& w) {
+    auto k = w.known.find(table);
+    return k != w.known.end() && k->second != version && w.peer != pusher;
+  });
 }
 
 void Watchers::Expire(uint64_t now_ms) {
   if (num_held_.load() == 0) return;
+  AnswerHeld([&](const Held& w) { return w.deadline_ms <= now_ms; });
+}
+
+void Watchers::AnswerHeld(const std::function<bool(const Held&)>& due) {
   std::vector<Held> ready;
   {
     MutexLock lock(&mu_);
     for (size_t i = 0; i < held_.size();) {
-      if (held_[i].deadline_ms <= now_ms) {
+      if (due(held_[i])) {
         ready.push_back(std::move(held_[i]));
         held_[i] = std::move(held_.back());
         held_.pop_back();

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/frame.h"
@@ -89,6 +90,8 @@ class Watchers {
   // Whether some table named by `w` differs from the version the watcher holds.
   bool Differs(const Held& w, const TableMap& tables) const;
   void Answer(const Held& w);
+  // Takes the held watches `due` selects out of held_ and answers them.
+  void AnswerHeld(const std::function<bool(const Held&)>& due);
 
   const WatchersOptions options_;
   const TablesFn tables_;
