@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <mutex>
 
 #include "common/clock.h"
 #include "common/frame.h"
@@ -21,6 +22,10 @@ void WorkerService::StartPush(
     ++inflight_;
   }
   if (!options_.read_own_writes) forget = [](const ps::PushReply&) {};
+  // Run once: by the push's callback or by FinishPushes, whichever comes first; the other
+  // waits for it to finish (the learn's reply must follow the install), then skips it.
+  forget = [once = std::make_shared<std::once_flag>(),
+            f = std::move(forget)](const ps::PushReply& r) { std::call_once(*once, f, r); };
   auto reply = std::make_shared<ps::PushReply>();
   // The callback owns the reply too: in queued mode nobody else waits for it.
   ps::Ticket t = send(reply.get(), [this, table, reply, forget](const Status& st) {
@@ -99,7 +104,7 @@ void WorkerService::PushDense(size_t param, Accumulator::Batch batch, Pushes* pu
     auto updated = std::make_shared<std::vector<float>>(batch.sum.size());
     opts.updated = updated->data();
     forget = [this, table, updated, sent = static_cast<int64_t>(NowMs())](const ps::PushReply& r) {
-      cache_.InstallDense(table, *updated, r.versions, sent);
+      cache_.InstallDense(table, std::move(*updated), r.versions, sent);  // runs once
     };
   }
   StartPush(table, pushes, forget, [&](ps::PushReply* r, ps::PsClient::Callback done) {
