@@ -504,13 +504,19 @@ void ParamCache::InstallRows(const std::string& table, const uint64_t* keys, siz
   SparseEntry* e = it->second.get();
   const size_t dim = e->dim;
   MutexLock lock(&e->mu);
-  Raise(&e->newest, versions);
   for (size_t i = 0; i < n; ++i) {
     const uint32_t shard = ShardOfKey(keys[i], num_shards_);
     const uint64_t v = shard < versions.size() ? versions[shard] : 0;
+    if (e->newest[shard] > v) {
+      // A notice of a later push to this shard came first: it may have named this row
+      // already, and these values may predate that push. Let the next read pull it.
+      e->rows.Erase(keys[i]);
+      continue;
+    }
     e->rows.Put(keys[i],
                 {std::vector<float>(values + i * dim, values + (i + 1) * dim), v, sent_ms});
   }
+  Raise(&e->newest, versions);
   ++e->generation;  // a pull begun before this push would bring the rows before it
 }
 
