@@ -654,6 +654,48 @@ TEST_F(ParamCacheTest, ACachedRowNobodyPushesCountsAsCurrentNotAsOldAsItsPull) {
   cache->Stop();
 }
 
+TEST_F(ParamCacheTest, OwnPushValuesOlderThanANoticeAlreadyHandledAreNotInstalled) {
+  ParamCacheOptions o;
+  o.sparse.max_age_ms = 60'000;
+  auto cache = MakeCache(o);
+  cache->Start();
+  ASSERT_GE(MsUntil(3000, [&] { return cache->stats().shards_noticing == 2; }), 0);
+  const uint64_t key = KeysOnShard(0, 1)[0];
+  float row[kDim];
+  auto noticed = [&](uint64_t n) {
+    return MsUntil(1000, [&] { return cache->stats().rows_noticed >= n; }) >= 0;
+  };
+  // "Our" push made a version on shard 0; another client's later push to the same row is
+  // announced to us (and handled) before our push's reply arrives.
+  ASSERT_TRUE(cache->Sparse("emb", &key, 1, row, nullptr).ok());  // cached
+  const ps::VersionVector ours = PushRow(key, {1, 1});
+  ASSERT_TRUE(noticed(1));
+  ASSERT_TRUE(cache->Sparse("emb", &key, 1, row, nullptr).ok());  // cached again
+  const ps::VersionVector theirs = PushRow(key, {2, 2});
+  ASSERT_GT(theirs[0], ours[0]);
+  ASSERT_TRUE(noticed(2)) << "the later push was never announced";
+  const std::vector<float> stale = {-1, -1};  // the row after our push only
+  cache->InstallRows("emb", &key, 1, stale.data(), ours, Now());
+  ASSERT_TRUE(cache->Sparse("emb", &key, 1, row, nullptr).ok());
+  EXPECT_EQ(std::vector<float>(row, row + kDim), (std::vector<float>{-3, -3}))
+      << "values older than a push already announced were installed and served";
+  // Values at least as new as every announced version are installed and served.
+  const ps::VersionVector later = PushRow(key, {1, 1});
+  ASSERT_GE(MsUntil(1000,
+                    [&] {
+                      float r[kDim];
+                      return cache->Sparse("emb", &key, 1, r, nullptr).ok() && r[0] == -4;
+                    }),
+            0);
+  const uint64_t pulls = cache->stats().sparse_pulls;
+  const std::vector<float> current = {-4, -4};
+  cache->InstallRows("emb", &key, 1, current.data(), later, Now());
+  ASSERT_TRUE(cache->Sparse("emb", &key, 1, row, nullptr).ok());
+  EXPECT_EQ(row[0], -4);
+  EXPECT_EQ(cache->stats().sparse_pulls, pulls) << "an installed row is served without a pull";
+  cache->Stop();
+}
+
 TEST_F(ParamCacheTest, AnIdleClusterCostsHeartbeatsNotPulls) {
   ParamCacheOptions o;
   o.notice_wait_ms = 200;
