@@ -578,7 +578,7 @@ TEST_F(ParamCacheTest, NoticeShowsAnotherClientsDensePushLongBeforeTheAgeBound) 
   const int64_t ms =
       MsUntil(1000, [&] { return ReadDense(*cache) == std::vector<float>(kDenseSize, -1.0f); });
   ASSERT_GE(ms, 0) << "another client's push not seen in 1 s with a 60 s age bound";
-  EXPECT_LE(ms, 200);
+  EXPECT_LE(ms, 500);  // the 60 s age bound would take 60 s; slack for a loaded machine
   auto s = cache->stats();
   EXPECT_GE(s.notices, 1u);
   // The refresher pulled the hot table on notice; reads found it done or shared its pull.
@@ -618,7 +618,7 @@ TEST_F(ParamCacheTest, NoticeDropsExactlyTheSparseRowsAnotherClientPushed) {
     return cache->Sparse("emb", &s0[0], 1, row, nullptr).ok() && row[0] == -1 && row[1] == -2;
   });
   ASSERT_GE(ms, 0) << "the pushed row was not seen in 1 s with a 60 s age bound";
-  EXPECT_LE(ms, 200);
+  EXPECT_LE(ms, 500);  // the 60 s age bound would take 60 s; slack for a loaded machine
   const uint64_t pulls = cache->stats().sparse_pulls;
   // The other rows, on the pushed shard too, are still served from the cache.
   std::vector<uint64_t> others = {s0[1], s1[0]};
