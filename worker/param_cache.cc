@@ -45,8 +45,10 @@ void Raise(ps::VersionVector* newest, const ps::VersionVector& seen) {
 
 // The client writes as many floats as the PS spec says, so a table registered here with
 // another size would overflow the buffer: checked once per table before its first pull.
+// `evicts` (optional) learns whether the shards drop rows by themselves (TTL, max_rows):
+// that changes a row without a push, so no notice tells of it.
 Status CheckShape(ps::PsClient* client, const std::string& table, ps::TableKind kind, uint64_t size,
-                  std::atomic<bool>* checked) {
+                  std::atomic<bool>* checked, std::atomic<bool>* evicts = nullptr) {
   if (checked->load()) return Status::Ok();
   auto spec = client->OpenTable(table);
   if (!spec.ok()) return spec.status().WithContext("reading the spec");
@@ -57,6 +59,7 @@ Status CheckShape(ps::PsClient* client, const std::string& table, ps::TableKind 
                          (dense ? "dense of size " : "sparse of dim ") + std::to_string(size) +
                          ", the PS has another kind or shape");
   }
+  if (evicts != nullptr) evicts->store(spec->ttl_ms > 0 || spec->max_rows > 0);
   checked->store(true);
   return Status::Ok();
 }
@@ -91,6 +94,9 @@ struct ParamCache::SparseEntry {
   uint32_t dim = 0;
   FreshnessBound bound;
   std::atomic<bool> shape_checked{false};
+  // The shards evict rows (TTL, max_rows) without a push, hence without a notice: its
+  // rows stay under the age bound even while notices flow.
+  std::atomic<bool> evicts{false};
   Mutex mu;  // never held across a pull
   LruMap<uint64_t, Row> rows GUARDED_BY(mu);
   ps::VersionVector newest GUARDED_BY(mu);
@@ -371,7 +377,7 @@ Status ParamCache::Sparse(const std::string& table, const uint64_t* keys, size_t
   std::vector<size_t> missing;
   ParamCacheStats delta;
   std::vector<char> live(num_shards_);
-  for (uint32_t s = 0; s < num_shards_; ++s) live[s] = Live(s, now);
+  for (uint32_t s = 0; s < num_shards_; ++s) live[s] = Live(s, now) && !e->evicts.load();
   {
     MutexLock lock(&e->mu);
     for (size_t i = 0; i < n; ++i) {
@@ -417,7 +423,7 @@ Status ParamCache::PullRows(SparseEntry* e, const uint64_t* keys,
                             const std::vector<size_t>& missing, float* out, ps::VersionVector* mins,
                             ParamCacheStats* delta) {
   ONLINEPS_RETURN_IF_ERROR(
-      CheckShape(client_, e->name, ps::TableKind::kSparse, e->dim, &e->shape_checked)
+      CheckShape(client_, e->name, ps::TableKind::kSparse, e->dim, &e->shape_checked, &e->evicts)
           .WithContext("ParamCache: pull of sparse table '" + e->name + "'"));
   const size_t dim = e->dim;
   // A key repeated in one call is pulled once.

@@ -696,6 +696,32 @@ TEST_F(ParamCacheTest, OwnPushValuesOlderThanANoticeAlreadyHandledAreNotInstalle
   cache->Stop();
 }
 
+TEST_F(ParamCacheTest, RowsOfATableTheShardsEvictStayUnderTheAgeBound) {
+  // A TTL (or max_rows) eviction changes a row without a push: no notice tells of it.
+  ps::TableSpec ttl = SparseSpec();
+  ttl.name = "emb_ttl";
+  ttl.ttl_ms = 3'600'000;
+  ASSERT_TRUE(writer_->CreateTable(ttl).ok());
+  ParamCacheOptions o;
+  o.sparse.max_age_ms = 100;
+  ParamCache cache(reader_.get(), o);
+  cache.AddSparse("emb", kDim);
+  cache.AddSparse("emb_ttl", kDim);
+  cache.Start();
+  ASSERT_GE(MsUntil(3000, [&] { return cache.stats().shards_noticing == 2; }), 0);
+  const uint64_t key = 1;
+  float row[kDim];
+  ASSERT_TRUE(cache.Sparse("emb", &key, 1, row, nullptr).ok());
+  ASSERT_TRUE(cache.Sparse("emb_ttl", &key, 1, row, nullptr).ok());
+  const uint64_t pulls = cache.stats().sparse_pulls;
+  std::this_thread::sleep_for(200ms);  // past the 100 ms age bound
+  ASSERT_TRUE(cache.Sparse("emb", &key, 1, row, nullptr).ok());
+  EXPECT_EQ(cache.stats().sparse_pulls, pulls) << "notices flow: no age bound for 'emb'";
+  ASSERT_TRUE(cache.Sparse("emb_ttl", &key, 1, row, nullptr).ok());
+  EXPECT_EQ(cache.stats().sparse_pulls, pulls + 1) << "'emb_ttl' rows must be re-pulled by age";
+  cache.Stop();
+}
+
 TEST_F(ParamCacheTest, AnIdleClusterCostsHeartbeatsNotPulls) {
   ParamCacheOptions o;
   o.notice_wait_ms = 200;
