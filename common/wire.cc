@@ -1,5 +1,7 @@
 #include "common/wire.h"
 
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <msgpack.hpp>
 
@@ -283,6 +285,16 @@ Header MakeReply(const Header& req, const Status& st) {
 Status ReplyStatus(const Header& reply) {
   if (reply.code == StatusCode::kOk) return Status::Ok();
   return Status(reply.code, reply.message);
+}
+
+std::optional<uint64_t> ParseSpecU64(const std::string& s) {
+  if (s.empty() || s.size() > 20 || s.find_first_not_of("0123456789") != std::string::npos) {
+    return std::nullopt;
+  }
+  errno = 0;
+  const unsigned long long v = std::strtoull(s.c_str(), nullptr, 10);
+  if (errno == ERANGE) return std::nullopt;
+  return v;
 }
 
 }  // namespace onlineps

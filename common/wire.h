@@ -103,6 +103,10 @@ Header MakeReply(const Header& req, const Status& st);
 // Status carried by a reply header.
 Status ReplyStatus(const Header& reply);
 
+// A `spec` value holding an unsigned decimal (digits only, at most 2^64 - 1); nullopt
+// for anything else.
+std::optional<uint64_t> ParseSpecU64(const std::string& s);
+
 }  // namespace onlineps
 
 #endif  // ONLINEPS_COMMON_WIRE_H_

@@ -696,12 +696,14 @@ Ticket PsClientImpl::Watch(size_t shard, const std::map<std::string, uint64_t>& 
     for (const auto& [k, v] : h.spec) {
       if (k.size() < 3 || k[1] != '.' || (k[0] != 't' && k[0] != 'k')) continue;
       const std::string table = k.substr(2);
+      const std::optional<uint64_t> n = ParseSpecU64(v);
       if (k[0] == 't') {
-        r.versions[table] = std::strtoull(v.c_str(), nullptr, 10);
+        if (!n) return Malformed("watch reply: version of '" + table + "' is '" + v + "'");
+        r.versions[table] = *n;
       } else if (v == "all") {
         r.all_keys.insert(table);
       } else {
-        const size_t i = std::strtoull(v.c_str(), nullptr, 10);
+        const uint64_t i = n.value_or(0);
         if (i == 0 || i >= f.size() || f[i].CountOf<uint64_t>() < 0) {
           return Malformed("watch reply: keys of '" + table + "' name no whole uint64 frame");
         }

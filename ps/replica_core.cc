@@ -18,15 +18,7 @@ uint64_t FromHex(const std::string& s) { return ParseIncarnation(s); }
 
 uint64_t SpecU64(const Header& h, const char* key) {
   auto it = h.spec.find(key);
-  if (it == h.spec.end()) return 0;
-  const std::string& s = it->second;
-  if (s.empty() || s.size() > 20 || s.find_first_not_of("0123456789") != std::string::npos)
-    return 0;
-  try {
-    return std::stoull(s);
-  } catch (const std::exception&) {
-    return 0;
-  }
+  return it == h.spec.end() ? 0 : ParseSpecU64(it->second).value_or(0);
 }
 
 }  // namespace

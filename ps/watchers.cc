@@ -13,14 +13,9 @@ constexpr char kKeysPrefix[] = "k.";
 constexpr size_t kMaxTablesPerWatch = 1024;
 
 StatusOr<uint64_t> ParseU64(const std::string& what, const std::string& s) {
-  if (s.empty() || s.size() > 20 || s.find_first_not_of("0123456789") != std::string::npos) {
-    return InvalidArgument("watch: " + what + " '" + s + "' is not an unsigned integer");
-  }
-  try {
-    return std::stoull(s);
-  } catch (const std::exception&) {
-    return InvalidArgument("watch: " + what + " '" + s + "' is out of range");
-  }
+  const std::optional<uint64_t> v = ParseSpecU64(s);
+  if (!v) return InvalidArgument("watch: " + what + " '" + s + "' is not an unsigned integer");
+  return *v;
 }
 
 }  // namespace

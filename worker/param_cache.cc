@@ -217,6 +217,17 @@ bool ParamCache::FreshDense(const DenseEntry& e, int64_t now, bool grace) const 
   return true;
 }
 
+void ParamCache::Adopt(DenseEntry* e, std::shared_ptr<const DenseSnapshot> snap) const
+    REQUIRES(e->mu) {
+  bool covers = true;
+  for (size_t s = 0; s < e->newest.size(); ++s) {
+    covers &= s < snap->versions.size() && snap->versions[s] >= e->newest[s];
+  }
+  // A notice that came during the pull keeps the copy stale since it came.
+  if (covers) e->stale_since_ms = -1;
+  e->snapshot = std::move(snap);
+}
+
 void ParamCache::RaiseDense(DenseEntry* e, size_t shard, uint64_t version, int64_t now) const
     REQUIRES(e->mu) {
   if (shard >= e->newest.size() || version <= e->newest[shard]) return;
@@ -295,15 +306,7 @@ StatusOr<std::shared_ptr<const DenseSnapshot>> ParamCache::FinishPull(PendingPul
   if (!st.ok()) return e->last_status;
   p.snap->pull_id = ++e->pulls;
   Raise(&e->newest, p.snap->versions);
-  if (e->generation == p.generation) {
-    e->snapshot = p.snap;
-    bool covers = true;
-    for (size_t s = 0; s < e->newest.size(); ++s) {
-      covers &= s < p.snap->versions.size() && p.snap->versions[s] >= e->newest[s];
-    }
-    // A notice that came during the pull keeps the copy stale since then.
-    if (covers) e->stale_since_ms = -1;
-  }
+  if (e->generation == p.generation) Adopt(e, p.snap);
   return std::shared_ptr<const DenseSnapshot>(p.snap);
 }
 
@@ -491,15 +494,12 @@ void ParamCache::InstallDense(const std::string& table, std::vector<float> value
     for (uint32_t s = 0; s < num_shards_; ++s) {
       newer |= s >= e->snapshot->versions.size() || snap->versions[s] > e->snapshot->versions[s];
     }
-    if (!newer) return;  // e.g. the second of two installs of one push
+    if (!newer) return;  // a concurrent learn's push, answered later, was newer
   }
   snap->pull_id = ++e->pulls;
   Raise(&e->newest, snap->versions);
-  e->snapshot = std::move(snap);
+  Adopt(e, std::move(snap));
   ++e->generation;  // a pull begun before this push would bring the values before it
-  bool covers = true;
-  for (uint32_t s = 0; s < num_shards_; ++s) covers &= e->snapshot->versions[s] >= e->newest[s];
-  if (covers) e->stale_since_ms = -1;
 }
 
 void ParamCache::InstallRows(const std::string& table, const uint64_t* keys, size_t n,

@@ -142,6 +142,9 @@ class ParamCache {
   // REQUIRES: e.mu held. Raises e.newest[shard] to `version`, noting when the copy
   // became stale.
   void RaiseDense(DenseEntry* e, size_t shard, uint64_t version, int64_t now) const;
+  // REQUIRES: e.mu held. Makes `snap` the copy reads get; it is no longer stale when it
+  // covers every version known.
+  void Adopt(DenseEntry* e, std::shared_ptr<const DenseSnapshot> snap) const;
   // REQUIRES: e->pull_mu held.
   struct PendingPull;
   PendingPull StartPull(DenseEntry* e);

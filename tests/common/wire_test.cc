@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <msgpack.hpp>
 
 #include "common/partition.h"
@@ -91,6 +92,15 @@ TEST(WireTest, WrongVersionIsRefusedWithBothVersionsNamed) {
   auto d = DecodeHeader(b.data(), b.size());
   EXPECT_EQ(d.status().code(), StatusCode::kUnsupportedVersion);
   EXPECT_NE(d.status().message().find("99"), std::string::npos);
+}
+
+TEST(WireTest, SpecU64TakesOnlyUnsignedDecimalsInRange) {
+  EXPECT_EQ(ParseSpecU64("0"), 0u);
+  EXPECT_EQ(ParseSpecU64("18446744073709551615"), std::numeric_limits<uint64_t>::max());
+  for (const char* bad : {"", "-1", "+1", " 1", "1 ", "0x10", "one", "18446744073709551616",
+                          "99999999999999999999999"}) {
+    EXPECT_FALSE(ParseSpecU64(bad).has_value()) << bad;
+  }
 }
 
 TEST(WireTest, UnknownOpAndWrongTypesAreNamed) {
