@@ -437,9 +437,9 @@ class ModelBench {
     const double learns = f.per_s * flags_.seconds;
     return {f.per_s, learns > 0 ? cpu / learns * 1e3 : 0};
   }
-  std::pair<double, double> InferRate(int threads) {
-    const Figure f = Run(threads, flags_.seconds, WorkerCall(Op::kInfer, 1, threads), "infer");
-    return {f.per_s, 0};
+  // Worker infer b1 alone for `seconds` with `threads` callers: calls/s.
+  double InferRate(int threads) {
+    return Run(threads, flags_.seconds, WorkerCall(Op::kInfer, 1, threads), "infer").per_s;
   }
 
   static double ProcessCpuSeconds() {
@@ -550,7 +550,7 @@ void TorchComparison(ModelBench* bench, const Flags& flags) {
     const double ti = t.value("infer_b1" + k + "_per_s", 0.0);
     const double tl = t.value("learn_b1" + k + "_per_s", 0.0);
     const double tcpu = t.value("cpu_ms_per_learn" + k, 0.0);
-    const double infer = bench->InferRate(c).first;
+    const double infer = bench->InferRate(c);
     const auto [learn, cpu_ms] = bench->LearnCpu(c);
     std::printf("%-44s %12.1f %12.1f %7.2f\n", ("infer b1 calls/s, " + callers).c_str(), infer, ti,
                 ti > 0 ? infer / ti : 0);
