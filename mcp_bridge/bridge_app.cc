@@ -48,6 +48,7 @@ struct Flags {
   bridge::StateDirOptions state;
   int64_t context_ttl_s = 1800, context_resync_s = 600;
   int64_t infer_timeout_ms = 5000, learn_timeout_ms = 30000;
+  int64_t first_request_timeout_ms = 5000;
   bridge::ToolsOptions tools;
   std::string record;
   uint64_t record_max_bytes = 1ull << 30;
@@ -78,12 +79,31 @@ void AddFlags(CLI::App& app, Flags* f) {
   app.add_option("--max-request-bytes", f->http.max_request_bytes, "Largest request body")
       ->capture_default_str();
   app.add_option("--http-threads", f->http.threads,
-                 "HTTP connections served at once (an idle keep-alive connection holds one "
-                 "for --keep-alive-s)")
-      ->check(CLI::Range(2, 4096))
+                 "MCP requests run at once (a tool call holds one thread until its answer; "
+                 "idle connections hold none)")
+      ->check(CLI::Range(1, 4096))
       ->capture_default_str();
-  app.add_option("--keep-alive-s", f->http.keep_alive_s, "Idle keep-alive connection timeout")
+  app.add_option("--http-io-threads", f->http.io_threads,
+                 "Threads reading and writing every HTTP connection")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--keep-alive-s", f->http.keep_alive_s,
+                 "How long a kept-alive connection may wait for its next request")
       ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  app.add_option("--first-request-timeout-ms", f->first_request_timeout_ms,
+                 "A new connection's first request must be in (headers) within this; "
+                 "else it is closed")
+      ->check(CLI::Range(10, 600000))
+      ->capture_default_str();
+  app.add_option("--max-connections-per-address", f->http.max_connections_per_address,
+                 "Open HTTP connections per client address (IPv6: per /64); past it a new "
+                 "one is answered 503")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--max-connections", f->http.max_connections,
+                 "Open HTTP connections in total; past it a new one is answered 503")
+      ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
   app.add_option("--max-sessions", f->mcp.max_sessions, "MCP sessions held at once")
       ->capture_default_str();
@@ -184,6 +204,7 @@ onlineps::Status Finish(Flags* f) {
   }
   ONLINEPS_ASSIGN_OR_RETURN(f->pool.curve, onlineps::LoadCurve(f->curve));
   f->mcp.session_idle = std::chrono::seconds(f->session_idle_s);
+  f->http.first_request_timeout = milliseconds(f->first_request_timeout_ms);
   f->pool.health_interval = milliseconds(f->health_interval_ms);
   f->pool.health_timeout = milliseconds(f->health_timeout_ms);
   f->context.ttl_ms = f->context_ttl_s * 1000;

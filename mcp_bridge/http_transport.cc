@@ -1,16 +1,22 @@
 #include "mcp_bridge/http_transport.h"
 
-#include <httplib.h>
 #include <spdlog/spdlog.h>
-#include <sys/socket.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 #include <chrono>
+#include <deque>
 #include <fstream>
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <utility>
+
+#include "common/mutex.h"
 
 namespace onlineps::bridge {
 
@@ -20,11 +26,6 @@ namespace {
 
 constexpr char kJson[] = "application/json";
 constexpr char kSse[] = "text/event-stream";
-
-void ReuseAddrOnly(socket_t sock) {
-  int yes = 1;
-  setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-}
 
 std::string Lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -64,13 +65,74 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   return d == 0;
 }
 
-void SendError(httplib::Response& res, int status, int code, const std::string& message,
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using HttpRequest = http::request<http::string_body>;
+
+// What the MCP rules answer to one HTTP request, before it is framed.
+struct Answer {
+  int status = 200;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string content_type;
+  std::string body;
+};
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void SendError(Answer& res, int status, int code, const std::string& message,
                const json& id = nullptr, const json& data = nullptr) {
   res.status = status;
   // Messages may quote header values: never let a bad byte turn a 4xx into a 500.
-  res.set_content(
-      JsonRpcError(id, code, message, data).dump(-1, ' ', false, json::error_handler_t::replace),
-      kJson);
+  res.body = Dump(JsonRpcError(id, code, message, data));
+  res.content_type = kJson;
+}
+
+std::string Header(const HttpRequest& req, beast::string_view name) {
+  const auto it = req.find(name);
+  return it == req.end() ? std::string() : std::string(it->value());
+}
+
+bool Has(const HttpRequest& req, beast::string_view name) { return req.find(name) != req.end(); }
+
+// The status line and headers of a response; `length` nullopt: chunked (HTTP/1.1) or
+// until close (HTTP/1.0).
+std::string Head(const Answer& a, unsigned version, bool keep_alive, std::optional<size_t> length) {
+  std::string out = version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ";
+  out += std::to_string(a.status);
+  out += ' ';
+  out += std::string(http::obsolete_reason(static_cast<http::status>(a.status)));
+  out += "\r\n";
+  for (const auto& [name, value] : a.headers) out += name + ": " + value + "\r\n";
+  if (!a.content_type.empty()) out += "Content-Type: " + a.content_type + "\r\n";
+  if (length) {
+    out += "Content-Length: " + std::to_string(*length) + "\r\n";
+  } else if (version != 10) {
+    out += "Transfer-Encoding: chunked\r\n";
+  }
+  if (!keep_alive) {
+    out += "Connection: close\r\n";
+  } else if (version == 10) {
+    out += "Connection: keep-alive\r\n";
+  }
+  out += "\r\n";
+  return out;
+}
+
+std::string Frame(const Answer& a, unsigned version, bool keep_alive) {
+  return Head(a, version, keep_alive, a.body.size()) + a.body;
+}
+
+// Per-address caps count an IPv6 client by its /64: one host usually owns a whole one.
+std::string ClientKey(const tcp::endpoint& peer) {
+  const asio::ip::address a = peer.address();
+  if (a.is_v4()) return a.to_string();
+  asio::ip::address_v6 v6 = a.to_v6();
+  if (v6.is_v4_mapped()) return asio::ip::make_address_v4(asio::ip::v4_mapped, v6).to_string();
+  auto bytes = v6.to_bytes();
+  std::fill(bytes.begin() + 8, bytes.end(), 0);
+  return asio::ip::address_v6(bytes).to_string() + "/64";
 }
 
 // Mcp-Param-* values that are not plain ASCII arrive as =?base64?...?= (padded base64);
@@ -131,77 +193,369 @@ StatusOr<std::map<std::string, std::string>> LoadTokens(const std::string& path)
   return tokens;
 }
 
+// One accepted connection. Its socket is touched only on its strand: reads, writes and
+// timeouts there; a handler thread running the request hands bytes over with Send.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(tcp::socket socket, HttpTransport::Impl* owner, std::string client)
+      : stream_(std::move(socket)), owner_(owner), client_(std::move(client)) {}
+  ~Connection();
+
+  void Start() {
+    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->ReadHeader(); });
+  }
+  // From any thread: queues `bytes` of the response in order. `last`: the response ends
+  // here; then the next request is read, or the connection closes when `close`.
+  void Send(std::string bytes, bool last, bool close) {
+    asio::post(stream_.get_executor(),
+               [self = shared_from_this(), bytes = std::move(bytes), last, close]() mutable {
+                 self->Push(std::move(bytes), last, close);
+               });
+  }
+
+ private:
+  void ReadHeader();
+  void OnHeader(beast::error_code ec);
+  void ReadBody();
+  void OnBody(beast::error_code ec);
+  // A request that cannot be read is answered (status, JSON-RPC error) and the
+  // connection closed; a connection that timed out or reset is just closed.
+  void Refuse(beast::error_code ec);
+  void Push(std::string bytes, bool last, bool close);
+  void Flush();
+  void Linger();
+
+  beast::tcp_stream stream_;
+  HttpTransport::Impl* const owner_;
+  const std::string client_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::string pending_, writing_;  // queued bytes; bytes being written
+  bool busy_ = false;              // a write is in flight
+  bool done_ = false;              // the response is complete once pending_ is written
+  bool close_after_ = false;
+  size_t served_ = 0;       // requests read on this connection
+  bool answering_ = false;  // a request was read and its answer is not all written
+  std::array<char, 4096> discard_;
+};
+
 class HttpTransport::Impl {
  public:
   Impl(HttpTransportOptions options, McpServer* server)
-      : options_(std::move(options)), mcp_(server) {
-    Configure();
-  }
+      : options_(std::move(options)), mcp_(server), ioc_(std::max(1, options_.io_threads)) {}
+  ~Impl() { Stop(); }
   StatusOr<int> Start();
   void Stop();
 
+  const HttpTransportOptions& options() const { return options_; }
+  // A complete request from `conn`: runs it on a request thread.
+  void Dispatch(std::shared_ptr<Connection> conn, HttpRequest req);
+  void Release(const std::string& client);
+  // A request's answer is all written (or its connection is gone).
+  void Answered() { answering_.fetch_sub(1, std::memory_order_acq_rel); }
+  // Stop() has begun: answers still go out, then their connections close.
+  bool draining() const { return draining_.load(std::memory_order_acquire); }
+
  private:
-  void Configure();
+  struct Work {
+    std::shared_ptr<Connection> conn;
+    HttpRequest req;
+  };
+  void Accept();
+  void OnAccept(beast::error_code ec, tcp::socket socket);
+  // "" when `client` may open one more connection (then counted); else why not.
+  std::string Admit(const std::string& client);
+  void RunRequests();
+  void Serve(const std::shared_ptr<Connection>& conn, const HttpRequest& req);
+
   // Host, Origin and token checks shared by every method. Sets `principal`.
-  bool Admit(const httplib::Request& req, httplib::Response& res, std::string* principal);
-  void Post(const httplib::Request& req, httplib::Response& res);
-  void Delete(const httplib::Request& req, httplib::Response& res);
+  bool Admit(const HttpRequest& req, Answer& res, std::string* principal);
+  void Post(const HttpRequest& req, Answer& res, const std::shared_ptr<Connection>& conn,
+            bool keep_alive);
+  void Delete(const HttpRequest& req, Answer& res);
   // Revision 2026-07-28 header rules; false with the error set.
-  bool CheckModernHeaders(const httplib::Request& req, const json& m, httplib::Response& res);
-  void Respond(httplib::Response& res, const Reply& r);
+  bool CheckModernHeaders(const HttpRequest& req, const json& m, Answer& res);
+  static void Respond(Answer& res, const Reply& r);
 
   const HttpTransportOptions options_;
   McpServer* const mcp_;
-  httplib::Server server_;
-  std::thread thread_;
-  std::atomic<bool> listen_returned_{false};
+
+  Mutex conn_mu_;
+  std::map<std::string, size_t> open_per_client_ GUARDED_BY(conn_mu_);
+  size_t open_ GUARDED_BY(conn_mu_) = 0;
+  std::atomic<uint64_t> refused_{0};
+  std::atomic<int64_t> answering_{0};  // requests read whose answers are not all written
+  std::atomic<bool> draining_{false};
+
+  Mutex work_mu_;
+  CondVar work_cv_;
+  std::deque<Work> work_ GUARDED_BY(work_mu_);
+  bool closing_ GUARDED_BY(work_mu_) = false;
+
+  // Declared after everything a Connection's destructor or handler uses: destroyed first.
+  asio::io_context ioc_;
+  // Keeps run() going while no socket operation is pending (every connection's request
+  // on a request thread, the acceptor closed by a drain): their answers are still posted.
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> keep_running_;
+  std::optional<asio::steady_timer> accept_retry_;
+  std::optional<tcp::acceptor> acceptor_;
+  std::vector<std::thread> io_threads_, request_threads_;
+  bool started_ = false;
 };
 
-void HttpTransport::Impl::Configure() {
-  const int threads = std::max(2, options_.threads);
-  server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  server_.set_socket_options(ReuseAddrOnly);
-  server_.set_tcp_nodelay(true);  // headers and body go out as separate writes
-  server_.set_payload_max_length(options_.max_request_bytes);
-  server_.set_keep_alive_timeout(options_.keep_alive_s);
-  server_.set_keep_alive_max_count(options_.keep_alive_requests);
-  server_.set_read_timeout(30, 0);
-  server_.set_write_timeout(30, 0);
-  server_.Post(options_.path,
-               [this](const httplib::Request& q, httplib::Response& r) { Post(q, r); });
-  server_.Delete(options_.path,
-                 [this](const httplib::Request& q, httplib::Response& r) { Delete(q, r); });
-  server_.Get(options_.path, [this](const httplib::Request& q, httplib::Response& r) {
-    std::string principal;
-    if (!Admit(q, r, &principal)) return;
-    r.set_header("Allow", "POST, DELETE");
-    SendError(r, 405, kServerError,
-              "Method Not Allowed: this server offers no standalone SSE stream; POST requests");
-  });
-  server_.set_error_handler([](const httplib::Request&, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    if (res.status == 413) {
-      SendError(res, 413, kInvalidRequest, "request body is larger than --max-request-bytes");
-    } else if (res.status == 404) {
-      SendError(res, 404, kServerError, "no such path: MCP is served on the configured --path");
-    }
-  });
-  server_.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "unknown";
-        try {
-          if (ep) std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        SendError(res, 500, kInternalError, "internal error: " + what);
-      });
+Connection::~Connection() {
+  if (answering_) owner_->Answered();
+  owner_->Release(client_);
 }
 
-bool HttpTransport::Impl::Admit(const httplib::Request& req, httplib::Response& res,
-                                std::string* principal) {
-  const std::string host = HostName(req.get_header_value("Host"));
+void Connection::ReadHeader() {
+  const HttpTransportOptions& o = owner_->options();
+  parser_.emplace();
+  parser_->header_limit(static_cast<uint32_t>(o.max_header_bytes));
+  parser_->body_limit(o.max_request_bytes);
+  // The first request must arrive soon after the connect; later ones may idle for the
+  // keep-alive time. Either way the wait holds no thread.
+  stream_.expires_after(served_ == 0 ? o.first_request_timeout
+                                     : std::chrono::seconds(o.keep_alive_s));
+  http::async_read_header(
+      stream_, buffer_, *parser_,
+      [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+}
+
+void Connection::OnHeader(beast::error_code ec) {
+  if (ec) return Refuse(ec);
+  if (beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+    // curl and others wait for this before a larger body.
+    pending_ = parser_->get().version() == 10 ? "" : "HTTP/1.1 100 Continue\r\n\r\n";
+    if (!pending_.empty()) {
+      writing_.swap(pending_);
+      stream_.expires_after(owner_->options().write_timeout);
+      asio::async_write(stream_, asio::buffer(writing_),
+                        [self = shared_from_this()](beast::error_code wec, size_t) {
+                          self->writing_.clear();
+                          if (wec) return self->stream_.socket().close(wec);
+                          self->ReadBody();
+                        });
+      return;
+    }
+  }
+  ReadBody();
+}
+
+void Connection::ReadBody() {
+  stream_.expires_after(owner_->options().read_timeout);
+  http::async_read(stream_, buffer_, *parser_,
+                   [self = shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
+}
+
+void Connection::OnBody(beast::error_code ec) {
+  if (ec) return Refuse(ec);
+  ++served_;
+  if (served_ >= owner_->options().keep_alive_requests) parser_->get().keep_alive(false);
+  stream_.expires_never();  // the request may take as long as its tool call
+  answering_ = true;
+  owner_->Dispatch(shared_from_this(), parser_->release());
+}
+
+void Connection::Refuse(beast::error_code ec) {
+  Answer a;
+  if (ec == http::error::body_limit) {
+    SendError(a, 413, kInvalidRequest, "request body is larger than --max-request-bytes");
+  } else if (ec == http::error::header_limit) {
+    SendError(a, 431, kInvalidRequest,
+              "request line and headers are larger than " +
+                  std::to_string(owner_->options().max_header_bytes) + " bytes");
+  } else if (ec.category() == beast::error_code(http::error::end_of_stream).category() &&
+             ec != http::error::end_of_stream && ec != http::error::partial_message) {
+    SendError(a, 400, kInvalidRequest, "Bad Request: malformed HTTP (" + ec.message() + ")");
+  } else {
+    // Closed by the client, timed out (first request, keep-alive or body), reset.
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.socket().close(ignored);
+    return;
+  }
+  Push(Frame(a, 11, false), true, true);
+}
+
+void Connection::Push(std::string bytes, bool last, bool close) {
+  pending_ += bytes;
+  if (last) {
+    done_ = true;
+    close_after_ = close;
+  }
+  Flush();
+}
+
+void Connection::Flush() {
+  if (busy_) return;
+  if (pending_.empty()) {
+    if (!done_) return;
+    done_ = false;
+    if (answering_) {
+      answering_ = false;
+      owner_->Answered();
+    }
+    if (close_after_ || owner_->draining()) return Linger();
+    return ReadHeader();
+  }
+  busy_ = true;
+  writing_.swap(pending_);
+  pending_.clear();
+  stream_.expires_after(owner_->options().write_timeout);
+  asio::async_write(stream_, asio::buffer(writing_),
+                    [self = shared_from_this()](beast::error_code ec, size_t) {
+                      self->busy_ = false;
+                      self->writing_.clear();
+                      if (ec) {
+                        beast::error_code ignored;
+                        self->stream_.socket().close(ignored);
+                        return;
+                      }
+                      self->Flush();
+                    });
+}
+
+// Closes after the response: stops sending, then reads (and drops) what the client still
+// sends for up to a second, so that unread request bytes do not turn the close into a
+// reset that destroys the response before the client has read it.
+void Connection::Linger() {
+  beast::error_code ignored;
+  stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  stream_.expires_after(std::chrono::seconds(1));
+  stream_.async_read_some(asio::buffer(discard_),
+                          [self = shared_from_this()](beast::error_code ec, size_t) {
+                            if (!ec) return self->Linger();
+                            beast::error_code ignored;
+                            self->stream_.socket().close(ignored);
+                          });
+}
+
+void HttpTransport::Impl::Release(const std::string& client) {
+  MutexLock lock(&conn_mu_);
+  --open_;
+  auto it = open_per_client_.find(client);
+  if (it != open_per_client_.end() && --it->second == 0) open_per_client_.erase(it);
+}
+
+std::string HttpTransport::Impl::Admit(const std::string& client) {
+  MutexLock lock(&conn_mu_);
+  size_t& n = open_per_client_[client];
+  if (n >= options_.max_connections_per_address) {
+    return std::to_string(n) + " connections are open from " + client +
+           " (--max-connections-per-address " +
+           std::to_string(options_.max_connections_per_address) + ")";
+  }
+  if (open_ >= options_.max_connections) {
+    if (n == 0) open_per_client_.erase(client);
+    return std::to_string(open_) + " connections are open (--max-connections " +
+           std::to_string(options_.max_connections) + ")";
+  }
+  ++n;
+  ++open_;
+  return "";
+}
+
+void HttpTransport::Impl::Accept() {
+  acceptor_->async_accept(asio::make_strand(ioc_), [this](beast::error_code ec, tcp::socket s) {
+    OnAccept(ec, std::move(s));
+  });
+}
+
+void HttpTransport::Impl::OnAccept(beast::error_code ec, tcp::socket socket) {
+  if (ec == asio::error::operation_aborted || !acceptor_->is_open()) return;
+  if (ec) {
+    // Out of file descriptors (or memory): leave the connection in the backlog and try
+    // again shortly instead of spinning.
+    spdlog::warn("bridge HTTP: accept failed: {}; retrying in 50 ms", ec.message());
+    accept_retry_->expires_after(std::chrono::milliseconds(50));
+    accept_retry_->async_wait([this](beast::error_code wec) {
+      if (!wec) Accept();
+    });
+    return;
+  }
+  beast::error_code peer_ec;
+  const tcp::endpoint peer = socket.remote_endpoint(peer_ec);
+  if (!peer_ec) {
+    const std::string client = ClientKey(peer);
+    const std::string why = Admit(client);
+    if (why.empty()) {
+      socket.set_option(tcp::no_delay(true), peer_ec);  // headers and body in one write anyway
+      std::make_shared<Connection>(std::move(socket), this, client)->Start();
+    } else {
+      // Answered at once (the socket's buffer takes a few hundred bytes) and closed.
+      if (refused_.fetch_add(1, std::memory_order_relaxed) % 1000 == 0) {
+        spdlog::warn("bridge HTTP: refused a connection: {}", why);
+      }
+      Answer a;
+      SendError(a, 503, kServerError, "Service Unavailable: " + why);
+      const std::string bytes = Frame(a, 11, false);
+      socket.non_blocking(true, peer_ec);
+      socket.send(asio::buffer(bytes), 0, peer_ec);
+      socket.shutdown(tcp::socket::shutdown_both, peer_ec);
+      socket.close(peer_ec);
+    }
+  }
+  Accept();
+}
+
+void HttpTransport::Impl::Dispatch(std::shared_ptr<Connection> conn, HttpRequest req) {
+  answering_.fetch_add(1, std::memory_order_acq_rel);
+  {
+    MutexLock lock(&work_mu_);
+    // Bounded: a connection has at most one request here, and connections are capped.
+    work_.push_back(Work{std::move(conn), std::move(req)});
+  }
+  work_cv_.Signal();
+}
+
+void HttpTransport::Impl::RunRequests() {
+  for (;;) {
+    Work w;
+    {
+      MutexLock lock(&work_mu_);
+      work_cv_.Wait(&work_mu_, [this]() REQUIRES(work_mu_) { return closing_ || !work_.empty(); });
+      if (closing_) return;
+      w = std::move(work_.front());
+      work_.pop_front();
+    }
+    Serve(w.conn, w.req);
+  }
+}
+
+void HttpTransport::Impl::Serve(const std::shared_ptr<Connection>& conn, const HttpRequest& req) {
+  const bool keep_alive = req.keep_alive();
+  Answer res;
+  try {
+    const beast::string_view target = req.target();
+    const beast::string_view path = target.substr(0, target.find('?'));
+    if (path != options_.path) {
+      SendError(res, 404, kServerError, "no such path: MCP is served on the configured --path");
+    } else if (req.method() == http::verb::post) {
+      Post(req, res, conn, keep_alive);
+      if (res.status == 0) return;  // streamed
+    } else if (req.method() == http::verb::delete_) {
+      Delete(req, res);
+    } else {
+      std::string principal;
+      if (Admit(req, res, &principal)) {
+        res.headers.emplace_back("Allow", "POST, DELETE");
+        SendError(res, 405, kServerError,
+                  req.method() == http::verb::get
+                      ? "Method Not Allowed: this server offers no standalone SSE stream; POST "
+                        "requests"
+                      : "Method Not Allowed: use POST (or DELETE to end a session)");
+      }
+    }
+  } catch (const std::exception& e) {
+    res = Answer();
+    SendError(res, 500, kInternalError, std::string("internal error: ") + e.what());
+  }
+  conn->Send(Frame(res, req.version(), keep_alive), true, !keep_alive);
+}
+
+bool HttpTransport::Impl::Admit(const HttpRequest& req, Answer& res, std::string* principal) {
+  const std::string host = HostName(Header(req, "Host"));
   if (!options_.allowed_hosts.empty() &&
       std::find(options_.allowed_hosts.begin(), options_.allowed_hosts.end(), host) ==
           options_.allowed_hosts.end()) {
@@ -211,8 +565,8 @@ bool HttpTransport::Impl::Admit(const httplib::Request& req, httplib::Response& 
                   "protection)");
     return false;
   }
-  if (req.has_header("Origin")) {
-    const std::string origin = Lower(req.get_header_value("Origin"));
+  if (Has(req, "Origin")) {
+    const std::string origin = Lower(Header(req, "Origin"));
     bool ok;
     if (options_.allowed_origins.empty()) {
       ok = IsLoopbackName(OriginHost(origin));
@@ -229,14 +583,14 @@ bool HttpTransport::Impl::Admit(const httplib::Request& req, httplib::Response& 
     }
   }
   if (!options_.tokens.empty()) {
-    const std::string auth = req.get_header_value("Authorization");
+    const std::string auth = Header(req, "Authorization");
     std::string token =
         auth.size() > 7 && Lower(auth.substr(0, 7)) == "bearer " ? auth.substr(7) : "";
     for (const auto& [t, identity] : options_.tokens) {
       if (ConstantTimeEquals(t, token)) *principal = identity;
     }
     if (principal->empty()) {
-      res.set_header("WWW-Authenticate", "Bearer realm=\"onlineps\"");
+      res.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"onlineps\"");
       SendError(res, 401, kServerError,
                 token.empty() ? "Unauthorized: send Authorization: Bearer <token>"
                               : "Unauthorized: the bearer token is not valid");
@@ -246,31 +600,29 @@ bool HttpTransport::Impl::Admit(const httplib::Request& req, httplib::Response& 
   return true;
 }
 
-bool HttpTransport::Impl::CheckModernHeaders(const httplib::Request& req, const json& m,
-                                             httplib::Response& res) {
+bool HttpTransport::Impl::CheckModernHeaders(const HttpRequest& req, const json& m, Answer& res) {
   const json id = m.contains("id") ? m["id"] : json();
   auto mismatch = [&](const std::string& what) {
     SendError(res, 400, kHeaderMismatch, "Header mismatch: " + what, id);
     return false;
   };
   const std::string method = m.value("method", json("")).is_string() ? m.value("method", "") : "";
-  if (!req.has_header("Mcp-Method")) return mismatch("the Mcp-Method header is required");
-  if (req.get_header_value("Mcp-Method") != method) {
-    return mismatch("Mcp-Method '" + req.get_header_value("Mcp-Method") + "' != body method '" +
-                    method + "'");
+  if (!Has(req, "Mcp-Method")) return mismatch("the Mcp-Method header is required");
+  if (Header(req, "Mcp-Method") != method) {
+    return mismatch("Mcp-Method '" + Header(req, "Mcp-Method") + "' != body method '" + method +
+                    "'");
   }
   const json params = m.value("params", json::object());
   const json meta = params.is_object() ? params.value("_meta", json::object()) : json::object();
   if (meta.is_object() && meta.contains("io.modelcontextprotocol/protocolVersion") &&
-      meta["io.modelcontextprotocol/protocolVersion"] !=
-          req.get_header_value("MCP-Protocol-Version")) {
+      meta["io.modelcontextprotocol/protocolVersion"] != Header(req, "MCP-Protocol-Version")) {
     return mismatch("MCP-Protocol-Version header != params._meta protocolVersion");
   }
   if (method == "tools/call" || method == "resources/read" || method == "prompts/get") {
     const std::string key = method == "resources/read" ? "uri" : "name";
     const json name = params.is_object() ? params.value(key, json()) : json();
-    if (!req.has_header("Mcp-Name")) return mismatch("the Mcp-Name header is required");
-    const auto header_name = DecodeHeaderValue(req.get_header_value("Mcp-Name"));
+    if (!Has(req, "Mcp-Name")) return mismatch("the Mcp-Name header is required");
+    const auto header_name = DecodeHeaderValue(Header(req, "Mcp-Name"));
     if (!header_name) return mismatch("Mcp-Name is not valid =?base64?...?= encoding");
     if (!name.is_string() || *header_name != name.get<std::string>()) {
       return mismatch("Mcp-Name header != params." + key);
@@ -279,14 +631,14 @@ bool HttpTransport::Impl::CheckModernHeaders(const httplib::Request& req, const 
   if (method == "tools/call") {
     const json args = params.value("arguments", json::object());
     const bool in_body = args.is_object() && args.contains("session");
-    const bool in_header = req.has_header("Mcp-Param-Session");
+    const bool in_header = Has(req, "Mcp-Param-Session");
     if (in_body && !in_header) {
       return mismatch("arguments.session is set but the Mcp-Param-Session header is missing");
     }
     if (in_header && !in_body) {
       return mismatch("the Mcp-Param-Session header is set but arguments.session is not");
     }
-    const auto header_session = DecodeHeaderValue(req.get_header_value("Mcp-Param-Session"));
+    const auto header_session = DecodeHeaderValue(Header(req, "Mcp-Param-Session"));
     if (in_header && !header_session) {
       return mismatch("Mcp-Param-Session is not valid =?base64?...?= encoding");
     }
@@ -298,50 +650,53 @@ bool HttpTransport::Impl::CheckModernHeaders(const httplib::Request& req, const 
   return true;
 }
 
-void HttpTransport::Impl::Respond(httplib::Response& res, const Reply& r) {
+void HttpTransport::Impl::Respond(Answer& res, const Reply& r) {
   res.status = r.http_status;
-  if (!r.new_session_id.empty()) res.set_header("Mcp-Session-Id", r.new_session_id);
+  if (!r.new_session_id.empty()) res.headers.emplace_back("Mcp-Session-Id", r.new_session_id);
   if (!r.body.is_null()) {
-    res.set_content(r.body.dump(-1, ' ', false, json::error_handler_t::replace), kJson);
+    res.body = Dump(r.body);
+    res.content_type = kJson;
   }
 }
 
-void HttpTransport::Impl::Post(const httplib::Request& req, httplib::Response& res) {
+void HttpTransport::Impl::Post(const HttpRequest& req, Answer& res,
+                               const std::shared_ptr<Connection>& conn, bool keep_alive) {
   std::string principal;
   if (!Admit(req, res, &principal)) return;
-  const std::string ctype = Lower(req.get_header_value("Content-Type"));
+  const std::string ctype = Lower(Header(req, "Content-Type"));
   if (ctype.rfind(kJson, 0) != 0) {
     SendError(res, 415, kServerError,
               "Unsupported Media Type: Content-Type must be application/json");
     return;
   }
-  const std::string accept = Lower(req.get_header_value("Accept"));
+  const std::string accept = Lower(Header(req, "Accept"));
   const bool any = accept.find("*/*") != std::string::npos;
   if (!any && (accept.find(kJson) == std::string::npos || accept.find(kSse) == std::string::npos)) {
     SendError(res, 406, kServerError,
               "Not Acceptable: Accept must list both application/json and text/event-stream");
     return;
   }
-  if (NestsDeeperThan(req.body, kMaxJsonDepth)) {
+  if (NestsDeeperThan(req.body(), kMaxJsonDepth)) {
     SendError(res, 400, kInvalidRequest,
               "Invalid Request: the body nests arrays or objects deeper than " +
                   std::to_string(kMaxJsonDepth) + " levels");
     return;
   }
-  json m = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  json m = json::parse(req.body(), nullptr, /*allow_exceptions=*/false);
   if (m.is_discarded()) {
     SendError(res, 400, kParseError, "Parse error: the body is not valid JSON");
     return;
   }
   Request r;
   r.principal = principal;
-  r.session_id = req.get_header_value("Mcp-Session-Id");
-  r.header_version = req.get_header_value("MCP-Protocol-Version");
+  r.session_id = Header(req, "Mcp-Session-Id");
+  r.header_version = Header(req, "MCP-Protocol-Version");
   const RevisionChoice revision =
       ChooseRevision(m, r.session_id, r.header_version, TransportKind::kHttp);
   if (revision.refused()) {
     res.status = *revision.http_status;
-    res.set_content(revision.body.dump(-1, ' ', false, json::error_handler_t::replace), kJson);
+    res.body = Dump(revision.body);
+    res.content_type = kJson;
     return;
   }
   r.stateless = revision.stateless;
@@ -353,29 +708,34 @@ void HttpTransport::Impl::Post(const httplib::Request& req, httplib::Response& r
     Respond(res, mcp_->Handle(r));
     return;
   }
-  // Streamed: progress notifications, then the response, as SSE events.
+  // Streamed: progress notifications, then the response, as SSE events in chunks
+  // (HTTP/1.0: until the connection closes).
   r.message = std::move(m);
-  res.set_header("Cache-Control", "no-cache");
-  auto request = std::make_shared<Request>(std::move(r));
-  res.set_chunked_content_provider(kSse, [this, request](size_t, httplib::DataSink& sink) {
-    auto send = [&sink](const json& msg) {
-      const std::string event =
-          "event: message\ndata: " + msg.dump(-1, ' ', false, json::error_handler_t::replace) +
-          "\n\n";
-      return sink.write(event.data(), event.size());
-    };
-    request->notify = [&send](const json& n) { send(n); };
-    Reply reply = mcp_->Handle(*request);
-    if (!reply.body.is_null()) send(reply.body);
-    sink.done();
-    return true;
-  });
+  const bool chunked = req.version() != 10;
+  const bool keep = keep_alive && chunked;
+  res.content_type = kSse;
+  res.headers.emplace_back("Cache-Control", "no-cache");
+  conn->Send(Head(res, req.version(), keep, std::nullopt), false, false);
+  auto send = [&conn, chunked](const json& msg) {
+    std::string event = "event: message\ndata: " + Dump(msg) + "\n\n";
+    if (chunked) {
+      char size[24];
+      snprintf(size, sizeof(size), "%zx\r\n", event.size());
+      event = size + event + "\r\n";
+    }
+    conn->Send(std::move(event), false, false);
+  };
+  r.notify = send;
+  Reply reply = mcp_->Handle(r);
+  if (!reply.body.is_null()) send(reply.body);
+  conn->Send(chunked ? "0\r\n\r\n" : "", true, !keep);
+  res.status = 0;  // answered
 }
 
-void HttpTransport::Impl::Delete(const httplib::Request& req, httplib::Response& res) {
+void HttpTransport::Impl::Delete(const HttpRequest& req, Answer& res) {
   std::string principal;
   if (!Admit(req, res, &principal)) return;
-  const std::string sid = req.get_header_value("Mcp-Session-Id");
+  const std::string sid = Header(req, "Mcp-Session-Id");
   if (sid.empty()) {
     SendError(res, 400, kServerError, "Bad Request: Mcp-Session-Id header is required");
     return;
@@ -388,35 +748,92 @@ void HttpTransport::Impl::Delete(const httplib::Request& req, httplib::Response&
 }
 
 StatusOr<int> HttpTransport::Impl::Start() {
-  int bound = options_.port;
-  if (options_.port == 0) {
-    bound = server_.bind_to_any_port(options_.host);
-  } else if (!server_.bind_to_port(options_.host, options_.port)) {
-    bound = -1;
+  const HttpTransportOptions& o = options_;
+  if (o.max_connections == 0 || o.max_connections_per_address == 0 || o.threads < 1 ||
+      o.io_threads < 1 || o.max_header_bytes == 0) {
+    return InvalidArgument(
+        "HTTP transport: connection caps, --http-threads, --http-io-threads and the header "
+        "limit must be > 0");
   }
-  if (bound <= 0) {
-    return Unavailable("cannot bind " + options_.host + ":" + std::to_string(options_.port));
+  // Each connection is a file descriptor: take the hard limit, and say so when the
+  // connection cap cannot be reached.
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &nofile);
   }
-  thread_ = std::thread([this] {
-    server_.listen_after_bind();
-    listen_returned_ = true;
-  });
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (!server_.is_running() && !listen_returned_ &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY &&
+      nofile.rlim_cur < o.max_connections + 256) {
+    spdlog::warn(
+        "bridge HTTP: the open-file limit ({}) is below --max-connections ({}) + 256: past "
+        "it, new connections wait in the listen backlog",
+        static_cast<uint64_t>(nofile.rlim_cur), o.max_connections);
   }
-  if (!server_.is_running()) {
-    Stop();
-    return Internal("HTTP server did not start");
+  const std::string where = o.host + ":" + std::to_string(o.port);
+  beast::error_code ec;
+  tcp::resolver resolver(ioc_);
+  const auto results = resolver.resolve(o.host, std::to_string(o.port), tcp::resolver::passive, ec);
+  if (ec || results.empty()) {
+    return Unavailable("cannot bind " + where + ": " + (ec ? ec.message() : "no address"));
   }
-  return bound;
+  const tcp::endpoint endpoint = *results.begin();
+  acceptor_.emplace(asio::make_strand(ioc_));
+  accept_retry_.emplace(acceptor_->get_executor());
+  acceptor_->open(endpoint.protocol(), ec);
+  // SO_REUSEADDR for a quick restart over TIME_WAIT; never SO_REUSEPORT.
+  if (!ec) acceptor_->set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_->bind(endpoint, ec);
+  if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    acceptor_.reset();
+    return Unavailable("cannot bind " + where + ": " + ec.message());
+  }
+  const int port = acceptor_->local_endpoint().port();
+  started_ = true;
+  keep_running_.emplace(ioc_.get_executor());
+  Accept();
+  for (int i = 0; i < o.threads; ++i) request_threads_.emplace_back([this] { RunRequests(); });
+  for (int i = 0; i < o.io_threads; ++i) io_threads_.emplace_back([this] { ioc_.run(); });
+  return port;
 }
 
 void HttpTransport::Impl::Stop() {
-  if (!thread_.joinable()) return;
-  server_.stop();
-  thread_.join();
+  if (!started_) return;
+  started_ = false;
+  // Drain: no new connections; every request already read is answered (up to
+  // drain_timeout), and each connection closes after its answer.
+  draining_ = true;
+  asio::post(acceptor_->get_executor(), [this] {
+    beast::error_code ignored;
+    acceptor_->close(ignored);
+    accept_retry_->cancel();
+  });
+  const auto deadline = std::chrono::steady_clock::now() + options_.drain_timeout;
+  while (answering_.load(std::memory_order_acquire) > 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (answering_.load() > 0) {
+    spdlog::warn("bridge HTTP: {} requests still unanswered after the {} ms drain",
+                 answering_.load(), options_.drain_timeout.count());
+  }
+  keep_running_.reset();
+  ioc_.stop();
+  for (auto& t : io_threads_) t.join();
+  io_threads_.clear();
+  // Requests already running finish (their answers are dropped); queued ones are not run.
+  {
+    MutexLock lock(&work_mu_);
+    closing_ = true;
+  }
+  work_cv_.SignalAll();
+  for (auto& t : request_threads_) t.join();
+  request_threads_.clear();
+  std::deque<Work> dropped;
+  {
+    MutexLock lock(&work_mu_);
+    dropped.swap(work_);
+  }
 }
 
 HttpTransport::HttpTransport(HttpTransportOptions options, McpServer* server)

@@ -4,9 +4,16 @@
 // order: Host (DNS-rebinding protection), Origin, bearer token, method, Content-Type,
 // Accept, body size, JSON, then the MCP rules of McpServer. Each refusal has a status
 // code and a JSON-RPC error body saying why. Start/Stop from one owning thread.
+//
+// Event-driven (Boost.Beast over Asio): io_threads wait on every socket at once, so an
+// idle or slow connection holds memory and a file descriptor, never a thread; a complete
+// request runs on one of `threads` request threads (a tool call blocks on its worker
+// there), which hands the answer back to the connection. Connections are capped per
+// client address and in total (past a cap: 503 and close).
 #ifndef ONLINEPS_MCP_BRIDGE_HTTP_TRANSPORT_H_
 #define ONLINEPS_MCP_BRIDGE_HTTP_TRANSPORT_H_
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,15 +35,28 @@ struct HttpTransportOptions {
   std::vector<std::string> allowed_origins;
   std::map<std::string, std::string> tokens;  // bearer token -> identity; empty: no auth
   size_t max_request_bytes = 4 << 20;
-  // Connections served at once: each open connection, idle keep-alive ones too, holds
-  // one thread until keep_alive_s passes without a request.
-  int threads = 256;
-  int keep_alive_s = 5;
-  size_t keep_alive_requests = 100000;  // requests per connection before it is closed
+  size_t max_header_bytes = 16 << 10;  // request line + headers; past it: 431
+  // Requests run at once (each holds a thread until its answer); idle connections hold none.
+  int threads = 64;
+  int io_threads = 1;  // threads reading and writing every socket
+  // From accept to the end of the first request's headers: a client that connects and
+  // sends nothing is closed after this, whatever the keep-alive time.
+  std::chrono::milliseconds first_request_timeout{5000};
+  int keep_alive_s = 60;  // a kept-alive connection may wait this long for its next request
+  std::chrono::milliseconds read_timeout{30000};   // from the headers to the end of the body
+  std::chrono::milliseconds write_timeout{30000};  // a client that does not read its answer
+  size_t keep_alive_requests = 100000;             // requests per connection before it is closed
+  // Stop() answers every request already read, for up to this long, before it closes.
+  std::chrono::milliseconds drain_timeout{35000};
+  // Open connections per client address (IPv4, or IPv6 /64) and in total.
+  size_t max_connections_per_address = 512;
+  size_t max_connections = 10000;
 };
 
 class HttpTransport {
  public:
+  class Impl;  // defined in the .cc; public so its connection objects can name it
+
   HttpTransport(HttpTransportOptions options, McpServer* server);
   ~HttpTransport();  // Stop()s
 
@@ -45,8 +65,7 @@ class HttpTransport {
   void Stop();
 
  private:
-  class Impl;
-  std::unique_ptr<Impl> impl_;  // keeps httplib.h out of includers
+  std::unique_ptr<Impl> impl_;  // keeps Beast and Asio out of includers
 };
 
 // Loads "--tokens-file": one "identity token" pair per line (# comments). Errors name the

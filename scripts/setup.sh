@@ -14,6 +14,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   nlohmann-json3-dev
   libcpp-httplib-dev
+  libboost-dev
   libcli11-dev
   prometheus-cpp-dev
   libbenchmark-dev
