@@ -1,0 +1,194 @@
+// The bridge's HTTP connections through the real binary: idle connections hold no thread,
+// the first request has its own timeout, connections are capped per client address, and
+// raw HTTP/1.x details (100-continue, HTTP/1.0, malformed requests) get clear answers.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/bridge/bridge_cluster.h"
+#include "tests/raw_http_client.h"
+
+namespace onlineps::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+class BridgeConnectionsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(cluster_.StartShard());
+    worker_ = cluster_.StartWorker();
+    ASSERT_FALSE(worker_.empty());
+  }
+  int Start(std::vector<std::string> flags = {}) {
+    const int port = cluster_.StartBridge({worker_}, std::move(flags));
+    EXPECT_GT(port, 0);
+    return port;
+  }
+  BridgeCluster cluster_;
+  std::string worker_;
+};
+
+// A POST of `body` to /mcp as an MCP client sends it, `extra` headers added.
+std::string PostRequest(const std::string& body, const std::string& extra = "",
+                        const std::string& version = "HTTP/1.1") {
+  return "POST /mcp " + version +
+         "\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+         "Accept: application/json, text/event-stream\r\nContent-Length: " +
+         std::to_string(body.size()) + "\r\n" + extra + "\r\n" + body;
+}
+
+const std::string kPing = R"({"jsonrpc":"2.0","id":1,"method":"ping"})";
+
+int64_t MsSince(Clock::time_point start) {
+  return std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
+}
+
+// 1,000 connections that never send a byte (250 from each of four client addresses, under
+// the default per-address cap) do not delay a new client: no thread waits on them.
+TEST_F(BridgeConnectionsTest, ThousandIdleConnectionsDoNotDelayANewClient) {
+  const int port = Start();
+  std::vector<std::unique_ptr<RawClient>> idle;
+  const char* sources[] = {"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"};
+  for (int i = 0; i < 1000; ++i) {
+    auto c = RawClient::Connect(port, sources[i % 4]);
+    ASSERT_TRUE(c) << "connect " << i;
+    idle.push_back(std::move(c));
+  }
+  // Let the bridge accept all of them before the new client arrives.
+  std::this_thread::sleep_for(milliseconds(300));
+  for (int trial = 0; trial < 3; ++trial) {
+    const auto start = Clock::now();
+    McpHttp fresh(port);
+    ASSERT_FALSE(fresh.Initialize().empty());
+    const json r = fresh.Call("get_context", json::object());
+    const int64_t ms = MsSince(start);
+    EXPECT_FALSE(r.is_null());
+    // 50 ms on an idle machine (bench/bridge_bench --idle); generous for a loaded CI box.
+    EXPECT_LT(ms, 1000) << "a new client waited " << ms << " ms behind 1,000 idle connections";
+  }
+  // They were held, not dropped: a connection among them still gets an answer.
+  ASSERT_TRUE(idle[7]->Send(PostRequest(kPing)));
+  const auto reply = idle[7]->Read(milliseconds(5000));
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->status, 400);  // no session: the MCP layer's answer, not the socket's
+}
+
+// Past --max-connections-per-address a new connection from that address is answered 503
+// naming the flag and closed; other addresses are served; a closed one frees its slot.
+TEST_F(BridgeConnectionsTest, ConnectionsPastThePerAddressCapAreAnswered503) {
+  const int port = Start({"--max-connections-per-address", "3"});
+  std::vector<std::unique_ptr<RawClient>> held;
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(RawClient::Connect(port, "127.0.0.2"));
+    ASSERT_TRUE(held.back());
+  }
+  std::this_thread::sleep_for(milliseconds(200));
+  auto extra = RawClient::Connect(port, "127.0.0.2");
+  ASSERT_TRUE(extra);
+  const auto refused = extra->Read(milliseconds(5000));
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 503);
+  EXPECT_NE(refused->body.find("--max-connections-per-address 3"), std::string::npos)
+      << refused->body;
+  EXPECT_NE(refused->body.find("127.0.0.2"), std::string::npos) << refused->body;
+  EXPECT_TRUE(extra->WaitClosed(milliseconds(5000)));
+  // Another address is not affected.
+  McpHttp other(port);
+  EXPECT_FALSE(other.Initialize().empty());
+  // Closing one of the three lets the address in again.
+  held.pop_back();
+  std::this_thread::sleep_for(milliseconds(200));
+  auto again = RawClient::Connect(port, "127.0.0.2");
+  ASSERT_TRUE(again);
+  ASSERT_TRUE(again->Send(PostRequest(kPing)));
+  const auto served = again->Read(milliseconds(5000));
+  ASSERT_TRUE(served);
+  EXPECT_EQ(served->status, 400) << served->body;  // no session
+}
+
+// A connection that sends nothing is closed after --first-request-timeout-ms; one that
+// has made a request may stay idle for the (longer) keep-alive time and is served again.
+TEST_F(BridgeConnectionsTest, FirstRequestTimeoutIsSeparateFromKeepAlive) {
+  const int port = Start({"--first-request-timeout-ms", "300", "--keep-alive-s", "30"});
+  auto silent = RawClient::Connect(port);
+  auto active = RawClient::Connect(port);
+  ASSERT_TRUE(silent && active);
+  ASSERT_TRUE(active->Send(PostRequest(kPing)));
+  ASSERT_TRUE(active->Read(milliseconds(5000)));
+  const auto start = Clock::now();
+  EXPECT_TRUE(silent->WaitClosed(milliseconds(5000)));
+  const int64_t closed_after = MsSince(start);
+  EXPECT_GE(closed_after, 150);
+  EXPECT_LT(closed_after, 3000);
+  // Well past the first-request timeout, the kept-alive connection still serves.
+  std::this_thread::sleep_for(milliseconds(800));
+  ASSERT_TRUE(active->Send(PostRequest(kPing)));
+  const auto reply = active->Read(milliseconds(5000));
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->status, 400);
+}
+
+// Expect: 100-continue gets its interim answer before the body is sent; an HTTP/1.0
+// request is answered in HTTP/1.0 and closed; malformed HTTP and oversized headers get
+// 400 and 431 with a JSON-RPC error saying why.
+TEST_F(BridgeConnectionsTest, RawHttpDetailsGetClearAnswers) {
+  const int port = Start();
+  const std::string init =
+      R"({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18",)"
+      R"("capabilities":{},"clientInfo":{"name":"raw","version":"1"}}})";
+  {
+    auto c = RawClient::Connect(port);
+    ASSERT_TRUE(c);
+    std::string request = PostRequest(init, "Expect: 100-continue\r\n");
+    const size_t body_at = request.size() - init.size();
+    ASSERT_TRUE(c->Send(request.substr(0, body_at)));
+    const auto interim = c->Read(milliseconds(5000));
+    ASSERT_TRUE(interim);
+    EXPECT_EQ(interim->status, 100);
+    ASSERT_TRUE(c->Send(request.substr(body_at)));
+    const auto reply = c->Read(milliseconds(5000));
+    ASSERT_TRUE(reply);
+    EXPECT_EQ(reply->status, 200) << reply->body;
+    EXPECT_FALSE(reply->Header("mcp-session-id").empty());
+  }
+  {
+    auto c = RawClient::Connect(port);
+    ASSERT_TRUE(c);
+    ASSERT_TRUE(c->Send(PostRequest(init, "", "HTTP/1.0")));
+    const auto reply = c->Read(milliseconds(5000));
+    ASSERT_TRUE(reply);
+    EXPECT_EQ(reply->version, "HTTP/1.0");
+    EXPECT_EQ(reply->status, 200);
+    EXPECT_TRUE(c->WaitClosed(milliseconds(5000)));
+  }
+  {
+    auto c = RawClient::Connect(port);
+    ASSERT_TRUE(c);
+    ASSERT_TRUE(c->Send("POST /mcp HTTP/1.1\r\nHost 127.0.0.1\r\n\r\n"));
+    const auto reply = c->Read(milliseconds(5000));
+    ASSERT_TRUE(reply);
+    EXPECT_EQ(reply->status, 400);
+    EXPECT_NE(reply->body.find("malformed HTTP"), std::string::npos) << reply->body;
+  }
+  {
+    auto c = RawClient::Connect(port);
+    ASSERT_TRUE(c);
+    ASSERT_TRUE(c->Send(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n"));
+    const auto reply = c->Read(milliseconds(5000));
+    ASSERT_TRUE(reply);
+    EXPECT_EQ(reply->status, 431);
+    EXPECT_NE(reply->body.find("headers are larger than"), std::string::npos) << reply->body;
+  }
+  // The bridge still serves.
+  McpHttp after(port);
+  EXPECT_FALSE(after.Initialize().empty());
+}
+
+}  // namespace
+}  // namespace onlineps::testing
