@@ -6,6 +6,8 @@
 // on loopback; the load generator's threads share the machine's cores with them.
 //   bridge_bench [--seconds S] [--sessions 1,64] [--rounds R] [--bin-dir DIR]
 //                [--everything DIR]   (DIR holds node_modules/@modelcontextprotocol/...)
+//                [--idle N]  (then: a new client's first answer with N idle connections
+//                             open, beside the same with none; 0: skip)
 // Not a test.
 #include <unistd.h>
 
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "common/mcp_client.h"
+#include "tests/raw_http_client.h"
 #include "tests/subprocess.h"
 #include "worker/worker_client.h"
 
@@ -40,6 +43,7 @@ struct Flags {
   std::vector<int> sessions = {1, 64};
   std::string bin_dir = ONLINEPS_BIN_DIR;
   std::string everything = ONLINEPS_SOURCE_DIR "/bench/node";
+  int idle = 0;  // idle connections for the new-client figure; 0: skip it
 };
 
 struct Figure {
@@ -174,15 +178,69 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->bin_dir = next();
     } else if (a == "--everything") {
       f->everything = next();
+    } else if (a == "--idle") {
+      f->idle = std::max(0, std::atoi(next().c_str()));
     } else {
       std::fprintf(stderr,
                    "bridge_bench: unknown argument '%s'\nusage: bridge_bench [--seconds S] "
-                   "[--rounds R] [--sessions 1,64] [--bin-dir DIR] [--everything DIR]\n",
+                   "[--rounds R] [--sessions 1,64] [--bin-dir DIR] [--everything DIR] [--idle N]\n",
                    a.c_str());
       return false;
     }
   }
   return f->seconds > 0 && !f->sessions.empty();
+}
+
+// Milliseconds from a new client's connect to the answer of its first tool call
+// (initialize, notifications/initialized, tools/call get_context), `trials` times.
+std::vector<double> NewClientMs(int port, int trials) {
+  std::vector<double> ms;
+  for (int i = 0; i < trials; ++i) {
+    const auto start = Clock::now();
+    Mcp m(port);
+    std::string e;
+    if (!m.Initialize(&e) || !m.Call("get_context", json::object(), &e)) {
+      std::fprintf(stderr, "bridge_bench: new client failed: %s\n", e.c_str());
+      continue;
+    }
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms;
+}
+
+// The new-client figure with `idle` connections open that never send a byte, beside
+// the same with none, in one run. They come from 127.0.0.2-9 so that the default
+// per-address cap (512) holds them all.
+void IdleFigure(int port, int idle) {
+  constexpr int kTrials = 30;
+  auto quantile = [](const std::vector<double>& v, double q) {
+    return v.empty() ? 0.0 : v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
+  };
+  const std::vector<double> none = NewClientMs(port, kTrials);
+  std::vector<std::unique_ptr<onlineps::testing::RawClient>> conns;
+  const std::string sources[] = {"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5",
+                                 "127.0.0.6", "127.0.0.7", "127.0.0.8", "127.0.0.9"};
+  for (int i = 0; i < idle; ++i) {
+    auto c = onlineps::testing::RawClient::Connect(port, sources[i % 8].c_str());
+    if (!c) {
+      std::fprintf(stderr, "bridge_bench: idle connection %d failed\n", i);
+      break;
+    }
+    conns.push_back(std::move(c));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // all accepted
+  const std::vector<double> with = NewClientMs(port, kTrials);
+  std::printf("new client: connect -> initialize -> first tool call answered, %d trials\n",
+              kTrials);
+  std::printf("%-36s %10s %10s %10s\n", "idle connections open", "p50 ms", "p99 ms", "max ms");
+  std::printf("%-36d %10.2f %10.2f %10.2f\n", 0, quantile(none, 0.5), quantile(none, 0.99),
+              none.empty() ? 0.0 : none.back());
+  std::printf("%-36zu %10.2f %10.2f %10.2f\n", conns.size(), quantile(with, 0.5),
+              quantile(with, 0.99), with.empty() ? 0.0 : with.back());
+  const double delay = quantile(with, 0.99) - quantile(none, 0.99);
+  std::printf("  %zu idle connections delay a new client by %.2f ms at p99 (target <= 50 ms: %s)\n",
+              conns.size(), delay, delay <= 50 ? "met" : "MISSED");
 }
 
 }  // namespace
@@ -298,5 +356,6 @@ int main(int argc, char** argv) {
     }
     std::printf("\n");
   }
+  if (f.idle > 0) IdleFigure(bridge_port, f.idle);
   return 0;
 }
