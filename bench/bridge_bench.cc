@@ -8,6 +8,8 @@
 //                [--everything DIR]   (DIR holds node_modules/@modelcontextprotocol/...)
 //                [--idle N]  (then: a new client's first answer with N idle connections
 //                             open, beside the same with none; 0: skip)
+//                [--compare-bridge BIN [--compare-flags "F ..."]]  (a second bridge binary,
+//                             e.g. an older build, as one more target on the same worker)
 // Not a test.
 #include <unistd.h>
 
@@ -44,6 +46,9 @@ struct Flags {
   std::string bin_dir = ONLINEPS_BIN_DIR;
   std::string everything = ONLINEPS_SOURCE_DIR "/bench/node";
   int idle = 0;  // idle connections for the new-client figure; 0: skip it
+  std::string compare_bridge;  // a second bridge binary to measure beside the first
+  std::vector<std::string> compare_flags;
+  std::vector<std::string> bridge_flags;  // extra flags of the bridge under test
 };
 
 struct Figure {
@@ -178,12 +183,20 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->bin_dir = next();
     } else if (a == "--everything") {
       f->everything = next();
+    } else if (a == "--compare-bridge") {
+      f->compare_bridge = next();
+    } else if (a == "--compare-flags" || a == "--bridge-flags") {
+      std::stringstream ss(next());
+      auto& out = a == "--compare-flags" ? f->compare_flags : f->bridge_flags;
+      for (std::string w; ss >> w;) out.push_back(w);
     } else if (a == "--idle") {
       f->idle = std::max(0, std::atoi(next().c_str()));
     } else {
       std::fprintf(stderr,
                    "bridge_bench: unknown argument '%s'\nusage: bridge_bench [--seconds S] "
-                   "[--rounds R] [--sessions 1,64] [--bin-dir DIR] [--everything DIR] [--idle N]\n",
+                   "[--rounds R] [--sessions 1,64] [--bin-dir DIR] [--everything DIR] [--idle N]\n"
+                   "       [--bridge-flags \"F ...\"] [--compare-bridge BIN] "
+                   "[--compare-flags \"F ...\"]\n",
                    a.c_str());
       return false;
     }
@@ -256,9 +269,26 @@ int main(int argc, char** argv) {
                      "--model", "text", "--labels", "negative,positive", "--admin-port", "-1",
                      "--log-level", "warn"});
   const std::string worker_ep = worker.WaitForLine("LISTENING ", std::chrono::seconds(60));
-  Subprocess bridge({b + "/onlineps_mcp_bridge", "--workers", worker_ep, "--port", "0",
-                     "--admin-port", "-1", "--log-level", "warn"});
+  auto bridge_argv = [&](const std::string& bin, const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {bin,        "--workers",   worker_ep, "--port",
+                                     "0",        "--admin-port", "-1",     "--log-level",
+                                     "warn"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return argv;
+  };
+  Subprocess bridge(bridge_argv(b + "/onlineps_mcp_bridge", f.bridge_flags));
   const std::string url = bridge.WaitForLine("LISTENING ", std::chrono::seconds(30));
+  std::unique_ptr<Subprocess> other;
+  int other_port = 0;
+  if (!f.compare_bridge.empty()) {
+    other = std::make_unique<Subprocess>(bridge_argv(f.compare_bridge, f.compare_flags));
+    const std::string other_url = other->WaitForLine("LISTENING ", std::chrono::seconds(30));
+    if (other_url.empty()) {
+      std::fprintf(stderr, "bridge_bench: %s did not start\n", f.compare_bridge.c_str());
+      return 1;
+    }
+    other_port = std::stoi(other_url.substr(other_url.rfind(':') + 1));
+  }
   if (ps_ep.empty() || worker_ep.empty() || url.empty()) {
     std::fprintf(stderr, "bridge_bench: the cluster did not start (binaries in %s?)\n", b.c_str());
     return 1;
@@ -318,6 +348,18 @@ int main(int argc, char** argv) {
                        },
                        {ts.pid()}});
   }
+  if (other) {
+    targets.push_back({"compared bridge tools/call infer",
+                       [&](int) {
+                         auto m = std::make_shared<Mcp>(other_port);
+                         std::string e;
+                         m->Initialize(&e);
+                         return std::function<bool(std::string*)>([m, text](std::string* e) {
+                           return m->Call("infer", {{"text", text}}, e);
+                         });
+                       },
+                       {other->pid(), worker.pid()}});
+  }
   std::printf(
       "bridge_bench: 1 PS shard, 1 text-model worker, bridge (HTTP, JSON replies), %u "
       "cores; %.1f s per figure in %d alternating rounds\n",
@@ -355,6 +397,17 @@ int main(int argc, char** argv) {
                   ratio >= 5 ? "met" : "MISSED");
     }
     std::printf("\n");
+    if (other) {
+      const Figure& o = figs.back();
+      std::printf(
+          "  sessions %d: compared bridge: own CPU per call %.1f us, calls/s %.2fx the bridge's",
+          sessions, cpu_per_call(o) - cpu_per_call(figs[0]),
+          o.PerSecond() / std::max(1.0, figs[1].PerSecond()));
+      if (have_ts) {
+        std::printf(", %.2fx TypeScript", o.PerSecond() / std::max(1.0, figs[2].PerSecond()));
+      }
+      std::printf("\n");
+    }
   }
   if (f.idle > 0) IdleFigure(bridge_port, f.idle);
   return 0;
