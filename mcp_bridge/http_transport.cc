@@ -213,6 +213,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
                });
   }
 
+  // From the request thread, with the whole answer to a request read by this connection
+  // (nothing else touches the socket until the next read starts: no hand-off needed).
+  // Writes what the socket takes at once and starts reading the next request from here;
+  // only the rest of a large answer, or a close, goes through the strand.
+  void Finish(std::string bytes, bool close);
+
  private:
   void ReadHeader();
   void OnHeader(beast::error_code ec);
@@ -376,6 +382,23 @@ void Connection::Refuse(beast::error_code ec) {
     return;
   }
   Push(Frame(a, 11, false), true, true);
+}
+
+void Connection::Finish(std::string bytes, bool close) {
+  beast::error_code ec;
+  tcp::socket& socket = stream_.socket();
+  if (!close && !owner_->draining()) socket.non_blocking(true, ec);
+  if (!close && !owner_->draining() && !ec) {
+    const size_t n = socket.write_some(asio::buffer(bytes), ec);
+    if (!ec && n == bytes.size()) {
+      answering_ = false;
+      owner_->Answered();
+      ReadHeader();
+      return;
+    }
+    if (!ec) bytes.erase(0, n);
+  }
+  Send(std::move(bytes), true, close);
 }
 
 void Connection::Push(std::string bytes, bool last, bool close) {
@@ -551,7 +574,7 @@ void HttpTransport::Impl::Serve(const std::shared_ptr<Connection>& conn, const H
     res = Answer();
     SendError(res, 500, kInternalError, std::string("internal error: ") + e.what());
   }
-  conn->Send(Frame(res, req.version(), keep_alive), true, !keep_alive);
+  conn->Finish(Frame(res, req.version(), keep_alive), !keep_alive);
 }
 
 bool HttpTransport::Impl::Admit(const HttpRequest& req, Answer& res, std::string* principal) {
