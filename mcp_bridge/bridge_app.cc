@@ -363,6 +363,7 @@ int RunBridge(int argc, char** argv, const std::function<void(McpServer*)>& exte
     spdlog::error("{}", port.status().ToString());
     return 2;
   }
+  if (metrics) metrics->SetHttp(&http);
   const std::string url = "http://" + f.http.host + ":" + std::to_string(*port) + f.http.path;
   std::cout << "LISTENING " << url << std::endl;
   spdlog::info("serving MCP on {} with {} healthy worker(s)", url, pool.healthy());

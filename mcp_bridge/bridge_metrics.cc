@@ -48,9 +48,28 @@ BridgeMetrics::BridgeMetrics(std::shared_ptr<prometheus::Registry> registry, con
                 .Help("sessions moved to another worker by membership changes")
                 .Register(r)
                 .Add({});
+  connections_ = NewGauge(r, "onlineps_bridge_http_connections", "HTTP connections open");
+  auto& refused = prometheus::BuildCounter()
+                      .Name("onlineps_bridge_http_connections_refused_total")
+                      .Help("new HTTP connections answered 503 and closed, by the cap they hit")
+                      .Register(r);
+  refused_per_address_ = &refused.Add({{"reason", "per_address_limit"}});
+  refused_total_ = &refused.Add({{"reason", "total_limit"}});
+  timed_out_ = &prometheus::BuildCounter()
+                    .Name("onlineps_bridge_http_connections_timed_out_total")
+                    .Help(
+                        "HTTP connections closed by a timeout (first request, keep-alive, "
+                        "body, answer)")
+                    .Register(r)
+                    .Add({});
 }
 
 BridgeMetrics::~BridgeMetrics() { Stop(); }
+
+void BridgeMetrics::SetHttp(const HttpTransport* http) {
+  MutexLock lock(&mu_);
+  http_ = http;
+}
 
 void BridgeMetrics::Observe(const TraceRecord& call) {
   calls_->Add({{"tool", call.tool}, {"result", call.is_error ? "error" : "ok"}}).Increment();
@@ -71,6 +90,16 @@ void BridgeMetrics::Update() {
   const double moves = static_cast<double>(rs.moves);
   if (moves > moves_seen_) moves_->Increment(moves - moves_seen_);
   moves_seen_ = moves;
+  if (http_ == nullptr) return;
+  const HttpTransportStats h = http_->stats();
+  connections_->Set(static_cast<double>(h.open));
+  auto add = [](prometheus::Counter* c, uint64_t now, uint64_t seen) {
+    if (now > seen) c->Increment(static_cast<double>(now - seen));
+  };
+  add(refused_per_address_, h.refused_per_address, http_seen_.refused_per_address);
+  add(refused_total_, h.refused_total, http_seen_.refused_total);
+  add(timed_out_, h.timed_out, http_seen_.timed_out);
+  http_seen_ = h;
 }
 
 void BridgeMetrics::Start(std::chrono::milliseconds period) {

@@ -16,6 +16,7 @@
 #include "common/mutex.h"
 #include "common/periodic_thread.h"
 #include "mcp_bridge/context_store.h"
+#include "mcp_bridge/http_transport.h"
 #include "mcp_bridge/mcp_server.h"
 #include "mcp_bridge/recorder.h"
 #include "mcp_bridge/router.h"
@@ -32,6 +33,9 @@ class BridgeMetrics {
   void Start(std::chrono::milliseconds period = std::chrono::seconds(1));
   void Stop();
   void Observe(const TraceRecord& call);
+  // The HTTP transport whose connections are counted (null: none, e.g. stdio). It must
+  // outlive Stop() or a later SetHttp.
+  void SetHttp(const HttpTransport* http);
   void Update();
 
  private:
@@ -45,6 +49,10 @@ class BridgeMetrics {
   prometheus::Gauge *sessions_, *routed_, *contexts_gauge_, *healthy_, *down_;
   prometheus::Counter* moves_;
   double moves_seen_ GUARDED_BY(mu_) = 0;
+  prometheus::Gauge* connections_;
+  prometheus::Counter *refused_per_address_, *refused_total_, *timed_out_;
+  const HttpTransport* http_ GUARDED_BY(mu_) = nullptr;
+  HttpTransportStats http_seen_ GUARDED_BY(mu_);
 
   Mutex mu_;
   onlineps::PeriodicThread thread_;

@@ -259,6 +259,8 @@ class HttpTransport::Impl {
   void Release(const std::string& client);
   // A request's answer is all written (or its connection is gone).
   void Answered() { answering_.fetch_sub(1, std::memory_order_acq_rel); }
+  void TimedOut() { timed_out_.fetch_add(1, std::memory_order_relaxed); }
+  HttpTransportStats stats() const;
   // Stop() has begun: answers still go out, then their connections close.
   bool draining() const { return draining_.load(std::memory_order_acquire); }
 
@@ -286,10 +288,10 @@ class HttpTransport::Impl {
   const HttpTransportOptions options_;
   McpServer* const mcp_;
 
-  Mutex conn_mu_;
+  mutable Mutex conn_mu_;
   std::map<std::string, size_t> open_per_client_ GUARDED_BY(conn_mu_);
   size_t open_ GUARDED_BY(conn_mu_) = 0;
-  std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> refused_{0}, refused_per_address_{0}, timed_out_{0};
   std::atomic<int64_t> answering_{0};  // requests read whose answers are not all written
   std::atomic<bool> draining_{false};
 
@@ -376,6 +378,7 @@ void Connection::Refuse(beast::error_code ec) {
     SendError(a, 400, kInvalidRequest, "Bad Request: malformed HTTP (" + ec.message() + ")");
   } else {
     // Closed by the client, timed out (first request, keep-alive or body), reset.
+    if (ec == beast::error::timeout) owner_->TimedOut();
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.socket().close(ignored);
@@ -431,6 +434,7 @@ void Connection::Flush() {
                       self->busy_ = false;
                       self->writing_.clear();
                       if (ec) {
+                        if (ec == beast::error::timeout) self->owner_->TimedOut();
                         beast::error_code ignored;
                         self->stream_.socket().close(ignored);
                         return;
@@ -454,6 +458,18 @@ void Connection::Linger() {
                           });
 }
 
+HttpTransportStats HttpTransport::Impl::stats() const {
+  HttpTransportStats s;
+  {
+    MutexLock lock(&conn_mu_);
+    s.open = open_;
+  }
+  s.refused_per_address = refused_per_address_.load(std::memory_order_relaxed);
+  s.refused_total = refused_.load(std::memory_order_relaxed) - s.refused_per_address;
+  s.timed_out = timed_out_.load(std::memory_order_relaxed);
+  return s;
+}
+
 void HttpTransport::Impl::Release(const std::string& client) {
   MutexLock lock(&conn_mu_);
   --open_;
@@ -465,6 +481,7 @@ std::string HttpTransport::Impl::Admit(const std::string& client) {
   MutexLock lock(&conn_mu_);
   size_t& n = open_per_client_[client];
   if (n >= options_.max_connections_per_address) {
+    refused_per_address_.fetch_add(1, std::memory_order_relaxed);
     return std::to_string(n) + " connections are open from " + client +
            " (--max-connections-per-address " +
            std::to_string(options_.max_connections_per_address) + ")";
@@ -864,5 +881,6 @@ HttpTransport::HttpTransport(HttpTransportOptions options, McpServer* server)
 HttpTransport::~HttpTransport() { Stop(); }
 StatusOr<int> HttpTransport::Start() { return impl_->Start(); }
 void HttpTransport::Stop() { impl_->Stop(); }
+HttpTransportStats HttpTransport::stats() const { return impl_->stats(); }
 
 }  // namespace onlineps::bridge

@@ -53,6 +53,14 @@ struct HttpTransportOptions {
   size_t max_connections = 10000;
 };
 
+struct HttpTransportStats {
+  uint64_t open = 0;                 // connections open now
+  uint64_t refused_per_address = 0;  // answered 503: --max-connections-per-address
+  uint64_t refused_total = 0;        // answered 503: --max-connections
+  // Closed by a timeout: no first request, keep-alive idle, body or answer too slow.
+  uint64_t timed_out = 0;
+};
+
 class HttpTransport {
  public:
   class Impl;  // defined in the .cc; public so its connection objects can name it
@@ -63,6 +71,7 @@ class HttpTransport {
   // Binds and serves on background threads; returns the bound port.
   StatusOr<int> Start();
   void Stop();
+  HttpTransportStats stats() const;  // thread-safe
 
  private:
   std::unique_ptr<Impl> impl_;  // keeps Beast and Asio out of includers

@@ -81,7 +81,11 @@ TEST_F(BridgeConnectionsTest, ThousandIdleConnectionsDoNotDelayANewClient) {
 // Past --max-connections-per-address a new connection from that address is answered 503
 // naming the flag and closed; other addresses are served; a closed one frees its slot.
 TEST_F(BridgeConnectionsTest, ConnectionsPastThePerAddressCapAreAnswered503) {
-  const int port = Start({"--max-connections-per-address", "3"});
+  int admin_port = 0;
+  const int port =
+      cluster_.StartBridge({worker_}, {"--max-connections-per-address", "3"}, &admin_port);
+  ASSERT_GT(port, 0);
+  ASSERT_GT(admin_port, 0);
   std::vector<std::unique_ptr<RawClient>> held;
   for (int i = 0; i < 3; ++i) {
     held.push_back(RawClient::Connect(port, "127.0.0.2"));
@@ -97,6 +101,17 @@ TEST_F(BridgeConnectionsTest, ConnectionsPastThePerAddressCapAreAnswered503) {
       << refused->body;
   EXPECT_NE(refused->body.find("127.0.0.2"), std::string::npos) << refused->body;
   EXPECT_TRUE(extra->WaitClosed(milliseconds(5000)));
+  // Counted for operators (the gauges are copied once a second).
+  const std::string counted =
+      "onlineps_bridge_http_connections_refused_total{reason=\"per_address_limit\"} 1";
+  std::string metrics;
+  for (int i = 0; i < 40 && metrics.find(counted) == std::string::npos; ++i) {
+    std::this_thread::sleep_for(milliseconds(100));
+    httplib::Client admin("127.0.0.1", admin_port);
+    if (auto r = admin.Get("/metrics")) metrics = r->body;
+  }
+  EXPECT_NE(metrics.find(counted), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("onlineps_bridge_http_connections 3"), std::string::npos);
   // Another address is not affected.
   McpHttp other(port);
   EXPECT_FALSE(other.Initialize().empty());
