@@ -47,6 +47,7 @@ struct Flags {
   std::string bound_mode = "reject";
   int64_t context_ttl_s = 1800;
   int64_t ps_timeout_ms = 5000;
+  int64_t infer_batch_wait_us = 0;
   uint64_t sender_id = 0;
   std::string admin_host = "127.0.0.1";
   int admin_port = 9200;
@@ -275,6 +276,13 @@ void AddServingFlags(CLI::App& app, Flags* f) {
   app.add_option("--handler-threads", f->server.handler_threads, "Threads running infer/learn")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
+  app.add_flag("!--no-infer-batching", f->service.batch_infer,
+               "Run every infer call in its own forward pass (default: calls that arrive "
+               "while the model is busy share the next pass)");
+  app.add_option("--infer-batch-wait-us", f->infer_batch_wait_us,
+                 "How long the first infer of a pass waits for more calls (0: none)")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
   app.add_option("--ps-timeout-ms", f->ps_timeout_ms, "Deadline of each PS call")
       ->capture_default_str();
   app.add_option("--sender-id", f->sender_id, "PS sender id (0: random per process)")
@@ -329,6 +337,7 @@ Status Finish(Flags* f) {
       f->reply_when == "queued" ? worker::ReplyWhen::kQueued : worker::ReplyWhen::kApplied;
   f->service.context.ttl_ms = f->context_ttl_s * 1000;
   f->service.push_timeout = std::chrono::milliseconds(f->ps_timeout_ms);
+  f->service.batch_wait = std::chrono::microseconds(f->infer_batch_wait_us);
   if (f->model.table_prefix.empty()) f->model.table_prefix = f->model.kind + "/";
   if (f->model.kind == "mlp" && f->model.input_dim > f->service.limits.max_features) {
     return onlineps::InvalidArgument("--input-dim " + std::to_string(f->model.input_dim) +

@@ -27,6 +27,8 @@ WorkerMetrics::WorkerMetrics(const WorkerService* service, const WorkerServer* s
   auto& r = *registry_;
   infer_requests_.c = NewCounter(r, "onlineps_worker_infer_requests_total", "infer calls served");
   infer_examples_.c = NewCounter(r, "onlineps_worker_infer_examples_total", "examples inferred");
+  infer_passes_.c = NewCounter(r, "onlineps_worker_infer_passes_total",
+                               "forward passes run for infer (calls per pass: requests / passes)");
   learn_requests_.c = NewCounter(r, "onlineps_worker_learn_requests_total", "learn calls served");
   learn_examples_.c = NewCounter(r, "onlineps_worker_learn_examples_total", "examples learned");
   pushes_.c = NewCounter(r, "onlineps_worker_pushes_total", "pushes completed (ok or not)");
@@ -68,6 +70,7 @@ void WorkerMetrics::Update() {
   MutexLock lock(&mu_);
   infer_requests_.Set(static_cast<double>(s.infer_requests));
   infer_examples_.Set(static_cast<double>(s.infer_examples));
+  infer_passes_.Set(static_cast<double>(s.infer_passes));
   learn_requests_.Set(static_cast<double>(s.learn_requests));
   learn_examples_.Set(static_cast<double>(s.learn_examples));
   pushes_.Set(static_cast<double>(s.pushes));

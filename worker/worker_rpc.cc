@@ -241,6 +241,7 @@ json ToJson(const LearnReply& r) {
 json ToJson(const WorkerStats& s) {
   return {{"infer_requests", s.infer_requests},
           {"infer_examples", s.infer_examples},
+          {"infer_passes", s.infer_passes},
           {"learn_requests", s.learn_requests},
           {"learn_examples", s.learn_examples},
           {"pushes", s.pushes},

@@ -260,24 +260,111 @@ StatusOr<WorkerService::Read> WorkerService::ReadParams(const std::vector<Exampl
   return r;
 }
 
+StatusOr<WorkerService::InferRun> WorkerService::RunInfer(const std::vector<Example>& batch,
+                                                          const ContextInput& ctx) {
+  ONLINEPS_ASSIGN_OR_RETURN(Read read, ReadParams(batch, ctx));
+  ONLINEPS_ASSIGN_OR_RETURN(InferOutput out, model_->Infer(batch, ctx, read.view));
+  InferRun run;
+  run.out = std::move(out);
+  run.version = read.version;
+  for (size_t i = 0; i < model_->params().size(); ++i) {
+    run.versions[model_->params()[i].name] = read.read[i];
+  }
+  run.age_ms = Now() - read.oldest_ms;
+  {
+    MutexLock lock(&mu_);
+    stats_.infer_passes++;
+  }
+  return run;
+}
+
+Status WorkerService::CombineInfer(InferSlot* me) {
+  MutexLock lock(&batch_mu_);
+  batch_queue_.push_back(me);
+  while (!me->done) {
+    if (batch_running_) {
+      batch_cv_.Wait(&batch_mu_);
+      continue;
+    }
+    // Lead the next pass: everything queued, in arrival order, up to max_batch examples.
+    batch_running_ = true;
+    if (options_.batch_wait.count() > 0) {
+      const auto until = std::chrono::steady_clock::now() + options_.batch_wait;
+      batch_cv_.WaitUntil(&batch_mu_, until, [] { return false; });
+    }
+    std::vector<InferSlot*> slots;
+    size_t examples = 0;
+    while (!batch_queue_.empty() &&
+           (slots.empty() ||
+            examples + batch_queue_.front()->batch->size() <= options_.limits.max_batch)) {
+      examples += batch_queue_.front()->batch->size();
+      slots.push_back(batch_queue_.front());
+      batch_queue_.pop_front();
+    }
+    lock.Unlock();
+    RunInferPass(slots);
+    lock.Lock();
+    for (InferSlot* s : slots) s->done = true;
+    batch_running_ = false;
+    batch_cv_.SignalAll();
+  }
+  return me->status;
+}
+
+void WorkerService::RunInferPass(const std::vector<InferSlot*>& slots) {
+  auto alone = [this](InferSlot* s) {
+    StatusOr<InferRun> run = RunInfer(*s->batch, ContextInput{});
+    s->offset = 0;
+    if (run.ok()) {
+      s->run = std::make_shared<InferRun>(std::move(*run));
+    } else {
+      s->status = run.status();
+    }
+  };
+  if (slots.size() == 1) return alone(slots[0]);
+  std::vector<Example> all;
+  for (InferSlot* s : slots) {
+    s->offset = all.size();
+    all.insert(all.end(), s->batch->begin(), s->batch->end());
+  }
+  StatusOr<InferRun> run = RunInfer(all, ContextInput{});
+  if (!run.ok()) {
+    // A model error names an example of the combined batch: run each call alone so that
+    // each gets its own answer, and its own error naming its own example.
+    for (InferSlot* s : slots) alone(s);
+    return;
+  }
+  auto shared = std::make_shared<InferRun>(std::move(*run));
+  for (InferSlot* s : slots) s->run = shared;
+}
+
 StatusOr<InferReply> WorkerService::Infer(const std::string& session,
                                           const std::vector<Example>& batch) {
   ONLINEPS_RETURN_IF_ERROR(CheckBatch(batch, /*need_labels=*/false));
   const ContextInput ctx = session.empty() ? ContextInput{} : context_.Input(session);
-  ONLINEPS_ASSIGN_OR_RETURN(Read read, ReadParams(batch, ctx));
-  ONLINEPS_ASSIGN_OR_RETURN(InferOutput out, model_->Infer(batch, ctx, read.view));
-  InferReply reply;
-  reply.version = read.version;
-  for (size_t i = 0; i < model_->params().size(); ++i) {
-    reply.versions[model_->params()[i].name] = read.read[i];
+  std::shared_ptr<InferRun> run;
+  size_t offset = 0;
+  if (options_.batch_infer && ctx.empty()) {
+    InferSlot me;
+    me.batch = &batch;
+    ONLINEPS_RETURN_IF_ERROR(CombineInfer(&me));
+    run = std::move(me.run);
+    offset = me.offset;
+  } else {
+    ONLINEPS_ASSIGN_OR_RETURN(InferRun alone, RunInfer(batch, ctx));
+    run = std::make_shared<InferRun>(std::move(alone));
   }
-  reply.params_age_ms = Now() - read.oldest_ms;
+  InferReply reply;
+  reply.version = run->version;
+  reply.versions = run->versions;
+  reply.params_age_ms = run->age_ms;
   const auto& labels = model_->labels();
-  for (size_t i = 0; i < out.scores.size(); ++i) {
+  // The calls of one pass read disjoint ranges of its output.
+  for (size_t i = offset; i < offset + batch.size() && i < run->out.scores.size(); ++i) {
     Prediction p;
-    p.index = out.predicted[i];
+    p.index = run->out.predicted[i];
     p.label = labels[static_cast<size_t>(p.index)];
-    p.scores = std::move(out.scores[i]);
+    p.scores = std::move(run->out.scores[i]);
     reply.predictions.push_back(std::move(p));
   }
   {

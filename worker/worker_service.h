@@ -8,7 +8,9 @@
 #define ONLINEPS_WORKER_WORKER_SERVICE_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -60,6 +62,14 @@ struct WorkerServiceOptions {
   // anything proportional to the request is allocated.
   RequestLimits limits;
   size_t max_inflight_pushes = 256;  // queued mode: pushes not yet acknowledged
+  // Dynamic batching of infer: calls that arrive while the model is busy (from other
+  // handler threads) wait, and the next forward pass serves all of them at once, up to
+  // limits.max_batch examples. Calls with a session context run alone (the context is
+  // input to their own pass). false: every call runs its own pass.
+  bool batch_infer = true;
+  // How long the first call of a pass waits for more calls before it starts (0: none;
+  // the batch is whatever arrived while the previous pass ran).
+  std::chrono::microseconds batch_wait{0};
   std::chrono::milliseconds push_timeout{5000};
   // Table template for CreateTables (optimizer, staleness policy, bounds); name, kind,
   // shape, dim and init come from the model.
@@ -104,6 +114,9 @@ struct LearnReply {
 
 struct WorkerStats {
   uint64_t infer_requests = 0, infer_examples = 0, learn_requests = 0, learn_examples = 0;
+  // Forward passes run for infer: infer_requests / infer_passes is the mean number of
+  // calls the batcher served with one pass.
+  uint64_t infer_passes = 0;
   uint64_t pushes = 0, push_errors = 0, rejected_nonfinite = 0, max_tau = 0;
   uint64_t group_rounds = 0;  // local-group rounds completed (0 without a group)
   bool group_active = false;
@@ -144,6 +157,25 @@ class WorkerService {
 
  private:
   struct Read;
+  // What one infer forward pass read and computed, shared by the calls it served.
+  struct InferRun {
+    InferOutput out;
+    std::map<std::string, std::vector<uint64_t>> versions;
+    uint64_t version = 0;
+    int64_t age_ms = 0;
+  };
+  // One infer call waiting for the batcher.
+  struct InferSlot {
+    const std::vector<Example>* batch = nullptr;
+    std::shared_ptr<InferRun> run;  // set when done and ok
+    size_t offset = 0;              // its first example's index in run->out
+    Status status;
+    bool done = false;
+  };
+  StatusOr<InferRun> RunInfer(const std::vector<Example>& batch, const ContextInput& ctx);
+  // Queues `me` and returns once a pass (led by this thread or another) has served it.
+  Status CombineInfer(InferSlot* me);
+  void RunInferPass(const std::vector<InferSlot*>& slots);
   // Pushes started by one call, finished by FinishPushes.
   struct Pushes {
     struct One {
@@ -200,6 +232,11 @@ class WorkerService {
   // Group mode: dense gradients wait here for the next round (never pushed by count).
   std::vector<std::unique_ptr<Accumulator>> group_acc_;
   std::atomic<bool> group_active_{false};
+
+  Mutex batch_mu_;  // never held while a pass runs
+  CondVar batch_cv_;
+  std::deque<InferSlot*> batch_queue_ GUARDED_BY(batch_mu_);
+  bool batch_running_ GUARDED_BY(batch_mu_) = false;
 
   mutable Mutex mu_;
   WorkerStats stats_ GUARDED_BY(mu_);  // cache and context filled in by stats()

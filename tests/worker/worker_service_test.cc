@@ -701,6 +701,102 @@ TEST_F(WorkerServiceTest, RpcFeaturesAsFloat32BinaryEqualTheArrayForm) {
   EXPECT_NE(bad.status().message().find("float32"), std::string::npos) << bad.status().ToString();
 }
 
+// Infers from 8 threads at once share forward passes (the batcher), and each call gets
+// exactly the predictions it would get alone.
+TEST_F(WorkerServiceTest, ConcurrentInfersShareForwardPassesAndGetTheirOwnAnswers) {
+  WorkerServiceOptions o;
+  o.batch_wait = std::chrono::milliseconds(2);  // so that passes surely form on a slow box
+  StartWorker(Mlp(), o);
+  std::vector<std::vector<Example>> inputs;
+  for (int i = 0; i < 64; ++i) {
+    const float f = static_cast<float>(i);
+    inputs.push_back(Feats({{f * 0.1f, -f * 0.05f, 1.0f, f * 0.01f}}, {}));
+    if (i % 5 == 0) inputs.back().push_back(Feats({{-f, f, 0.5f, 0.0f}}, {})[0]);
+  }
+  // Alone first: the reference answers (nothing is learned, so parameters do not move).
+  std::vector<InferReply> alone;
+  for (const auto& in : inputs) {
+    auto r = service_->Infer("", in);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    alone.push_back(*r);
+  }
+  const WorkerStats before = service_->stats();
+  std::vector<InferReply> together(inputs.size());
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t i = static_cast<size_t>(t); i < inputs.size(); i += 8) {
+        auto r = service_->Infer("", inputs[i]);
+        if (!r.ok()) {
+          failures++;
+          continue;
+        }
+        together[i] = *r;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_EQ(failures.load(), 0);
+  const WorkerStats after = service_->stats();
+  const uint64_t calls = after.infer_requests - before.infer_requests;
+  const uint64_t passes = after.infer_passes - before.infer_passes;
+  EXPECT_EQ(calls, inputs.size());
+  EXPECT_LT(passes, calls) << "no two calls shared a forward pass";
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    ASSERT_EQ(together[i].predictions.size(), inputs[i].size()) << "call " << i;
+    for (size_t k = 0; k < inputs[i].size(); ++k) {
+      EXPECT_EQ(together[i].predictions[k].index, alone[i].predictions[k].index);
+      ASSERT_EQ(together[i].predictions[k].scores.size(), alone[i].predictions[k].scores.size());
+      for (size_t c = 0; c < alone[i].predictions[k].scores.size(); ++c) {
+        EXPECT_NEAR(together[i].predictions[k].scores[c], alone[i].predictions[k].scores[c], 1e-5)
+            << "call " << i << " example " << k;
+      }
+    }
+    EXPECT_EQ(together[i].versions, alone[i].versions);
+  }
+}
+
+// A call the model refuses (the wrong number of features) gets its own error while the
+// calls that shared its pass get their answers; calls with a session context and
+// --no-infer-batching run one pass each.
+TEST_F(WorkerServiceTest, BatchedInferErrorsStayWithTheirCallAndContextCallsRunAlone) {
+  WorkerServiceOptions o;
+  o.batch_wait = std::chrono::milliseconds(20);
+  StartWorker(Mlp(), o);
+  std::vector<std::thread> threads;
+  std::vector<Status> results(6);
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      const std::vector<Example> in =
+          t == 3 ? Feats({{1.0f, 2.0f}}, {}) : Feats({{1.0f, 2.0f, 3.0f, 4.0f}}, {});
+      results[static_cast<size_t>(t)] = service_->Infer("", in).status();
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 6; ++t) {
+    if (t == 3) {
+      EXPECT_FALSE(results[3].ok());
+      EXPECT_NE(results[3].message().find("example 0"), std::string::npos) << results[3].ToString();
+    } else {
+      EXPECT_TRUE(results[static_cast<size_t>(t)].ok())
+          << results[static_cast<size_t>(t)].ToString();
+    }
+  }
+  // A session with context: its own pass every time.
+  ASSERT_TRUE(service_->context().Set("s", {"some context"}, {}).ok());
+  const WorkerStats before = service_->stats();
+  threads.clear();
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      EXPECT_TRUE(service_->Infer("s", Feats({{1.0f, 0.0f, 0.0f, 1.0f}}, {})).ok());
+    });
+  }
+  for (auto& th : threads) th.join();
+  const WorkerStats after = service_->stats();
+  EXPECT_EQ(after.infer_passes - before.infer_passes, after.infer_requests - before.infer_requests);
+}
+
 TEST_F(WorkerServiceTest, ContextOpsRoundTripOverRpc) {
   StartWorker(Text(), WorkerServiceOptions());
   auto set = rpc_->Call(Op::kContextSet, {{"session", "s1"}, {"items", {"hello", "world"}}});
