@@ -7,13 +7,14 @@
 // what a PyTorch user would build (torch.distributed.rpc, caller -> trainer -> one PS, the
 // same mlp 64-32-10 b1) and prints our figures over its. Not a test.
 //   worker_bench [--seconds S] [--threads N] [--shards N] [--quick] [--no-read-own-writes]
-//                [--no-torch]
+//                [--no-torch] [--no-infer-batching] [--handler-threads N] [--infer-passes N]
 #include <prometheus/registry.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -49,6 +50,9 @@ struct Flags {
   int shards = 1;
   bool read_own_writes = true;  // --no-read-own-writes: learn reads may miss own pushes
   bool torch = true;            // --no-torch: skip the torch.distributed.rpc baseline
+  bool batch_infer = true;      // --no-infer-batching: one forward pass per infer call
+  int handler_threads = WorkerServerOptions{}.handler_threads;  // --handler-threads
+  int infer_passes = 0;  // --infer-passes (WorkerServiceOptions::infer_passes)
 };
 
 struct Figure {
@@ -441,6 +445,12 @@ class ModelBench {
   double InferRate(int threads) {
     return Run(threads, flags_.seconds, WorkerCall(Op::kInfer, 1, threads), "infer").per_s;
   }
+  // The model in-process, `threads` callers each running batches of `batch`: examples/s
+  // (= requests/s of one example each, served `batch` at a time).
+  double LocalInferExamples(size_t batch, int threads) {
+    return Run(threads, flags_.seconds, LocalInfer(batch, threads), "local infer").per_s *
+           static_cast<double>(batch);
+  }
 
   static double ProcessCpuSeconds() {
     rusage u{};
@@ -575,8 +585,12 @@ int BenchModel(const std::string& name, const ModelOptions& options, ps::PsClien
   WorkerServiceOptions so;
   so.table_template.optimizer_params["lr"] = kLr;
   so.read_own_writes = flags.read_own_writes;
+  so.batch_infer = flags.batch_infer;
+  so.infer_passes = flags.infer_passes;
   WorkerService service(ps, model->get(), so);
-  WorkerServer server(&service, WorkerServerOptions{});
+  WorkerServerOptions wso;
+  wso.handler_threads = flags.handler_threads;
+  WorkerServer server(&service, wso);
   Status st = service.Start();
   auto ep = st.ok() ? server.Start() : StatusOr<std::string>(st);
   if (!ep.ok()) {
@@ -589,6 +603,21 @@ int BenchModel(const std::string& name, const ModelOptions& options, ps::PsClien
   if (!client.ok()) return 1;
   ModelBench bench(name, model->get(), ps, client->get(), std::move(pool), flags);
   for (Row& r : bench.RunAll()) rows->push_back(std::move(r));
+  {
+    // Dynamic batching: infer b1 from --threads callers, beside the model in-process at the
+    // batch size the batcher formed (mean calls per forward pass), same thread count.
+    const WorkerStats s0 = service.stats();
+    const double rate = bench.InferRate(flags.threads);
+    const WorkerStats s1 = service.stats();
+    const double per_pass =
+        static_cast<double>(s1.infer_requests - s0.infer_requests) /
+        static_cast<double>(std::max<uint64_t>(1, s1.infer_passes - s0.infer_passes));
+    const auto b = static_cast<size_t>(std::max(1.0, std::round(per_pass)));
+    char figure[96];
+    std::snprintf(figure, sizeof figure, "%s infer b1 req/s (%d thr), %.2f per pass", name.c_str(),
+                  flags.threads, per_pass);
+    rows->push_back({figure, rate, bench.LocalInferExamples(b, flags.threads), 0.5});
+  }
   if (options.kind == "mlp" && options.input_dim == 64 && flags.torch) {
     TorchComparison(&bench, flags);
   }
@@ -612,7 +641,8 @@ int Main(int argc, char** argv) {
   Flags flags;
   const char* usage =
       "usage: worker_bench [--seconds S] [--threads N] [--shards N] [--quick] "
-      "[--no-read-own-writes] [--no-torch]\n";
+      "[--no-read-own-writes] [--no-torch] [--no-infer-batching] [--handler-threads N]\n"
+      "                    [--infer-passes N]\n";
   for (int i = 1; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
     if (!std::strcmp(argv[i], "--quick")) {
@@ -621,6 +651,12 @@ int Main(int argc, char** argv) {
       flags.read_own_writes = false;
     } else if (!std::strcmp(argv[i], "--no-torch")) {
       flags.torch = false;
+    } else if (!std::strcmp(argv[i], "--no-infer-batching")) {
+      flags.batch_infer = false;
+    } else if (!std::strcmp(argv[i], "--infer-passes") && has_value) {
+      flags.infer_passes = std::max(0, std::atoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--handler-threads") && has_value) {
+      flags.handler_threads = std::max(1, std::atoi(argv[++i]));
     } else if (!std::strcmp(argv[i], "--seconds") && has_value) {
       flags.seconds = std::atof(argv[++i]);
     } else if (!std::strcmp(argv[i], "--threads") && has_value) {
@@ -656,8 +692,8 @@ int Main(int argc, char** argv) {
   std::printf(
       "worker_bench: %d shard(s), worker with %d handler threads, tcp loopback, %u cores;\n"
       "throughput with %d client threads, latency with 1; %.1f s per figure and side\n",
-      flags.shards, WorkerServerOptions{}.handler_threads, std::thread::hardware_concurrency(),
-      flags.threads, flags.seconds);
+      flags.shards, flags.handler_threads, std::thread::hardware_concurrency(), flags.threads,
+      flags.seconds);
   std::vector<Row> rows;
   ModelOptions mlp;
   mlp.kind = "mlp";

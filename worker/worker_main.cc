@@ -279,6 +279,11 @@ void AddServingFlags(CLI::App& app, Flags* f) {
   app.add_flag("!--no-infer-batching", f->service.batch_infer,
                "Run every infer call in its own forward pass (default: calls that arrive "
                "while the model is busy share the next pass)");
+  app.add_option("--infer-passes", f->service.infer_passes,
+                 "Infer forward passes run at once; calls are batched only while this many "
+                 "run (0: one per CPU core, 1 on CUDA)")
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
   app.add_option("--infer-batch-wait-us", f->infer_batch_wait_us,
                  "How long the first infer of a pass waits for more calls (0: none)")
       ->check(CLI::Range(0, 100000))

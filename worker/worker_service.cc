@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
 
 #include "common/clock.h"
 #include "common/partition.h"
@@ -56,7 +57,15 @@ WorkerService::WorkerService(ps::PsClient* client, Model* model, WorkerServiceOp
       model_(model),
       options_(std::move(options)),
       cache_(client, options_.cache),
-      context_(options_.context) {}
+      context_(options_.context) {
+  if (options_.infer_passes > 0) {
+    max_passes_ = options_.infer_passes;
+  } else if (model_->device().rfind("cuda", 0) == 0) {
+    max_passes_ = 1;  // one device: the largest batches
+  } else {
+    max_passes_ = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+}
 
 WorkerService::~WorkerService() { static_cast<void>(Stop()); }
 
@@ -282,15 +291,16 @@ Status WorkerService::CombineInfer(InferSlot* me) {
   MutexLock lock(&batch_mu_);
   batch_queue_.push_back(me);
   while (!me->done) {
-    if (batch_running_) {
-      batch_cv_.Wait(&batch_mu_);
+    if (passes_running_ >= max_passes_) {
+      me->cv.Wait(&batch_mu_);
       continue;
     }
-    // Lead the next pass: everything queued, in arrival order, up to max_batch examples.
-    batch_running_ = true;
+    // Lead a pass: everything queued, in arrival order, up to max_batch examples (this
+    // call itself may be left for the next pass when older calls fill it).
+    passes_running_++;
     if (options_.batch_wait.count() > 0) {
       const auto until = std::chrono::steady_clock::now() + options_.batch_wait;
-      batch_cv_.WaitUntil(&batch_mu_, until, [] { return false; });
+      me->cv.WaitUntil(&batch_mu_, until, [] { return false; });
     }
     std::vector<InferSlot*> slots;
     size_t examples = 0;
@@ -304,9 +314,13 @@ Status WorkerService::CombineInfer(InferSlot* me) {
     lock.Unlock();
     RunInferPass(slots);
     lock.Lock();
-    for (InferSlot* s : slots) s->done = true;
-    batch_running_ = false;
-    batch_cv_.SignalAll();
+    passes_running_--;
+    for (InferSlot* s : slots) {
+      s->done = true;
+      if (s != me) s->cv.Signal();
+    }
+    // A pass is free: the oldest waiting call leads the next one.
+    if (!batch_queue_.empty()) batch_queue_.front()->cv.Signal();
   }
   return me->status;
 }

@@ -68,8 +68,12 @@ struct WorkerServiceOptions {
   // input to their own pass). false: every call runs its own pass.
   bool batch_infer = true;
   // How long the first call of a pass waits for more calls before it starts (0: none;
-  // the batch is whatever arrived while the previous pass ran).
+  // the batch is whatever arrived while the previous passes ran).
   std::chrono::microseconds batch_wait{0};
+  // Infer passes that may run at once; calls wait (and are batched) only while this many
+  // run. 0: one per CPU core (a CPU model's pass uses --torch-threads, 1 by default); on a
+  // GPU, 1 gathers the largest batches.
+  int infer_passes = 0;
   std::chrono::milliseconds push_timeout{5000};
   // Table template for CreateTables (optimizer, staleness policy, bounds); name, kind,
   // shape, dim and init come from the model.
@@ -171,6 +175,7 @@ class WorkerService {
     size_t offset = 0;              // its first example's index in run->out
     Status status;
     bool done = false;
+    CondVar cv;  // signalled when done, or when it may lead the next pass
   };
   StatusOr<InferRun> RunInfer(const std::vector<Example>& batch, const ContextInput& ctx);
   // Queues `me` and returns once a pass (led by this thread or another) has served it.
@@ -234,9 +239,9 @@ class WorkerService {
   std::atomic<bool> group_active_{false};
 
   Mutex batch_mu_;  // never held while a pass runs
-  CondVar batch_cv_;
   std::deque<InferSlot*> batch_queue_ GUARDED_BY(batch_mu_);
-  bool batch_running_ GUARDED_BY(batch_mu_) = false;
+  int passes_running_ GUARDED_BY(batch_mu_) = 0;
+  int max_passes_ = 1;  // set by the constructor from options_.infer_passes
 
   mutable Mutex mu_;
   WorkerStats stats_ GUARDED_BY(mu_);  // cache and context filled in by stats()

@@ -706,6 +706,7 @@ TEST_F(WorkerServiceTest, RpcFeaturesAsFloat32BinaryEqualTheArrayForm) {
 TEST_F(WorkerServiceTest, ConcurrentInfersShareForwardPassesAndGetTheirOwnAnswers) {
   WorkerServiceOptions o;
   o.batch_wait = std::chrono::milliseconds(2);  // so that passes surely form on a slow box
+  o.infer_passes = 1;                           // whatever the core count
   StartWorker(Mlp(), o);
   std::vector<std::vector<Example>> inputs;
   for (int i = 0; i < 64; ++i) {
@@ -763,6 +764,7 @@ TEST_F(WorkerServiceTest, ConcurrentInfersShareForwardPassesAndGetTheirOwnAnswer
 TEST_F(WorkerServiceTest, BatchedInferErrorsStayWithTheirCallAndContextCallsRunAlone) {
   WorkerServiceOptions o;
   o.batch_wait = std::chrono::milliseconds(20);
+  o.infer_passes = 1;
   StartWorker(Mlp(), o);
   std::vector<std::thread> threads;
   std::vector<Status> results(6);
