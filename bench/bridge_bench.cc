@@ -45,7 +45,7 @@ struct Flags {
   std::vector<int> sessions = {1, 64};
   std::string bin_dir = ONLINEPS_BIN_DIR;
   std::string everything = ONLINEPS_SOURCE_DIR "/bench/node";
-  int idle = 0;  // idle connections for the new-client figure; 0: skip it
+  int idle = 0;                // idle connections for the new-client figure; 0: skip it
   std::string compare_bridge;  // a second bridge binary to measure beside the first
   std::vector<std::string> compare_flags;
   std::vector<std::string> bridge_flags;  // extra flags of the bridge under test
@@ -162,6 +162,19 @@ bool WaitForHttp(int port, std::chrono::seconds timeout) {
   return false;
 }
 
+// A target's caller factory: each load thread opens its own MCP session on `port` and
+// calls `tool` with `args`.
+std::function<std::function<bool(std::string*)>(int)> McpCalls(int port, std::string tool,
+                                                               json args) {
+  return [port, tool = std::move(tool), args = std::move(args)](int) {
+    auto m = std::make_shared<Mcp>(port);
+    std::string e;
+    m->Initialize(&e);
+    return std::function<bool(std::string*)>(
+        [m, tool, args](std::string* error) { return m->Call(tool, args, error); });
+  };
+}
+
 std::vector<int> ParseList(const std::string& s) {
   std::vector<int> out;
   std::stringstream ss(s);
@@ -270,9 +283,8 @@ int main(int argc, char** argv) {
                      "--log-level", "warn"});
   const std::string worker_ep = worker.WaitForLine("LISTENING ", std::chrono::seconds(60));
   auto bridge_argv = [&](const std::string& bin, const std::vector<std::string>& extra) {
-    std::vector<std::string> argv = {bin,        "--workers",   worker_ep, "--port",
-                                     "0",        "--admin-port", "-1",     "--log-level",
-                                     "warn"};
+    std::vector<std::string> argv = {bin,  "--workers",   worker_ep, "--port", "0", "--admin-port",
+                                     "-1", "--log-level", "warn"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     return argv;
   };
@@ -326,38 +338,17 @@ int main(int argc, char** argv) {
        },
        {worker.pid()}},
       {"bridge tools/call infer",
-       [&](int) {
-         auto m = std::make_shared<Mcp>(bridge_port);
-         std::string e;
-         m->Initialize(&e);
-         return std::function<bool(std::string*)>([m, text](std::string* e) {
-           return m->Call("infer", {{"text", text}}, e);
-         });
-       },
+       McpCalls(bridge_port, "infer", {{"text", text}}),
        {bridge.pid(), worker.pid()}},
   };
   if (have_ts) {
     targets.push_back({"TypeScript server-everything echo",
-                       [&](int) {
-                         auto m = std::make_shared<Mcp>(ts_port);
-                         std::string e;
-                         m->Initialize(&e);
-                         return std::function<bool(std::string*)>([m, text](std::string* e) {
-                           return m->Call("echo", {{"message", text}}, e);
-                         });
-                       },
+                       McpCalls(ts_port, "echo", {{"message", text}}),
                        {ts.pid()}});
   }
   if (other) {
     targets.push_back({"compared bridge tools/call infer",
-                       [&](int) {
-                         auto m = std::make_shared<Mcp>(other_port);
-                         std::string e;
-                         m->Initialize(&e);
-                         return std::function<bool(std::string*)>([m, text](std::string* e) {
-                           return m->Call("infer", {{"text", text}}, e);
-                         });
-                       },
+                       McpCalls(other_port, "infer", {{"text", text}}),
                        {other->pid(), worker.pid()}});
   }
   std::printf(

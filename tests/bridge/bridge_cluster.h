@@ -106,6 +106,24 @@ class BridgeCluster {
   std::string shard_endpoint_;
 };
 
+// A shard and one text-model worker, started for each test; Start() adds the bridge.
+class BridgeFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(cluster_.StartShard());
+    worker_ = cluster_.StartWorker();
+    ASSERT_FALSE(worker_.empty());
+  }
+  // The bridge on the worker with `flags`; returns its port.
+  int Start(std::vector<std::string> flags = {}) {
+    const int port = cluster_.StartBridge({worker_}, std::move(flags));
+    EXPECT_GT(port, 0);
+    return port;
+  }
+  BridgeCluster cluster_;
+  std::string worker_;
+};
+
 using HttpReply = McpHttpReply;
 
 // The shared MCP client (common/mcp_client.h) with the tests' shorthands: Initialize

@@ -17,21 +17,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-class BridgeConnectionsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ASSERT_TRUE(cluster_.StartShard());
-    worker_ = cluster_.StartWorker();
-    ASSERT_FALSE(worker_.empty());
-  }
-  int Start(std::vector<std::string> flags = {}) {
-    const int port = cluster_.StartBridge({worker_}, std::move(flags));
-    EXPECT_GT(port, 0);
-    return port;
-  }
-  BridgeCluster cluster_;
-  std::string worker_;
-};
+class BridgeConnectionsTest : public BridgeFixture {};
 
 // A POST of `body` to /mcp as an MCP client sends it, `extra` headers added.
 std::string PostRequest(const std::string& body, const std::string& extra = "",

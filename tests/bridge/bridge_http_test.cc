@@ -13,21 +13,7 @@
 namespace onlineps::testing {
 namespace {
 
-class BridgeHttpTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ASSERT_TRUE(cluster_.StartShard());
-    worker_ = cluster_.StartWorker();
-    ASSERT_FALSE(worker_.empty());
-  }
-  int Start(std::vector<std::string> flags = {}) {
-    const int port = cluster_.StartBridge({worker_}, std::move(flags));
-    EXPECT_GT(port, 0);
-    return port;
-  }
-  BridgeCluster cluster_;
-  std::string worker_;
-};
+class BridgeHttpTest : public BridgeFixture {};
 
 json Request(int id, const std::string& method, json params = json::object()) {
   return {{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", params}};
