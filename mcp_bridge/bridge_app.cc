@@ -84,7 +84,9 @@ void AddFlags(CLI::App& app, Flags* f) {
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   app.add_option("--http-io-threads", f->http.io_threads,
-                 "Threads reading and writing every HTTP connection")
+                 "Threads reading and writing every HTTP connection; with 2 or more, a "
+                 "request runs on the thread that read it while another is free (1: every "
+                 "request goes to --http-threads)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   app.add_option("--keep-alive-s", f->http.keep_alive_s,

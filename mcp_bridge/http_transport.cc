@@ -79,6 +79,9 @@ struct Answer {
   std::string body;
 };
 
+// Set while an I/O thread runs a request itself (HttpTransport::Impl::Dispatch).
+thread_local bool t_inline = false;
+
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 void SendError(Answer& res, int status, int code, const std::string& message,
@@ -254,8 +257,9 @@ class HttpTransport::Impl {
   void Stop();
 
   const HttpTransportOptions& options() const { return options_; }
-  // A complete request from `conn`: runs it on a request thread.
-  void Dispatch(std::shared_ptr<Connection> conn, HttpRequest req);
+  // A complete request from `conn`: runs it on a request thread, or right here on the
+  // I/O thread while another I/O thread is free to serve the sockets.
+  void Dispatch(std::shared_ptr<Connection> conn, HttpRequest req, bool on_io_thread);
   void Release(const std::string& client);
   // A request's answer is all written (or its connection is gone).
   void Answered() { answering_.fetch_sub(1, std::memory_order_acq_rel); }
@@ -274,7 +278,9 @@ class HttpTransport::Impl {
   // "" when `client` may open one more connection (then counted); else why not.
   std::string Admit(const std::string& client);
   void RunRequests();
-  void Serve(const std::shared_ptr<Connection>& conn, const HttpRequest& req);
+  // Answers `req` on `conn`; false, having done nothing, for a request that would stream
+  // while running on an I/O thread (its events must not wait for this handler to return).
+  bool Serve(const std::shared_ptr<Connection>& conn, const HttpRequest& req);
 
   // Host, Origin and token checks shared by every method. Sets `principal`.
   bool Admit(const HttpRequest& req, Answer& res, std::string* principal);
@@ -294,6 +300,7 @@ class HttpTransport::Impl {
   std::atomic<uint64_t> refused_{0}, refused_per_address_{0}, timed_out_{0};
   std::atomic<int64_t> answering_{0};  // requests read whose answers are not all written
   std::atomic<bool> draining_{false};
+  std::atomic<int> inline_running_{0};  // requests running on I/O threads
 
   Mutex work_mu_;
   CondVar work_cv_;
@@ -362,7 +369,7 @@ void Connection::OnBody(beast::error_code ec) {
   if (served_ >= owner_->options().keep_alive_requests) parser_->get().keep_alive(false);
   stream_.expires_never();  // the request may take as long as its tool call
   answering_ = true;
-  owner_->Dispatch(shared_from_this(), parser_->release());
+  owner_->Dispatch(shared_from_this(), parser_->release(), /*on_io_thread=*/true);
 }
 
 void Connection::Refuse(beast::error_code ec) {
@@ -539,8 +546,18 @@ void HttpTransport::Impl::OnAccept(beast::error_code ec, tcp::socket socket) {
   Accept();
 }
 
-void HttpTransport::Impl::Dispatch(std::shared_ptr<Connection> conn, HttpRequest req) {
+void HttpTransport::Impl::Dispatch(std::shared_ptr<Connection> conn, HttpRequest req,
+                                   bool on_io_thread) {
   answering_.fetch_add(1, std::memory_order_acq_rel);
+  if (on_io_thread && inline_running_.fetch_add(1) < options_.io_threads - 1) {
+    t_inline = true;
+    const bool answered = Serve(conn, req);
+    t_inline = false;
+    inline_running_.fetch_sub(1);
+    if (answered) return;
+  } else if (on_io_thread) {
+    inline_running_.fetch_sub(1);
+  }
   {
     MutexLock lock(&work_mu_);
     // Bounded: a connection has at most one request here, and connections are capped.
@@ -563,7 +580,7 @@ void HttpTransport::Impl::RunRequests() {
   }
 }
 
-void HttpTransport::Impl::Serve(const std::shared_ptr<Connection>& conn, const HttpRequest& req) {
+bool HttpTransport::Impl::Serve(const std::shared_ptr<Connection>& conn, const HttpRequest& req) {
   const bool keep_alive = req.keep_alive();
   Answer res;
   try {
@@ -573,7 +590,8 @@ void HttpTransport::Impl::Serve(const std::shared_ptr<Connection>& conn, const H
       SendError(res, 404, kServerError, "no such path: MCP is served on the configured --path");
     } else if (req.method() == http::verb::post) {
       Post(req, res, conn, keep_alive);
-      if (res.status == 0) return;  // streamed
+      if (res.status == 0) return true;  // streamed
+      if (res.status < 0) return false;  // to stream: not on an I/O thread
     } else if (req.method() == http::verb::delete_) {
       Delete(req, res);
     } else {
@@ -592,6 +610,7 @@ void HttpTransport::Impl::Serve(const std::shared_ptr<Connection>& conn, const H
     SendError(res, 500, kInternalError, std::string("internal error: ") + e.what());
   }
   conn->Finish(Frame(res, req.version(), keep_alive), !keep_alive);
+  return true;
 }
 
 bool HttpTransport::Impl::Admit(const HttpRequest& req, Answer& res, std::string* principal) {
@@ -746,6 +765,10 @@ void HttpTransport::Impl::Post(const HttpRequest& req, Answer& res,
   if (!stream) {
     r.message = std::move(m);
     Respond(res, mcp_->Handle(r));
+    return;
+  }
+  if (t_inline) {
+    res.status = -1;  // a request thread streams it (Dispatch queues it)
     return;
   }
   // Streamed: progress notifications, then the response, as SSE events in chunks

@@ -38,7 +38,11 @@ struct HttpTransportOptions {
   size_t max_header_bytes = 16 << 10;  // request line + headers; past it: 431
   // Requests run at once (each holds a thread until its answer); idle connections hold none.
   int threads = 64;
-  int io_threads = 1;  // threads reading and writing every socket
+  // Threads reading and writing every socket. With 2 or more, a request that arrives
+  // while another I/O thread is free runs on the thread that read it (no hand-off; at
+  // most io_threads - 1 at once, so one always serves the sockets); the rest go to the
+  // request threads. 1: every request goes to a request thread.
+  int io_threads = 2;
   // From accept to the end of the first request's headers: a client that connects and
   // sends nothing is closed after this, whatever the keep-alive time.
   std::chrono::milliseconds first_request_timeout{5000};
