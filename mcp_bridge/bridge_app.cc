@@ -99,8 +99,9 @@ void AddFlags(CLI::App& app, Flags* f) {
       ->check(CLI::Range(10, 600000))
       ->capture_default_str();
   app.add_option("--max-connections-per-address", f->http.max_connections_per_address,
-                 "Open HTTP connections per client address (IPv6: per /64); past it a new "
-                 "one is answered 503")
+                 "Open HTTP connections per client address (IPv6: per /64; not 127.0.0.1 "
+                 "and ::1, where a local proxy connects for all); past it a new one is "
+                 "answered 503")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
   app.add_option("--max-connections", f->http.max_connections,

@@ -133,6 +133,7 @@ std::string ClientKey(const tcp::endpoint& peer) {
   if (a.is_v4()) return a.to_string();
   asio::ip::address_v6 v6 = a.to_v6();
   if (v6.is_v4_mapped()) return asio::ip::make_address_v4(asio::ip::v4_mapped, v6).to_string();
+  if (v6.is_loopback()) return "::1";
   auto bytes = v6.to_bytes();
   std::fill(bytes.begin() + 8, bytes.end(), 0);
   return asio::ip::address_v6(bytes).to_string() + "/64";
@@ -487,7 +488,10 @@ void HttpTransport::Impl::Release(const std::string& client) {
 std::string HttpTransport::Impl::Admit(const std::string& client) {
   MutexLock lock(&conn_mu_);
   size_t& n = open_per_client_[client];
-  if (n >= options_.max_connections_per_address) {
+  // 127.0.0.1 and ::1 are where a local proxy or sidecar (or a load test on the host)
+  // connects from on behalf of every client: the total cap alone applies to them.
+  const bool local = client == "127.0.0.1" || client == "::1";
+  if (!local && n >= options_.max_connections_per_address) {
     refused_per_address_.fetch_add(1, std::memory_order_relaxed);
     return std::to_string(n) + " connections are open from " + client +
            " (--max-connections-per-address " +

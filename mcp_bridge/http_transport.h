@@ -52,7 +52,8 @@ struct HttpTransportOptions {
   size_t keep_alive_requests = 100000;             // requests per connection before it is closed
   // Stop() answers every request already read, for up to this long, before it closes.
   std::chrono::milliseconds drain_timeout{35000};
-  // Open connections per client address (IPv4, or IPv6 /64) and in total.
+  // Open connections per client address (IPv4, or IPv6 /64; not 127.0.0.1 and ::1, where
+  // a local proxy or sidecar connects for every client) and in total.
   size_t max_connections_per_address = 512;
   size_t max_connections = 10000;
 };

@@ -65,7 +65,8 @@ TEST_F(BridgeConnectionsTest, ThousandIdleConnectionsDoNotDelayANewClient) {
 }
 
 // Past --max-connections-per-address a new connection from that address is answered 503
-// naming the flag and closed; other addresses are served; a closed one frees its slot.
+// naming the flag and closed; other addresses (and 127.0.0.1) are served; a closed one
+// frees its slot.
 TEST_F(BridgeConnectionsTest, ConnectionsPastThePerAddressCapAreAnswered503) {
   int admin_port = 0;
   const int port =
@@ -98,9 +99,19 @@ TEST_F(BridgeConnectionsTest, ConnectionsPastThePerAddressCapAreAnswered503) {
   }
   EXPECT_NE(metrics.find(counted), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("onlineps_bridge_http_connections 3"), std::string::npos);
-  // Another address is not affected.
+  // Another address is not affected; nor is 127.0.0.1, where a local proxy or sidecar
+  // connects for every client (the total cap alone applies there).
   McpHttp other(port);
   EXPECT_FALSE(other.Initialize().empty());
+  std::vector<std::unique_ptr<RawClient>> local;
+  for (int i = 0; i < 5; ++i) {
+    local.push_back(RawClient::Connect(port, "127.0.0.1"));
+    ASSERT_TRUE(local.back());
+  }
+  ASSERT_TRUE(local.back()->Send(PostRequest(kPing)));
+  const auto from_local = local.back()->Read(milliseconds(5000));
+  ASSERT_TRUE(from_local);
+  EXPECT_EQ(from_local->status, 400) << from_local->body;  // the MCP layer's answer
   // Closing one of the three lets the address in again.
   held.pop_back();
   std::this_thread::sleep_for(milliseconds(200));
