@@ -396,11 +396,11 @@ void Connection::Refuse(beast::error_code ec) {
 }
 
 void Connection::Finish(std::string bytes, bool close) {
-  beast::error_code ec;
-  tcp::socket& socket = stream_.socket();
-  if (!close && !owner_->draining()) socket.non_blocking(true, ec);
-  if (!close && !owner_->draining() && !ec) {
-    const size_t n = socket.write_some(asio::buffer(bytes), ec);
+  if (!close && !owner_->draining()) {
+    beast::error_code ec;
+    tcp::socket& socket = stream_.socket();
+    socket.non_blocking(true, ec);
+    const size_t n = ec ? 0 : socket.write_some(asio::buffer(bytes), ec);
     if (!ec && n == bytes.size()) {
       answering_ = false;
       owner_->Answered();
@@ -409,7 +409,7 @@ void Connection::Finish(std::string bytes, bool close) {
     }
     if (!ec) bytes.erase(0, n);
   }
-  Send(std::move(bytes), true, close);
+  Send(std::move(bytes), true, close);  // the rest, or a close, through the strand
 }
 
 void Connection::Push(std::string bytes, bool last, bool close) {
