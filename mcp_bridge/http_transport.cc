@@ -258,9 +258,9 @@ class HttpTransport::Impl {
   void Stop();
 
   const HttpTransportOptions& options() const { return options_; }
-  // A complete request from `conn`: runs it on a request thread, or right here on the
-  // I/O thread while another I/O thread is free to serve the sockets.
-  void Dispatch(std::shared_ptr<Connection> conn, HttpRequest req, bool on_io_thread);
+  // A complete request from `conn`, on the I/O thread that read it: runs it right here
+  // while another I/O thread is free to serve the sockets, else on a request thread.
+  void Dispatch(std::shared_ptr<Connection> conn, HttpRequest req);
   void Release(const std::string& client);
   // A request's answer is all written (or its connection is gone).
   void Answered() { answering_.fetch_sub(1, std::memory_order_acq_rel); }
@@ -298,7 +298,7 @@ class HttpTransport::Impl {
   mutable Mutex conn_mu_;
   std::map<std::string, size_t> open_per_client_ GUARDED_BY(conn_mu_);
   size_t open_ GUARDED_BY(conn_mu_) = 0;
-  std::atomic<uint64_t> refused_{0}, refused_per_address_{0}, timed_out_{0};
+  std::atomic<uint64_t> refused_per_address_{0}, refused_total_{0}, timed_out_{0};
   std::atomic<int64_t> answering_{0};  // requests read whose answers are not all written
   std::atomic<bool> draining_{false};
   std::atomic<int> inline_running_{0};  // requests running on I/O threads
@@ -340,20 +340,18 @@ void Connection::ReadHeader() {
 
 void Connection::OnHeader(beast::error_code ec) {
   if (ec) return Refuse(ec);
-  if (beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+  if (parser_->get().version() != 10 &&
+      beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
     // curl and others wait for this before a larger body.
-    pending_ = parser_->get().version() == 10 ? "" : "HTTP/1.1 100 Continue\r\n\r\n";
-    if (!pending_.empty()) {
-      writing_.swap(pending_);
-      stream_.expires_after(owner_->options().write_timeout);
-      asio::async_write(stream_, asio::buffer(writing_),
-                        [self = shared_from_this()](beast::error_code wec, size_t) {
-                          self->writing_.clear();
-                          if (wec) return self->stream_.socket().close(wec);
-                          self->ReadBody();
-                        });
-      return;
-    }
+    writing_ = "HTTP/1.1 100 Continue\r\n\r\n";
+    stream_.expires_after(owner_->options().write_timeout);
+    asio::async_write(stream_, asio::buffer(writing_),
+                      [self = shared_from_this()](beast::error_code wec, size_t) {
+                        self->writing_.clear();
+                        if (wec) return self->stream_.socket().close(wec);
+                        self->ReadBody();
+                      });
+    return;
   }
   ReadBody();
 }
@@ -370,7 +368,7 @@ void Connection::OnBody(beast::error_code ec) {
   if (served_ >= owner_->options().keep_alive_requests) parser_->get().keep_alive(false);
   stream_.expires_never();  // the request may take as long as its tool call
   answering_ = true;
-  owner_->Dispatch(shared_from_this(), parser_->release(), /*on_io_thread=*/true);
+  owner_->Dispatch(shared_from_this(), parser_->release());
 }
 
 void Connection::Refuse(beast::error_code ec) {
@@ -473,7 +471,7 @@ HttpTransportStats HttpTransport::Impl::stats() const {
     s.open = open_;
   }
   s.refused_per_address = refused_per_address_.load(std::memory_order_relaxed);
-  s.refused_total = refused_.load(std::memory_order_relaxed) - s.refused_per_address;
+  s.refused_total = refused_total_.load(std::memory_order_relaxed);
   s.timed_out = timed_out_.load(std::memory_order_relaxed);
   return s;
 }
@@ -498,6 +496,7 @@ std::string HttpTransport::Impl::Admit(const std::string& client) {
            std::to_string(options_.max_connections_per_address) + ")";
   }
   if (open_ >= options_.max_connections) {
+    refused_total_.fetch_add(1, std::memory_order_relaxed);
     if (n == 0) open_per_client_.erase(client);
     return std::to_string(open_) + " connections are open (--max-connections " +
            std::to_string(options_.max_connections) + ")";
@@ -535,7 +534,7 @@ void HttpTransport::Impl::OnAccept(beast::error_code ec, tcp::socket socket) {
       std::make_shared<Connection>(std::move(socket), this, client)->Start();
     } else {
       // Answered at once (the socket's buffer takes a few hundred bytes) and closed.
-      if (refused_.fetch_add(1, std::memory_order_relaxed) % 1000 == 0) {
+      if ((refused_per_address_.load() + refused_total_.load()) % 1000 == 1) {
         spdlog::warn("bridge HTTP: refused a connection: {}", why);
       }
       Answer a;
@@ -550,18 +549,16 @@ void HttpTransport::Impl::OnAccept(beast::error_code ec, tcp::socket socket) {
   Accept();
 }
 
-void HttpTransport::Impl::Dispatch(std::shared_ptr<Connection> conn, HttpRequest req,
-                                   bool on_io_thread) {
+void HttpTransport::Impl::Dispatch(std::shared_ptr<Connection> conn, HttpRequest req) {
   answering_.fetch_add(1, std::memory_order_acq_rel);
-  if (on_io_thread && inline_running_.fetch_add(1) < options_.io_threads - 1) {
+  bool answered = false;
+  if (inline_running_.fetch_add(1) < options_.io_threads - 1) {
     t_inline = true;
-    const bool answered = Serve(conn, req);
+    answered = Serve(conn, req);
     t_inline = false;
-    inline_running_.fetch_sub(1);
-    if (answered) return;
-  } else if (on_io_thread) {
-    inline_running_.fetch_sub(1);
   }
+  inline_running_.fetch_sub(1);
+  if (answered) return;
   {
     MutexLock lock(&work_mu_);
     // Bounded: a connection has at most one request here, and connections are capped.
