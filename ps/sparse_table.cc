@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 
 #include "common/clock.h"
 #include "common/partition.h"
@@ -13,54 +14,84 @@ constexpr uint32_t kNil = UINT32_MAX;
 constexpr size_t kMaxStripes = 16;
 constexpr size_t kBackupRowsPerWorker = 4096;
 constexpr size_t kMaxAdmissionCandidates = 1 << 20;
+constexpr size_t kPrefetchAhead = 4;
 }  // namespace
 
-struct SparseTable::Stripe {
-  struct Meta {
-    uint64_t key = 0;
-    uint64_t last_ms = 0;
-    uint32_t prev = kNil, next = kNil;  // LRU list; head = most recent
-    uint32_t avg_count = 0;             // Polyak steps of this row
-  };
-  Stripe(size_t backup_rows, size_t candidates) : backups(backup_rows), admission(candidates) {}
+// The LRU list of a capped or TTL table, in each record after the key.
+struct LruLinks {
+  uint64_t last_ms = 0;
+  uint32_t prev = kNil, next = kNil;  // head = most recent
+};
 
+struct SparseTable::Stripe {
+  Stripe(const Layout& layout, size_t floats, size_t backup_rows, size_t candidates)
+      : layout(layout),
+        rows(layout.header_bytes, floats),
+        backups(backup_rows),
+        admission(candidates) {}
+
+  const Layout layout;
   Mutex mu;
-  std::unordered_map<uint64_t, uint32_t> index;  // key -> slot
-  std::vector<float> data;                       // slot * row_floats
-  std::vector<Meta> meta;
-  std::vector<uint32_t> free_slots;
+  RowStore rows;
   uint32_t head = kNil, tail = kNil;
   uint64_t evicted = 0;
   LruMap<BackupKey, std::vector<float>, BackupHash> backups;
   LruMap<uint64_t, uint32_t> admission;  // touches of rows not yet admitted
   std::vector<float> scratch;
 
+  LruLinks& Links(uint32_t i) const {
+    return *std::launder(reinterpret_cast<LruLinks*>(rows.Record(i) + sizeof(uint64_t)));
+  }
+  uint32_t& AvgCount(uint32_t i) const {
+    return *std::launder(reinterpret_cast<uint32_t*>(rows.Record(i) + layout.avg_count_offset));
+  }
   void Unlink(uint32_t i) {
-    Meta& m = meta[i];
-    (m.prev == kNil ? head : meta[m.prev].next) = m.next;
-    (m.next == kNil ? tail : meta[m.next].prev) = m.prev;
+    LruLinks& m = Links(i);
+    (m.prev == kNil ? head : Links(m.prev).next) = m.next;
+    (m.next == kNil ? tail : Links(m.next).prev) = m.prev;
     m.prev = m.next = kNil;
   }
   void PushFront(uint32_t i) {
-    meta[i].next = head;
-    meta[i].prev = kNil;
-    if (head != kNil) meta[head].prev = i;
+    Links(i).next = head;
+    Links(i).prev = kNil;
+    if (head != kNil) Links(head).prev = i;
     head = i;
     if (tail == kNil) tail = i;
   }
   void Touch(uint32_t i, uint64_t now_ms) {
-    meta[i].last_ms = now_ms;
+    if (!layout.lru) return;
+    Links(i).last_ms = now_ms;
     if (head == i) return;
     Unlink(i);
     PushFront(i);
   }
+  // A new record's metadata: constructed in place, at the head of the LRU list.
+  void InitMeta(uint32_t i, uint64_t now_ms, uint32_t avg_count) {
+    if (layout.lru) {
+      new (rows.Record(i) + sizeof(uint64_t)) LruLinks{now_ms, kNil, kNil};
+      PushFront(i);
+    }
+    if (layout.avg_count_offset != 0)
+      new (rows.Record(i) + layout.avg_count_offset) uint32_t{avg_count};
+  }
   void Evict(uint32_t i) {
     Unlink(i);
-    index.erase(meta[i].key);
-    free_slots.push_back(i);
+    rows.Erase(i);
     ++evicted;
   }
 };
+
+SparseTable::Layout SparseTable::LayoutOf(const TableSpec& spec) {
+  // Only tables that can drop rows (a row cap or a TTL) pay for the LRU list.
+  Layout l;
+  l.lru = spec.max_rows != 0 || spec.ttl_ms != 0;
+  l.header_bytes = sizeof(uint64_t) + (l.lru ? sizeof(LruLinks) : 0);
+  if (spec.polyak) {
+    l.avg_count_offset = l.header_bytes;
+    l.header_bytes += sizeof(uint64_t);
+  }
+  return l;
+}
 
 size_t SparseTable::BackupHash::operator()(const BackupKey& k) const {
   return Mix64(k.key ^ Mix64(k.sender));
@@ -75,11 +106,13 @@ SparseTable::SparseTable(const TableSpec& spec, RuleSet rules)
       // A row cap is enforced per stripe, so small caps use fewer stripes to stay exact.
       num_stripes_(spec.max_rows == 0 ? kMaxStripes
                                       : std::clamp<size_t>(spec.max_rows / 1024, 1, kMaxStripes)),
-      rows_per_stripe_(spec.max_rows == 0 ? 0 : (spec.max_rows + num_stripes_ - 1) / num_stripes_) {
+      rows_per_stripe_(spec.max_rows == 0 ? 0 : (spec.max_rows + num_stripes_ - 1) / num_stripes_),
+      layout_(LayoutOf(spec)) {
   const size_t backups =
       std::max<size_t>(1024, spec.dc_max_backups * kBackupRowsPerWorker / num_stripes_);
   for (size_t i = 0; i < num_stripes_; ++i) {
-    stripes_.push_back(std::make_unique<Stripe>(backups, kMaxAdmissionCandidates / num_stripes_));
+    stripes_.push_back(std::make_unique<Stripe>(layout_, row_floats_, backups,
+                                                kMaxAdmissionCandidates / num_stripes_));
   }
   if (spec_.max_staleness >= 0 && spec_.bound_mode == BoundMode::kBlock) {
     ssp_.emplace(static_cast<uint64_t>(spec_.max_staleness), spec_.block_timeout_ms);
@@ -95,16 +128,38 @@ SparseTable::Stripe& SparseTable::StripeOf(uint64_t key) const {
 
 template <typename Fn>
 void SparseTable::ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn) const {
-  // Keys grouped by stripe (each stripe locked once), in key order within a stripe.
-  std::vector<std::vector<uint32_t>> groups(num_stripes_);
-  for (size_t i = 0; i < n; ++i) {
-    groups[Mix64(keys[i]) % num_stripes_].push_back(static_cast<uint32_t>(i));
+  if (n == 1 || num_stripes_ == 1) {
+    for (size_t i = 0; i < n; ++i) {
+      Stripe& s = StripeOf(keys[i]);
+      MutexLock lock(&s.mu);
+      fn(s, static_cast<uint32_t>(i));
+    }
+    return;
   }
+  // Keys grouped by stripe with a counting sort into per-thread buffers (no allocation
+  // once warm), each stripe locked once, in key order within a stripe.
+  thread_local std::vector<uint8_t> stripe_of;
+  thread_local std::vector<uint32_t> order;
+  stripe_of.resize(n);
+  order.resize(n);
+  size_t start[kMaxStripes + 1] = {};
+  for (size_t i = 0; i < n; ++i) {
+    stripe_of[i] = static_cast<uint8_t>(Mix64(keys[i]) % num_stripes_);
+    ++start[stripe_of[i] + 1];
+  }
+  for (size_t si = 0; si < num_stripes_; ++si) start[si + 1] += start[si];
+  size_t fill[kMaxStripes];
+  std::copy(start, start + num_stripes_, fill);
+  for (size_t i = 0; i < n; ++i) order[fill[stripe_of[i]]++] = static_cast<uint32_t>(i);
   for (size_t si = 0; si < num_stripes_; ++si) {
-    if (groups[si].empty()) continue;
+    if (start[si] == start[si + 1]) continue;
     Stripe& s = *stripes_[si];
     MutexLock lock(&s.mu);
-    for (uint32_t i : groups[si]) fn(s, i);
+    for (size_t j = start[si]; j < start[si + 1]; ++j) {
+      // The index bucket of a key a few ahead: its cache miss overlaps this row's work.
+      if (j + kPrefetchAhead < start[si + 1]) s.rows.Prefetch(keys[order[j + kPrefetchAhead]]);
+      fn(s, order[j]);
+    }
   }
 }
 
@@ -121,14 +176,14 @@ StatusOr<PullResult> SparseTable::Pull(const PullRequest& req) {
   const size_t avg_off = dim_ * (1 + rules_.optimizer_slots() + rules_.policy_slots());
   ForEachKeyByStripe(req.keys, req.num_keys, [&](Stripe& s, uint32_t i) {
     float* dst = out.values.data() + size_t{i} * dim_;
-    auto it = s.index.find(req.keys[i]);
-    if (it == s.index.end()) {
+    const uint32_t slot = s.rows.Find(req.keys[i]);
+    if (slot == RowStore::kNoSlot) {
       // Unknown rows read as their initializer; nothing is stored for a read.
       InitValues(spec_, req.keys[i], dst, dim_, /*sparse_row=*/true);
     } else {
-      const float* row = s.data.data() + size_t{it->second} * row_floats_;
+      const float* row = s.rows.Floats(slot);
       std::memcpy(dst, req.averaged ? row + avg_off : row, dim_ * sizeof(float));
-      s.Touch(it->second, req.now_ms);
+      s.Touch(slot, req.now_ms);
     }
     if (backup) s.backups.Put({req.sender, req.keys[i]}, std::vector<float>(dst, dst + dim_));
   });
@@ -136,10 +191,9 @@ StatusOr<PullResult> SparseTable::Pull(const PullRequest& req) {
 }
 
 int64_t SparseTable::FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms) {
-  auto it = s.index.find(key);
-  if (it != s.index.end()) {
-    s.Touch(it->second, now_ms);
-    return it->second;
+  if (const uint32_t slot = s.rows.Find(key); slot != RowStore::kNoSlot) {
+    s.Touch(slot, now_ms);
+    return slot;
   }
   if (spec_.admit_after > 1) {
     uint32_t* count = s.admission.Find(key);
@@ -150,17 +204,9 @@ int64_t SparseTable::FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms) {
     }
     s.admission.Erase(key);
   }
-  if (rows_per_stripe_ != 0 && s.index.size() >= rows_per_stripe_) s.Evict(s.tail);
-  uint32_t slot;
-  if (!s.free_slots.empty()) {
-    slot = s.free_slots.back();
-    s.free_slots.pop_back();
-  } else {
-    slot = static_cast<uint32_t>(s.meta.size());
-    s.meta.emplace_back();
-    s.data.resize(s.data.size() + row_floats_);
-  }
-  float* row = s.data.data() + size_t{slot} * row_floats_;
+  if (rows_per_stripe_ != 0 && s.rows.size() >= rows_per_stripe_) s.Evict(s.tail);
+  const uint32_t slot = s.rows.Insert(key);
+  float* row = s.rows.Floats(slot);
   InitValues(spec_, key, row, dim_, /*sparse_row=*/true);
   for (int k = 0; k < rules_.optimizer_slots(); ++k) {
     std::fill(row + dim_ * (1 + k), row + dim_ * (2 + k), rules_.InitialState(k));
@@ -168,15 +214,13 @@ int64_t SparseTable::FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms) {
   const size_t pol_off = dim_ * (1 + rules_.optimizer_slots());
   std::fill(row + pol_off, row + row_floats_, 0.0f);
   if (spec_.polyak) std::memcpy(row + row_floats_ - dim_, row, dim_ * sizeof(float));
-  s.meta[slot] = Stripe::Meta{key, now_ms, kNil, kNil, 0};
-  s.PushFront(slot);
-  s.index.emplace(key, slot);
+  s.InitMeta(slot, now_ms, 0);
   return slot;
 }
 
 void SparseTable::ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const float* g, bool delta,
                            float lr_scale, uint64_t step, bool compensate) {
-  float* row = s.data.data() + size_t{slot} * row_floats_;
+  float* row = s.rows.Floats(slot);
   if (delta) {
     const float scale = static_cast<float>(spec_.delta_scale);
     for (uint32_t j = 0; j < dim_; ++j) row[j] += scale * g[j];
@@ -188,7 +232,7 @@ void SparseTable::ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const floa
     for (int k = 0; k < rules_.policy_slots(); ++k) pol[k] = row + pol_off + dim_ * k;
     const float* w_bak = nullptr;
     if (rules_.needs_backup() && compensate) {
-      auto* b = s.backups.Find({sender, s.meta[slot].key});
+      auto* b = s.backups.Find({sender, s.rows.KeyOf(slot)});
       if (b != nullptr)
         w_bak = b->data();
       else
@@ -197,7 +241,7 @@ void SparseTable::ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const floa
     rules_.Apply(row, opt, pol, g, w_bak, dim_, lr_scale, step, &s.scratch);
   }
   if (spec_.polyak && step > spec_.polyak_start) {
-    PolyakStep(row + row_floats_ - dim_, row, dim_, ++s.meta[slot].avg_count + spec_.polyak_start,
+    PolyakStep(row + row_floats_ - dim_, row, dim_, ++s.AvgCount(slot) + spec_.polyak_start,
                spec_.polyak_start);
   } else if (spec_.polyak) {
     std::memcpy(row + row_floats_ - dim_, row, dim_ * sizeof(float));
@@ -248,9 +292,9 @@ StatusOr<PushResult> SparseTable::PushChecked(const PushRequest& req) {
 
 void SparseTable::CompensateEach(const PushRequest& req, float* g) {
   ForEachKeyByStripe(req.keys, req.num_keys, [&](Stripe& s, uint32_t i) {
-    auto it = s.index.find(req.keys[i]);
-    if (it == s.index.end()) return;  // a row not created yet still equals its backup
-    float* row = s.data.data() + size_t{it->second} * row_floats_;
+    const uint32_t slot = s.rows.Find(req.keys[i]);
+    if (slot == RowStore::kNoSlot) return;  // a row not created yet still equals its backup
+    float* row = s.rows.Floats(slot);
     auto* b = s.backups.Find({req.sender, req.keys[i]});
     if (b == nullptr) {
       backup_misses_.fetch_add(1);
@@ -321,7 +365,7 @@ void SparseTable::Maintain(uint64_t now_ms) {
   for (size_t si = 0; si < num_stripes_; ++si) {
     Stripe& s = *stripes_[si];
     MutexLock lock(&s.mu);
-    while (s.tail != kNil && s.meta[s.tail].last_ms + spec_.ttl_ms < now_ms) s.Evict(s.tail);
+    while (s.tail != kNil && s.Links(s.tail).last_ms + spec_.ttl_ms < now_ms) s.Evict(s.tail);
   }
 }
 
@@ -333,11 +377,10 @@ TableStats SparseTable::Stats() const {
   for (size_t si = 0; si < num_stripes_; ++si) {
     Stripe& s = *stripes_[si];
     MutexLock lock(&s.mu);
-    st.rows += s.index.size();
+    st.rows += s.rows.size();
     st.evicted_rows += s.evicted;
     st.backups += s.backups.size();
-    st.memory_bytes += s.data.size() * 4 + s.meta.size() * sizeof(Stripe::Meta) +
-                       s.backups.size() * (dim_ * 4 + 48);
+    st.memory_bytes += s.rows.memory_bytes() + s.backups.size() * (dim_ * 4 + 48);
   }
   st.elements = st.rows * dim_;
   return st;
@@ -348,12 +391,18 @@ void SparseTable::Save(ByteWriter* w) const {
   for (size_t si = 0; si < num_stripes_; ++si) {
     Stripe& s = *stripes_[si];
     MutexLock lock(&s.mu);
-    w->Put<uint64_t>(s.index.size());
-    // Oldest first, so a restore rebuilds the same LRU order.
-    for (uint32_t i = s.tail; i != kNil; i = s.meta[i].prev) {
-      w->Put<uint64_t>(s.meta[i].key);
-      w->Put<uint32_t>(s.meta[i].avg_count);
-      w->Append(s.data.data() + size_t{i} * row_floats_, row_floats_ * sizeof(float));
+    w->Put<uint64_t>(s.rows.size());
+    auto put = [&](uint32_t i) {
+      w->Put<uint64_t>(s.rows.KeyOf(i));
+      w->Put<uint32_t>(layout_.avg_count_offset != 0 ? s.AvgCount(i) : 0);
+      w->Append(s.rows.Floats(i), row_floats_ * sizeof(float));
+    };
+    if (layout_.lru) {
+      // Oldest first, so a restore rebuilds the same LRU order.
+      for (uint32_t i = s.tail; i != kNil; i = s.Links(i).prev) put(i);
+    } else {
+      // Without a cap or TTL no row is ever dropped: every slot handed out is live.
+      for (uint32_t i = 0; i < s.rows.slot_end(); ++i) put(i);
     }
   }
   // Pushes answered "queued" are part of the state: keep the accumulator.
@@ -386,17 +435,12 @@ Status SparseTable::Load(ByteReader* r) {
       if (&StripeOf(key) != stripes_[si].get()) return DataLoss("sparse row in the wrong stripe");
       Stripe& s = *stripes_[si];
       MutexLock lock(&s.mu);
-      auto found = s.index.find(key);
-      int64_t slot = found == s.index.end() ? -1 : static_cast<int64_t>(found->second);
-      if (slot < 0) {
-        slot = static_cast<int64_t>(s.meta.size());
-        s.meta.emplace_back();
-        s.data.resize(s.data.size() + row_floats_);
-        s.meta[slot] = Stripe::Meta{key, now_ms, kNil, kNil, avg_count};
-        s.PushFront(static_cast<uint32_t>(slot));
-        s.index.emplace(key, static_cast<uint32_t>(slot));
+      uint32_t slot = s.rows.Find(key);
+      if (slot == RowStore::kNoSlot) {
+        slot = s.rows.Insert(key);
+        s.InitMeta(slot, now_ms, avg_count);
       }
-      std::memcpy(s.data.data() + size_t(slot) * row_floats_, row.data(), row_floats_ * 4);
+      std::memcpy(s.rows.Floats(slot), row.data(), row_floats_ * 4);
     }
   }
   return LoadAccumulator(r, version);

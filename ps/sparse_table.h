@@ -1,8 +1,9 @@
 // SparseTable: embedding rows keyed by uint64 id that hash to this shard. Rows are
 // created lazily on their first (or N-th, with admission) push with a deterministic
 // initializer, expire by TTL, and are evicted LRU under a row cap. Rows live in 16
-// lock stripes so pushes to different rows proceed in parallel; the version is one
-// atomic counter per table.
+// lock stripes so pushes to different rows proceed in parallel, each stripe a RowStore
+// (contiguous records, an incrementally grown index); the version is one atomic
+// counter per table.
 #ifndef ONLINEPS_PS_SPARSE_TABLE_H_
 #define ONLINEPS_PS_SPARSE_TABLE_H_
 
@@ -14,6 +15,7 @@
 
 #include "common/lru_map.h"
 #include "common/mutex.h"
+#include "ps/row_store.h"
 #include "ps/rule_set.h"
 #include "ps/ssp_clock.h"
 #include "ps/table.h"
@@ -38,6 +40,14 @@ class SparseTable : public Table {
 
  private:
   struct Stripe;
+  // Where a record keeps its metadata (ps/row_store.h): the key, then the LRU links of a
+  // table that can drop rows, then the Polyak step count of an averaged table.
+  struct Layout {
+    bool lru = false;
+    size_t header_bytes = 8;
+    size_t avg_count_offset = 0;  // 0: no Polyak average
+  };
+  static Layout LayoutOf(const TableSpec& spec);
   struct BackupKey {
     uint64_t sender, key;
     bool operator==(const BackupKey& o) const { return sender == o.sender && key == o.key; }
@@ -70,6 +80,7 @@ class SparseTable : public Table {
   const uint32_t row_floats_;  // w, optimizer slots, policy slots, Polyak average
   const size_t num_stripes_;
   const size_t rows_per_stripe_;  // 0: no cap
+  const Layout layout_;
 
   std::vector<std::unique_ptr<Stripe>> stripes_;
   std::atomic<uint64_t> version_{0};

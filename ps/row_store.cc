@@ -1,0 +1,157 @@
+#include "ps/row_store.h"
+
+#include <algorithm>
+#include <new>
+#include <stdexcept>
+
+#include "common/hash.h"
+
+namespace onlineps::ps {
+
+namespace {
+constexpr uint64_t kEmpty = 0;
+constexpr uint64_t kDeleted = 1;
+// Buckets moved per Find, Insert and Erase while a rebuild is under way. A rebuild makes
+// an array at least as large as the old one and at most half full, and the next one
+// starts at three quarters full: a quarter of its capacity in inserts and erases later,
+// by which time 16 per call have moved the whole old array.
+constexpr size_t kMigrateStep = 16;
+constexpr uint32_t kMinBits = 4;
+// A chunk of records is about this size: small enough that a small table stays small,
+// large enough that the chunk list of a 10M-row table is short.
+constexpr size_t kChunkBytes = 16 << 10;
+
+// Bits needed to write x (0 for 0): floor(log2(x)) + 1.
+uint32_t BitWidth(uint64_t x) {
+  return x == 0 ? 0 : 64 - static_cast<uint32_t>(__builtin_clzll(x));
+}
+
+uint32_t ChunkShift(size_t record_bytes) {
+  const size_t rows = std::max<size_t>(1, kChunkBytes / record_bytes);
+  return BitWidth(rows) - 1;  // floor(log2(rows))
+}
+}  // namespace
+
+RowStore::RowStore(size_t header_bytes, size_t floats)
+    : header_bytes_(header_bytes),
+      // Rounded up to 8 bytes, so that every record's key and metadata are aligned.
+      record_bytes_((header_bytes + floats * sizeof(float) + 7) & ~size_t{7}),
+      chunk_shift_(ChunkShift(record_bytes_)),
+      chunk_mask_((uint32_t{1} << chunk_shift_) - 1) {}
+
+uint32_t RowStore::TagOf(uint64_t key) {
+  // Salted so that the index's bits are independent of the stripe and shard choice,
+  // which use Mix64(key) itself. The top 31 bits of the mix pick the home bucket (its
+  // high bits) and filter false matches (the rest); bit 31 marks the entry as used.
+  const uint64_t g = Mix64(key ^ 0x5851f42d4c957f2dULL);
+  return static_cast<uint32_t>(g >> 33) | 0x80000000u;
+}
+
+size_t RowStore::Probe(const Buckets& b, uint64_t key, uint32_t tag) const {
+  if (!b.e) return SIZE_MAX;
+  const size_t mask = b.capacity() - 1;
+  for (size_t i = HomeOf(tag, b.bits);; i = (i + 1) & mask) {
+    const uint64_t e = b.e[i];
+    if (e == kEmpty) return SIZE_MAX;
+    if (static_cast<uint32_t>(e >> 32) == tag && KeyOf(static_cast<uint32_t>(e)) == key) return i;
+  }
+}
+
+void RowStore::Place(Buckets* b, uint64_t entry) {
+  const size_t mask = b->capacity() - 1;
+  size_t i = HomeOf(static_cast<uint32_t>(entry >> 32), b->bits);
+  while (b->e[i] > kDeleted) i = (i + 1) & mask;
+  if (b->e[i] == kEmpty) ++b->used;
+  b->e[i] = entry;
+}
+
+void RowStore::Migrate(size_t buckets) {
+  if (!old_.e) return;
+  // Home buckets come from the top bits of the tag, so entries leave the old array in
+  // the order they land in the new one: the move is a streaming merge.
+  const size_t end = std::min(old_.capacity(), migrate_pos_ + std::min(buckets, old_.capacity()));
+  for (size_t i = migrate_pos_; i < end; ++i) {
+    if (old_.e[i] > kDeleted) Place(&cur_, old_.e[i]);
+  }
+  migrate_pos_ = end;
+  if (migrate_pos_ == old_.capacity()) old_ = Buckets{};
+}
+
+void RowStore::MaybeRebuild() {
+  if ((cur_.used + 1) * 4 <= cur_.capacity() * 3) return;
+  Migrate(SIZE_MAX);  // never under way by now (see kMigrateStep); kept for safety
+  // At most half full afterwards, and deleted entries are dropped. Never smaller than the
+  // array it replaces, which is what bounds the move (see kMigrateStep).
+  const uint32_t for_live = BitWidth(2 * (live_ + 1) - 1);
+  const uint32_t bits = std::clamp<uint32_t>(std::max(for_live, cur_.bits), kMinBits, 31);
+  Buckets fresh;
+  // calloc: the zero pages are mapped lazily, so even a large array costs O(1) here.
+  fresh.e.reset(static_cast<uint64_t*>(std::calloc(size_t{1} << bits, sizeof(uint64_t))));
+  if (!fresh.e) throw std::bad_alloc();
+  fresh.bits = bits;
+  old_ = std::move(cur_);
+  cur_ = std::move(fresh);
+  migrate_pos_ = 0;
+  Migrate(kMigrateStep);
+}
+
+uint32_t RowStore::NewSlot() {
+  if (!free_slots_.empty()) {
+    const uint32_t slot = free_slots_.back();
+    free_slots_.pop_back();
+    return slot;
+  }
+  if (next_slot_ == kNoSlot) throw std::length_error("RowStore: 2^32 - 1 rows in one stripe");
+  if ((next_slot_ >> chunk_shift_) == chunks_.size()) {
+    chunks_.emplace_back(new char[record_bytes_ << chunk_shift_]);
+  }
+  return next_slot_++;
+}
+
+uint32_t RowStore::Find(uint64_t key) {
+  Migrate(kMigrateStep);
+  const uint32_t tag = TagOf(key);
+  size_t i = Probe(cur_, key, tag);
+  if (i != SIZE_MAX) return static_cast<uint32_t>(cur_.e[i]);
+  i = Probe(old_, key, tag);
+  return i == SIZE_MAX ? kNoSlot : static_cast<uint32_t>(old_.e[i]);
+}
+
+uint32_t RowStore::Insert(uint64_t key) {
+  Migrate(kMigrateStep);
+  MaybeRebuild();
+  const uint32_t slot = NewSlot();
+  std::memcpy(Record(slot), &key, sizeof key);
+  Place(&cur_, (uint64_t{TagOf(key)} << 32) | slot);
+  ++live_;
+  return slot;
+}
+
+void RowStore::Erase(uint32_t slot) {
+  Migrate(kMigrateStep);
+  const uint64_t key = KeyOf(slot);
+  const uint32_t tag = TagOf(key);
+  // A deleted mark, not a backward shift: the old array must keep every probe chain
+  // intact while it is being moved, and the next rebuild drops the marks.
+  size_t i = Probe(cur_, key, tag);
+  if (i != SIZE_MAX) {
+    cur_.e[i] = kDeleted;
+  } else if (i = Probe(old_, key, tag); i != SIZE_MAX) {
+    old_.e[i] = kDeleted;
+  }
+  --live_;
+  free_slots_.push_back(slot);
+}
+
+void RowStore::Prefetch(uint64_t key) const {
+  if (cur_.e) __builtin_prefetch(&cur_.e[HomeOf(TagOf(key), cur_.bits)]);
+}
+
+size_t RowStore::memory_bytes() const {
+  return chunks_.size() * (record_bytes_ << chunk_shift_) +
+         chunks_.capacity() * sizeof(chunks_[0]) +
+         (cur_.capacity() + old_.capacity()) * sizeof(uint64_t) +
+         free_slots_.capacity() * sizeof(uint32_t);
+}
+
+}  // namespace onlineps::ps

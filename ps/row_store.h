@@ -1,0 +1,98 @@
+// RowStore: the rows of one sparse-table stripe. Each row is a fixed-size, 8-byte aligned
+// record (its uint64 key, `header_bytes - 8` bytes of the caller's metadata, then
+// `floats` floats)
+// in fixed-size chunks, so growth never moves or copies a row and memory follows the row
+// count. An open-addressing index (linear probing, one 8-byte entry per bucket: a hash tag
+// and the slot) finds a key's slot; it is rebuilt incrementally (each later call moves a
+// few buckets), so no single call pays for a whole rehash. Not thread-safe: one stripe,
+// one lock, held by the caller around every call.
+#ifndef ONLINEPS_PS_ROW_STORE_H_
+#define ONLINEPS_PS_ROW_STORE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+namespace onlineps::ps {
+
+class RowStore {
+ public:
+  static constexpr uint32_t kNoSlot = UINT32_MAX;
+
+  // REQUIRES: header_bytes >= 8 and a multiple of 8.
+  RowStore(size_t header_bytes, size_t floats);
+  RowStore(const RowStore&) = delete;
+  RowStore& operator=(const RowStore&) = delete;
+
+  // The slot holding key, or kNoSlot.
+  uint32_t Find(uint64_t key);
+  // REQUIRES: key is absent. The slot of a new record whose key is set; its other bytes
+  // are unspecified (a reused slot keeps the old row's bytes).
+  uint32_t Insert(uint64_t key);
+  // REQUIRES: slot is live. The slot is reused by a later Insert.
+  void Erase(uint32_t slot);
+
+  char* Record(uint32_t slot) const {
+    return chunks_[slot >> chunk_shift_].get() + (slot & chunk_mask_) * record_bytes_;
+  }
+  float* Floats(uint32_t slot) const {
+    return reinterpret_cast<float*>(Record(slot) + header_bytes_);
+  }
+  uint64_t KeyOf(uint32_t slot) const {
+    uint64_t key;
+    std::memcpy(&key, Record(slot), sizeof key);
+    return key;
+  }
+  // Hints the CPU to load key's first index bucket (a later Find is then cheaper).
+  void Prefetch(uint64_t key) const;
+
+  size_t size() const { return live_; }
+  // Slots ever handed out: every live slot is below this; a slot below it that was
+  // erased and not reused is not live.
+  uint32_t slot_end() const { return next_slot_; }
+  // Bytes this store holds: record chunks, index arrays and the free-slot list.
+  size_t memory_bytes() const;
+
+ private:
+  struct Buckets {
+    struct Free {
+      void operator()(uint64_t* p) const { std::free(p); }
+    };
+    std::unique_ptr<uint64_t[], Free> e;  // 0: empty, 1: deleted, else (tag << 32) | slot
+    uint32_t bits = 0;                    // capacity is 1 << bits
+    size_t used = 0;                      // live + deleted entries
+    size_t capacity() const { return e ? size_t{1} << bits : 0; }
+  };
+
+  static uint32_t TagOf(uint64_t key);
+  static size_t HomeOf(uint32_t tag, uint32_t bits) { return (tag & 0x7fffffffu) >> (31 - bits); }
+  // The bucket of key in b, or SIZE_MAX.
+  size_t Probe(const Buckets& b, uint64_t key, uint32_t tag) const;
+  // Places an entry in b at its first free bucket (empty or deleted).
+  static void Place(Buckets* b, uint64_t entry);
+  // Moves up to a few old buckets into the current array; frees the old array when done.
+  void Migrate(size_t buckets);
+  void MaybeRebuild();
+  uint32_t NewSlot();
+
+  // Immutable after construction.
+  const size_t header_bytes_;
+  const size_t record_bytes_;
+  const uint32_t chunk_shift_;
+  const uint32_t chunk_mask_;
+
+  std::vector<std::unique_ptr<char[]>> chunks_;
+  std::vector<uint32_t> free_slots_;
+  uint32_t next_slot_ = 0;
+  size_t live_ = 0;
+  Buckets cur_;
+  Buckets old_;  // non-empty while a rebuild moves its entries into cur_
+  size_t migrate_pos_ = 0;
+};
+
+}  // namespace onlineps::ps
+
+#endif  // ONLINEPS_PS_ROW_STORE_H_
