@@ -4,8 +4,10 @@
 #ifndef ONLINEPS_COMMON_BYTES_H_
 #define ONLINEPS_COMMON_BYTES_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -16,6 +18,12 @@ namespace onlineps {
 
 class ByteWriter {
  public:
+  ByteWriter() = default;
+  // A writer that hands its buffer to `spill` (which empties it) whenever it reaches
+  // `spill_bytes`, so that a large output streams through a small buffer.
+  ByteWriter(std::function<void(std::string*)> spill, size_t spill_bytes)
+      : spill_(std::move(spill)), spill_bytes_(spill_bytes) {}
+
   template <typename T>
   void Put(T v) {
     static_assert(std::is_trivially_copyable_v<T>);
@@ -30,11 +38,16 @@ class ByteWriter {
     Put<uint64_t>(n);
     Append(data, n * sizeof(T));
   }
-  void Append(const void* p, size_t n) { buf_.append(static_cast<const char*>(p), n); }
+  void Append(const void* p, size_t n) {
+    buf_.append(static_cast<const char*>(p), n);
+    if (spill_ && buf_.size() >= spill_bytes_) spill_(&buf_);
+  }
   std::string& buffer() { return buf_; }
 
  private:
   std::string buf_;
+  std::function<void(std::string*)> spill_;
+  size_t spill_bytes_ = 0;
 };
 
 class ByteReader {
@@ -66,13 +79,25 @@ class ByteReader {
     out->resize(n);
     return Read(out->data(), n * sizeof(T), what);
   }
+  Status GetBytes(void* dst, size_t n, const char* what) { return Read(dst, n, what); }
   size_t Remaining() const { return static_cast<size_t>(end_ - p_); }
+  // Calls `release(p)` each time reading has moved `every` bytes past the last call, p
+  // being the first byte not yet read: a reader of a mapped file drops what it has read.
+  void SetReleaseHook(std::function<void(const char*)> release, size_t every) {
+    release_ = std::move(release);
+    release_every_ = every;
+    next_release_ = p_ + std::min(every, Remaining());
+  }
 
  private:
   Status Read(void* dst, size_t n, const char* what) {
     if (n > Remaining()) return Truncated(what);
     std::memcpy(dst, p_, n);
     p_ += n;
+    if (release_ && p_ >= next_release_) {
+      release_(p_);
+      next_release_ = p_ + std::min(release_every_, Remaining());
+    }
     return Status::Ok();
   }
   static Status Truncated(const char* what) {
@@ -80,6 +105,9 @@ class ByteReader {
   }
   const char* p_;
   const char* end_;
+  std::function<void(const char*)> release_;
+  size_t release_every_ = 0;
+  const char* next_release_ = nullptr;
 };
 
 }  // namespace onlineps

@@ -10,37 +10,60 @@
 namespace onlineps {
 
 Status WriteFileAtomic(const std::string& path, std::string_view bytes, bool sync, mode_t mode) {
-  const std::string tmp = path + ".tmp";
+  AtomicFileWriter file(path, mode);
+  ONLINEPS_RETURN_IF_ERROR(file.Write(bytes));
+  return file.Commit(sync);
+}
+
+AtomicFileWriter::AtomicFileWriter(std::string path, mode_t mode)
+    : path_(std::move(path)), tmp_(path_ + ".tmp") {
   // A temporary file left by a crash would keep its own mode through O_TRUNC: start anew.
-  ::unlink(tmp.c_str());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
-  if (fd < 0) return Unavailable("cannot create " + tmp + ": " + std::strerror(errno));
+  ::unlink(tmp_.c_str());
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  if (fd_ < 0) status_ = Unavailable("cannot create " + tmp_ + ": " + std::strerror(errno));
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+Status AtomicFileWriter::Write(std::string_view bytes) {
   size_t off = 0;
-  while (off < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
+  while (status_.ok() && off < bytes.size()) {
+    ssize_t n = ::write(fd_, bytes.data() + off, bytes.size() - off);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      std::string err = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return Unavailable("cannot write " + tmp + ": " + err);
+      status_ = Unavailable("cannot write " + tmp_ + ": " + std::strerror(errno));
+    } else {
+      off += static_cast<size_t>(n);
+      written_ += static_cast<uint64_t>(n);
     }
-    off += static_cast<size_t>(n);
   }
-  const bool synced = !sync || ::fsync(fd) == 0;
+  return status_;
+}
+
+Status AtomicFileWriter::Commit(bool sync) {
+  ONLINEPS_RETURN_IF_ERROR(status_);
+  const bool synced = !sync || ::fsync(fd_) == 0;
   const int sync_errno = errno;
-  if (::close(fd) != 0 || !synced) {
-    ::unlink(tmp.c_str());
-    return Unavailable("cannot flush " + tmp + ": " + std::strerror(synced ? errno : sync_errno));
+  const bool closed = ::close(fd_) == 0;
+  fd_ = -1;
+  if (!closed || !synced) {
+    ::unlink(tmp_.c_str());
+    return status_ = Unavailable("cannot flush " + tmp_ + ": " +
+                                 std::strerror(synced ? errno : sync_errno));
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const std::string err = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return Unavailable("cannot rename " + tmp + " to " + path + ": " + err);
+    ::unlink(tmp_.c_str());
+    return status_ = Unavailable("cannot rename " + tmp_ + " to " + path_ + ": " + err);
   }
   if (!sync) return Status::Ok();
   // The rename is durable only once the directory entry is on disk.
-  const std::string dir = std::filesystem::path(path).parent_path().string();
+  const std::string dir = std::filesystem::path(path_).parent_path().string();
   int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);

@@ -20,6 +20,29 @@ namespace onlineps {
 Status WriteFileAtomic(const std::string& path, std::string_view bytes, bool sync,
                        mode_t mode = 0644);
 
+// WriteFileAtomic in pieces, for files too large to hold in memory: construct (creates
+// path + ".tmp"), Write as often as needed, then Commit. The first error sticks and is
+// returned by every later call; without a successful Commit the destructor removes the
+// temporary file and `path` is untouched. Not thread-safe.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::string path, mode_t mode = 0644);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  Status Write(std::string_view bytes);
+  // Closes the file and renames it over `path`; with `sync`, flushes file and directory.
+  Status Commit(bool sync);
+  uint64_t bytes_written() const { return written_; }
+
+ private:
+  const std::string path_, tmp_;
+  int fd_ = -1;
+  uint64_t written_ = 0;
+  Status status_;
+};
+
 }  // namespace onlineps
 
 #endif  // ONLINEPS_COMMON_FILE_IO_H_

@@ -1,9 +1,15 @@
 #include "ps/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
-#include <fstream>
-#include <sstream>
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <vector>
 
 #include "common/bytes.h"
 #include "common/file_io.h"
@@ -42,7 +48,7 @@ Status ReadTable(ByteReader* r, const ShardIdentity& id, const std::string& path
 
 // The format field picks the checksum; it is read before the checksum is checked, so
 // an unknown value may be a newer file or a corrupt one.
-Status VerifyTrailer(const std::string& bytes, const std::string& path) {
+Status VerifyTrailer(std::string_view bytes, const std::string& path) {
   uint32_t format = 0;
   std::memcpy(&format, bytes.data() + kFormatOffset, sizeof(format));
   uint64_t stored = 0;
@@ -82,25 +88,86 @@ uint64_t LegacyChecksum64(const void* data, size_t size) {
   return Mix64(h[0] ^ Mix64(h[1] ^ Mix64(h[2] ^ Mix64(h[3] ^ size))));
 }
 
+namespace {
+
+// Everything but the trailing checksum.
+void WriteShardBody(ByteWriter* w, const ShardIdentity& id,
+                    const std::map<std::string, std::shared_ptr<Table>>& tables,
+                    const Dedup& dedup) {
+  w->Append(kMagic, sizeof(kMagic));
+  w->Put<uint32_t>(kFormat);
+  w->Put<uint32_t>(id.shard);
+  w->Put<uint32_t>(id.num_shards);
+  w->Put<uint64_t>(tables.size());
+  for (const auto& [name, table] : tables) {
+    auto spec = EncodeSpec(table->spec());
+    w->Put<uint64_t>(spec.size());
+    for (const auto& [k, v] : spec) {
+      w->PutString(k);
+      w->PutString(v);
+    }
+    table->Save(w);
+  }
+  dedup.Save(w);
+}
+
+// A file mapped read-only; unmapped on destruction.
+class MappedFile {
+ public:
+  ~MappedFile() {
+    if (data_ != nullptr) ::munmap(data_, size_);
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Status Open(const std::string& path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) {
+      return errno == ENOENT ? NotFound("no checkpoint at " + path)
+                             : Unavailable("cannot open " + path + ": " + std::strerror(errno));
+    }
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) return Unavailable("cannot stat " + path);
+    size_ = static_cast<size_t>(st.st_size);
+    if (size_ == 0) return Status::Ok();
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
+    if (p == MAP_FAILED) return Unavailable("cannot map " + path + ": " + std::strerror(errno));
+    data_ = static_cast<char*>(p);
+    return Status::Ok();
+  }
+  // The CRC-32 of the first n bytes, read with pread: the pages pass through the page
+  // cache without becoming part of this process's resident set.
+  StatusOr<uint32_t> Crc32Of(size_t n) const {
+    std::vector<char> buf(4 << 20);
+    uLong crc = crc32_z(0, Z_NULL, 0);
+    for (size_t off = 0; off < n;) {
+      const ssize_t got = ::pread(fd_, buf.data(), std::min(buf.size(), n - off), off);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) return Unavailable(std::string("cannot read: ") + std::strerror(errno));
+      crc = crc32_z(crc, reinterpret_cast<const Bytef*>(buf.data()), static_cast<z_size_t>(got));
+      off += static_cast<size_t>(got);
+    }
+    return static_cast<uint32_t>(crc);
+  }
+  // Drops the mapped pages before p from the resident set (they stay in the page cache).
+  void Release(const char* p) const {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    const size_t len = static_cast<size_t>(p - data_) / page * page;
+    if (len > 0) ::madvise(data_, len, MADV_DONTNEED);
+  }
+  std::string_view bytes() const { return {data_, size_}; }
+
+ private:
+  int fd_ = -1;
+  char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace
+
 std::string SerializeShard(const ShardIdentity& id,
                            const std::map<std::string, std::shared_ptr<Table>>& tables,
                            const Dedup& dedup) {
   ByteWriter w;
-  w.Append(kMagic, sizeof(kMagic));
-  w.Put<uint32_t>(kFormat);
-  w.Put<uint32_t>(id.shard);
-  w.Put<uint32_t>(id.num_shards);
-  w.Put<uint64_t>(tables.size());
-  for (const auto& [name, table] : tables) {
-    auto spec = EncodeSpec(table->spec());
-    w.Put<uint64_t>(spec.size());
-    for (const auto& [k, v] : spec) {
-      w.PutString(k);
-      w.PutString(v);
-    }
-    table->Save(&w);
-  }
-  dedup.Save(&w);
+  WriteShardBody(&w, id, tables, dedup);
   w.Put<uint64_t>(Crc32(w.buffer().data(), w.buffer().size()));
   return w.buffer();
 }
@@ -108,22 +175,49 @@ std::string SerializeShard(const ShardIdentity& id,
 StatusOr<uint64_t> WriteCheckpoint(const std::string& path, const ShardIdentity& id,
                                    const std::map<std::string, std::shared_ptr<Table>>& tables,
                                    const Dedup& dedup) {
-  const std::string bytes = SerializeShard(id, tables, dedup);
-  ONLINEPS_RETURN_IF_ERROR(WriteFileAtomic(path, bytes, /*sync=*/true));
-  return static_cast<uint64_t>(bytes.size());
+  // Streamed through a 1 MiB buffer: the file is never held in memory.
+  AtomicFileWriter file(path);
+  uLong crc = crc32_z(0, Z_NULL, 0);
+  auto spill = [&](std::string* b) {
+    crc = crc32_z(crc, reinterpret_cast<const Bytef*>(b->data()), b->size());
+    (void)file.Write(*b);  // the first error sticks; Commit returns it
+    b->clear();
+  };
+  ByteWriter w(spill, 1 << 20);
+  WriteShardBody(&w, id, tables, dedup);
+  spill(&w.buffer());
+  const uint64_t trailer = crc;
+  ONLINEPS_RETURN_IF_ERROR(file.Write({reinterpret_cast<const char*>(&trailer), sizeof trailer}));
+  ONLINEPS_RETURN_IF_ERROR(file.Commit(/*sync=*/true));
+  return file.bytes_written();
 }
 
 StatusOr<std::map<std::string, std::shared_ptr<Table>>> ReadCheckpoint(const std::string& path,
                                                                        const ShardIdentity& id,
                                                                        Dedup* dedup) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound("no checkpoint at " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseShard(ss.str(), path, id, dedup);
+  // Mapped, checked with pread, then parsed with the pages already read dropped every
+  // 64 MiB: a restore holds the tables and a small window of the file, not both whole.
+  MappedFile file;
+  ONLINEPS_RETURN_IF_ERROR(file.Open(path));
+  const std::string_view bytes = file.bytes();
+  if (bytes.size() >= sizeof(kMagic) + 8 + sizeof(uint32_t) &&
+      std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) == 0) {
+    uint32_t format = 0;
+    std::memcpy(&format, bytes.data() + kFormatOffset, sizeof(format));
+    if (format == kFormat) {
+      uint64_t stored = 0;
+      std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
+      ONLINEPS_ASSIGN_OR_RETURN(const uint32_t crc, file.Crc32Of(bytes.size() - 8));
+      if (crc != stored) {
+        return DataLoss(path + ": checksum mismatch; the file is corrupt or truncated");
+      }
+      return ParseVerified(bytes, path, id, dedup, [&file](const char* p) { file.Release(p); });
+    }
+  }
+  return ParseShard(bytes, path, id, dedup);  // errors, and format 1, as before
 }
 
-StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseShard(const std::string& bytes,
+StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseShard(std::string_view bytes,
                                                                    const std::string& path,
                                                                    const ShardIdentity& id,
                                                                    Dedup* dedup) {
@@ -131,7 +225,14 @@ StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseShard(const std::st
     return DataLoss(path + " is not an onlineps checkpoint (bad magic or too short)");
   }
   ONLINEPS_RETURN_IF_ERROR(VerifyTrailer(bytes, path));
+  return ParseVerified(bytes, path, id, dedup, nullptr);
+}
+
+StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseVerified(
+    std::string_view bytes, const std::string& path, const ShardIdentity& id, Dedup* dedup,
+    std::function<void(const char*)> release) {
   ByteReader r(bytes.data() + sizeof(kMagic), bytes.size() - sizeof(kMagic) - 8);
+  if (release) r.SetReleaseHook(std::move(release), size_t{64} << 20);
   uint32_t format = 0, shard = 0, num_shards = 0;
   uint64_t count = 0;
   ONLINEPS_RETURN_IF_ERROR(r.Get(&format, "format"));

@@ -2,12 +2,14 @@
 // optimizer and policy state) and the exactly-once dedup windows, followed by a
 // checksum of everything before it (CRC-32; files of format 1 end in LegacyChecksum64
 // and still load). Written to PATH.tmp, fsynced, then renamed over
-// PATH, so a crash leaves either the old or the new file, never a torn one.
+// PATH, so a crash leaves either the old or the new file, never a torn one. Files are
+// written and read in pieces, never held in memory whole.
 // Format: docs/protocol.md#checkpoints. Functions are thread-safe (tables lock).
 #ifndef ONLINEPS_PS_CHECKPOINT_H_
 #define ONLINEPS_PS_CHECKPOINT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -39,10 +41,15 @@ StatusOr<std::map<std::string, std::shared_ptr<Table>>> ReadCheckpoint(const std
 std::string SerializeShard(const ShardIdentity& id,
                            const std::map<std::string, std::shared_ptr<Table>>& tables,
                            const Dedup& dedup);
-StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseShard(const std::string& bytes,
+StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseShard(std::string_view bytes,
                                                                    const std::string& path,
                                                                    const ShardIdentity& id,
                                                                    Dedup* dedup);
+// ParseShard of bytes whose magic and checksum were checked; `release` (if set) is
+// called every 64 MiB with the first byte not yet read.
+StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseVerified(
+    std::string_view bytes, const std::string& path, const ShardIdentity& id, Dedup* dedup,
+    std::function<void(const char*)> release);
 
 // CRC-32 (zlib's, IEEE 802.3): the checksum of format 2, the one written; the file's last
 // 8 bytes hold it zero-extended.

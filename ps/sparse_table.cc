@@ -431,7 +431,7 @@ Status SparseTable::Load(ByteReader* r) {
       uint32_t avg_count = 0;
       ONLINEPS_RETURN_IF_ERROR(r->Get(&key, "sparse row key"));
       ONLINEPS_RETURN_IF_ERROR(r->Get(&avg_count, "sparse row average count"));
-      for (float& x : row) ONLINEPS_RETURN_IF_ERROR(r->Get(&x, "sparse row values"));
+      ONLINEPS_RETURN_IF_ERROR(r->GetBytes(row.data(), row_floats_ * 4, "sparse row values"));
       if (&StripeOf(key) != stripes_[si].get()) return DataLoss("sparse row in the wrong stripe");
       Stripe& s = *stripes_[si];
       MutexLock lock(&s.mu);
@@ -458,7 +458,7 @@ Status SparseTable::LoadAccumulator(ByteReader* r, uint64_t version) {
     uint64_t key = 0;
     std::vector<float> sum(dim_);
     ONLINEPS_RETURN_IF_ERROR(r->Get(&key, "accumulator key"));
-    for (float& x : sum) ONLINEPS_RETURN_IF_ERROR(r->Get(&x, "accumulator values"));
+    ONLINEPS_RETURN_IF_ERROR(r->GetBytes(sum.data(), dim_ * 4, "accumulator values"));
     acc[key] = std::move(sum);
   }
   MutexLock lock(&acc_mu_);
