@@ -2,12 +2,15 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <vector>
 
@@ -190,6 +193,74 @@ StatusOr<uint64_t> WriteCheckpoint(const std::string& path, const ShardIdentity&
   ONLINEPS_RETURN_IF_ERROR(file.Write({reinterpret_cast<const char*>(&trailer), sizeof trailer}));
   ONLINEPS_RETURN_IF_ERROR(file.Commit(/*sync=*/true));
   return file.bytes_written();
+}
+
+StatusOr<std::unique_ptr<ForkedCheckpoint>> ForkedCheckpoint::Start(
+    const std::string& path, const ShardIdentity& id,
+    const std::map<std::string, std::shared_ptr<Table>>& tables, const Dedup& dedup) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    return Unavailable(std::string("cannot make a pipe for the checkpoint writer: ") +
+                       std::strerror(errno));
+  }
+  const pid_t parent = ::getpid();
+  // Locks held across fork(): the child's copy is then never caught mid-read (a pull
+  // moving a row in its LRU list, a metrics scrape in the dedup window).
+  for (const auto& [name, table] : tables) table->LockForFork();
+  dedup.LockForFork();
+  const pid_t pid = ::fork();
+  const int fork_errno = errno;
+  dedup.UnlockAfterFork();
+  for (const auto& [name, table] : tables) table->UnlockAfterFork();
+  if (pid == 0) {
+    // The child: only this thread exists, and it must leave with _exit (no destructors
+    // or atexit handlers of the parent's threads' objects).
+    ::close(fds[0]);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(2);  // the parent died before prctl
+    auto bytes = WriteCheckpoint(path, id, tables, dedup);
+    const std::string result =
+        bytes.ok() ? "ok " + std::to_string(*bytes) : bytes.status().ToString();
+    ssize_t ignored = ::write(fds[1], result.data(), result.size());
+    (void)ignored;
+    ::_exit(bytes.ok() ? 0 : 1);
+  }
+  ::close(fds[1]);
+  if (pid < 0) {
+    ::close(fds[0]);
+    return Unavailable(std::string("cannot fork the checkpoint writer: ") +
+                       std::strerror(fork_errno));
+  }
+  return std::unique_ptr<ForkedCheckpoint>(new ForkedCheckpoint(pid, fds[0]));
+}
+
+StatusOr<uint64_t> ForkedCheckpoint::Wait() {
+  if (waited_) return FailedPrecondition("checkpoint writer already waited for");
+  waited_ = true;
+  std::string result;
+  char buf[512];
+  for (;;) {
+    const ssize_t n = ::read(result_fd_, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    result.append(buf, static_cast<size_t>(n));
+  }
+  ::close(result_fd_);
+  int wstatus = 0;
+  pid_t got;
+  do {
+    got = ::waitpid(pid_, &wstatus, 0);
+  } while (got < 0 && errno == EINTR);
+  if (result.rfind("ok ", 0) == 0) return std::stoull(result.substr(3));
+  if (!result.empty()) return Unavailable("checkpoint writer: " + result);
+  if (got == pid_ && WIFSIGNALED(wstatus)) {
+    return Unavailable("checkpoint writer killed by signal " + std::to_string(WTERMSIG(wstatus)));
+  }
+  return Unavailable("checkpoint writer exited without a result");
+}
+
+ForkedCheckpoint::~ForkedCheckpoint() {
+  if (!waited_) (void)Wait();
 }
 
 StatusOr<std::map<std::string, std::shared_ptr<Table>>> ReadCheckpoint(const std::string& path,

@@ -51,6 +51,29 @@ StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseVerified(
     std::string_view bytes, const std::string& path, const ShardIdentity& id, Dedup* dedup,
     std::function<void(const char*)> release);
 
+// A checkpoint written by a forked child process from its copy of the shard: the
+// parent is paused only for fork() itself (page tables, not data), then serves updates
+// while the child writes, and memory grows only by the pages updates touch meanwhile
+// (copy on write). A child whose parent dies is killed before it can rename its file.
+class ForkedCheckpoint {
+ public:
+  // Forks the writer of `tables` and `dedup` as they are now. REQUIRES: no update runs
+  // during the call (the caller holds what keeps them out); reads may (their locks are
+  // taken around the fork). Errors: kUnavailable if fork() fails (e.g. no memory).
+  static StatusOr<std::unique_ptr<ForkedCheckpoint>> Start(
+      const std::string& path, const ShardIdentity& id,
+      const std::map<std::string, std::shared_ptr<Table>>& tables, const Dedup& dedup);
+  // Waits for the child. The bytes written, or why the file was not written.
+  StatusOr<uint64_t> Wait();
+  ~ForkedCheckpoint();  // waits if Wait was not called
+
+ private:
+  ForkedCheckpoint(int pid, int result_fd) : pid_(pid), result_fd_(result_fd) {}
+  int pid_;
+  int result_fd_;
+  bool waited_ = false;
+};
+
 // CRC-32 (zlib's, IEEE 802.3): the checksum of format 2, the one written; the file's last
 // 8 bytes hold it zero-extended.
 uint32_t Crc32(const void* data, size_t size);

@@ -250,15 +250,33 @@ StatusOr<std::string> ShardServer::Checkpoint() {
   const std::string path = checkpoint_path();
   if (path.empty()) return FailedPrecondition("no checkpoint directory configured");
   MutexLock lock(&ckpt_mu_);
-  // Pushes pause while tables and dedup windows are written, so the file holds exactly
-  // the pushes its dedup state says were applied.
-  WriterLock gate(&apply_gate_);
   auto t0 = std::chrono::steady_clock::now();
-  auto bytes = WriteCheckpoint(path, {options_.shard, options_.num_shards}, *tables(), dedup_);
+  StatusOr<uint64_t> bytes = Unavailable("checkpoint not written");
+  double pause_s = 0;
+  std::unique_ptr<ForkedCheckpoint> child;
+  {
+    // Pushes pause only while a child process is forked with a copy of the tables and
+    // dedup windows, so the file holds exactly the pushes its dedup state says were
+    // applied; the child writes it while this process goes on serving.
+    WriterLock gate(&apply_gate_);
+    auto forked =
+        ForkedCheckpoint::Start(path, {options_.shard, options_.num_shards}, *tables(), dedup_);
+    if (forked.ok()) {
+      child = std::move(forked).value();
+    } else {
+      // No fork (no memory for the page tables, a sandbox): the file is written from
+      // here, with pushes paused throughout, as the only way left to write it.
+      spdlog::warn("{}; writing the checkpoint with pushes paused", forked.status().ToString());
+      bytes = WriteCheckpoint(path, {options_.shard, options_.num_shards}, *tables(), dedup_);
+    }
+    pause_s = SecondsSince(t0);
+  }
+  if (child) bytes = child->Wait();
   metrics_->CountCheckpoint(bytes.ok(), SecondsSince(t0), bytes.ok() ? *bytes : 0);
   if (!bytes.ok()) return bytes.status();
   if (replica_) WriteSidecar(/*clean=*/false, *bytes);
-  spdlog::info("checkpoint {} ({} bytes, {:.3f} s)", path, *bytes, SecondsSince(t0));
+  spdlog::info("checkpoint {} ({} bytes, {:.3f} s, pushes paused {:.1f} ms)", path, *bytes,
+               SecondsSince(t0), pause_s * 1e3);
   return path;
 }
 

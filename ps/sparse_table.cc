@@ -416,6 +416,17 @@ void SparseTable::Save(ByteWriter* w) const {
   }
 }
 
+void SparseTable::LockForFork() const NO_THREAD_SAFETY_ANALYSIS {
+  // The order updates take them in: the accumulator, then stripes one by one.
+  acc_mu_.Lock();
+  for (const auto& s : stripes_) s->mu.Lock();
+}
+
+void SparseTable::UnlockAfterFork() const NO_THREAD_SAFETY_ANALYSIS {
+  for (const auto& s : stripes_) s->mu.Unlock();
+  acc_mu_.Unlock();
+}
+
 Status SparseTable::Load(ByteReader* r) {
   uint64_t version = 0;
   ONLINEPS_RETURN_IF_ERROR(r->Get(&version, "sparse version"));

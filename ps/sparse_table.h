@@ -37,6 +37,8 @@ class SparseTable : public Table {
   TableStats Stats() const override;
   void Save(ByteWriter* w) const override;
   Status Load(ByteReader* r) override;
+  void LockForFork() const override;
+  void UnlockAfterFork() const override;
 
  private:
   struct Stripe;

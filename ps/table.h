@@ -93,6 +93,12 @@ class Table {
   // equal spec and layout (kDataLoss otherwise).
   virtual void Save(ByteWriter* w) const = 0;
   virtual Status Load(ByteReader* r) = 0;
+
+  // Fork snapshots (ForkedCheckpoint in ps/checkpoint.h): LockForFork holds every lock
+  // of the table, so that a fork() copies it between two updates; UnlockAfterFork then
+  // releases them, once in the parent and once in the child's copy.
+  virtual void LockForFork() const = 0;
+  virtual void UnlockAfterFork() const = 0;
 };
 
 }  // namespace onlineps::ps

@@ -232,6 +232,59 @@ TEST_F(CheckpointTest, RoundTripRestoresTablesAndDedup) {
   EXPECT_EQ(restored_dedup.Begin(300, 1), Dedup::Verdict::kNew);
 }
 
+// The file a forked writer leaves holds the tables as they were at Start, while the
+// parent goes on updating them before the child is done.
+TEST_F(CheckpointTest, ForkedCheckpointHoldsStateAtStartWhileParentUpdates) {
+  const ShardIdentity id{0, 1};
+  auto dense = NewTable(DenseSpec(), id);
+  auto sparse = NewTable(SparseSpec(), id);
+  ASSERT_NE(dense, nullptr);
+  ASSERT_NE(sparse, nullptr);
+  const std::vector<uint64_t> keys = {7, 8, 9};
+  for (int step = 0; step < 4; ++step) {
+    Push(*dense, Grad(15, step));
+    Push(*sparse, Grad(9, step), keys);
+  }
+  ASSERT_EQ(dedup_.Begin(5, 1), Dedup::Verdict::kNew);
+  dedup_.Commit(5, 1);
+  const std::vector<float> dense_at_start = Pull(*dense), sparse_at_start = Pull(*sparse, keys);
+  const uint64_t sparse_version = sparse->version();
+  Tables tables = {{"dense", dense}, {"sparse", sparse}};
+  auto child = ForkedCheckpoint::Start(path_, id, tables, dedup_);
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  // Updates after the fork, some to new rows: none of them may reach the file.
+  for (int step = 4; step < 8; ++step) {
+    Push(*dense, Grad(15, step));
+    Push(*sparse, Grad(9, step), {keys[0], 100 + static_cast<uint64_t>(step), keys[2]});
+  }
+  ASSERT_EQ(dedup_.Begin(5, 2), Dedup::Verdict::kNew);
+  dedup_.Commit(5, 2);
+  auto bytes = (*child)->Wait();
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  EXPECT_EQ(*bytes, fs::file_size(path_));
+  Dedup restored_dedup;
+  auto restored = ReadCheckpoint(path_, id, &restored_dedup);
+  ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+  ExpectBitEqual(Pull(*restored->at("dense")), dense_at_start);
+  ExpectBitEqual(Pull(*restored->at("sparse"), keys), sparse_at_start);
+  EXPECT_EQ(restored->at("sparse")->version(), sparse_version);
+  EXPECT_EQ(restored->at("sparse")->Stats().rows, 3u);
+  EXPECT_EQ(restored_dedup.Begin(5, 1), Dedup::Verdict::kDuplicate);
+  EXPECT_EQ(restored_dedup.Begin(5, 2), Dedup::Verdict::kNew);  // committed after the fork
+}
+
+TEST_F(CheckpointTest, ForkedCheckpointReportsTheChildsError) {
+  const ShardIdentity id{0, 1};
+  Tables tables = {{"sparse", NewTable(SparseSpec(), id)}};
+  auto child = ForkedCheckpoint::Start(dir_ + "/no/such/dir/shard.ckpt", id, tables, dedup_);
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  auto bytes = (*child)->Wait();
+  ASSERT_FALSE(bytes.ok());
+  EXPECT_EQ(bytes.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(bytes.status().message(), HasSubstr("no/such/dir/shard.ckpt.tmp"));
+  EXPECT_FALSE(fs::exists(dir_ + "/no"));
+}
+
 TEST_F(CheckpointTest, SparseLruOrderSurvivesRestore) {
   TableSpec spec = SparseSpec();
   spec.name = "capped";
