@@ -105,7 +105,31 @@ StatusOr<std::string> ShardServer::Start() {
   topts.handler_threads = options_.handler_threads;
   topts.max_message_bytes = options_.max_message_bytes * 2;
   topts.curve = options_.curve;
+  // A checkpoint waits for its writer (seconds on a large shard): never on the I/O
+  // thread, which would stop every other request meanwhile.
+  topts.may_run_inline = [](const Incoming& in) {
+    if (in.frames.empty()) return true;
+    auto h = DecodeHeader(in.frames[0].data(), in.frames[0].size());
+    return !h.ok() || h->op != Op::kCheckpoint;
+  };
   transport_ = NewServerTransport(options_.listen, topts);
+  ckpt_queue_ = std::make_unique<CheckpointQueue>(
+      [this] { return Checkpoint(); },
+      [this](const std::string& peer, const Header& h, const StatusOr<std::string>& path) {
+        Header reply = MakeReply(h, Status::Ok());
+        if (path.ok()) {
+          reply.message = *path;
+        } else if (path.status().code() == StatusCode::kUnavailable && !stopping_) {
+          // A volume problem is not transient the way "draining" is: answer it as such,
+          // so the client reports it instead of retrying UNAVAILABLE until its deadline.
+          reply = MakeReply(
+              h, FailedPrecondition("checkpoint not written: " + path.status().message()));
+        } else {
+          reply = MakeReply(h, path.status());
+        }
+        if (replica_) reply.epoch = replica_->epoch();
+        SendReply(peer, reply, {});
+      });
   auto bound = transport_->Start(options_.listen, [this](Incoming&& in) { Handle(std::move(in)); });
   if (!bound.ok()) return bound.status();
   if (replica_) {
@@ -226,8 +250,10 @@ void ShardServer::Stop() {
   maintenance_.Stop();
   if (replica_) replica_->Stop();  // backups take over; waiting replies say NOT_PRIMARY
   ReleaseHeld(/*all=*/true);
-  watchers_->Stop();   // watchers get the current versions and watch the next primary
-  transport_->Stop();  // handles what is queued, then flushes replies
+  watchers_->Stop();  // watchers get the current versions and watch the next primary
+  if (ckpt_queue_)
+    ckpt_queue_->Stop();  // the checkpoint under way ends; later requests are refused
+  transport_->Stop();     // handles what is queued, then flushes replies
   if (!options_.checkpoint_dir.empty()) {
     auto st = Checkpoint();
     if (!st.ok()) {
@@ -372,17 +398,13 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
       ONLINEPS_RETURN_IF_ERROR(watchers_->Watch(std::string(peer), h, NowMs()));
       *held = true;
       return Status::Ok();
-    case Op::kCheckpoint: {
-      auto path = Checkpoint();
-      // A volume problem is not transient the way "draining" is: answer it as such, so the
-      // client reports it instead of retrying UNAVAILABLE until its deadline.
-      if (!path.ok() && path.status().code() == StatusCode::kUnavailable) {
-        return FailedPrecondition("checkpoint not written: " + path.status().message());
-      }
-      if (!path.ok()) return path.status();
-      reply->message = *path;
+    case Op::kCheckpoint:
+      if (checkpoint_path().empty())
+        return FailedPrecondition("no checkpoint directory configured");
+      // Answered by ckpt_queue_ once written.
+      ONLINEPS_RETURN_IF_ERROR(ckpt_queue_->Add(std::string(peer), h));
+      *held = true;
       return Status::Ok();
-    }
     case Op::kReply:
       return UnknownOp("a shard does not accept replies");
     default:

@@ -16,6 +16,7 @@
 #include "common/status.h"
 #include "common/transport.h"
 #include "common/wire.h"
+#include "ps/checkpoint_queue.h"
 #include "ps/dedup.h"
 #include "ps/replication.h"
 #include "ps/table.h"
@@ -132,6 +133,7 @@ class ShardServer {
   std::unique_ptr<ServerTransport> transport_;
   std::unique_ptr<Replica> replica_;    // null when not replicated
   std::unique_ptr<Watchers> watchers_;  // table-change notices; answers through transport_
+  std::unique_ptr<CheckpointQueue> ckpt_queue_;  // checkpoint ops; answers through transport_
   // Lock order: order_mu_ -> ckpt_mu_ -> apply_gate_ -> tables_mu_ -> held_mu_ (each
   // ACQUIRED_BEFORE the next); maint_mu_ is never held with another. order_mu_ is held
   // across Replica::Append, so it also comes before the Replica's own locks.
