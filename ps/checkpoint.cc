@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <cstring>
 #include <vector>
 
@@ -94,24 +93,21 @@ uint64_t LegacyChecksum64(const void* data, size_t size) {
 namespace {
 
 // Everything but the trailing checksum.
-void WriteShardBody(ByteWriter* w, const ShardIdentity& id,
-                    const std::map<std::string, std::shared_ptr<Table>>& tables,
-                    const Dedup& dedup) {
+void WriteSnapshotBody(ByteWriter* w, ShardSnapshot* snap) {
   w->Append(kMagic, sizeof(kMagic));
   w->Put<uint32_t>(kFormat);
-  w->Put<uint32_t>(id.shard);
-  w->Put<uint32_t>(id.num_shards);
-  w->Put<uint64_t>(tables.size());
-  for (const auto& [name, table] : tables) {
-    auto spec = EncodeSpec(table->spec());
-    w->Put<uint64_t>(spec.size());
-    for (const auto& [k, v] : spec) {
+  w->Put<uint32_t>(snap->id.shard);
+  w->Put<uint32_t>(snap->id.num_shards);
+  w->Put<uint64_t>(snap->tables.size());
+  for (ShardSnapshot::Entry& e : snap->tables) {
+    w->Put<uint64_t>(e.spec.size());
+    for (const auto& [k, v] : e.spec) {
       w->PutString(k);
       w->PutString(v);
     }
-    table->Save(w);
+    e.table->Write(w);
   }
-  dedup.Save(w);
+  w->Append(snap->dedup.data(), snap->dedup.size());
 }
 
 // A file mapped read-only; unmapped on destruction.
@@ -166,18 +162,31 @@ class MappedFile {
 
 }  // namespace
 
+ShardSnapshot SnapshotShard(const ShardIdentity& id,
+                            const std::map<std::string, std::shared_ptr<Table>>& tables,
+                            const Dedup& dedup) {
+  ShardSnapshot snap;
+  snap.id = id;
+  for (const auto& [name, table] : tables) {
+    snap.tables.push_back({EncodeSpec(table->spec()), table->BeginSnapshot()});
+  }
+  ByteWriter w;
+  dedup.Save(&w);
+  snap.dedup = std::move(w.buffer());
+  return snap;
+}
+
 std::string SerializeShard(const ShardIdentity& id,
                            const std::map<std::string, std::shared_ptr<Table>>& tables,
                            const Dedup& dedup) {
+  ShardSnapshot snap = SnapshotShard(id, tables, dedup);
   ByteWriter w;
-  WriteShardBody(&w, id, tables, dedup);
+  WriteSnapshotBody(&w, &snap);
   w.Put<uint64_t>(Crc32(w.buffer().data(), w.buffer().size()));
   return w.buffer();
 }
 
-StatusOr<uint64_t> WriteCheckpoint(const std::string& path, const ShardIdentity& id,
-                                   const std::map<std::string, std::shared_ptr<Table>>& tables,
-                                   const Dedup& dedup) {
+StatusOr<uint64_t> WriteSnapshot(const std::string& path, ShardSnapshot* snap) {
   // Streamed through a 1 MiB buffer: the file is never held in memory.
   AtomicFileWriter file(path);
   uLong crc = crc32_z(0, Z_NULL, 0);
@@ -187,7 +196,7 @@ StatusOr<uint64_t> WriteCheckpoint(const std::string& path, const ShardIdentity&
     b->clear();
   };
   ByteWriter w(spill, 1 << 20);
-  WriteShardBody(&w, id, tables, dedup);
+  WriteSnapshotBody(&w, snap);
   spill(&w.buffer());
   const uint64_t trailer = crc;
   ONLINEPS_RETURN_IF_ERROR(file.Write({reinterpret_cast<const char*>(&trailer), sizeof trailer}));
@@ -195,79 +204,18 @@ StatusOr<uint64_t> WriteCheckpoint(const std::string& path, const ShardIdentity&
   return file.bytes_written();
 }
 
-StatusOr<std::unique_ptr<ForkedCheckpoint>> ForkedCheckpoint::Start(
-    const std::string& path, const ShardIdentity& id,
-    const std::map<std::string, std::shared_ptr<Table>>& tables, const Dedup& dedup) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) {
-    return Unavailable(std::string("cannot make a pipe for the checkpoint writer: ") +
-                       std::strerror(errno));
-  }
-  const pid_t parent = ::getpid();
-  // Locks held across fork(): the child's copy is then never caught mid-read (a pull
-  // moving a row in its LRU list, a metrics scrape in the dedup window).
-  for (const auto& [name, table] : tables) table->LockForFork();
-  dedup.LockForFork();
-  const pid_t pid = ::fork();
-  const int fork_errno = errno;
-  dedup.UnlockAfterFork();
-  for (const auto& [name, table] : tables) table->UnlockAfterFork();
-  if (pid == 0) {
-    // The child: only this thread exists, and it must leave with _exit (no destructors
-    // or atexit handlers of the parent's threads' objects).
-    ::close(fds[0]);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(2);  // the parent died before prctl
-    auto bytes = WriteCheckpoint(path, id, tables, dedup);
-    const std::string result =
-        bytes.ok() ? "ok " + std::to_string(*bytes) : bytes.status().ToString();
-    ssize_t ignored = ::write(fds[1], result.data(), result.size());
-    (void)ignored;
-    ::_exit(bytes.ok() ? 0 : 1);
-  }
-  ::close(fds[1]);
-  if (pid < 0) {
-    ::close(fds[0]);
-    return Unavailable(std::string("cannot fork the checkpoint writer: ") +
-                       std::strerror(fork_errno));
-  }
-  return std::unique_ptr<ForkedCheckpoint>(new ForkedCheckpoint(pid, fds[0]));
-}
-
-StatusOr<uint64_t> ForkedCheckpoint::Wait() {
-  if (waited_) return FailedPrecondition("checkpoint writer already waited for");
-  waited_ = true;
-  std::string result;
-  char buf[512];
-  for (;;) {
-    const ssize_t n = ::read(result_fd_, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    result.append(buf, static_cast<size_t>(n));
-  }
-  ::close(result_fd_);
-  int wstatus = 0;
-  pid_t got;
-  do {
-    got = ::waitpid(pid_, &wstatus, 0);
-  } while (got < 0 && errno == EINTR);
-  if (result.rfind("ok ", 0) == 0) return std::stoull(result.substr(3));
-  if (!result.empty()) return Unavailable("checkpoint writer: " + result);
-  if (got == pid_ && WIFSIGNALED(wstatus)) {
-    return Unavailable("checkpoint writer killed by signal " + std::to_string(WTERMSIG(wstatus)));
-  }
-  return Unavailable("checkpoint writer exited without a result");
-}
-
-ForkedCheckpoint::~ForkedCheckpoint() {
-  if (!waited_) (void)Wait();
+StatusOr<uint64_t> WriteCheckpoint(const std::string& path, const ShardIdentity& id,
+                                   const std::map<std::string, std::shared_ptr<Table>>& tables,
+                                   const Dedup& dedup) {
+  ShardSnapshot snap = SnapshotShard(id, tables, dedup);
+  return WriteSnapshot(path, &snap);
 }
 
 StatusOr<std::map<std::string, std::shared_ptr<Table>>> ReadCheckpoint(const std::string& path,
                                                                        const ShardIdentity& id,
                                                                        Dedup* dedup) {
   // Mapped, checked with pread, then parsed with the pages already read dropped every
-  // 64 MiB: a restore holds the tables and a small window of the file, not both whole.
+  // 8 MiB: a restore holds the tables and a small window of the file, not both whole.
   MappedFile file;
   ONLINEPS_RETURN_IF_ERROR(file.Open(path));
   const std::string_view bytes = file.bytes();
@@ -303,7 +251,7 @@ StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseVerified(
     std::string_view bytes, const std::string& path, const ShardIdentity& id, Dedup* dedup,
     std::function<void(const char*)> release) {
   ByteReader r(bytes.data() + sizeof(kMagic), bytes.size() - sizeof(kMagic) - 8);
-  if (release) r.SetReleaseHook(std::move(release), size_t{64} << 20);
+  if (release) r.SetReleaseHook(std::move(release), size_t{8} << 20);
   uint32_t format = 0, shard = 0, num_shards = 0;
   uint64_t count = 0;
   ONLINEPS_RETURN_IF_ERROR(r.Get(&format, "format"));

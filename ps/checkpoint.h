@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "ps/dedup.h"
@@ -25,7 +26,8 @@ struct ShardIdentity {
   uint32_t num_shards = 1;
 };
 
-// Writes tables and dedup state atomically to `path`. Returns bytes written.
+// Writes tables and dedup state atomically to `path` (SnapshotShard, then
+// WriteSnapshot: the caller keeps updates out for the whole call). Returns bytes written.
 StatusOr<uint64_t> WriteCheckpoint(const std::string& path, const ShardIdentity& id,
                                    const std::map<std::string, std::shared_ptr<Table>>& tables,
                                    const Dedup& dedup);
@@ -46,33 +48,31 @@ StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseShard(std::string_v
                                                                    const ShardIdentity& id,
                                                                    Dedup* dedup);
 // ParseShard of bytes whose magic and checksum were checked; `release` (if set) is
-// called every 64 MiB with the first byte not yet read.
+// called every 8 MiB with the first byte not yet read.
 StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseVerified(
     std::string_view bytes, const std::string& path, const ShardIdentity& id, Dedup* dedup,
     std::function<void(const char*)> release);
 
-// A checkpoint written by a forked child process from its copy of the shard: the
-// parent is paused only for fork() itself (page tables, not data), then serves updates
-// while the child writes, and memory grows only by the pages updates touch meanwhile
-// (copy on write). A child whose parent dies is killed before it can rename its file.
-class ForkedCheckpoint {
- public:
-  // Forks the writer of `tables` and `dedup` as they are now. REQUIRES: no update runs
-  // during the call (the caller holds what keeps them out); reads may (their locks are
-  // taken around the fork). Errors: kUnavailable if fork() fails (e.g. no memory).
-  static StatusOr<std::unique_ptr<ForkedCheckpoint>> Start(
-      const std::string& path, const ShardIdentity& id,
-      const std::map<std::string, std::shared_ptr<Table>>& tables, const Dedup& dedup);
-  // Waits for the child. The bytes written, or why the file was not written.
-  StatusOr<uint64_t> Wait();
-  ~ForkedCheckpoint();  // waits if Wait was not called
-
- private:
-  ForkedCheckpoint(int pid, int result_fd) : pid_(pid), result_fd_(result_fd) {}
-  int pid_;
-  int result_fd_;
-  bool waited_ = false;
+// A shard's state fixed at one instant, to be written while updates go on: the specs,
+// a TableSnapshot of each table, and the dedup windows. The file it makes holds
+// exactly the pushes its dedup windows say were applied.
+struct ShardSnapshot {
+  struct Entry {
+    std::map<std::string, std::string> spec;  // EncodeSpec
+    std::unique_ptr<TableSnapshot> table;
+  };
+  ShardIdentity id;
+  std::vector<Entry> tables;
+  std::string dedup;  // Dedup::Save
 };
+
+// REQUIRES: no update runs during the call (the shard holds its apply gate). Its cost
+// is that of each table's BeginSnapshot (O(stripes) for an uncapped sparse table).
+ShardSnapshot SnapshotShard(const ShardIdentity& id,
+                            const std::map<std::string, std::shared_ptr<Table>>& tables,
+                            const Dedup& dedup);
+// Writes the snapshot atomically to `path`, streamed. Returns bytes written.
+StatusOr<uint64_t> WriteSnapshot(const std::string& path, ShardSnapshot* snapshot);
 
 // CRC-32 (zlib's, IEEE 802.3): the checksum of format 2, the one written; the file's last
 // 8 bytes hold it zero-extended.

@@ -41,10 +41,6 @@ class Dedup {
   void Save(ByteWriter* w) const;
   Status Load(ByteReader* r);
 
-  // As Table::LockForFork / UnlockAfterFork: the window copied by a fork is whole.
-  void LockForFork() const NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
-  void UnlockAfterFork() const NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
-
  private:
   struct Window {
     uint64_t high = 0;             // highest seq seen (reserved or applied)

@@ -30,8 +30,6 @@ class DenseTable : public Table {
   TableStats Stats() const override;
   void Save(ByteWriter* w) const override;
   Status Load(ByteReader* r) override;
-  void LockForFork() const override NO_THREAD_SAFETY_ANALYSIS { mu_.Lock(); }
-  void UnlockAfterFork() const override NO_THREAD_SAFETY_ANALYSIS { mu_.Unlock(); }
 
  private:
   // Applies one gradient (already compensated if needed).

@@ -50,6 +50,7 @@ class RowStore {
   void Prefetch(uint64_t key) const;
 
   size_t size() const { return live_; }
+  size_t record_bytes() const { return record_bytes_; }
   // Slots ever handed out: every live slot is below this; a slot below it that was
   // erased and not reused is not live.
   uint32_t slot_end() const { return next_slot_; }

@@ -277,27 +277,18 @@ StatusOr<std::string> ShardServer::Checkpoint() {
   if (path.empty()) return FailedPrecondition("no checkpoint directory configured");
   MutexLock lock(&ckpt_mu_);
   auto t0 = std::chrono::steady_clock::now();
-  StatusOr<uint64_t> bytes = Unavailable("checkpoint not written");
+  ShardSnapshot snap;
   double pause_s = 0;
-  std::unique_ptr<ForkedCheckpoint> child;
   {
-    // Pushes pause only while a child process is forked with a copy of the tables and
-    // dedup windows, so the file holds exactly the pushes its dedup state says were
-    // applied; the child writes it while this process goes on serving.
+    // Pushes pause only while the snapshot is cut (O(stripes), not O(rows)): the file
+    // then holds exactly the pushes its dedup windows say were applied, and is written
+    // below while pushes go on.
     WriterLock gate(&apply_gate_);
-    auto forked =
-        ForkedCheckpoint::Start(path, {options_.shard, options_.num_shards}, *tables(), dedup_);
-    if (forked.ok()) {
-      child = std::move(forked).value();
-    } else {
-      // No fork (no memory for the page tables, a sandbox): the file is written from
-      // here, with pushes paused throughout, as the only way left to write it.
-      spdlog::warn("{}; writing the checkpoint with pushes paused", forked.status().ToString());
-      bytes = WriteCheckpoint(path, {options_.shard, options_.num_shards}, *tables(), dedup_);
-    }
+    snap = SnapshotShard({options_.shard, options_.num_shards}, *tables(), dedup_);
     pause_s = SecondsSince(t0);
   }
-  if (child) bytes = child->Wait();
+  StatusOr<uint64_t> bytes = WriteSnapshot(path, &snap);
+  snap = ShardSnapshot{};  // ends the snapshot: updates stop preserving rows
   metrics_->CountCheckpoint(bytes.ok(), SecondsSince(t0), bytes.ok() ? *bytes : 0);
   if (!bytes.ok()) return bytes.status();
   if (replica_) WriteSidecar(/*clean=*/false, *bytes);

@@ -131,8 +131,8 @@ class ShardServer {
   std::unique_ptr<Metrics> metrics_;
 
   std::unique_ptr<ServerTransport> transport_;
-  std::unique_ptr<Replica> replica_;    // null when not replicated
-  std::unique_ptr<Watchers> watchers_;  // table-change notices; answers through transport_
+  std::unique_ptr<Replica> replica_;             // null when not replicated
+  std::unique_ptr<Watchers> watchers_;           // table-change notices; answers through transport_
   std::unique_ptr<CheckpointQueue> ckpt_queue_;  // checkpoint ops; answers through transport_
   // Lock order: order_mu_ -> ckpt_mu_ -> apply_gate_ -> tables_mu_ -> held_mu_ (each
   // ACQUIRED_BEFORE the next); maint_mu_ is never held with another. order_mu_ is held

@@ -38,6 +38,19 @@ struct SparseTable::Stripe {
   LruMap<BackupKey, std::vector<float>, BackupHash> backups;
   LruMap<uint64_t, uint32_t> admission;  // touches of rows not yet admitted
   std::vector<float> scratch;
+  // While a snapshot (SparseSnapshot) writes this stripe: slots [snap_cursor, snap_end)
+  // are still to be written, and snap_copies holds, by slot, those rows' records as they
+  // were at the cut when an update changed them first.
+  bool snap_active = false;
+  uint32_t snap_cursor = 0, snap_end = 0;
+  std::unordered_map<uint32_t, std::string> snap_copies;
+
+  // Called before an update changes the record at slot.
+  void Preserve(uint32_t slot) {
+    if (snap_active && slot >= snap_cursor && slot < snap_end) {
+      snap_copies.try_emplace(slot, rows.Record(slot), rows.record_bytes());
+    }
+  }
 
   LruLinks& Links(uint32_t i) const {
     return *std::launder(reinterpret_cast<LruLinks*>(rows.Record(i) + sizeof(uint64_t)));
@@ -220,6 +233,7 @@ int64_t SparseTable::FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms) {
 
 void SparseTable::ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const float* g, bool delta,
                            float lr_scale, uint64_t step, bool compensate) {
+  s.Preserve(slot);
   float* row = s.rows.Floats(slot);
   if (delta) {
     const float scale = static_cast<float>(spec_.delta_scale);
@@ -405,6 +419,10 @@ void SparseTable::Save(ByteWriter* w) const {
       for (uint32_t i = 0; i < s.rows.slot_end(); ++i) put(i);
     }
   }
+  SaveAccumulator(w);
+}
+
+void SparseTable::SaveAccumulator(ByteWriter* w) const {
   // Pushes answered "queued" are part of the state: keep the accumulator.
   MutexLock lock(&acc_mu_);
   w->Put<uint32_t>(acc_count_);
@@ -416,15 +434,81 @@ void SparseTable::Save(ByteWriter* w) const {
   }
 }
 
-void SparseTable::LockForFork() const NO_THREAD_SAFETY_ANALYSIS {
-  // The order updates take them in: the accumulator, then stripes one by one.
-  acc_mu_.Lock();
-  for (const auto& s : stripes_) s->mu.Lock();
-}
+// The snapshot of a table without a row cap or TTL: no row is ever dropped or moved, so
+// the rows at the cut are slots [0, snap_end) of each stripe, written in Save's order
+// (slot order) a chunk at a time under the stripe's lock; an update to a row not yet
+// written copies it first (Stripe::Preserve).
+class SparseSnapshot final : public TableSnapshot {
+ public:
+  explicit SparseSnapshot(SparseTable* t) : t_(t), version_(t->version_.load()) {
+    for (const auto& s : t_->stripes_) {
+      MutexLock lock(&s->mu);
+      s->snap_active = true;
+      s->snap_cursor = 0;
+      s->snap_end = s->rows.slot_end();
+    }
+    t_->SaveAccumulator(&accumulator_);
+  }
+  ~SparseSnapshot() override {
+    for (const auto& s : t_->stripes_) {
+      MutexLock lock(&s->mu);
+      s->snap_active = false;
+      s->snap_copies.clear();
+    }
+  }
 
-void SparseTable::UnlockAfterFork() const NO_THREAD_SAFETY_ANALYSIS {
-  for (const auto& s : stripes_) s->mu.Unlock();
-  acc_mu_.Unlock();
+  void Write(ByteWriter* w) override {
+    w->Put<uint64_t>(version_);
+    for (const auto& s : t_->stripes_) WriteStripe(*s, w);
+    w->Append(accumulator_.buffer().data(), accumulator_.buffer().size());
+  }
+
+ private:
+  // Rows per hold of a stripe's lock: ~1 MiB of copying at dim 64.
+  static constexpr uint32_t kChunkRows = 4096;
+
+  void WriteStripe(SparseTable::Stripe& s, ByteWriter* w) {
+    uint32_t end;
+    {
+      MutexLock lock(&s.mu);
+      end = s.snap_end;
+    }
+    w->Put<uint64_t>(end);
+    std::string buf;
+    const size_t floats_bytes = t_->row_floats_ * sizeof(float);
+    const size_t avg_off = t_->layout_.avg_count_offset;
+    for (uint32_t from = 0; from < end; from += kChunkRows) {
+      buf.clear();
+      {
+        MutexLock lock(&s.mu);
+        const uint32_t to = std::min(end, from + kChunkRows);
+        for (uint32_t slot = from; slot < to; ++slot) {
+          auto copy = s.snap_copies.find(slot);
+          const char* rec = copy != s.snap_copies.end() ? copy->second.data() : s.rows.Record(slot);
+          uint32_t avg_count = 0;
+          if (avg_off != 0) std::memcpy(&avg_count, rec + avg_off, sizeof avg_count);
+          buf.append(rec, sizeof(uint64_t));  // the key
+          buf.append(reinterpret_cast<const char*>(&avg_count), sizeof avg_count);
+          buf.append(rec + t_->layout_.header_bytes, floats_bytes);
+          if (copy != s.snap_copies.end()) s.snap_copies.erase(copy);
+        }
+        s.snap_cursor = to;
+        if (to == end) s.snap_active = false;
+      }
+      w->Append(buf.data(), buf.size());
+    }
+  }
+
+  SparseTable* const t_;
+  const uint64_t version_;
+  ByteWriter accumulator_;
+};
+
+std::unique_ptr<TableSnapshot> SparseTable::BeginSnapshot() {
+  // A capped or TTL table drops and reuses slots and saves rows in LRU order: it is
+  // serialized at the cut (its size is bounded by its cap).
+  if (layout_.lru) return Table::BeginSnapshot();
+  return std::make_unique<SparseSnapshot>(this);
 }
 
 Status SparseTable::Load(ByteReader* r) {

@@ -37,8 +37,7 @@ class SparseTable : public Table {
   TableStats Stats() const override;
   void Save(ByteWriter* w) const override;
   Status Load(ByteReader* r) override;
-  void LockForFork() const override;
-  void UnlockAfterFork() const override;
+  std::unique_ptr<TableSnapshot> BeginSnapshot() override;
 
  private:
   struct Stripe;
@@ -50,6 +49,8 @@ class SparseTable : public Table {
     size_t avg_count_offset = 0;  // 0: no Polyak average
   };
   static Layout LayoutOf(const TableSpec& spec);
+  friend class SparseSnapshot;
+  void SaveAccumulator(ByteWriter* w) const;
   struct BackupKey {
     uint64_t sender, key;
     bool operator==(const BackupKey& o) const { return sender == o.sender && key == o.key; }

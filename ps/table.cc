@@ -18,3 +18,24 @@ StatusOr<std::unique_ptr<Table>> Table::Create(const TableSpec& spec, uint32_t s
 }
 
 }  // namespace onlineps::ps
+
+namespace onlineps::ps {
+namespace {
+
+// The state serialized at BeginSnapshot: a pause as long as the table's Save.
+class SavedSnapshot final : public TableSnapshot {
+ public:
+  explicit SavedSnapshot(const Table& t) { t.Save(&bytes_); }
+  void Write(ByteWriter* w) override { w->Append(bytes_.buffer().data(), bytes_.buffer().size()); }
+
+ private:
+  ByteWriter bytes_;
+};
+
+}  // namespace
+
+std::unique_ptr<TableSnapshot> Table::BeginSnapshot() {
+  return std::make_unique<SavedSnapshot>(*this);
+}
+
+}  // namespace onlineps::ps

@@ -94,11 +94,20 @@ class Table {
   virtual void Save(ByteWriter* w) const = 0;
   virtual Status Load(ByteReader* r) = 0;
 
-  // Fork snapshots (ForkedCheckpoint in ps/checkpoint.h): LockForFork holds every lock
-  // of the table, so that a fork() copies it between two updates; UnlockAfterFork then
-  // releases them, once in the parent and once in the child's copy.
-  virtual void LockForFork() const = 0;
-  virtual void UnlockAfterFork() const = 0;
+  // Checkpoints without a pause: the state as it is now, written later by
+  // TableSnapshot::Write in Save's format while updates go on. REQUIRES: no update runs
+  // during the call (the shard holds its apply gate); one snapshot of a table at a time,
+  // and the table outlives it. The default serializes the table now; a sparse table
+  // without a row cap or TTL instead copies a row only when an update is about to change
+  // it before the writer has passed it.
+  virtual std::unique_ptr<class TableSnapshot> BeginSnapshot();
+};
+
+class TableSnapshot {
+ public:
+  virtual ~TableSnapshot() = default;  // ends the snapshot; copies still held are freed
+  // Appends the table as it was at BeginSnapshot. Called once; thread-safe with updates.
+  virtual void Write(ByteWriter* w) = 0;
 };
 
 }  // namespace onlineps::ps

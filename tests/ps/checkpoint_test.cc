@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ps/ps_client.h"
@@ -232,57 +233,68 @@ TEST_F(CheckpointTest, RoundTripRestoresTablesAndDedup) {
   EXPECT_EQ(restored_dedup.Begin(300, 1), Dedup::Verdict::kNew);
 }
 
-// The file a forked writer leaves holds the tables as they were at Start, while the
-// parent goes on updating them before the child is done.
-TEST_F(CheckpointTest, ForkedCheckpointHoldsStateAtStartWhileParentUpdates) {
+// A snapshot's file holds the tables as they were at the cut, while another thread
+// keeps updating them (existing rows, new rows, the dense table, the dedup window)
+// during the write.
+TEST_F(CheckpointTest, SnapshotHoldsStateAtCutWhileUpdatesGoOn) {
   const ShardIdentity id{0, 1};
   auto dense = NewTable(DenseSpec(), id);
   auto sparse = NewTable(SparseSpec(), id);
   ASSERT_NE(dense, nullptr);
   ASSERT_NE(sparse, nullptr);
-  const std::vector<uint64_t> keys = {7, 8, 9};
-  for (int step = 0; step < 4; ++step) {
+  // Enough rows that the writer takes many chunks, so updates land on both sides of it.
+  std::vector<uint64_t> keys(60000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 7 + 1;
+  for (int step = 0; step < 2; ++step) {
     Push(*dense, Grad(15, step));
-    Push(*sparse, Grad(9, step), keys);
+    Push(*sparse, Grad(keys.size() * 3, step), keys);
   }
   ASSERT_EQ(dedup_.Begin(5, 1), Dedup::Verdict::kNew);
   dedup_.Commit(5, 1);
-  const std::vector<float> dense_at_start = Pull(*dense), sparse_at_start = Pull(*sparse, keys);
+  const std::vector<float> dense_at_cut = Pull(*dense), sparse_at_cut = Pull(*sparse, keys);
+  const std::vector<float> sparse_avg_at_cut = Pull(*sparse, keys, /*averaged=*/true);
   const uint64_t sparse_version = sparse->version();
-  Tables tables = {{"dense", dense}, {"sparse", sparse}};
-  auto child = ForkedCheckpoint::Start(path_, id, tables, dedup_);
-  ASSERT_TRUE(child.ok()) << child.status().ToString();
-  // Updates after the fork, some to new rows: none of them may reach the file.
-  for (int step = 4; step < 8; ++step) {
-    Push(*dense, Grad(15, step));
-    Push(*sparse, Grad(9, step), {keys[0], 100 + static_cast<uint64_t>(step), keys[2]});
-  }
-  ASSERT_EQ(dedup_.Begin(5, 2), Dedup::Verdict::kNew);
-  dedup_.Commit(5, 2);
-  auto bytes = (*child)->Wait();
+  ShardSnapshot snap = SnapshotShard(id, {{"dense", dense}, {"sparse", sparse}}, dedup_);
+  std::atomic<bool> stop{false};
+  std::thread updater([&] {
+    for (int step = 2; !stop; ++step) {
+      Push(*dense, Grad(15, step));
+      // The last keys first, so rows the writer has not reached yet change too.
+      std::vector<uint64_t> some(keys.rbegin(), keys.rbegin() + 5000);
+      some.push_back(1000000 + step);  // and a new row
+      Push(*sparse, Grad(some.size() * 3, step), some);
+    }
+  });
+  auto bytes = WriteSnapshot(path_, &snap);
+  stop = true;
+  updater.join();
   ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
   EXPECT_EQ(*bytes, fs::file_size(path_));
+  ASSERT_GT(sparse->version(), sparse_version + 1) << "no update ran during the write";
+  ASSERT_EQ(dedup_.Begin(5, 2), Dedup::Verdict::kNew);
+  dedup_.Commit(5, 2);
   Dedup restored_dedup;
   auto restored = ReadCheckpoint(path_, id, &restored_dedup);
   ASSERT_TRUE(restored.ok()) << restored.status().ToString();
-  ExpectBitEqual(Pull(*restored->at("dense")), dense_at_start);
-  ExpectBitEqual(Pull(*restored->at("sparse"), keys), sparse_at_start);
+  ExpectBitEqual(Pull(*restored->at("dense")), dense_at_cut);
+  ExpectBitEqual(Pull(*restored->at("sparse"), keys), sparse_at_cut);
+  ExpectBitEqual(Pull(*restored->at("sparse"), keys, /*averaged=*/true), sparse_avg_at_cut);
   EXPECT_EQ(restored->at("sparse")->version(), sparse_version);
-  EXPECT_EQ(restored->at("sparse")->Stats().rows, 3u);
+  EXPECT_EQ(restored->at("sparse")->Stats().rows, keys.size());
   EXPECT_EQ(restored_dedup.Begin(5, 1), Dedup::Verdict::kDuplicate);
-  EXPECT_EQ(restored_dedup.Begin(5, 2), Dedup::Verdict::kNew);  // committed after the fork
+  EXPECT_EQ(restored_dedup.Begin(5, 2), Dedup::Verdict::kNew);  // committed after the cut
+  // The live table is unharmed by the snapshot: it holds the updates made meanwhile.
+  EXPECT_EQ(sparse->Stats().rows, keys.size() + (sparse->version() - sparse_version));
 }
 
-TEST_F(CheckpointTest, ForkedCheckpointReportsTheChildsError) {
+TEST_F(CheckpointTest, SnapshotToAMissingDirectoryIsUnavailableNamingIt) {
   const ShardIdentity id{0, 1};
-  Tables tables = {{"sparse", NewTable(SparseSpec(), id)}};
-  auto child = ForkedCheckpoint::Start(dir_ + "/no/such/dir/shard.ckpt", id, tables, dedup_);
-  ASSERT_TRUE(child.ok()) << child.status().ToString();
-  auto bytes = (*child)->Wait();
+  auto table = NewTable(SparseSpec(), id);  // outlives its snapshot
+  ShardSnapshot snap = SnapshotShard(id, {{"sparse", table}}, dedup_);
+  auto bytes = WriteSnapshot(dir_ + "/no/such/dir/shard.ckpt", &snap);
   ASSERT_FALSE(bytes.ok());
   EXPECT_EQ(bytes.status().code(), StatusCode::kUnavailable);
   EXPECT_THAT(bytes.status().message(), HasSubstr("no/such/dir/shard.ckpt.tmp"));
-  EXPECT_FALSE(fs::exists(dir_ + "/no"));
 }
 
 TEST_F(CheckpointTest, SparseLruOrderSurvivesRestore) {
