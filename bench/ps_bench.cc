@@ -1,14 +1,20 @@
-// ps_bench: parameter-server figures on loopback, each printed beside a raw ZeroMQ
-// baseline that moves the same bytes in the same run (DEALER -> ROUTER, one small
-// reply), so ratios stay meaningful on a noisy machine. Not a test.
-//   ps_bench [--iters N] [--quick]
+// ps_bench: parameter-server figures, each printed beside a raw ZeroMQ baseline that
+// moves the same bytes in the same run (DEALER -> ROUTER, one 16-byte reply, the same
+// callers and calls in flight), so ratios stay meaningful on a noisy machine. Not a test.
+// `ps_bench --help` lists the flags.
 #include <prometheus/registry.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,129 +23,403 @@
 #include "ps/ps_client.h"
 #include "ps/rule_set.h"
 #include "ps/shard_server.h"
+#include "tests/subprocess.h"
 
 namespace onlineps::ps {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct Stats {
-  double p50_us = 0, p99_us = 0, mean_us = 0;
+constexpr char kUsage[] =
+    "usage: ps_bench [flags]\n"
+    "PS push and pull figures beside raw ZeroMQ moving the same bytes in the same run.\n"
+    "  --iters N      calls per caller per figure (default 2000; the 10000-key figures\n"
+    "                 make N/10 calls, the 4 MiB ones N/20)\n"
+    "  --quick        --iters 200\n"
+    "  --mem          one in-process shard on mem:// (no network): the shard's own cost\n"
+    "  --shards N     N shard processes (onlineps_ps) on tcp loopback, keys and dense\n"
+    "                 slices hash-partitioned as in production (default 1: in process)\n"
+    "  --clients N    concurrent callers, each with its own client (default 1); with\n"
+    "                 N > 1 sparse pushes also run with all callers on the same keys\n"
+    "  --inflight N   calls each caller keeps outstanding (default 1)\n"
+    "  --csv FILE     also write figure,p50_us,p99_us,per_s,baseline_per_s,ratio rows\n"
+    "                 (per_s: calls per second of all callers; ratio: per_s / baseline)\n"
+    "  --bin-dir DIR  where onlineps_ps is, for --shards (default: " ONLINEPS_BIN_DIR
+    ")\n"
+    "  --help         this text\n";
+
+struct Flags {
+  int iters = 2000;
+  bool mem = false;
+  int shards = 1, clients = 1, inflight = 1;
+  std::string csv, bin_dir = ONLINEPS_BIN_DIR;
 };
 
-Stats Measure(int iters, const std::function<void()>& fn) {
-  for (int i = 0; i < std::max(3, iters / 10); ++i) fn();  // warm-up
+bool ParseFlags(int argc, char** argv, Flags* f) {
+  auto count = [&](int& i, const char* name, int* out) {
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "ps_bench: %s needs a value\n", name);
+      return false;
+    }
+    char* end = nullptr;
+    const long v = std::strtol(argv[++i], &end, 10);
+    if (*end != 0 || v < 1 || v > 1000000) {
+      std::fprintf(stderr, "ps_bench: %s needs a positive integer, got '%s'\n", name, argv[i]);
+      return false;
+    }
+    *out = static_cast<int>(v);
+    return true;
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    bool ok = true;
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else if (a == "--mem") {
+      f->mem = true;
+    } else if (a == "--quick") {
+      f->iters = 200;
+    } else if (a == "--iters") {
+      ok = count(i, "--iters", &f->iters);
+    } else if (a == "--shards") {
+      ok = count(i, "--shards", &f->shards);
+    } else if (a == "--clients") {
+      ok = count(i, "--clients", &f->clients);
+    } else if (a == "--inflight") {
+      ok = count(i, "--inflight", &f->inflight);
+    } else if ((a == "--csv" || a == "--bin-dir") && i + 1 < argc) {
+      (a == "--csv" ? f->csv : f->bin_dir) = argv[++i];
+    } else {
+      std::fprintf(stderr, "ps_bench: unknown flag or missing value: %s\n%s", a.c_str(), kUsage);
+      return false;
+    }
+    if (!ok) return false;
+  }
+  if (f->mem && f->shards > 1) {
+    std::fprintf(stderr, "ps_bench: --mem runs one in-process shard; it cannot go with --shards\n");
+    return false;
+  }
+  return true;
+}
+
+struct Stats {
+  double p50_us = 0, p99_us = 0, per_s = 0;  // per_s: calls per second, all callers
+};
+
+// `callers` threads, each keeping `inflight` calls outstanding for `iters` calls.
+// issue(caller, i) starts call i and returns a function that waits for it.
+using Waiter = std::function<void()>;
+Stats Load(int callers, int inflight, int iters,
+           const std::function<Waiter(int caller, int i)>& issue) {
+  std::vector<std::vector<double>> us(callers);
+  auto run = [&](int c, int n, std::vector<double>* out) {
+    std::deque<std::pair<Waiter, Clock::time_point>> pending;
+    for (int i = 0; i < n || !pending.empty();) {
+      if (i < n && static_cast<int>(pending.size()) < inflight) {
+        const auto t0 = Clock::now();
+        pending.emplace_back(issue(c, i++), t0);
+        continue;
+      }
+      pending.front().first();
+      if (out) {
+        out->push_back(
+            std::chrono::duration<double, std::micro>(Clock::now() - pending.front().second)
+                .count());
+      }
+      pending.pop_front();
+    }
+  };
+  for (int c = 0; c < callers; ++c) run(c, std::max(3, iters / 10), nullptr);  // warm-up
+  const auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (int c = 0; c < callers; ++c) threads.emplace_back(run, c, iters, &us[c]);
+  for (auto& t : threads) t.join();
+  const double wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::vector<double> all;
+  for (auto& v : us) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  return {all[all.size() / 2], all[std::min(all.size() - 1, all.size() * 99 / 100)],
+          all.size() / wall_s};
+}
+
+// Raw ZeroMQ: `servers` ROUTER threads (one per shard) that answer every multipart
+// message with one 16-byte frame; a call sends its bytes split evenly over them.
+class RawEcho {
+ public:
+  explicit RawEcho(int servers) : ctx_(1) {
+    for (int s = 0; s < servers; ++s) {
+      auto r = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::router);
+      r->bind("tcp://127.0.0.1:0");
+      endpoints_.push_back(r->get(zmq::sockopt::last_endpoint));
+      threads_.emplace_back([this, sock = r.get()] { Loop(sock); });
+      routers_.push_back(std::move(r));
+    }
+  }
+  ~RawEcho() {
+    stop_ = true;
+    for (const std::string& ep : endpoints_) {
+      zmq::socket_t d(ctx_, zmq::socket_type::dealer);
+      d.connect(ep);
+      d.send(zmq::buffer("x", 1), zmq::send_flags::none);
+      threads_.front().join();
+      threads_.erase(threads_.begin());
+    }
+  }
+  // One caller's sockets: a DEALER to every server.
+  class Caller {
+   public:
+    Caller(zmq::context_t& ctx, const std::vector<std::string>& eps) {
+      for (const auto& ep : eps) {
+        dealers_.emplace_back(ctx, zmq::socket_type::dealer);
+        dealers_.back().connect(ep);
+      }
+    }
+    // Sends one call: every frame split evenly over the servers.
+    void Send(const std::vector<std::pair<const void*, size_t>>& frames) {
+      const size_t n = dealers_.size();
+      for (size_t s = 0; s < n; ++s) {
+        for (size_t i = 0; i < frames.size(); ++i) {
+          const size_t part = frames[i].second / n;
+          zmq::message_t m(static_cast<const char*>(frames[i].first) + part * s, part);
+          dealers_[s].send(
+              m, i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+        }
+      }
+    }
+    void Receive() {
+      for (auto& d : dealers_) {
+        zmq::message_t reply;
+        (void)d.recv(reply);
+      }
+    }
+
+   private:
+    std::vector<zmq::socket_t> dealers_;
+  };
+  std::unique_ptr<Caller> NewCaller() { return std::make_unique<Caller>(ctx_, endpoints_); }
+
+ private:
+  void Loop(zmq::socket_t* router) {
+    while (true) {
+      std::vector<zmq::message_t> parts;
+      zmq::message_t m;
+      do {
+        (void)router->recv(m);
+        parts.emplace_back(std::move(m));
+      } while (router->get(zmq::sockopt::rcvmore));
+      if (stop_) return;
+      router->send(parts[0], zmq::send_flags::sndmore);
+      router->send(zmq::buffer("0123456789abcdef", 16), zmq::send_flags::none);
+    }
+  }
+  zmq::context_t ctx_;
+  std::vector<std::unique_ptr<zmq::socket_t>> routers_;
+  std::vector<std::string> endpoints_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stop_{false};
+};
+
+class Bench {
+ public:
+  Bench(const Flags& f, std::vector<std::unique_ptr<PsClient>> clients)
+      : f_(f), clients_(std::move(clients)), raw_(f.mem ? 1 : f.shards) {
+    if (!f.csv.empty()) {
+      csv_ = std::fopen(f.csv.c_str(), "w");
+      if (!csv_) {
+        std::fprintf(stderr, "ps_bench: cannot write %s: %s\n", f.csv.c_str(),
+                     std::strerror(errno));
+        std::exit(2);
+      }
+      std::fprintf(csv_, "figure,p50_us,p99_us,per_s,baseline_per_s,ratio\n");
+    }
+    for (int c = 0; c < f.clients; ++c) raw_callers_.push_back(raw_.NewCaller());
+  }
+  ~Bench() {
+    if (csv_) std::fclose(csv_);
+  }
+
+  // One figure: the PS calls and the raw calls with the same callers and window.
+  Stats Figure(const std::string& name, int iters, const std::function<Waiter(int, int)>& ps,
+               const std::vector<std::pair<const void*, size_t>>& raw_frames,
+               const std::string& extra_unit = "", double units_per_call = 0) {
+    const Stats p = Load(f_.clients, f_.inflight, iters, ps);
+    const Stats r = Load(f_.clients, f_.inflight, iters, [&](int c, int) -> Waiter {
+      raw_callers_[c]->Send(raw_frames);
+      return [this, c] { raw_callers_[c]->Receive(); };
+    });
+    char extra[96] = "";
+    if (units_per_call > 0) {
+      std::snprintf(extra, sizeof extra, " | %.2f %s (raw %.2f)", p.per_s * units_per_call,
+                    extra_unit.c_str(), r.per_s * units_per_call);
+    }
+    std::printf(
+        "%-40s p50 %8.1f us  p99 %8.1f us  %9.0f calls/s | raw zmq p50 %8.1f us  p99 %8.1f us  "
+        "%9.0f calls/s | ratio %.2f%s\n",
+        name.c_str(), p.p50_us, p.p99_us, p.per_s, r.p50_us, r.p99_us, r.per_s, p.per_s / r.per_s,
+        extra);
+    std::fflush(stdout);
+    if (csv_) {
+      std::fprintf(csv_, "%s,%.1f,%.1f,%.1f,%.1f,%.3f\n", name.c_str(), p.p50_us, p.p99_us, p.per_s,
+                   r.per_s, p.per_s / r.per_s);
+    }
+    return p;
+  }
+
+  void Run() {
+    std::printf("onlineps ps_bench: %s, %d caller(s), %d call(s) in flight each, %d iterations\n",
+                f_.mem ? "1 in-process shard on mem://"
+                       : (std::to_string(f_.shards) + " shard(s) on tcp loopback").c_str(),
+                f_.clients, f_.inflight, f_.iters);
+    OneKey();
+    SparseCase(1000, 16, f_.iters);
+    SparseCase(10000, 64, std::max(20, f_.iters / 10));
+    DenseCase(1 << 20, std::max(20, f_.iters / 20));
+    if (f_.mem) ApplyCost(10000, 64);
+  }
+
+ private:
+  PsClient& C(int c) { return *clients_[c]; }
+
+  void OneKey() {
+    const uint64_t key = 42;
+    const float one = 0.5f;
+    std::vector<float> out(f_.clients);
+    Figure("push 1x1", f_.iters,
+           [&](int c, int) -> Waiter {
+             auto t =
+                 std::make_shared<Ticket>(C(c).PushSparse("sparse1", &key, 1, &one, {}, nullptr));
+             return [t] { (void)t->Wait(); };
+           },
+           {{"header-40-bytes-header-40-bytes-header-4", 40}, {&key, 8}, {&one, 4}});
+    Figure("pull 1x1", f_.iters,
+           [&](int c, int) -> Waiter {
+             auto t =
+                 std::make_shared<Ticket>(C(c).PullSparse("sparse1", &key, 1, &out[c], nullptr));
+             return [t] { (void)t->Wait(); };
+           },
+           {{"header-40-bytes-header-40-bytes-header-4", 40}, {&key, 8}});
+  }
+
+  void SparseCase(size_t nkeys, uint32_t dim, int iters) {
+    const std::string table = "sparse" + std::to_string(dim);
+    const std::string shape = std::to_string(nkeys) + "x" + std::to_string(dim);
+    // Disjoint keys per caller; the "same keys" figure has every caller on caller 0's.
+    std::vector<std::vector<uint64_t>> keys(f_.clients, std::vector<uint64_t>(nkeys));
+    for (int c = 0; c < f_.clients; ++c) {
+      for (size_t i = 0; i < nkeys; ++i) keys[c][i] = (c * nkeys + i) * 0x9e3779b97f4a7c15ULL + 1;
+    }
+    const std::vector<float> vals(nkeys * dim, 0.001f);
+    // One output buffer per call in flight (a pull writes it until it completes).
+    std::vector<std::vector<float>> out(f_.clients * f_.inflight, std::vector<float>(nkeys * dim));
+    const std::string header(64, 'h');
+    auto push = [&](bool same) {
+      return [&, same](int c, int) -> Waiter {
+        auto t = std::make_shared<Ticket>(
+            C(c).PushSparse(table, keys[same ? 0 : c].data(), nkeys, vals.data(), {}, nullptr));
+        return [t] { (void)t->Wait(); };
+      };
+    };
+    const Stats one =
+        Figure("sparse push " + shape, iters, push(false),
+               {{header.data(), 64}, {keys[0].data(), nkeys * 8}, {vals.data(), vals.size() * 4}},
+               "M keys/s", nkeys / 1e6);
+    Figure(
+        "sparse pull " + shape, iters,
+        [&](int c, int i) -> Waiter {
+          auto t = std::make_shared<Ticket>(
+              C(c).PullSparse(table, keys[c].data(), nkeys,
+                              out[c * f_.inflight + i % f_.inflight].data(), nullptr));
+          return [t] { (void)t->Wait(); };
+        },
+        {{header.data(), 64}, {keys[0].data(), nkeys * 8}, {vals.data(), vals.size() * 4}},
+        "M keys/s", nkeys / 1e6);
+    if (f_.clients > 1) {
+      const Stats same =
+          Figure("sparse push " + shape + " same keys", iters, push(true),
+                 {{header.data(), 64}, {keys[0].data(), nkeys * 8}, {vals.data(), vals.size() * 4}},
+                 "M keys/s", nkeys / 1e6);
+      std::printf("  %d callers on the same keys: %.2f of disjoint keys' calls/s\n", f_.clients,
+                  same.per_s / one.per_s);
+    }
+  }
+
+  void DenseCase(uint64_t elems, int iters) {
+    std::vector<float> g(elems, 0.0001f);
+    std::vector<std::vector<float>> out(f_.clients * f_.inflight, std::vector<float>(elems));
+    const Frame gf = Frame::FromVector(g);  // the zero-copy overload: shared, not copied
+    const std::string name = std::to_string(elems * 4 >> 20) + "MiB";
+    Figure(
+        "dense push " + name, iters,
+        [&](int c, int) -> Waiter {
+          auto t = std::make_shared<Ticket>(C(c).PushDense("dense", gf, {}, nullptr));
+          return [t] { (void)t->Wait(); };
+        },
+        {{"h", 64}, {g.data(), elems * 4}}, "GB/s", elems * 4 / 1e9);
+    // The raw baseline of a pull moves the same bytes the other way round.
+    Figure(
+        "dense pull " + name, iters,
+        [&](int c, int i) -> Waiter {
+          auto t = std::make_shared<Ticket>(
+              C(c).PullDense("dense", out[c * f_.inflight + i % f_.inflight].data(), nullptr));
+          return [t] { (void)t->Wait(); };
+        },
+        {{"h", 64}, {g.data(), elems * 4}}, "GB/s", elems * 4 / 1e9);
+  }
+
+  // The shard's apply cost per row (--mem) beside the memory-bandwidth bound of the same
+  // work: a plain loop reading each gradient row and reading and writing a weight row.
+  void ApplyCost(size_t nkeys, uint32_t dim);
+
+  const Flags f_;
+  std::vector<std::unique_ptr<PsClient>> clients_;
+  RawEcho raw_;
+  std::vector<std::unique_ptr<RawEcho::Caller>> raw_callers_;
+  std::FILE* csv_ = nullptr;
+};
+
+void Bench::ApplyCost(size_t nkeys, uint32_t dim) {
+  std::vector<uint64_t> keys(nkeys);
+  for (size_t i = 0; i < nkeys; ++i) keys[i] = i * 0x9e3779b97f4a7c15ULL + 1;
+  const std::vector<float> g(nkeys * dim, 0.001f);
+  std::vector<double> ps_ns, loop_ns;
+  // Rows of key + floats in a random order, as a table holds them.
+  std::vector<float> w(nkeys * (dim + 2), 0.5f);
+  std::vector<uint32_t> order(nkeys);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(1));
+  for (int rep = 0; rep < 60; ++rep) {
+    auto t0 = Clock::now();
+    (void)C(0).PushSparse("sparse64", keys.data(), nkeys, g.data(), {}, nullptr).Wait();
+    ps_ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / nkeys);
+    t0 = Clock::now();
+    for (size_t i = 0; i < nkeys; ++i) {
+      float* __restrict row = w.data() + size_t{order[i]} * (dim + 2) + 2;
+      const float* __restrict gr = g.data() + i * dim;
+      for (uint32_t j = 0; j < dim; ++j) row[j] -= 0.01f * gr[j];
+    }
+    loop_ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / nkeys);
+  }
+  std::sort(ps_ns.begin(), ps_ns.end());
+  std::sort(loop_ns.begin(), loop_ns.end());
+  std::printf(
+      "sparse push %zux%u SGD, whole call: %.1f ns per row; the same bytes read and written by a "
+      "plain loop: %.1f ns per row (%.2fx)\n",
+      nkeys, dim, ps_ns[ps_ns.size() / 2], loop_ns[loop_ns.size() / 2],
+      ps_ns[ps_ns.size() / 2] / loop_ns[loop_ns.size() / 2]);
+}
+
+// p50 of fn's duration in microseconds, after a warm-up.
+double MeasureP50(int iters, const std::function<void()>& fn) {
+  for (int i = 0; i < std::max(3, iters / 10); ++i) fn();
   std::vector<double> us;
-  us.reserve(iters);
   for (int i = 0; i < iters; ++i) {
     auto t0 = Clock::now();
     fn();
     us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
   }
-  double sum = 0;
-  for (double x : us) sum += x;
   std::sort(us.begin(), us.end());
-  return {us[us.size() / 2], us[std::min(us.size() - 1, us.size() * 99 / 100)], sum / us.size()};
-}
-
-// Raw ZeroMQ: a ROUTER thread that answers every multipart message with one 16-byte frame.
-class RawEcho {
- public:
-  RawEcho() : ctx_(1), router_(ctx_, zmq::socket_type::router) {
-    router_.bind("tcp://127.0.0.1:0");
-    endpoint_ = router_.get(zmq::sockopt::last_endpoint);
-    thread_ = std::thread([this] { Loop(); });
-    dealer_ = zmq::socket_t(ctx_, zmq::socket_type::dealer);
-    dealer_.connect(endpoint_);
-  }
-  ~RawEcho() {
-    stop_ = true;
-    dealer_.send(zmq::buffer("x", 1), zmq::send_flags::none);
-    thread_.join();
-  }
-  // One round trip carrying `frames` (raw bytes) and a 16-byte reply.
-  void RoundTrip(const std::vector<std::pair<const void*, size_t>>& frames) {
-    for (size_t i = 0; i < frames.size(); ++i) {
-      zmq::message_t m(frames[i].first, frames[i].second);
-      dealer_.send(m, i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
-    }
-    zmq::message_t reply;
-    (void)dealer_.recv(reply);
-  }
-
- private:
-  void Loop() {
-    while (true) {
-      std::vector<zmq::message_t> parts;
-      zmq::message_t m;
-      do {
-        (void)router_.recv(m);
-        parts.emplace_back(std::move(m));
-      } while (router_.get(zmq::sockopt::rcvmore));
-      if (stop_) return;
-      router_.send(parts[0], zmq::send_flags::sndmore);
-      router_.send(zmq::buffer("0123456789abcdef", 16), zmq::send_flags::none);
-    }
-  }
-  zmq::context_t ctx_;
-  zmq::socket_t router_, dealer_;
-  std::string endpoint_;
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
-};
-
-void Row(const char* what, const Stats& ps, const Stats& raw, const std::string& extra = "") {
-  std::printf("%-34s p50 %8.1f us  p99 %8.1f us | raw zmq p50 %8.1f us  p99 %8.1f us | %s\n", what,
-              ps.p50_us, ps.p99_us, raw.p50_us, raw.p99_us, extra.c_str());
-}
-
-void SparseCase(PsClient& c, RawEcho& raw, size_t nkeys, uint32_t dim, int iters) {
-  const std::string table = "sparse" + std::to_string(dim);
-  std::vector<uint64_t> keys(nkeys);
-  for (size_t i = 0; i < nkeys; ++i) keys[i] = i * 0x9e3779b97f4a7c15ULL + 1;
-  std::vector<float> vals(nkeys * dim, 0.001f), out(nkeys * dim);
-  VersionVector v;
-  Stats push = Measure(
-      iters, [&] { c.PushSparse(table, keys.data(), nkeys, vals.data(), v, nullptr).Wait().ok(); });
-  Stats raw_push = Measure(iters, [&] {
-    raw.RoundTrip({{"header-64-bytes-header-64-bytes-header-64-bytes-header-64-bytes", 64},
-                   {keys.data(), nkeys * 8},
-                   {vals.data(), vals.size() * 4}});
-  });
-  Stats pull =
-      Measure(iters, [&] { c.PullSparse(table, keys.data(), nkeys, out.data(), &v).Wait().ok(); });
-  Stats raw_pull = Measure(iters, [&] {
-    raw.RoundTrip({{"header-64-bytes-header-64-bytes-header-64-bytes-header-64-bytes", 64},
-                   {keys.data(), nkeys * 8}});
-  });
-  char label[64], extra[160];
-  std::snprintf(label, sizeof label, "sparse push %zu keys x %u", nkeys, dim);
-  std::snprintf(extra, sizeof extra, "%.2f M keys/s (raw %.2f), ratio %.2f", nkeys / push.p50_us,
-                nkeys / raw_push.p50_us, raw_push.p50_us / push.p50_us);
-  Row(label, push, raw_push, extra);
-  std::snprintf(label, sizeof label, "sparse pull %zu keys x %u", nkeys, dim);
-  std::snprintf(extra, sizeof extra, "%.2f M keys/s (raw keys-only request %.2f)",
-                nkeys / pull.p50_us, nkeys / raw_pull.p50_us);
-  Row(label, pull, raw_pull, extra);
-}
-
-void DenseCase(PsClient& c, RawEcho& raw, uint64_t elems, int iters) {
-  std::vector<float> g(elems, 0.0001f), out(elems);
-  VersionVector v;
-  const double bytes = elems * 4.0;
-  // The zero-copy overload: the frame shares ownership of the gradient.
-  const Frame gf = Frame::FromVector(g);
-  Stats push = Measure(iters, [&] { c.PushDense("dense", gf, v, nullptr).Wait().ok(); });
-  Stats raw_push = Measure(iters, [&] { raw.RoundTrip({{"h", 64}, {g.data(), elems * 4}}); });
-  Stats pull = Measure(iters, [&] { c.PullDense("dense", out.data(), &v).Wait().ok(); });
-  char extra[160];
-  std::snprintf(extra, sizeof extra, "%.2f GB/s (raw %.2f), ratio %.2f", bytes / push.mean_us / 1e3,
-                bytes / raw_push.mean_us / 1e3, raw_push.mean_us / push.mean_us);
-  Row("dense push 4 MiB", push, raw_push, extra);
-  std::snprintf(extra, sizeof extra, "%.2f GB/s (raw one-way 4 MiB %.2f), ratio %.2f",
-                bytes / pull.mean_us / 1e3, bytes / raw_push.mean_us / 1e3,
-                raw_push.mean_us / pull.mean_us);
-  Row("dense pull 4 MiB", pull, raw_push, extra);
+  return us[us.size() / 2];
 }
 
 void ApplyRates(int reps) {
@@ -159,18 +439,17 @@ void ApplyRates(int reps) {
       rules->Apply(w.data(), slots, pslots, g.data(), with_bak ? bak.data() : nullptr, n, 1.0f, 1,
                    &scratch);
     };
-    Stats st = Measure(reps, run);
-    std::printf("apply %-28s %8.3f G elements/s (one core)\n", name, n / st.p50_us / 1e3);
-    return n / st.p50_us / 1e3;
+    const double st = MeasureP50(reps, run);
+    std::printf("apply %-28s %8.3f G elements/s (one core)\n", name, n / st / 1e3);
+    return n / st / 1e3;
   };
   // Baseline: a bare w -= lr*g loop in the same run.
-  Stats base = Measure(reps, [&] {
+  const double base = MeasureP50(reps, [&] {
     float* __restrict pw = w.data();
     const float* __restrict pg = g.data();
     for (size_t i = 0; i < n; ++i) pw[i] -= 0.01f * pg[i];
   });
-  std::printf("apply %-28s %8.3f G elements/s (baseline loop)\n", "bare w -= lr*g",
-              n / base.p50_us / 1e3);
+  std::printf("apply %-28s %8.3f G elements/s (baseline loop)\n", "bare w -= lr*g", n / base / 1e3);
   rate("sgd", "sgd", "none", false);
   rate("adagrad", "adagrad", "none", false);
   rate("sgd + dc_constant (DC-ASGD)", "sgd", "dc_constant", true);
@@ -178,53 +457,67 @@ void ApplyRates(int reps) {
 }
 
 int Main(int argc, char** argv) {
-  int iters = 2000;
-  std::string listen = "tcp://127.0.0.1:0";
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--mem")) listen = "mem://ps_bench";  // no network: PS overhead
-    if (!std::strcmp(argv[i], "--quick")) iters = 200;
-    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+  Flags f;
+  if (!ParseFlags(argc, argv, &f)) return 2;
+  std::unique_ptr<ShardServer> server;
+  std::vector<std::unique_ptr<onlineps::testing::Subprocess>> procs;
+  std::vector<std::string> endpoints;
+  if (f.shards == 1) {
+    ShardServerOptions so;
+    so.listen = f.mem ? "mem://ps_bench" : "tcp://127.0.0.1:0";
+    server = std::make_unique<ShardServer>(so, std::make_shared<prometheus::Registry>());
+    auto ep = server->Start();
+    if (!ep.ok()) {
+      std::fprintf(stderr, "ps_bench: %s\n", ep.status().ToString().c_str());
+      return 1;
+    }
+    endpoints.push_back(*ep);
+  } else {
+    for (int s = 0; s < f.shards; ++s) {
+      procs.push_back(std::make_unique<onlineps::testing::Subprocess>(std::vector<std::string>{
+          f.bin_dir + "/onlineps_ps", "--shard-index", std::to_string(s), "--num-shards",
+          std::to_string(f.shards), "--listen", "tcp://127.0.0.1:0", "--admin-port", "-1",
+          "--log-level", "warn"}));
+      endpoints.push_back(procs.back()->WaitForLine("LISTENING ", std::chrono::seconds(60)));
+      if (endpoints.back().empty()) {
+        std::fprintf(stderr, "ps_bench: %s/onlineps_ps (shard %d) did not start\n",
+                     f.bin_dir.c_str(), s);
+        return 1;
+      }
+    }
   }
-  ShardServerOptions so;
-  so.listen = listen;
-  ShardServer server(so, std::make_shared<prometheus::Registry>());
-  auto ep = server.Start();
-  if (!ep.ok()) {
-    std::fprintf(stderr, "ps_bench: %s\n", ep.status().ToString().c_str());
-    return 1;
+  std::vector<std::unique_ptr<PsClient>> clients;
+  for (int c = 0; c < f.clients; ++c) {
+    PsClientOptions co;
+    co.shards = endpoints;
+    auto client = PsClient::Connect(co);
+    if (!client.ok()) {
+      std::fprintf(stderr, "ps_bench: %s\n", client.status().ToString().c_str());
+      return 1;
+    }
+    clients.push_back(std::move(client).value());
   }
-  PsClientOptions co;
-  co.shards = {*ep};
-  auto client = PsClient::Connect(co);
-  if (!client.ok()) return 1;
-  PsClient& c = **client;
   for (uint32_t dim : {1u, 16u, 64u}) {
     TableSpec s;
     s.name = "sparse" + std::to_string(dim);
     s.kind = TableKind::kSparse;
     s.dim = dim;
-    c.CreateTable(s).ok();
+    if (Status st = clients[0]->CreateTable(s); !st.ok()) {
+      std::fprintf(stderr, "ps_bench: %s\n", st.ToString().c_str());
+      return 1;
+    }
   }
   TableSpec d;
   d.name = "dense";
   d.shape = {1 << 20};
-  c.CreateTable(d).ok();
-  RawEcho raw;
-  std::printf("onlineps ps_bench: 1 shard, tcp loopback, sequential calls, %d iterations\n", iters);
-  uint64_t key = 42;
-  float one = 0.5f, out = 0;
-  VersionVector v;
-  Stats push1 =
-      Measure(iters, [&] { c.PushSparse("sparse1", &key, 1, &one, v, nullptr).Wait().ok(); });
-  Stats pull1 = Measure(iters, [&] { c.PullSparse("sparse1", &key, 1, &out, &v).Wait().ok(); });
-  Stats raw1 = Measure(iters, [&] { raw.RoundTrip({{"h", 40}, {&key, 8}, {&one, 4}}); });
-  Row("push 1 key x 1 float", push1, raw1);
-  Row("pull 1 key x 1 float", pull1, raw1);
-  SparseCase(c, raw, 1000, 16, iters);
-  SparseCase(c, raw, 10000, 64, std::max(20, iters / 10));
-  DenseCase(c, raw, 1 << 20, std::max(20, iters / 20));
-  ApplyRates(std::max(10, iters / 50));
-  server.Stop();
+  (void)clients[0]->CreateTable(d);
+  for (auto& c : clients) (void)c->OpenTable("dense");
+  {
+    Bench bench(f, std::move(clients));
+    bench.Run();
+  }
+  if (f.clients == 1 && f.inflight == 1) ApplyRates(std::max(10, f.iters / 50));
+  if (server) server->Stop();
   return 0;
 }
 
