@@ -313,10 +313,14 @@ class Bench {
     // One output buffer per call in flight (a pull writes it until it completes).
     std::vector<std::vector<float>> out(f_.clients * f_.inflight, std::vector<float>(nkeys * dim));
     const std::string header(64, 'h');
+    // The zero-copy overload: the frames are shared with the client, as a worker's are.
+    std::vector<Frame> key_frames;
+    for (const auto& k : keys) key_frames.push_back(Frame::FromVector(k));
+    const Frame val_frame = Frame::FromVector(vals);
     auto push = [&](bool same) {
       return [&, same](int c, int) -> Waiter {
         auto t = std::make_shared<Ticket>(
-            C(c).PushSparse(table, keys[same ? 0 : c].data(), nkeys, vals.data(), {}, nullptr));
+            C(c).PushSparse(table, key_frames[same ? 0 : c], val_frame, {}, nullptr));
         return [t] { (void)t->Wait(); };
       };
     };

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <random>
 
 #include "common/mutex.h"
@@ -131,6 +132,8 @@ class PsClientImpl : public PsClient {
   Ticket PushSparse(const std::string& table, const uint64_t* keys, size_t n, const float* values,
                     const VersionVector& base, PushReply* reply, PushOptions opts,
                     Callback done) override;
+  Ticket PushSparse(const std::string& table, Frame keys, Frame values, const VersionVector& base,
+                    PushReply* reply, PushOptions opts, Callback done) override;
   Ticket Watch(size_t shard, const std::map<std::string, uint64_t>& known,
                std::chrono::milliseconds wait, WatchReply* reply, Callback done) override;
 
@@ -645,6 +648,10 @@ Ticket PsClientImpl::PushSparse(const std::string& table, const uint64_t* keys, 
   auto meta = Meta(table);
   auto dim = SparseDim(meta, table);
   if (!dim.ok()) return Failed(dim.status(), std::move(done));
+  if (num_shards() == 1) {  // one shard: the caller's arrays are the whole message
+    return PushSparse(table, CopyOf(keys, n), CopyOf(values, n * *dim), base, reply,
+                      std::move(opts), std::move(done));
+  }
   const uint32_t shards = static_cast<uint32_t>(num_shards());
   if (reply) *reply = PushReply{std::vector<uint64_t>(shards), std::vector<uint64_t>(shards)};
   ShardGroups groups = GroupKeys(keys, n, shards);
@@ -657,24 +664,60 @@ Ticket PsClientImpl::PushSparse(const std::string& table, const uint64_t* keys, 
     if (groups.keys[s].empty()) continue;
     auto p = NewPushPart(call, s, Op::kPushSparse, table, base, opts);
     p->header.shape = {groups.keys[s].size(), d};
-    if (shards == 1) {  // one shard: the caller's arrays are the whole message
-      p->payload.push_back(CopyOf(keys, n));
-      p->payload.push_back(CopyOf(values, n * d));
-    } else {
-      std::vector<float> vals(groups.pos[s].size() * d);
-      for (size_t i = 0; i < groups.pos[s].size(); ++i) {
-        std::memcpy(vals.data() + i * d, values + size_t{groups.pos[s][i]} * d, d * sizeof(float));
-      }
-      p->payload.push_back(Frame::FromVector(std::move(groups.keys[s])));
-      p->payload.push_back(Frame::FromVector(std::move(vals)));
+    std::vector<float> vals(groups.pos[s].size() * d);
+    for (size_t i = 0; i < groups.pos[s].size(); ++i) {
+      std::memcpy(vals.data() + i * d, values + size_t{groups.pos[s][i]} * d, d * sizeof(float));
     }
-    std::function<Status(const Header&, const Frames&)> values;
+    p->payload.push_back(Frame::FromVector(std::move(groups.keys[s])));
+    p->payload.push_back(Frame::FromVector(std::move(vals)));
+    std::function<Status(const Header&, const Frames&)> scatter;
     if (opts.updated) {
-      values = [pos = std::move(groups.pos[s]), d, out = opts.updated](
-                   const Header&, const Frames& f) { return ScatterRows(pos, d, f, out); };
+      scatter = [pos = std::move(groups.pos[s]), d, out = opts.updated](
+                    const Header&, const Frames& f) { return ScatterRows(pos, d, f, out); };
     }
-    SendPush(std::move(p), reply, std::move(values));
+    SendPush(std::move(p), reply, std::move(scatter));
   }
+  return Ticket(call);
+}
+
+Ticket PsClientImpl::PushSparse(const std::string& table, Frame keys, Frame values,
+                                const VersionVector& base, PushReply* reply, PushOptions opts,
+                                Callback done) {
+  auto meta = Meta(table);
+  auto dim = SparseDim(meta, table);
+  if (!dim.ok()) return Failed(dim.status(), std::move(done));
+  const uint32_t d = *dim;
+  const size_t n = keys.size() / sizeof(uint64_t);
+  if (keys.size() % sizeof(uint64_t) != 0 || values.size() != n * d * sizeof(float)) {
+    return Failed(InvalidArgument("push to '" + table + "': " + std::to_string(keys.size()) +
+                                  " bytes of keys and " + std::to_string(values.size()) +
+                                  " bytes of values do not make rows of dim " + std::to_string(d)),
+                  std::move(done));
+  }
+  if (num_shards() > 1) {
+    // Split by shard: copies either way. Aligned copies first if the frames are not.
+    std::vector<uint64_t> k(n);
+    std::vector<float> v(n * d);
+    std::memcpy(k.data(), keys.data(), keys.size());
+    std::memcpy(v.data(), values.data(), values.size());
+    return PushSparse(table, k.data(), n, v.data(), base, reply, std::move(opts), std::move(done));
+  }
+  if (n == 0) return Failed(Status::Ok(), std::move(done));
+  if (reply) *reply = PushReply{std::vector<uint64_t>(1), std::vector<uint64_t>(1)};
+  auto call = NewCall(1, std::move(done));
+  auto p = NewPushPart(call, 0, Op::kPushSparse, table, base, opts);
+  p->header.shape = {n, d};
+  p->payload.push_back(std::move(keys));
+  p->payload.push_back(std::move(values));
+  std::function<Status(const Header&, const Frames&)> scatter;
+  if (opts.updated) {
+    std::vector<uint32_t> pos(n);
+    std::iota(pos.begin(), pos.end(), 0u);
+    scatter = [pos = std::move(pos), d, out = opts.updated](const Header&, const Frames& f) {
+      return ScatterRows(pos, d, f, out);
+    };
+  }
+  SendPush(std::move(p), reply, std::move(scatter));
   return Ticket(call);
 }
 

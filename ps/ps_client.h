@@ -125,6 +125,11 @@ class PsClient {
   virtual Ticket PushSparse(const std::string& table, const uint64_t* keys, size_t n,
                             const float* values, const VersionVector& base, PushReply* reply,
                             PushOptions opts = {}, Callback done = nullptr) = 0;
+  // Zero-copy sparse push: `keys` (n uint64) and `values` (n * dim floats) are shared,
+  // not copied, with one shard; with several they are split into per-shard copies.
+  virtual Ticket PushSparse(const std::string& table, Frame keys, Frame values,
+                            const VersionVector& base, PushReply* reply, PushOptions opts = {},
+                            Callback done = nullptr) = 0;
   // Waits at shard `shard` (its primary, when replicated) until a table of `known`
   // (name -> version held) has another version there, or `wait` passes; `reply` gets
   // the answer. The call's deadline is `wait` plus the client timeout.

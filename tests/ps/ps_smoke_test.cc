@@ -88,6 +88,56 @@ TEST_P(PsSmokeTest, ClipNormTravelsInTheSpecAndBoundsEachPush) {
   server.Stop();
 }
 
+// The zero-copy sparse push (frames shared, not copied) with one shard and with two
+// (split by shard), and its refusal of frames that do not make whole rows.
+TEST_P(PsSmokeTest, SparsePushOfFramesAppliesAsTheArrayPush) {
+  const std::string scheme = GetParam();
+  for (uint32_t shards : {1u, 2u}) {
+    std::vector<std::unique_ptr<ShardServer>> servers;
+    std::vector<std::string> endpoints;
+    for (uint32_t i = 0; i < shards; ++i) {
+      ShardServerOptions o;
+      o.shard = i;
+      o.num_shards = shards;
+      o.listen = scheme == "mem"
+                     ? "mem://frames-" + std::to_string(shards) + "-" + std::to_string(i)
+                     : "tcp://127.0.0.1:0";
+      servers.push_back(std::make_unique<ShardServer>(o, std::make_shared<prometheus::Registry>()));
+      auto ep = servers.back()->Start();
+      ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+      endpoints.push_back(*ep);
+    }
+    PsClientOptions co;
+    co.shards = endpoints;
+    auto client = PsClient::Connect(co);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    auto& c = **client;
+    TableSpec sparse;
+    sparse.name = "emb";
+    sparse.kind = TableKind::kSparse;
+    sparse.dim = 2;
+    sparse.optimizer_params = {{"lr", 1.0}};
+    ASSERT_TRUE(c.CreateTable(sparse).ok());
+    const std::vector<uint64_t> keys = {7, UINT64_MAX, 0, 12345};
+    PushReply r;
+    Status st = c.PushSparse("emb", Frame::FromVector(keys),
+                             Frame::FromVector(std::vector<float>{1, 1, 2, 2, 3, 3, 4, 4}), {}, &r)
+                    .Wait();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(r.versions.size(), shards);
+    std::vector<float> out(8, 9);
+    VersionVector v;
+    ASSERT_TRUE(c.PullSparse("emb", keys.data(), 4, out.data(), &v).Wait().ok());
+    EXPECT_EQ(out, (std::vector<float>{-1, -1, -2, -2, -3, -3, -4, -4})) << shards << " shards";
+    st = c.PushSparse("emb", Frame::FromVector(keys), Frame::FromVector(std::vector<float>(7)), {},
+                      nullptr)
+             .Wait();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_NE(st.message().find("dim 2"), std::string::npos) << st.message();
+    for (auto& s : servers) s->Stop();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, PsSmokeTest, ::testing::Values("mem", "tcp"));
 
 }  // namespace
