@@ -147,6 +147,22 @@ void RowStore::Prefetch(uint64_t key) const {
   if (cur_.e) __builtin_prefetch(&cur_.e[HomeOf(TagOf(key), cur_.bits)]);
 }
 
+void RowStore::PrefetchRecord(uint64_t key) const {
+  const uint32_t tag = TagOf(key);
+  for (const Buckets* b : {&cur_, &old_}) {
+    if (!b->e) continue;
+    const size_t mask = b->capacity() - 1;
+    for (size_t i = HomeOf(tag, b->bits);; i = (i + 1) & mask) {
+      const uint64_t e = b->e[i];
+      if (e == kEmpty) break;
+      if (static_cast<uint32_t>(e >> 32) == tag) {
+        __builtin_prefetch(Record(static_cast<uint32_t>(e)));
+        return;
+      }
+    }
+  }
+}
+
 size_t RowStore::memory_bytes() const {
   return chunks_.size() * (record_bytes_ << chunk_shift_) +
          chunks_.capacity() * sizeof(chunks_[0]) +

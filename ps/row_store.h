@@ -48,6 +48,10 @@ class RowStore {
   }
   // Hints the CPU to load key's first index bucket (a later Find is then cheaper).
   void Prefetch(uint64_t key) const;
+  // Hints the CPU to load the record key probably has (the first entry whose hash tag
+  // matches, found without reading any record). Best after Prefetch, once the bucket
+  // has arrived.
+  void PrefetchRecord(uint64_t key) const;
 
   size_t size() const { return live_; }
   size_t record_bytes() const { return record_bytes_; }
