@@ -386,6 +386,7 @@ void Bench::ApplyCost(size_t nkeys, uint32_t dim) {
   std::vector<uint64_t> keys(nkeys);
   for (size_t i = 0; i < nkeys; ++i) keys[i] = i * 0x9e3779b97f4a7c15ULL + 1;
   const std::vector<float> g(nkeys * dim, 0.001f);
+  const Frame key_frame = Frame::FromVector(keys), g_frame = Frame::FromVector(g);
   std::vector<double> ps_ns, loop_ns;
   // Rows of key + floats in a random order, as a table holds them.
   std::vector<float> w(nkeys * (dim + 2), 0.5f);
@@ -394,7 +395,7 @@ void Bench::ApplyCost(size_t nkeys, uint32_t dim) {
   std::shuffle(order.begin(), order.end(), std::mt19937(1));
   for (int rep = 0; rep < 60; ++rep) {
     auto t0 = Clock::now();
-    (void)C(0).PushSparse("sparse64", keys.data(), nkeys, g.data(), {}, nullptr).Wait();
+    (void)C(0).PushSparse("sparse64", key_frame, g_frame, {}, nullptr).Wait();
     ps_ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / nkeys);
     t0 = Clock::now();
     for (size_t i = 0; i < nkeys; ++i) {
