@@ -22,8 +22,11 @@ class RowStore {
  public:
   static constexpr uint32_t kNoSlot = UINT32_MAX;
 
-  // REQUIRES: header_bytes >= 8 and a multiple of 8.
-  RowStore(size_t header_bytes, size_t floats);
+  // REQUIRES: header_bytes >= 8 and a multiple of 8. `stagger` (0-7) lowers the load
+  // at which this store's index is rebuilt by stagger/64 from 3/4: stores of one table
+  // given different values grow at different calls, not all in the same one.
+  RowStore(size_t header_bytes, size_t floats, uint32_t stagger = 0);
+  ~RowStore();
   RowStore(const RowStore&) = delete;
   RowStore& operator=(const RowStore&) = delete;
 
@@ -36,7 +39,7 @@ class RowStore {
   void Erase(uint32_t slot);
 
   char* Record(uint32_t slot) const {
-    return chunks_[slot >> chunk_shift_].get() + (slot & chunk_mask_) * record_bytes_;
+    return chunks_[slot >> chunk_shift_] + (slot & chunk_mask_) * record_bytes_;
   }
   float* Floats(uint32_t slot) const {
     return reinterpret_cast<float*>(Record(slot) + header_bytes_);
@@ -63,12 +66,15 @@ class RowStore {
 
  private:
   struct Buckets {
-    struct Free {
-      void operator()(uint64_t* p) const { std::free(p); }
+    struct Release {
+      Release() : mapped_bytes(0) {}
+      explicit Release(size_t bytes) : mapped_bytes(bytes) {}
+      void operator()(uint64_t* p) const;
+      size_t mapped_bytes;  // 0: from calloc
     };
-    std::unique_ptr<uint64_t[], Free> e;  // 0: empty, 1: deleted, else (tag << 32) | slot
-    uint32_t bits = 0;                    // capacity is 1 << bits
-    size_t used = 0;                      // live + deleted entries
+    std::unique_ptr<uint64_t[], Release> e;  // 0: empty, 1: deleted, else (tag << 32) | slot
+    uint32_t bits = 0;                       // capacity is 1 << bits
+    size_t used = 0;                         // live + deleted entries
     size_t capacity() const { return e ? size_t{1} << bits : 0; }
   };
 
@@ -82,14 +88,19 @@ class RowStore {
   void Migrate(size_t buckets);
   void MaybeRebuild();
   uint32_t NewSlot();
+  char* NewChunk();
 
   // Immutable after construction.
   const size_t header_bytes_;
   const size_t record_bytes_;
   const uint32_t chunk_shift_;
   const uint32_t chunk_mask_;
+  const uint32_t rebuild_at_64ths_;  // rebuild when used entries exceed this many 64ths
 
-  std::vector<std::unique_ptr<char[]>> chunks_;
+  std::vector<char*> chunks_;
+  std::vector<std::unique_ptr<char[]>> heap_chunks_;  // the first chunks
+  std::vector<char*> slabs_;  // later chunks are carved from these (kSlabBytes each)
+  size_t slab_used_ = 0;      // bytes of the last slab handed out
   std::vector<uint32_t> free_slots_;
   uint32_t next_slot_ = 0;
   size_t live_ = 0;

@@ -23,9 +23,9 @@ struct LruLinks {
 };
 
 struct SparseTable::Stripe {
-  Stripe(const Layout& layout, size_t floats, size_t backup_rows, size_t candidates)
+  Stripe(const Layout& layout, size_t floats, size_t index, size_t backup_rows, size_t candidates)
       : layout(layout),
-        rows(layout.header_bytes, floats),
+        rows(layout.header_bytes, floats, static_cast<uint32_t>(index % 8)),
         backups(backup_rows),
         admission(candidates) {}
 
@@ -123,7 +123,7 @@ SparseTable::SparseTable(const TableSpec& spec, RuleSet rules)
   const size_t backups =
       std::max<size_t>(1024, spec.dc_max_backups * kBackupRowsPerWorker / num_stripes_);
   for (size_t i = 0; i < num_stripes_; ++i) {
-    stripes_.push_back(std::make_unique<Stripe>(layout_, row_floats_, backups,
+    stripes_.push_back(std::make_unique<Stripe>(layout_, row_floats_, i, backups,
                                                 kMaxAdmissionCandidates / num_stripes_));
   }
   if (spec_.max_staleness >= 0 && spec_.bound_mode == BoundMode::kBlock) {
