@@ -37,18 +37,27 @@ struct SparseTable::Stripe {
   LruMap<BackupKey, std::vector<float>, BackupHash> backups;
   LruMap<uint64_t, uint32_t> admission;  // touches of rows not yet admitted
   std::vector<float> scratch;
-  // While a snapshot (SparseSnapshot) writes this stripe: slots [snap_cursor, snap_end)
-  // are still to be written, and snap_copies holds, by slot, those rows' records as they
-  // were at the cut when an update changed them first.
+  // While a snapshot (SparseSnapshot) writes this stripe, snap_copies holds, by slot,
+  // the records of rows it has still to write as they were at the cut, for the rows an
+  // update changed since. Rows still to write: without an LRU list, slots
+  // [snap_cursor, snap_end); with one, the rows not marked in snap_written, written in
+  // the cut's LRU order from snap_next (the links of the cut are in the copies, or in
+  // the records not changed since).
   bool snap_active = false;
   uint32_t snap_cursor = 0, snap_end = 0;
+  uint32_t snap_next = kNil;
+  std::vector<bool> snap_written;
   std::unordered_map<uint32_t, std::string> snap_copies;
 
-  // Called before an update changes the record at slot.
+  // Called before an update changes the record at slot (its row or its LRU links).
   void Preserve(uint32_t slot) {
-    if (snap_active && slot >= snap_cursor && slot < snap_end) {
-      snap_copies.try_emplace(slot, rows.Record(slot), rows.record_bytes());
-    }
+    if (!snap_active || slot >= snap_end) return;
+    if (layout.lru ? static_cast<bool>(snap_written[slot]) : slot < snap_cursor) return;
+    snap_copies.try_emplace(slot, rows.Record(slot), rows.record_bytes());
+  }
+  LruLinks& MutableLinks(uint32_t i) {
+    Preserve(i);
+    return Links(i);
   }
 
   LruLinks& Links(uint32_t i) const {
@@ -58,27 +67,28 @@ struct SparseTable::Stripe {
     return *std::launder(reinterpret_cast<uint32_t*>(rows.Record(i) + layout.avg_count_offset));
   }
   void Unlink(uint32_t i) {
-    LruLinks& m = Links(i);
-    (m.prev == kNil ? head : Links(m.prev).next) = m.next;
-    (m.next == kNil ? tail : Links(m.next).prev) = m.prev;
+    LruLinks& m = MutableLinks(i);
+    (m.prev == kNil ? head : MutableLinks(m.prev).next) = m.next;
+    (m.next == kNil ? tail : MutableLinks(m.next).prev) = m.prev;
     m.prev = m.next = kNil;
   }
   void PushFront(uint32_t i) {
-    Links(i).next = head;
+    MutableLinks(i).next = head;
     Links(i).prev = kNil;
-    if (head != kNil) Links(head).prev = i;
+    if (head != kNil) MutableLinks(head).prev = i;
     head = i;
     if (tail == kNil) tail = i;
   }
   void Touch(uint32_t i, uint64_t now_ms) {
     if (!layout.lru) return;
-    Links(i).last_ms = now_ms;
+    MutableLinks(i).last_ms = now_ms;
     if (head == i) return;
     Unlink(i);
     PushFront(i);
   }
   // A new record's metadata: constructed in place, at the head of the LRU list.
   void InitMeta(uint32_t i, uint64_t now_ms, uint32_t avg_count) {
+    Preserve(i);  // a reused slot: its old row was copied when it was evicted
     if (layout.lru) {
       new (rows.Record(i) + sizeof(uint64_t)) LruLinks{now_ms, kNil, kNil};
       PushFront(i);
@@ -434,10 +444,12 @@ void SparseTable::SaveAccumulator(ByteWriter* w) const {
   }
 }
 
-// The snapshot of a table without a row cap or TTL: no row is ever dropped or moved, so
-// the rows at the cut are slots [0, snap_end) of each stripe, written in Save's order
-// (slot order) a chunk at a time under the stripe's lock; an update to a row not yet
-// written copies it first (Stripe::Preserve).
+// A snapshot of a sparse table: the cut records, per stripe, which rows to write (the
+// slots handed out, or the head of the LRU list); the writer then takes each stripe's
+// lock for kChunkRows rows at a time, and an update about to change a row (or its LRU
+// links) that is still to be written copies its record first (Stripe::Preserve). Rows
+// come out in Save's order: LRU order (oldest first) for tables that can drop rows,
+// slot order for the others.
 class SparseSnapshot final : public TableSnapshot {
  public:
   explicit SparseSnapshot(SparseTable* t) : t_(t), version_(t->version_.load()) {
@@ -446,6 +458,9 @@ class SparseSnapshot final : public TableSnapshot {
       s->snap_active = true;
       s->snap_cursor = 0;
       s->snap_end = s->rows.slot_end();
+      s->snap_next = s->tail;
+      if (t_->layout_.lru) s->snap_written.assign(s->snap_end, false);
+      rows_.push_back(s->rows.size());
     }
     t_->SaveAccumulator(&accumulator_);
   }
@@ -454,12 +469,16 @@ class SparseSnapshot final : public TableSnapshot {
       MutexLock lock(&s->mu);
       s->snap_active = false;
       s->snap_copies.clear();
+      s->snap_written = {};
     }
   }
 
   void Write(ByteWriter* w) override {
     w->Put<uint64_t>(version_);
-    for (const auto& s : t_->stripes_) WriteStripe(*s, w);
+    for (size_t si = 0; si < t_->stripes_.size(); ++si) {
+      w->Put<uint64_t>(rows_[si]);
+      WriteStripe(*t_->stripes_[si], w);
+    }
     w->Append(accumulator_.buffer().data(), accumulator_.buffer().size());
   }
 
@@ -468,46 +487,58 @@ class SparseSnapshot final : public TableSnapshot {
   static constexpr uint32_t kChunkRows = 4096;
 
   void WriteStripe(SparseTable::Stripe& s, ByteWriter* w) {
-    uint32_t end;
-    {
-      MutexLock lock(&s.mu);
-      end = s.snap_end;
-    }
-    w->Put<uint64_t>(end);
     std::string buf;
-    const size_t floats_bytes = t_->row_floats_ * sizeof(float);
-    const size_t avg_off = t_->layout_.avg_count_offset;
-    for (uint32_t from = 0; from < end; from += kChunkRows) {
+    for (bool more = true; more;) {
       buf.clear();
       {
         MutexLock lock(&s.mu);
-        const uint32_t to = std::min(end, from + kChunkRows);
-        for (uint32_t slot = from; slot < to; ++slot) {
-          auto copy = s.snap_copies.find(slot);
-          const char* rec = copy != s.snap_copies.end() ? copy->second.data() : s.rows.Record(slot);
-          uint32_t avg_count = 0;
-          if (avg_off != 0) std::memcpy(&avg_count, rec + avg_off, sizeof avg_count);
-          buf.append(rec, sizeof(uint64_t));  // the key
-          buf.append(reinterpret_cast<const char*>(&avg_count), sizeof avg_count);
-          buf.append(rec + t_->layout_.header_bytes, floats_bytes);
-          if (copy != s.snap_copies.end()) s.snap_copies.erase(copy);
+        for (uint32_t n = 0; n < kChunkRows && (more = NextRow(s, &buf)); ++n) {
         }
-        s.snap_cursor = to;
-        if (to == end) s.snap_active = false;
+        if (!more) s.snap_active = false;
       }
       w->Append(buf.data(), buf.size());
     }
   }
 
+  // Appends the next row to write to buf; false when the stripe is done.
+  // REQUIRES: s.mu held.
+  bool NextRow(SparseTable::Stripe& s, std::string* buf) {
+    uint32_t slot;
+    if (t_->layout_.lru) {
+      if (s.snap_next == kNil) return false;
+      slot = s.snap_next;
+    } else {
+      if (s.snap_cursor == s.snap_end) return false;
+      slot = s.snap_cursor;
+    }
+    auto copy = s.snap_copies.find(slot);
+    const char* rec = copy != s.snap_copies.end() ? copy->second.data() : s.rows.Record(slot);
+    uint32_t avg_count = 0;
+    if (t_->layout_.avg_count_offset != 0) {
+      std::memcpy(&avg_count, rec + t_->layout_.avg_count_offset, sizeof avg_count);
+    }
+    buf->append(rec, sizeof(uint64_t));  // the key
+    buf->append(reinterpret_cast<const char*>(&avg_count), sizeof avg_count);
+    buf->append(rec + t_->layout_.header_bytes, t_->row_floats_ * sizeof(float));
+    if (t_->layout_.lru) {
+      LruLinks links;
+      std::memcpy(&links, rec + sizeof(uint64_t), sizeof links);  // the cut's links
+      s.snap_written[slot] = true;
+      s.snap_next = links.prev;
+    } else {
+      ++s.snap_cursor;
+    }
+    if (copy != s.snap_copies.end()) s.snap_copies.erase(copy);
+    return true;
+  }
+
   SparseTable* const t_;
   const uint64_t version_;
+  std::vector<uint64_t> rows_;  // per stripe, at the cut
   ByteWriter accumulator_;
 };
 
 std::unique_ptr<TableSnapshot> SparseTable::BeginSnapshot() {
-  // A capped or TTL table drops and reuses slots and saves rows in LRU order: it is
-  // serialized at the cut (its size is bounded by its cap).
-  if (layout_.lru) return Table::BeginSnapshot();
   return std::make_unique<SparseSnapshot>(this);
 }
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -285,6 +286,43 @@ TEST_F(CheckpointTest, SnapshotHoldsStateAtCutWhileUpdatesGoOn) {
   EXPECT_EQ(restored_dedup.Begin(5, 2), Dedup::Verdict::kNew);  // committed after the cut
   // The live table is unharmed by the snapshot: it holds the updates made meanwhile.
   EXPECT_EQ(sparse->Stats().rows, keys.size() + (sparse->version() - sparse_version));
+}
+
+// A table's snapshot writes exactly what Save wrote at the cut, byte for byte, while
+// another thread pushes (changing rows, creating rows, and in a capped table evicting
+// them) and pulls (moving rows in the LRU order) during the write.
+TEST_F(CheckpointTest, TableSnapshotEqualsSaveAtCutUnderConcurrentUpdates) {
+  for (const bool capped : {false, true}) {
+    TableSpec spec = SparseSpec();  // adagrad with a Polyak average
+    if (capped) spec.max_rows = 20000;
+    auto t = NewTable(spec, {0, 1});
+    ASSERT_NE(t, nullptr);
+    std::vector<uint64_t> keys(20000);
+    for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 13 + 5;
+    Push(*t, Grad(keys.size() * 3, 1), keys);
+    Pull(*t, std::vector<uint64_t>(keys.begin(), keys.begin() + 100));  // an LRU order
+    ByteWriter at_cut;
+    t->Save(&at_cut);
+    auto snap = t->BeginSnapshot();
+    std::atomic<bool> stop{false};
+    std::thread updater([&] {
+      for (uint64_t step = 0; !stop; ++step) {
+        std::vector<uint64_t> some(keys.rbegin() + step % 50, keys.rbegin() + step % 50 + 200);
+        Push(*t, Grad(some.size() * 3, static_cast<int>(step)), some);
+        Pull(*t, std::vector<uint64_t>(keys.begin() + step % 300, keys.begin() + step % 300 + 50));
+        Push(*t, Grad(3, 2), {1000000 + step});  // a new row (an eviction when capped)
+      }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // updates before the write too
+    ByteWriter written;
+    snap->Write(&written);
+    stop = true;
+    updater.join();
+    EXPECT_EQ(written.buffer().size(), at_cut.buffer().size()) << (capped ? "capped" : "uncapped");
+    EXPECT_TRUE(written.buffer() == at_cut.buffer()) << (capped ? "capped" : "uncapped");
+    snap.reset();
+    if (capped) EXPECT_GT(t->Stats().evicted_rows, 0u);
+  }
 }
 
 TEST_F(CheckpointTest, SnapshotToAMissingDirectoryIsUnavailableNamingIt) {
