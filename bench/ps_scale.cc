@@ -32,6 +32,7 @@ namespace onlineps::ps {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using onlineps::testing::FreePort;
 using onlineps::testing::RawClient;
 using onlineps::testing::Subprocess;
 
@@ -133,18 +134,6 @@ std::vector<pid_t> ChildrenOf(pid_t pid) {
   pid_t c;
   while (in >> c) out.push_back(c);
   return out;
-}
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
 }
 
 // onlineps_ps_table_memory_bytes of the table, from the shard's /metrics; -1 if absent.

@@ -5,8 +5,10 @@
 #define ONLINEPS_TESTS_SUBPROCESS_H_
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +19,24 @@
 #include <vector>
 
 namespace onlineps::testing {
+
+// A loopback TCP port that was free a moment ago (for a child that must be told its
+// port before it starts), or -1.
+inline int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
 
 // User + system CPU seconds process `pid` has used (/proc/PID/stat), 0 if unreadable.
 inline double CpuSeconds(pid_t pid) {

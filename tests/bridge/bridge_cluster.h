@@ -25,19 +25,6 @@ using nlohmann::json;
 
 inline constexpr std::chrono::milliseconds kProcessStart{30000};
 
-// A port that was free a moment ago (for a worker the bridge must know before it starts).
-inline int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 class BridgeCluster {
  public:
   bool StartShard() {

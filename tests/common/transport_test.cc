@@ -26,6 +26,7 @@
 
 #include "common/mem_transport.h"
 #include "common/zmq_transport.h"
+#include "tests/subprocess.h"
 
 namespace onlineps {
 namespace {
@@ -99,23 +100,7 @@ class Cleanup {
   Fn fn_;
 };
 
-// A loopback TCP port that was free a moment ago, or -1.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
+using onlineps::testing::FreePort;
 
 uint64_t Dropped(ServerTransport* server) {
   if (auto* zmq = dynamic_cast<ZmqServerTransport*>(server)) return zmq->dropped();

@@ -10,25 +10,58 @@ namespace {
 
 class PsSmokeTest : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(PsSmokeTest, DenseAndSparsePushThenPull) {
-  const std::string scheme = GetParam();
+// Shards 0..n-1 of n, started on the test's transport (mem:// names start with
+// `mem_prefix`), and a client of all of them; stopped when it goes.
+struct Cluster {
   std::vector<std::unique_ptr<ShardServer>> servers;
-  std::vector<std::string> endpoints;
-  for (uint32_t i = 0; i < 2; ++i) {
+  std::unique_ptr<PsClient> client;
+  ~Cluster() {
+    client.reset();
+    for (auto& s : servers) s->Stop();
+  }
+};
+
+std::unique_ptr<Cluster> StartCluster(const std::string& scheme, uint32_t n,
+                                      const std::string& mem_prefix) {
+  auto c = std::make_unique<Cluster>();
+  PsClientOptions co;
+  for (uint32_t i = 0; i < n; ++i) {
     ShardServerOptions o;
     o.shard = i;
-    o.num_shards = 2;
-    o.listen = scheme == "mem" ? "mem://smoke-" + std::to_string(i) : "tcp://127.0.0.1:0";
-    servers.push_back(std::make_unique<ShardServer>(o, std::make_shared<prometheus::Registry>()));
-    auto ep = servers.back()->Start();
-    ASSERT_TRUE(ep.ok()) << ep.status().ToString();
-    endpoints.push_back(*ep);
+    o.num_shards = n;
+    o.listen = scheme == "mem" ? "mem://" + mem_prefix + std::to_string(i) : "tcp://127.0.0.1:0";
+    c->servers.push_back(
+        std::make_unique<ShardServer>(o, std::make_shared<prometheus::Registry>()));
+    auto ep = c->servers.back()->Start();
+    if (!ep.ok()) {
+      ADD_FAILURE() << ep.status().ToString();
+      return nullptr;
+    }
+    co.shards.push_back(*ep);
   }
-  PsClientOptions co;
-  co.shards = endpoints;
   auto client = PsClient::Connect(co);
-  ASSERT_TRUE(client.ok()) << client.status().ToString();
-  auto& c = **client;
+  if (!client.ok()) {
+    ADD_FAILURE() << client.status().ToString();
+    return nullptr;
+  }
+  c->client = std::move(client).value();
+  return c;
+}
+
+// A sparse table "emb" of dim 2, plain SGD with lr 1: a push of g leaves -g.
+TableSpec EmbSpec() {
+  TableSpec sparse;
+  sparse.name = "emb";
+  sparse.kind = TableKind::kSparse;
+  sparse.dim = 2;
+  sparse.optimizer_params = {{"lr", 1.0}};
+  return sparse;
+}
+
+TEST_P(PsSmokeTest, DenseAndSparsePushThenPull) {
+  auto cluster = StartCluster(GetParam(), 2, "smoke-");
+  ASSERT_NE(cluster, nullptr);
+  PsClient& c = *cluster->client;
   TableSpec dense;
   dense.name = "w";
   dense.shape = {5};
@@ -44,18 +77,12 @@ TEST_P(PsSmokeTest, DenseAndSparsePushThenPull) {
   ASSERT_TRUE(c.PullDense("w", w.data(), &v).Wait().ok());
   EXPECT_EQ(w, (std::vector<float>{-0.5f, -1.0f, -1.5f, -2.0f, -2.5f}));
 
-  TableSpec sparse;
-  sparse.name = "emb";
-  sparse.kind = TableKind::kSparse;
-  sparse.dim = 2;
-  sparse.optimizer_params = {{"lr", 1.0}};
-  ASSERT_TRUE(c.CreateTable(sparse).ok());
+  ASSERT_TRUE(c.CreateTable(EmbSpec()).ok());
   std::vector<uint64_t> keys = {7, UINT64_MAX, 0, 12345};
   std::vector<float> sg = {1, 1, 2, 2, 3, 3, 4, 4}, out(8, 9);
   ASSERT_TRUE(c.PushSparse("emb", keys.data(), 4, sg.data(), {}, &r).Wait().ok());
   ASSERT_TRUE(c.PullSparse("emb", keys.data(), 4, out.data(), &v).Wait().ok());
   EXPECT_EQ(out, (std::vector<float>{-1, -1, -2, -2, -3, -3, -4, -4}));
-  for (auto& s : servers) s->Stop();
 }
 
 TEST_P(PsSmokeTest, ClipNormTravelsInTheSpecAndBoundsEachPush) {
@@ -91,33 +118,11 @@ TEST_P(PsSmokeTest, ClipNormTravelsInTheSpecAndBoundsEachPush) {
 // The zero-copy sparse push (frames shared, not copied) with one shard and with two
 // (split by shard), and its refusal of frames that do not make whole rows.
 TEST_P(PsSmokeTest, SparsePushOfFramesAppliesAsTheArrayPush) {
-  const std::string scheme = GetParam();
   for (uint32_t shards : {1u, 2u}) {
-    std::vector<std::unique_ptr<ShardServer>> servers;
-    std::vector<std::string> endpoints;
-    for (uint32_t i = 0; i < shards; ++i) {
-      ShardServerOptions o;
-      o.shard = i;
-      o.num_shards = shards;
-      o.listen = scheme == "mem"
-                     ? "mem://frames-" + std::to_string(shards) + "-" + std::to_string(i)
-                     : "tcp://127.0.0.1:0";
-      servers.push_back(std::make_unique<ShardServer>(o, std::make_shared<prometheus::Registry>()));
-      auto ep = servers.back()->Start();
-      ASSERT_TRUE(ep.ok()) << ep.status().ToString();
-      endpoints.push_back(*ep);
-    }
-    PsClientOptions co;
-    co.shards = endpoints;
-    auto client = PsClient::Connect(co);
-    ASSERT_TRUE(client.ok()) << client.status().ToString();
-    auto& c = **client;
-    TableSpec sparse;
-    sparse.name = "emb";
-    sparse.kind = TableKind::kSparse;
-    sparse.dim = 2;
-    sparse.optimizer_params = {{"lr", 1.0}};
-    ASSERT_TRUE(c.CreateTable(sparse).ok());
+    auto cluster = StartCluster(GetParam(), shards, "frames-" + std::to_string(shards) + "-");
+    ASSERT_NE(cluster, nullptr);
+    PsClient& c = *cluster->client;
+    ASSERT_TRUE(c.CreateTable(EmbSpec()).ok());
     const std::vector<uint64_t> keys = {7, UINT64_MAX, 0, 12345};
     PushReply r;
     Status st = c.PushSparse("emb", Frame::FromVector(keys),
@@ -134,7 +139,6 @@ TEST_P(PsSmokeTest, SparsePushOfFramesAppliesAsTheArrayPush) {
              .Wait();
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
     EXPECT_NE(st.message().find("dim 2"), std::string::npos) << st.message();
-    for (auto& s : servers) s->Stop();
   }
 }
 
