@@ -1,11 +1,12 @@
 // RowStore: the rows of one sparse-table stripe. Each row is a fixed-size, 8-byte aligned
 // record (its uint64 key, `header_bytes - 8` bytes of the caller's metadata, then
-// `floats` floats)
-// in fixed-size chunks, so growth never moves or copies a row and memory follows the row
-// count. An open-addressing index (linear probing, one 8-byte entry per bucket: a hash tag
-// and the slot) finds a key's slot; it is rebuilt incrementally (each later call moves a
-// few buckets), so no single call pays for a whole rehash. Not thread-safe: one stripe,
-// one lock, held by the caller around every call.
+// `floats` floats) in fixed-size chunks, so growth never moves or copies a row and
+// memory follows the row count; a large store takes its chunks from slabs whose pages
+// the kernel maps in one call. An open-addressing index (linear probing, one 8-byte
+// entry per bucket: a hash tag and the slot) finds a key's slot; it is rebuilt
+// incrementally (each later call moves a few buckets), so no single call pays for a
+// whole rehash. Not thread-safe: one stripe, one lock, held by the caller around every
+// call.
 #ifndef ONLINEPS_PS_ROW_STORE_H_
 #define ONLINEPS_PS_ROW_STORE_H_
 
