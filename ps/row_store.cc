@@ -31,14 +31,6 @@ constexpr size_t kMapBytes = 256 << 10;
 constexpr size_t kHeapBytes = 1 << 20;
 constexpr size_t kSlabBytes = 128 << 10;
 
-// Zeroed memory, mapped and populated at once when large.
-char* MapPopulated(size_t bytes) {
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
-  return static_cast<char*>(p);
-}
-
 // Bits needed to write x (0 for 0): floor(log2(x)) + 1.
 uint32_t BitWidth(uint64_t x) {
   return x == 0 ? 0 : 64 - static_cast<uint32_t>(__builtin_clzll(x));
@@ -48,7 +40,17 @@ uint32_t ChunkShift(size_t record_bytes) {
   const size_t rows = std::max<size_t>(1, kChunkBytes / record_bytes);
   return BitWidth(rows) - 1;  // floor(log2(rows))
 }
+
 }  // namespace
+
+char* MapPopulated(size_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  return static_cast<char*>(p);
+}
+
+void UnmapPopulated(char* p, size_t bytes) { ::munmap(p, bytes); }
 
 RowStore::RowStore(size_t header_bytes, size_t floats, uint32_t stagger)
     : header_bytes_(header_bytes),

@@ -19,6 +19,12 @@
 
 namespace onlineps::ps {
 
+// Zeroed memory of `bytes`, every page faulted in by the kernel in one call
+// (MAP_POPULATE: on this project's VMs ~25x cheaper than faults taken by writes, ~17 us
+// each). Throws std::bad_alloc when out of memory. Free with UnmapPopulated.
+char* MapPopulated(size_t bytes);
+void UnmapPopulated(char* p, size_t bytes);
+
 class RowStore {
  public:
   static constexpr uint32_t kNoSlot = UINT32_MAX;
