@@ -50,7 +50,10 @@ Status ReadTable(ByteReader* r, const ShardIdentity& id, const std::string& path
 
 // The format field picks the checksum; it is read before the checksum is checked, so
 // an unknown value may be a newer file or a corrupt one.
-Status VerifyTrailer(std::string_view bytes, const std::string& path) {
+// The CRC-32 of a file's first n bytes: computed over memory, or read from the file.
+using Crc32Of = std::function<StatusOr<uint32_t>(size_t n)>;
+
+Status VerifyTrailer(std::string_view bytes, const std::string& path, const Crc32Of& crc32_of) {
   uint32_t format = 0;
   std::memcpy(&format, bytes.data() + kFormatOffset, sizeof(format));
   uint64_t stored = 0;
@@ -58,7 +61,7 @@ Status VerifyTrailer(std::string_view bytes, const std::string& path) {
   const size_t n = bytes.size() - 8;
   uint64_t computed;
   if (format == kFormat) {
-    computed = Crc32(bytes.data(), n);
+    ONLINEPS_ASSIGN_OR_RETURN(computed, crc32_of(n));
   } else if (format == kLegacyFormat) {
     computed = LegacyChecksum64(bytes.data(), n);
   } else {
@@ -70,6 +73,12 @@ Status VerifyTrailer(std::string_view bytes, const std::string& path) {
   }
   return Status::Ok();
 }
+
+// ParseShard with the CRC computed by crc32_of and, if set, `release` called every
+// 8 MiB with the first byte not yet read.
+StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseChecked(
+    std::string_view bytes, const std::string& path, const ShardIdentity& id, Dedup* dedup,
+    const Crc32Of& crc32_of, std::function<void(const char*)> release);
 
 }  // namespace
 
@@ -218,38 +227,29 @@ StatusOr<std::map<std::string, std::shared_ptr<Table>>> ReadCheckpoint(const std
   // 8 MiB: a restore holds the tables and a small window of the file, not both whole.
   MappedFile file;
   ONLINEPS_RETURN_IF_ERROR(file.Open(path));
-  const std::string_view bytes = file.bytes();
-  if (bytes.size() >= sizeof(kMagic) + 8 + sizeof(uint32_t) &&
-      std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) == 0) {
-    uint32_t format = 0;
-    std::memcpy(&format, bytes.data() + kFormatOffset, sizeof(format));
-    if (format == kFormat) {
-      uint64_t stored = 0;
-      std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
-      ONLINEPS_ASSIGN_OR_RETURN(const uint32_t crc, file.Crc32Of(bytes.size() - 8));
-      if (crc != stored) {
-        return DataLoss(path + ": checksum mismatch; the file is corrupt or truncated");
-      }
-      return ParseVerified(bytes, path, id, dedup, [&file](const char* p) { file.Release(p); });
-    }
-  }
-  return ParseShard(bytes, path, id, dedup);  // errors, and format 1, as before
+  return ParseChecked(
+      file.bytes(), path, id, dedup, [&file](size_t n) { return file.Crc32Of(n); },
+      [&file](const char* p) { file.Release(p); });
 }
 
 StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseShard(std::string_view bytes,
                                                                    const std::string& path,
                                                                    const ShardIdentity& id,
                                                                    Dedup* dedup) {
+  return ParseChecked(
+      bytes, path, id, dedup,
+      [bytes](size_t n) -> StatusOr<uint32_t> { return Crc32(bytes.data(), n); }, nullptr);
+}
+
+namespace {
+
+StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseChecked(
+    std::string_view bytes, const std::string& path, const ShardIdentity& id, Dedup* dedup,
+    const Crc32Of& crc32_of, std::function<void(const char*)> release) {
   if (bytes.size() < sizeof(kMagic) + 8 || std::memcmp(bytes.data(), kMagic, sizeof(kMagic))) {
     return DataLoss(path + " is not an onlineps checkpoint (bad magic or too short)");
   }
-  ONLINEPS_RETURN_IF_ERROR(VerifyTrailer(bytes, path));
-  return ParseVerified(bytes, path, id, dedup, nullptr);
-}
-
-StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseVerified(
-    std::string_view bytes, const std::string& path, const ShardIdentity& id, Dedup* dedup,
-    std::function<void(const char*)> release) {
+  ONLINEPS_RETURN_IF_ERROR(VerifyTrailer(bytes, path, crc32_of));
   ByteReader r(bytes.data() + sizeof(kMagic), bytes.size() - sizeof(kMagic) - 8);
   if (release) r.SetReleaseHook(std::move(release), size_t{8} << 20);
   uint32_t format = 0, shard = 0, num_shards = 0;
@@ -273,5 +273,7 @@ StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseVerified(
   ONLINEPS_RETURN_IF_ERROR(dedup->Load(&again));
   return tables;
 }
+
+}  // namespace
 
 }  // namespace onlineps::ps

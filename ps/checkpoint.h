@@ -47,11 +47,6 @@ StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseShard(std::string_v
                                                                    const std::string& path,
                                                                    const ShardIdentity& id,
                                                                    Dedup* dedup);
-// ParseShard of bytes whose magic and checksum were checked; `release` (if set) is
-// called every 8 MiB with the first byte not yet read.
-StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseVerified(
-    std::string_view bytes, const std::string& path, const ShardIdentity& id, Dedup* dedup,
-    std::function<void(const char*)> release);
 
 // A shard's state fixed at one instant, to be written while updates go on: the specs,
 // a TableSnapshot of each table, and the dedup windows. The file it makes holds

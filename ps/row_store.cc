@@ -124,14 +124,14 @@ void RowStore::MaybeRebuild() {
 
 void RowStore::Buckets::Release::operator()(uint64_t* p) const {
   if (mapped_bytes != 0) {
-    ::munmap(p, mapped_bytes);
+    UnmapPopulated(reinterpret_cast<char*>(p), mapped_bytes);
   } else {
     std::free(p);
   }
 }
 
 RowStore::~RowStore() {
-  for (char* slab : slabs_) ::munmap(slab, kSlabBytes);
+  for (char* slab : slabs_) UnmapPopulated(slab, kSlabBytes);
 }
 
 char* RowStore::NewChunk() {

@@ -321,7 +321,9 @@ TEST_F(CheckpointTest, TableSnapshotEqualsSaveAtCutUnderConcurrentUpdates) {
     EXPECT_EQ(written.buffer().size(), at_cut.buffer().size()) << (capped ? "capped" : "uncapped");
     EXPECT_TRUE(written.buffer() == at_cut.buffer()) << (capped ? "capped" : "uncapped");
     snap.reset();
-    if (capped) EXPECT_GT(t->Stats().evicted_rows, 0u);
+    if (capped) {
+      EXPECT_GT(t->Stats().evicted_rows, 0u);
+    }
   }
 }
 
