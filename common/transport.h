@@ -32,8 +32,6 @@ class ClientTransport;
 using ClientTransportDecorator =
     std::function<std::unique_ptr<ClientTransport>(std::unique_ptr<ClientTransport>)>;
 
-struct Incoming;
-
 struct TransportOptions {
   // Server: handler threads. Requests from one peer always go to the same thread, so
   // each peer's requests are handled in the order sent.
@@ -51,9 +49,6 @@ struct TransportOptions {
   // their peer's handler lane is idle, saving two thread hand-offs per round trip;
   // larger ones always go to a handler thread. 0 disables inline handling.
   size_t inline_max_bytes = 256 * 1024;
-  // Server: when set, a request runs inline only if this also says yes (a server keeps
-  // requests that may wait long, such as a checkpoint, off the I/O thread).
-  std::function<bool(const Incoming&)> may_run_inline;
   // Client: how long Close() waits to flush unsent messages (ZMQ_LINGER).
   std::chrono::milliseconds linger{0};
   // CurveZMQ on ZeroMQ sockets (common/curve.h); off when curve.secret_key is empty.

@@ -440,8 +440,7 @@ void ZmqServerTransport::DispatchRequests() {
     const size_t key = std::hash<std::string>{}(in.peer);
     size_t bytes = 0;
     for (const Frame& f : in.frames) bytes += f.size();
-    if (bytes <= options_.inline_max_bytes &&
-        (!options_.may_run_inline || options_.may_run_inline(in)) && pool_->TryRunInline(key, in)) {
+    if (bytes <= options_.inline_max_bytes && pool_->TryRunInline(key, in)) {
       ForwardReplies(false);  // the reply it just queued, without waiting for a poll
       continue;
     }

@@ -105,13 +105,6 @@ StatusOr<std::string> ShardServer::Start() {
   topts.handler_threads = options_.handler_threads;
   topts.max_message_bytes = options_.max_message_bytes * 2;
   topts.curve = options_.curve;
-  // A checkpoint waits for its writer (seconds on a large shard): never on the I/O
-  // thread, which would stop every other request meanwhile.
-  topts.may_run_inline = [](const Incoming& in) {
-    if (in.frames.empty()) return true;
-    auto h = DecodeHeader(in.frames[0].data(), in.frames[0].size());
-    return !h.ok() || h->op != Op::kCheckpoint;
-  };
   transport_ = NewServerTransport(options_.listen, topts);
   ckpt_queue_ = std::make_unique<CheckpointQueue>(
       [this] { return Checkpoint(); },
@@ -392,7 +385,8 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
     case Op::kCheckpoint:
       if (checkpoint_path().empty())
         return FailedPrecondition("no checkpoint directory configured");
-      // Answered by ckpt_queue_ once written.
+      // Answered by ckpt_queue_ once written: queued at once, so this op never holds the
+      // I/O thread or a handler lane, inline or not.
       ONLINEPS_RETURN_IF_ERROR(ckpt_queue_->Add(std::string(peer), h));
       *held = true;
       return Status::Ok();
