@@ -1,6 +1,7 @@
 #include "common/zmq_transport.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -34,9 +35,9 @@ namespace {
 
 // Messages moved per socket per poll round, so a flood on one socket cannot starve
 // the other direction.
-constexpr int kBatch = 256;
-// Poll wakes at least this often, even if a wake-up message was lost (it never should
-// be: see WakeIo).
+constexpr size_t kBatch = 256;
+// Poll wakes at least this often and then reads every socket, even if a wake-up was
+// lost (it never should be: see Readable).
 constexpr std::chrono::milliseconds kPollFallback{200};
 
 // One object per process, made on first use and never destroyed. A forked child gets its
@@ -78,12 +79,12 @@ zmq::message_t ToMessage(const Frame& frame) {
   return message;
 }
 
-// The parts of one pipe message: a routing part for the I/O thread (peer identity or
-// server index), then the frames, not copied.
-std::vector<zmq::message_t> WithRoutingPart(const void* route, size_t size, const Frames& frames) {
+// The parts of one message: the frames, not copied, after an optional routing part (a
+// ROUTER's peer identity).
+std::vector<zmq::message_t> ToParts(const std::string* route, const Frames& frames) {
   std::vector<zmq::message_t> parts;
   parts.reserve(frames.size() + 1);
-  parts.emplace_back(route, size);
+  if (route != nullptr) parts.emplace_back(route->data(), route->size());
   for (const Frame& frame : frames) parts.push_back(ToMessage(frame));
   return parts;
 }
@@ -127,25 +128,10 @@ bool SendParts(zmq::socket_t& socket, std::vector<zmq::message_t>* parts, size_t
   return true;
 }
 
-// REQUIRES: the caller holds the mutex guarding `push`.
-Status PushParts(zmq::socket_t& push, std::vector<zmq::message_t>* parts) {
-  try {
-    if (SendParts(push, parts, 0)) return Status::Ok();
-    return ResourceExhausted("transport send queue full (send_hwm reached)");
-  } catch (const zmq::error_t& e) {
-    return FromZmqError("send", e);
-  }
-}
-
-// A one-part message: never a real request or reply (those have two parts or more),
-// so the I/O thread just wakes up and rereads its flags. If the pipe is full the I/O
-// thread is awake anyway, so failure is harmless.
-void WakeIo(zmq::socket_t& push) {
-  try {
-    zmq::message_t wake;
-    (void)push.send(wake, zmq::send_flags::dontwait);
-  } catch (const zmq::error_t&) {
-  }
+// Whether a message waits on `socket`. Processes the socket's pending commands, so a
+// caller that finds one must make sure the I/O thread reads it (ZmqWakeup).
+bool Readable(zmq::socket_t& socket) {
+  return (socket.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
 }
 
 void ApplyNetworkOptions(zmq::socket_t& socket, const TransportOptions& options) {
@@ -154,19 +140,6 @@ void ApplyNetworkOptions(zmq::socket_t& socket, const TransportOptions& options)
   socket.set(zmq::sockopt::linger, static_cast<int>(options.linger.count()));
   const bool fits = options.max_message_bytes <= uint64_t{std::numeric_limits<int64_t>::max()};
   socket.set(zmq::sockopt::maxmsgsize, fits ? static_cast<int64_t>(options.max_message_bytes) : -1);
-}
-
-// The pipe that carries Send() calls to the I/O thread. Throws zmq::error_t.
-void OpenPipe(const char* kind, int hwm, zmq::socket_t* pull, zmq::socket_t* push) {
-  const std::string name = NextPipeName(kind);
-  *pull = zmq::socket_t(SharedContext(), zmq::socket_type::pull);
-  pull->set(zmq::sockopt::linger, 0);
-  pull->set(zmq::sockopt::rcvhwm, hwm);
-  pull->bind(name);
-  *push = zmq::socket_t(SharedContext(), zmq::socket_type::push);
-  push->set(zmq::sockopt::linger, 0);
-  push->set(zmq::sockopt::sndhwm, hwm);
-  push->connect(name);
 }
 
 // Runs one round of an I/O loop so that nothing unwinds the thread; returns whether the
@@ -308,6 +281,23 @@ void CloseQuietly(zmq::socket_t* socket) {
 
 }  // namespace
 
+ZmqWakeup::ZmqWakeup() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  if (fd_ < 0) throw zmq::error_t();
+}
+
+ZmqWakeup::~ZmqWakeup() { close(fd_); }
+
+void ZmqWakeup::Wake() {
+  const uint64_t one = 1;
+  // Fails only when the counter is near 2^64 - 1: the I/O thread is then awake anyway.
+  (void)!write(fd_, &one, sizeof(one));
+}
+
+void ZmqWakeup::Drain() {
+  uint64_t count;
+  (void)!read(fd_, &count, sizeof(count));
+}
+
 // ---------------------------------------------------------------------------- server
 
 ZmqServerTransport::ZmqServerTransport(const TransportOptions& options) : options_(options) {}
@@ -320,15 +310,15 @@ StatusOr<std::string> ZmqServerTransport::Start(const std::string& endpoint, Han
   MutexLock lock(&lifecycle_mu_);
   if (state_ != State::kNew) return FailedPrecondition("server transport already started");
   if (!handler) return InvalidArgument("server transport needs a handler");
-  // Binding on the caller's thread reports bind errors directly; the sockets then move
-  // to the I/O thread (thread creation is the memory barrier ZeroMQ asks for).
+  // Binding on the caller's thread reports bind errors directly; the I/O thread then
+  // reads the socket under router_.mu (the mutex is the barrier ZeroMQ asks for).
   StatusOr<std::string> bound = BindSockets(endpoint);
   if (!bound.ok()) return bound.status();
   pool_ = std::make_unique<HandlerPool<Incoming>>(
       "zmq server", options_.handler_threads, options_.max_queue_per_thread, std::move(handler));
   {
-    MutexLock send_lock(&send_mu_);
-    open_ = true;
+    MutexLock send_lock(&router_.mu);
+    router_.open = true;
   }
   io_thread_ = std::thread(&ZmqServerTransport::IoLoop, this);
   state_ = State::kRunning;
@@ -336,40 +326,41 @@ StatusOr<std::string> ZmqServerTransport::Start(const std::string& endpoint, Han
 }
 
 StatusOr<std::string> ZmqServerTransport::BindSockets(const std::string& endpoint) {
+  MutexLock lock(&router_.mu);
+  zmq::socket_t& router = router_.socket;
   try {
-    router_ = zmq::socket_t(SharedContext(), zmq::socket_type::router);
-    ApplyNetworkOptions(router_, options_);
-    router_.set(zmq::sockopt::router_mandatory, 0);
-    zap_domain_ = ApplyCurve(router_, options_.curve, /*server=*/true);
-    router_.bind(endpoint);
+    wakeup_ = std::make_unique<ZmqWakeup>();
+    router = zmq::socket_t(SharedContext(), zmq::socket_type::router);
+    ApplyNetworkOptions(router, options_);
+    router.set(zmq::sockopt::router_mandatory, 0);
+    zap_domain_ = ApplyCurve(router, options_.curve, /*server=*/true);
+    router.bind(endpoint);
+    router_.fd = static_cast<int>(router.get(zmq::sockopt::fd));
+    return router.get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
-    CloseQuietly(&router_);
+    CloseQuietly(&router);
     if (!zap_domain_.empty()) ZapHandler::Get().Unregister(zap_domain_);
     zap_domain_.clear();
     return FromZmqError("bind " + endpoint, e);
-  }
-  try {
-    OpenPipe("server", options_.send_hwm, &pull_, &push_);
-    return router_.get(zmq::sockopt::last_endpoint);
-  } catch (const zmq::error_t& e) {
-    CloseQuietly(&router_);
-    CloseQuietly(&pull_);
-    CloseQuietly(&push_);
-    return FromZmqError("server pipe for " + endpoint, e);
   }
 }
 
 Status ZmqServerTransport::Send(const std::string& peer, Frames frames) {
   if (peer.empty()) return InvalidArgument("Send: empty peer identity");
   if (frames.empty()) return InvalidArgument("Send: no frames");
+  bool readable = false;
   try {
-    std::vector<zmq::message_t> parts = WithRoutingPart(peer.data(), peer.size(), frames);
-    MutexLock lock(&send_mu_);
-    if (!open_) return Unavailable("server transport is stopped");
-    return PushParts(push_, &parts);
+    std::vector<zmq::message_t> parts = ToParts(&peer, frames);
+    MutexLock lock(&router_.mu);
+    if (!router_.open) return Unavailable("server transport is stopped");
+    // The ROUTER drops what it cannot route (an unknown peer, or one send_hwm behind).
+    SendParts(router_.socket, &parts, 0);
+    readable = Readable(router_.socket);
   } catch (const zmq::error_t& e) {
     return FromZmqError("Send", e);
   }
+  if (readable) wakeup_->Wake();
+  return Status::Ok();
 }
 
 void ZmqServerTransport::Stop() {
@@ -377,58 +368,56 @@ void ZmqServerTransport::Stop() {
   const bool running = state_ == State::kRunning;
   state_ = State::kStopped;
   if (!running) return;
+  receiving_.store(false, std::memory_order_release);
+  wakeup_->Wake();
+  pool_->Close();  // handlers finish their queues; their replies still go out
   {
-    MutexLock send_lock(&send_mu_);
-    receiving_.store(false, std::memory_order_release);
-    WakeIo(push_);
+    MutexLock send_lock(&router_.mu);
+    router_.open = false;
   }
-  pool_->Close();  // handlers finish their queues; their replies still flow
-  {
-    MutexLock send_lock(&send_mu_);
-    open_ = false;
-    exit_.store(true, std::memory_order_release);
-    WakeIo(push_);
-  }
+  exit_.store(true, std::memory_order_release);
+  wakeup_->Wake();
   io_thread_.join();
   if (!zap_domain_.empty()) ZapHandler::Get().Unregister(zap_domain_);
-  MutexLock send_lock(&send_mu_);
-  CloseQuietly(&push_);
 }
 
 void ZmqServerTransport::IoLoop() {
-  zmq::pollitem_t items[] = {{pull_.handle(), 0, ZMQ_POLLIN, 0},
-                             {router_.handle(), 0, ZMQ_POLLIN, 0}};
-  bool more = true;
-  while (more) {
-    // exit_ is read before draining: every Send it covers is already in the pipe.
+  zmq::pollitem_t items[] = {{nullptr, wakeup_->fd(), ZMQ_POLLIN, 0},
+                             {nullptr, router_.fd, ZMQ_POLLIN, 0}};
+  while (true) {
     const bool exiting = exit_.load(std::memory_order_acquire);
     const bool receiving = receiving_.load(std::memory_order_acquire);
-    more = RunGuarded("server I/O thread", exiting, [&] {
+    if (exiting) break;
+    const bool more = RunGuarded("server I/O thread", exiting, [&] {
       items[0].revents = items[1].revents = 0;
-      if (!exiting) zmq::poll(items, receiving ? 2 : 1, kPollFallback);
-      if (exiting || (items[0].revents & ZMQ_POLLIN)) ForwardReplies(exiting);
-      if (exiting) return false;
-      if (receiving && (items[1].revents & ZMQ_POLLIN)) DispatchRequests();
+      zmq::poll(items, receiving ? 2 : 1, kPollFallback);
+      if (items[0].revents & ZMQ_POLLIN) wakeup_->Drain();
+      // Also after a bare wake-up: a Send may have left a request readable.
+      if (receiving) DispatchRequests();
       return true;
     });
+    if (!more) break;
   }
   // With linger > 0 the shared context keeps flushing the ROUTER in the background.
-  CloseQuietly(&router_);
-  CloseQuietly(&pull_);
-}
-
-void ZmqServerTransport::ForwardReplies(bool drain) {
-  std::vector<zmq::message_t> parts;
-  for (int i = 0; (drain || i < kBatch) && RecvMultipart(pull_, &parts); ++i) {
-    if (parts.size() < 2) continue;  // a wake-up
-    SendParts(router_, &parts, 0);   // the ROUTER drops what it cannot route
-  }
+  MutexLock lock(&router_.mu);
+  router_.open = false;
+  CloseQuietly(&router_.socket);
 }
 
 void ZmqServerTransport::DispatchRequests() {
-  std::vector<zmq::message_t> parts;
-  for (int i = 0; i < kBatch && RecvMultipart(router_, &parts); ++i) {
-    if (parts.size() < 2) continue;  // identity without a body: nothing to handle
+  // Read under the lock, handled without it (an inline handler's reply takes it).
+  std::vector<std::vector<zmq::message_t>> batch;
+  bool readable = false;
+  {
+    MutexLock lock(&router_.mu);
+    std::vector<zmq::message_t> parts;
+    while (batch.size() < kBatch && RecvMultipart(router_.socket, &parts)) {
+      if (parts.size() >= 2) batch.push_back(std::move(parts));  // else no body: nothing to do
+    }
+    readable = Readable(router_.socket);
+  }
+  if (readable) wakeup_->Wake();  // more than a batch: the next poll returns at once
+  for (auto& parts : batch) {
     Incoming in;
     in.peer.assign(parts[0].data<char>(), parts[0].size());
     if (options_.curve.enabled()) {
@@ -440,10 +429,7 @@ void ZmqServerTransport::DispatchRequests() {
     const size_t key = std::hash<std::string>{}(in.peer);
     size_t bytes = 0;
     for (const Frame& f : in.frames) bytes += f.size();
-    if (bytes <= options_.inline_max_bytes && pool_->TryRunInline(key, in)) {
-      ForwardReplies(false);  // the reply it just queued, without waiting for a poll
-      continue;
-    }
+    if (bytes <= options_.inline_max_bytes && pool_->TryRunInline(key, in)) continue;
     pool_->Submit(key, std::move(in));  // when full, dropped and counted by the pool
   }
 }
@@ -460,11 +446,11 @@ Status ZmqClientTransport::Connect(const std::vector<std::string>& endpoints, Ha
   if (!handler) return InvalidArgument("client transport needs a handler");
   ONLINEPS_RETURN_IF_ERROR(ConnectSockets(endpoints));
   handler_ = std::move(handler);
-  {
-    MutexLock send_lock(&send_mu_);
-    open_ = true;
-    num_servers_ = endpoints.size();
+  for (auto& dealer : dealers_) {
+    MutexLock send_lock(&dealer->mu);
+    dealer->open = true;
   }
+  num_servers_.store(dealers_.size(), std::memory_order_release);
   io_thread_ = std::thread(&ZmqClientTransport::IoLoop, this);
   state_ = State::kRunning;
   return Status::Ok();
@@ -476,55 +462,75 @@ Status ZmqClientTransport::ConnectSockets(const std::vector<std::string>& endpoi
         "CURVE is on (--curve-cert) but the servers' public key is not "
         "given (--curve-server-key)");
   }
-  std::string current = "client pipe";
+  std::string current = "client wake-up eventfd";
   try {
-    OpenPipe("client", options_.send_hwm, &pull_, &push_);
+    wakeup_ = std::make_unique<ZmqWakeup>();
     for (const std::string& endpoint : endpoints) {
       current = "connect " + endpoint;
+      dealers_.push_back(std::make_unique<LockedSocket>());
+      LockedSocket& d = *dealers_.back();
+      MutexLock lock(&d.mu);
       // No ZMQ_IMMEDIATE: requests to a server that is not up yet wait for it.
-      dealers_.emplace_back(SharedContext(), zmq::socket_type::dealer);
-      ApplyNetworkOptions(dealers_.back(), options_);
-      ApplyCurve(dealers_.back(), options_.curve, /*server=*/false);
+      d.socket = zmq::socket_t(SharedContext(), zmq::socket_type::dealer);
+      ApplyNetworkOptions(d.socket, options_);
+      ApplyCurve(d.socket, options_.curve, /*server=*/false);
       if (options_.on_disconnect) {
         // ZeroMQ reports the dealer's connection events on an inproc PAIR.
         const std::string monitor = NextPipeName("monitor");
-        if (zmq_socket_monitor(dealers_.back().handle(), monitor.c_str(), ZMQ_EVENT_DISCONNECTED) !=
-            0) {
+        if (zmq_socket_monitor(d.socket.handle(), monitor.c_str(), ZMQ_EVENT_DISCONNECTED) != 0) {
           throw zmq::error_t();
         }
         monitors_.emplace_back(SharedContext(), zmq::socket_type::pair);
         monitors_.back().set(zmq::sockopt::linger, 0);
         monitors_.back().connect(monitor);
       }
-      dealers_.back().connect(endpoint);
+      d.socket.connect(endpoint);
+      d.fd = static_cast<int>(d.socket.get(zmq::sockopt::fd));
     }
     return Status::Ok();
   } catch (const zmq::error_t& e) {
-    for (auto& monitor : monitors_) CloseQuietly(&monitor);
-    monitors_.clear();
-    for (auto& dealer : dealers_) CloseQuietly(&dealer);
+    CloseSockets();
     dealers_.clear();
-    CloseQuietly(&pull_);
-    CloseQuietly(&push_);
     return FromZmqError(current, e);
+  }
+}
+
+void ZmqClientTransport::CloseSockets() {
+  for (auto& dealer : dealers_) {
+    MutexLock lock(&dealer->mu);
+    dealer->open = false;
+    if (!monitors_.empty()) (void)zmq_socket_monitor(dealer->socket.handle(), nullptr, 0);
+  }
+  for (auto& monitor : monitors_) CloseQuietly(&monitor);
+  monitors_.clear();
+  // With linger > 0 the shared context keeps flushing the DEALERs in the background.
+  for (auto& dealer : dealers_) {
+    MutexLock lock(&dealer->mu);
+    CloseQuietly(&dealer->socket);
   }
 }
 
 Status ZmqClientTransport::Send(size_t index, Frames frames) {
   if (frames.empty()) return InvalidArgument("Send: no frames");
+  const size_t servers = num_servers_.load(std::memory_order_acquire);
+  if (index >= servers) {
+    if (servers == 0) return Unavailable("client transport is not connected");
+    return InvalidArgument("Send: server index " + std::to_string(index) + " out of range (" +
+                           std::to_string(servers) + " servers)");
+  }
+  LockedSocket& d = *dealers_[index];
+  bool readable = false;
   try {
-    const uint64_t index64 = index;
-    std::vector<zmq::message_t> parts = WithRoutingPart(&index64, sizeof(index64), frames);
-    MutexLock lock(&send_mu_);
-    if (!open_) return Unavailable("client transport is closed");
-    if (index >= num_servers_) {
-      return InvalidArgument("Send: server index " + std::to_string(index) + " out of range (" +
-                             std::to_string(num_servers_) + " servers)");
-    }
-    return PushParts(push_, &parts);
+    std::vector<zmq::message_t> parts = ToParts(nullptr, frames);
+    MutexLock lock(&d.mu);
+    if (!d.open) return Unavailable("client transport is closed");
+    if (!SendParts(d.socket, &parts, 0)) dropped_.fetch_add(1, std::memory_order_relaxed);
+    readable = Readable(d.socket);
   } catch (const zmq::error_t& e) {
     return FromZmqError("Send", e);
   }
+  if (readable) wakeup_->Wake();
+  return Status::Ok();
 }
 
 void ZmqClientTransport::Close() {
@@ -532,57 +538,39 @@ void ZmqClientTransport::Close() {
   const bool running = state_ == State::kRunning;
   state_ = State::kClosed;
   if (!running) return;
-  {
-    MutexLock send_lock(&send_mu_);
-    open_ = false;
-    exit_.store(true, std::memory_order_release);
-    WakeIo(push_);
+  for (auto& dealer : dealers_) {
+    MutexLock send_lock(&dealer->mu);
+    dealer->open = false;
   }
+  exit_.store(true, std::memory_order_release);
+  wakeup_->Wake();
   io_thread_.join();
-  MutexLock send_lock(&send_mu_);
-  CloseQuietly(&push_);
 }
 
 void ZmqClientTransport::IoLoop() {
   std::vector<zmq::pollitem_t> items;
-  items.push_back({pull_.handle(), 0, ZMQ_POLLIN, 0});
-  for (auto& dealer : dealers_) items.push_back({dealer.handle(), 0, ZMQ_POLLIN, 0});
+  items.push_back({nullptr, wakeup_->fd(), ZMQ_POLLIN, 0});
+  for (auto& dealer : dealers_) items.push_back({nullptr, dealer->fd, ZMQ_POLLIN, 0});
   for (auto& monitor : monitors_) items.push_back({monitor.handle(), 0, ZMQ_POLLIN, 0});
-  bool more = true;
-  while (more) {
-    const bool exiting = exit_.load(std::memory_order_acquire);
-    more = RunGuarded("client I/O thread", exiting, [&] {
+  while (!exit_.load(std::memory_order_acquire)) {
+    const bool more = RunGuarded("client I/O thread", false, [&] {
       for (auto& item : items) item.revents = 0;
-      if (!exiting) zmq::poll(items.data(), items.size(), kPollFallback);
-      if (exiting || (items[0].revents & ZMQ_POLLIN)) ForwardRequests(exiting);
-      if (exiting) return false;
+      const int ready = zmq::poll(items.data(), items.size(), kPollFallback);
+      const bool woken = items[0].revents & ZMQ_POLLIN;
+      if (woken) wakeup_->Drain();
+      // After a wake-up (a Send may have left a reply readable) or the fallback timeout,
+      // every dealer is read.
       for (size_t i = 0; i < dealers_.size(); ++i) {
-        if (items[i + 1].revents & ZMQ_POLLIN) DeliverReplies(i);
+        if (woken || ready == 0 || (items[i + 1].revents & ZMQ_POLLIN)) DeliverReplies(i);
       }
       for (size_t i = 0; i < monitors_.size(); ++i) {
         if (items[1 + dealers_.size() + i].revents & ZMQ_POLLIN) ReadMonitor(i);
       }
       return true;
     });
+    if (!more) break;
   }
-  for (auto& dealer : dealers_) {
-    if (!monitors_.empty()) (void)zmq_socket_monitor(dealer.handle(), nullptr, 0);
-  }
-  for (auto& monitor : monitors_) CloseQuietly(&monitor);
-  // With linger > 0 the shared context keeps flushing the DEALERs in the background.
-  for (auto& dealer : dealers_) CloseQuietly(&dealer);
-  CloseQuietly(&pull_);
-}
-
-void ZmqClientTransport::ForwardRequests(bool drain) {
-  std::vector<zmq::message_t> parts;
-  for (int i = 0; (drain || i < kBatch) && RecvMultipart(pull_, &parts); ++i) {
-    if (parts.size() < 2 || parts[0].size() != sizeof(uint64_t)) continue;  // a wake-up
-    uint64_t index;
-    std::memcpy(&index, parts[0].data(), sizeof(index));
-    if (index >= dealers_.size()) continue;  // Send checked; cannot happen
-    if (!SendParts(dealers_[index], &parts, 1)) dropped_.fetch_add(1, std::memory_order_relaxed);
-  }
+  CloseSockets();
 }
 
 // One monitor event (two frames: event id and value, then the endpoint).
@@ -602,11 +590,23 @@ void ZmqClientTransport::ReadMonitor(size_t index) {
 }
 
 void ZmqClientTransport::DeliverReplies(size_t index) {
-  std::vector<zmq::message_t> parts;
-  for (int i = 0; i < kBatch && RecvMultipart(dealers_[index], &parts); ++i) {
-    Frames frames;
-    frames.reserve(parts.size());
-    for (auto& part : parts) frames.push_back(ToFrame(std::move(part)));
+  // Read under the lock, delivered without it (a handler may Send).
+  LockedSocket& d = *dealers_[index];
+  std::vector<Frames> batch;
+  bool readable = false;
+  {
+    MutexLock lock(&d.mu);
+    std::vector<zmq::message_t> parts;
+    while (d.open && batch.size() < kBatch && RecvMultipart(d.socket, &parts)) {
+      Frames frames;
+      frames.reserve(parts.size());
+      for (auto& part : parts) frames.push_back(ToFrame(std::move(part)));
+      batch.push_back(std::move(frames));
+    }
+    readable = d.open && Readable(d.socket);
+  }
+  if (readable) wakeup_->Wake();  // more than a batch: the next poll returns at once
+  for (Frames& frames : batch) {
     try {
       handler_(index, std::move(frames));
     } catch (const std::exception& e) {

@@ -1,7 +1,8 @@
-// ZeroMQ transports (tcp://, ipc://, inproc://). The server is a ROUTER owned by one
-// I/O thread that feeds HandlerPool threads; the client is one DEALER per server owned
-// by one I/O thread. Send() on either hands frames to the I/O thread through an inproc
-// pipe without copying their bytes, so it never blocks on the network. All transports
+// ZeroMQ transports (tcp://, ipc://, inproc://). The server is a ROUTER read by one I/O
+// thread that feeds HandlerPool threads; the client is one DEALER per server read by one
+// I/O thread. Send() on either writes the socket itself, under the socket's mutex and
+// without waiting (ZeroMQ queues the frames, not copied, for its own I/O threads): no
+// hand-off to our I/O thread, one thread crossing fewer per message. All transports
 // share one process-wide zmq::context_t, so inproc:// endpoints work between them.
 // Stop()/Close() must not be called from a Handler (they join the handler threads).
 #ifndef ONLINEPS_COMMON_ZMQ_TRANSPORT_H_
@@ -25,6 +26,33 @@ namespace onlineps {
 // kAlreadyExists (address in use), kUnavailable otherwise; the message starts with `what`.
 Status FromZmqError(const std::string& what, const zmq::error_t& e);
 
+// A ZeroMQ socket that an I/O thread reads and any thread writes. ZeroMQ sockets are not
+// thread-safe, so every use is under `mu`. The I/O thread polls `fd` (ZMQ_FD, readable
+// when the socket has commands to process) rather than the socket; since any use of the
+// socket may process those commands, a writer that leaves a message readable must wake
+// the I/O thread itself (ZmqWakeup).
+struct LockedSocket {
+  Mutex mu;
+  zmq::socket_t socket GUARDED_BY(mu);
+  bool open GUARDED_BY(mu) = false;  // Send accepted
+  int fd = -1;                       // set before the I/O thread starts
+};
+
+// An eventfd that wakes an I/O thread out of its poll.
+class ZmqWakeup {
+ public:
+  ZmqWakeup();  // throws zmq::error_t(errno) when no eventfd can be made
+  ~ZmqWakeup();
+  ZmqWakeup(const ZmqWakeup&) = delete;
+  ZmqWakeup& operator=(const ZmqWakeup&) = delete;
+  int fd() const { return fd_; }
+  void Wake();   // thread-safe
+  void Drain();  // by the I/O thread, after poll said fd() is readable
+
+ private:
+  int fd_ = -1;
+};
+
 class ZmqServerTransport final : public ServerTransport {
  public:
   explicit ZmqServerTransport(const TransportOptions& options);
@@ -42,7 +70,6 @@ class ZmqServerTransport final : public ServerTransport {
  private:
   StatusOr<std::string> BindSockets(const std::string& endpoint);
   void IoLoop();
-  void ForwardReplies(bool drain);
   void DispatchRequests();
 
   // Immutable after construction.
@@ -52,17 +79,12 @@ class ZmqServerTransport final : public ServerTransport {
   enum class State { kNew, kRunning, kStopped };
   State state_ GUARDED_BY(lifecycle_mu_) = State::kNew;
 
-  // Owned by io_thread_ while it runs.
-  zmq::socket_t router_;
-  zmq::socket_t pull_;
+  LockedSocket router_;  // read by io_thread_, written by Send
+  std::unique_ptr<ZmqWakeup> wakeup_;
   std::unique_ptr<HandlerPool<Incoming>> pool_;  // set in Start, closed in Stop
   std::thread io_thread_;
   std::atomic<bool> receiving_{true};  // false: I/O thread stops reading the ROUTER
-  std::atomic<bool> exit_{false};      // true: I/O thread flushes replies and exits
-
-  Mutex send_mu_;
-  zmq::socket_t push_ GUARDED_BY(send_mu_);
-  bool open_ GUARDED_BY(send_mu_) = false;  // Send accepted
+  std::atomic<bool> exit_{false};      // true: I/O thread closes the ROUTER and exits
 
   std::string zap_domain_;  // registered with the ZAP handler while bound ("" : none)
 };
@@ -83,8 +105,8 @@ class ZmqClientTransport final : public ClientTransport {
 
  private:
   Status ConnectSockets(const std::vector<std::string>& endpoints);
+  void CloseSockets();
   void IoLoop();
-  void ForwardRequests(bool drain);
   void DeliverReplies(size_t index);
   void ReadMonitor(size_t index);
 
@@ -95,19 +117,16 @@ class ZmqClientTransport final : public ClientTransport {
   enum class State { kNew, kRunning, kClosed };
   State state_ GUARDED_BY(lifecycle_mu_) = State::kNew;
 
-  // Owned by io_thread_ while it runs.
-  std::vector<zmq::socket_t> dealers_;
-  std::vector<zmq::socket_t> monitors_;  // one per dealer with options_.on_disconnect
-  zmq::socket_t pull_;
+  // Read by io_thread_, written by Send. The vector is filled before num_servers_ is
+  // published and never changes after.
+  std::vector<std::unique_ptr<LockedSocket>> dealers_;
+  std::atomic<size_t> num_servers_{0};
+  std::vector<zmq::socket_t> monitors_;  // io_thread_'s; one per dealer with on_disconnect
+  std::unique_ptr<ZmqWakeup> wakeup_;
   Handler handler_;
   std::thread io_thread_;
   std::atomic<bool> exit_{false};
   std::atomic<uint64_t> dropped_{0};
-
-  Mutex send_mu_;
-  zmq::socket_t push_ GUARDED_BY(send_mu_);
-  bool open_ GUARDED_BY(send_mu_) = false;
-  size_t num_servers_ GUARDED_BY(send_mu_) = 0;
 };
 
 }  // namespace onlineps
