@@ -184,6 +184,24 @@ Status RunPull(const Common& c, const std::string& table, const std::vector<uint
   return Status::Ok();
 }
 
+// The spec once (every shard holds the same), then each shard's figures.
+Status RunInfo(const Common& c, const std::string& table) {
+  ONLINEPS_ASSIGN_OR_RETURN(auto client, Connect(c));
+  ONLINEPS_ASSIGN_OR_RETURN(auto shards, client->TableInfo(table));
+  std::cout << "table " << table << "\n";
+  for (const auto& [k, v] : shards.at(0)) {
+    if (k.rfind("stat.", 0) != 0) std::cout << "  " << k << " = " << v << "\n";
+  }
+  for (size_t s = 0; s < shards.size(); ++s) {
+    std::cout << "shard " << s;
+    for (const auto& [k, v] : shards[s]) {
+      if (k.rfind("stat.", 0) == 0) std::cout << " " << k.substr(5) << "=" << v;
+    }
+    std::cout << "\n";
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 }  // namespace onlineps::ps
 
@@ -222,6 +240,9 @@ int main(int argc, char** argv) {
   auto* pull = app.add_subcommand("pull", "Print a table (dense) or rows (sparse)");
   pull->add_option("--table", table, "Table name")->required();
   pull->add_option("--keys", keys, "Sparse row ids")->delimiter(',');
+  auto* info =
+      app.add_subcommand("info", "Print a table's spec and each shard's row and memory figures");
+  info->add_option("--table", table, "Table name")->required();
   auto* ckpt = app.add_subcommand("checkpoint", "Checkpoint every shard now");
   auto parsed = onlineps::ParseFlags(app, argc, argv);
   if (!parsed.ok()) {
@@ -258,6 +279,7 @@ int main(int argc, char** argv) {
   if (demo_cmd->parsed()) st = RunDemo(common, demo);
   if (pat->parsed()) st = RunPattern(common, pattern);
   if (pull->parsed()) st = RunPull(common, table, keys);
+  if (info->parsed()) st = RunInfo(common, table);
   if (ckpt->parsed()) {
     auto client = Connect(common);
     st = client.ok() ? (*client)->Checkpoint() : client.status();

@@ -119,6 +119,8 @@ class PsClientImpl : public PsClient {
 
   Status CreateTable(const TableSpec& spec) override;
   StatusOr<TableSpec> OpenTable(const std::string& name) override;
+  StatusOr<std::vector<std::map<std::string, std::string>>> TableInfo(
+      const std::string& name) override;
   Status WaitForShards(std::chrono::milliseconds timeout) override;
   Status Checkpoint() override;
   Ticket PullDense(const std::string& table, float* out, VersionVector* versions, PullOptions opts,
@@ -433,6 +435,23 @@ StatusOr<TableSpec> PsClientImpl::OpenTable(const std::string& name) {
   if (!spec.ok()) return spec.status();
   CacheMeta(*spec);
   return spec;
+}
+
+StatusOr<std::vector<std::map<std::string, std::string>>> PsClientImpl::TableInfo(
+    const std::string& name) {
+  using Info = std::vector<std::map<std::string, std::string>>;
+  auto call = NewCall(static_cast<int>(num_shards()), nullptr);
+  auto info = std::make_shared<Info>(num_shards());
+  for (size_t s = 0; s < num_shards(); ++s) {
+    auto p = NewPart(call, s, Op::kTableInfo, name);
+    p->on_reply = [info, s](const Header& h, const Frames&) {
+      (*info)[s] = h.spec;  // each part's reply runs once, on its own slot
+      return Status::Ok();
+    };
+    Send(std::move(p));
+  }
+  ONLINEPS_RETURN_IF_ERROR(Ticket(call).Wait());
+  return std::move(*info);
 }
 
 Status PsClientImpl::WaitForShards(std::chrono::milliseconds timeout) {

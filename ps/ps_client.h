@@ -102,6 +102,10 @@ class PsClient {
   virtual Status CreateTable(const TableSpec& spec) = 0;
   // Learns the spec of a table created elsewhere (needed before dense calls).
   virtual StatusOr<TableSpec> OpenTable(const std::string& name) = 0;
+  // Each shard's table_info answer, in shard order: the spec's wire map and that
+  // shard's "stat.*" figures (docs/protocol.md, "table_info").
+  virtual StatusOr<std::vector<std::map<std::string, std::string>>> TableInfo(
+      const std::string& name) = 0;
   // Waits until every shard answers a ping, or the timeout passes.
   virtual Status WaitForShards(std::chrono::milliseconds timeout) = 0;
   // Asks every shard to write a checkpoint now.

@@ -457,9 +457,17 @@ StatusOr<ShardServer::Created> ShardServer::CreateTable(const Header& h, Header*
   auto current = tables();
   auto it = current->find(spec->name);
   if (it != current->end()) {
-    if (it->second->spec() == *spec) {
+    const TableSpec& have = it->second->spec();
+    if (have == *spec) {
       reply->version = it->second->version();
       reply->message = "exists";
+      return Created::kExisted;
+    }
+    if (EqualExceptCaps(have, *spec)) {
+      reply->version = it->second->version();
+      reply->message = "exists with other caps, kept: " + DescribeCaps(have) + " (asked " +
+                       DescribeCaps(*spec) + ")";
+      spdlog::warn("create_table '{}': {}", spec->name, reply->message);
       return Created::kExisted;
     }
     return AlreadyExists("table '" + spec->name + "' exists with a different spec");

@@ -182,6 +182,19 @@ uint64_t TableSpec::size() const {
 
 bool TableSpec::operator==(const TableSpec& o) const { return EncodeSpec(*this) == EncodeSpec(o); }
 
+bool EqualExceptCaps(const TableSpec& a, const TableSpec& b) {
+  TableSpec b_with_caps_of_a = b;
+  b_with_caps_of_a.admit_after = a.admit_after;
+  b_with_caps_of_a.ttl_ms = a.ttl_ms;
+  b_with_caps_of_a.max_rows = a.max_rows;
+  return a == b_with_caps_of_a;
+}
+
+std::string DescribeCaps(const TableSpec& s) {
+  return "max_rows=" + std::to_string(s.max_rows) + " ttl_ms=" + std::to_string(s.ttl_ms) +
+         " admit_after=" + std::to_string(s.admit_after);
+}
+
 std::map<std::string, std::string> EncodeSpec(const TableSpec& s) {
   std::map<std::string, std::string> m;
   m["name"] = s.name;

@@ -57,6 +57,13 @@ struct TableSpec {
   bool operator==(const TableSpec& o) const;
 };
 
+// The caps of a sparse table (admit_after, ttl_ms, max_rows) bound its memory; they do
+// not change what a row means. create_table of an existing table succeeds when only its
+// caps differ: the table keeps its own (they are fixed at creation).
+bool EqualExceptCaps(const TableSpec& a, const TableSpec& b);
+// "max_rows=N ttl_ms=N admit_after=N".
+std::string DescribeCaps(const TableSpec& spec);
+
 // Encodes to / decodes from the wire map. Decode validates every field and the
 // optimizer and policy names and parameters (kInvalidArgument naming the field).
 std::map<std::string, std::string> EncodeSpec(const TableSpec& spec);

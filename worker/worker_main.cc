@@ -108,6 +108,20 @@ void AddLearnFlags(CLI::App& app, Flags* f) {
                  "Shards scale each push of this worker's tables to at most this L2 norm (0: off)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  // Caps of the sparse tables this worker creates (docs/operations.md, "Memory"): a
+  // stream of always-new keys (the text model hashes every word) cannot grow a shard
+  // without bound. Fixed when a table is created; a table that exists keeps its own.
+  s.table_template.max_rows = 1000000;
+  app.add_option("--sparse-max-rows", s.table_template.max_rows,
+                 "Sparse tables this worker creates: rows per shard, least recently used "
+                 "evicted beyond (0: no cap)")
+      ->capture_default_str();
+  app.add_option("--sparse-ttl-ms", s.table_template.ttl_ms,
+                 "... drop rows neither pushed nor pulled for this long (0: never)")
+      ->capture_default_str();
+  app.add_option("--sparse-admit-after", s.table_template.admit_after,
+                 "... create a row on its N-th push (0 or 1: the first)")
+      ->capture_default_str();
   app.add_option("--bound-mode", f->bound_mode, "reject | block (SSP)")
       ->check(CLI::IsMember({"reject", "block"}))
       ->capture_default_str();

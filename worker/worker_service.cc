@@ -79,6 +79,9 @@ ps::TableSpec TableSpecFor(const ParamInfo& p, const ps::TableSpec& table_templa
   if (p.kind == ParamKind::kDense) {
     s.kind = ps::TableKind::kDense;
     s.shape = p.shape;
+    s.admit_after = 0;  // the caps are for sparse rows
+    s.ttl_ms = 0;
+    s.max_rows = 0;
   } else {
     s.kind = ps::TableKind::kSparse;
     s.dim = static_cast<uint32_t>(p.size());
@@ -94,6 +97,20 @@ std::vector<ps::TableSpec> WorkerService::TableSpecs() const {
   return specs;
 }
 
+// A table that existed keeps the caps it was created with (ps/table_spec.h).
+void WorkerService::WarnIfCapsDiffer(const ps::TableSpec& asked) {
+  auto have = client_->OpenTable(asked.name);
+  if (!have.ok()) return;  // the first pull reads the spec again and reports
+  if (have->max_rows == asked.max_rows && have->ttl_ms == asked.ttl_ms &&
+      have->admit_after == asked.admit_after) {
+    return;
+  }
+  spdlog::warn(
+      "table '{}' exists with {}; this worker's flags ask {}: the table keeps its caps (they "
+      "are fixed when a table is created)",
+      asked.name, ps::DescribeCaps(*have), ps::DescribeCaps(asked));
+}
+
 Status WorkerService::Start() {
   if (started_.exchange(true)) return Status::Ok();
   const auto& params = model_->params();
@@ -103,6 +120,7 @@ Status WorkerService::Start() {
       return Status(st.code(), "creating table '" + spec.name + "': " + st.message() +
                                    " (another worker may have created it with other options)");
     }
+    if (spec.kind == ps::TableKind::kSparse) WarnIfCapsDiffer(spec);
   }
   ONLINEPS_RETURN_IF_ERROR(SeedInitialValues());
   accumulators_.resize(params.size());

@@ -160,6 +160,8 @@ class WorkerService {
   std::vector<ps::TableSpec> TableSpecs() const;
 
  private:
+  // Logs when a sparse table exists with other caps than `asked` (it keeps its own).
+  void WarnIfCapsDiffer(const ps::TableSpec& asked);
   struct Read;
   // What one infer forward pass read and computed, shared by the calls it served.
   struct InferRun {

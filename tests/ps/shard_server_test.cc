@@ -430,6 +430,33 @@ TEST_P(ShardServerTest, CreateTableWithDifferentSpecIsAlreadyExists) {
   EXPECT_EQ(r->second[1].As<float>()[5], -12.0f);  // lr still 1
 }
 
+// The caps of a sparse table are fixed at creation: a create_table that differs only in
+// them joins the table (so workers with other cap flags can share it) and says which
+// caps the table kept.
+TEST_P(ShardServerTest, CreateTableWithOtherCapsKeepsTheTablesCaps) {
+  TableSpec spec = SparseSpec();
+  spec.max_rows = 5000;
+  spec.ttl_ms = 100;
+  spec.admit_after = 3;
+  Header h = Request(Op::kCreateTable, "s");
+  h.spec = EncodeSpec(spec);
+  auto r = raw_->Call({HeaderFrame(h)});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  EXPECT_EQ(r->first.message,
+            "exists with other caps, kept: max_rows=0 ttl_ms=0 admit_after=0 (asked max_rows=5000 "
+            "ttl_ms=100 admit_after=3)");
+  r = raw_->Call({HeaderFrame(Request(Op::kTableInfo, "s"))});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.spec["max_rows"], "0");
+  EXPECT_EQ(r->first.spec["ttl_ms"], "0");
+  EXPECT_EQ(r->first.spec["admit_after"], "0");
+  spec.dim = 3;  // a different row size is another table
+  h.spec = EncodeSpec(spec);
+  ExpectError({HeaderFrame(h)}, StatusCode::kAlreadyExists, "'s'");
+  ExpectStillServing();
+}
+
 TEST_P(ShardServerTest, WrongOpForTableKindIsInvalidArgument) {
   ExpectError({HeaderFrame(PushHeader(Op::kPushDense, "s", 3, 1)), Floats({1, 2})},
               StatusCode::kInvalidArgument, "push_sparse");

@@ -593,6 +593,74 @@ TEST(WorkerMultiProcessTest, KilledWorkerLosesNoAcknowledgedUpdate) {
 
 // Regression: a worker waiting for shards that are not up took its shutdown signal only
 // after that wait (up to 30 s), so a pod stopped then ran into SIGKILL.
+// Issue 21: the sparse tables a worker creates get the caps of its flags, so a stream
+// of always-new words (the text model hashes each one to a row) stops at --sparse-max-rows
+// per shard, least recently used rows evicted. A second worker with other caps joins the
+// table (it keeps the caps it was created with) instead of failing with ALREADY_EXISTS.
+TEST(WorkerMultiProcessTest, SparseTablesOfAWorkerAreCappedByItsFlags) {
+  constexpr uint64_t kCap = 1024;
+  Cluster cluster;
+  ASSERT_TRUE(cluster.StartShards(2));
+  const std::vector<std::string> flags = {"--model",     "text", "--labels",       "a,b",
+                                          "--embed-dim", "4",    "--table-prefix", "capped/"};
+  std::vector<std::string> a_flags = flags, b_flags = flags;
+  a_flags.insert(a_flags.end(), {"--sparse-max-rows", std::to_string(kCap)});
+  b_flags.insert(b_flags.end(), {"--sparse-max-rows", "0", "--sparse-ttl-ms", "60000"});
+  const std::string a = cluster.StartWorker(a_flags);
+  ASSERT_FALSE(a.empty()) << "worker did not start";
+  auto client = ConnectWorker(a);
+  ASSERT_TRUE(client);
+  // 40 learns x 8 sentences x 16 new words: ~5,000 words and as many pairs, 5x the cap of
+  // both shards together.
+  std::mt19937_64 rng(kSeed);
+  for (int call = 0; call < 40; ++call) {
+    json examples = json::array();
+    for (int e = 0; e < 8; ++e) {
+      std::string text;
+      for (int w = 0; w < 16; ++w) text += "w" + std::to_string(rng()) + " ";
+      examples.push_back({{"text", text}, {"label", e % 2 ? "a" : "b"}});
+    }
+    auto r = client->Call(Op::kLearn, {{"examples", examples}});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  }
+  ps::PsClientOptions o;
+  o.shards = cluster.shard_endpoints();
+  auto ps = ps::PsClient::Connect(o);
+  ASSERT_TRUE(ps.ok()) << ps.status().ToString();
+  auto info = (*ps)->TableInfo("capped/embed");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  ASSERT_EQ(info->size(), 2u);
+  uint64_t evicted = 0;
+  for (const auto& shard : *info) {
+    EXPECT_EQ(shard.at("max_rows"), std::to_string(kCap));
+    EXPECT_LE(std::stoull(shard.at("stat.rows")), kCap);
+    EXPECT_GT(std::stoull(shard.at("stat.rows")), kCap / 2);  // both shards filled up
+    evicted += std::stoull(shard.at("stat.evicted_rows"));
+  }
+  EXPECT_GT(evicted, 4 * kCap);
+  // What an operator reads: onlineps_ps_cli info.
+  std::string shards = o.shards[0] + "," + o.shards[1];
+  Subprocess cli(
+      {ONLINEPS_BIN_DIR "/onlineps_ps_cli", "--shards", shards, "info", "--table", "capped/embed"});
+  EXPECT_EQ(cli.WaitForLine("  max_rows = ", kStartTimeout), std::to_string(kCap));
+  const std::string shard0 = cli.WaitForLine("shard 0 ", kStartTimeout);
+  EXPECT_NE(shard0.find("evicted_rows="), std::string::npos) << shard0;
+  EXPECT_EQ(cli.Wait(kStopTimeout), 0);
+
+  const std::string b = cluster.StartWorker(b_flags);
+  ASSERT_FALSE(b.empty()) << "a worker with other caps did not join the table";
+  auto b_client = ConnectWorker(b);
+  ASSERT_TRUE(b_client);
+  auto r = b_client->Call(Op::kLearn,
+                          {{"examples", json::array({{{"text", "hello there"}, {"label", "a"}}})}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  info = (*ps)->TableInfo("capped/embed");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->at(0).at("max_rows"), std::to_string(kCap));
+  EXPECT_EQ(info->at(0).at("ttl_ms"), "0");
+  cluster.StopAll();
+}
+
 TEST(WorkerMultiProcessTest, SigtermWhileWaitingForShardsExitsAtOnce) {
   Subprocess w({ONLINEPS_BIN_DIR "/onlineps_worker", "--ps", "tcp://127.0.0.1:9", "--listen",
                 "tcp://127.0.0.1:0", "--admin-port", "-1", "--log-level", "warn"});
