@@ -108,7 +108,7 @@ void MemServerCore::Deliver(const std::string& peer, const std::shared_ptr<Inbox
                             size_t index, Frames&& frames) {
   RememberPeer(peer, inbox, index);
   // After DrainPool, Submit refuses: the request is dropped, as by a stopped server.
-  pool_->Submit(std::hash<std::string>{}(peer), Incoming{peer, std::move(frames), {}});
+  pool_->Submit(std::hash<std::string>{}(peer), Incoming{peer, std::move(frames), {}, nullptr});
 }
 
 void MemServerCore::RememberPeer(const std::string& peer, const std::shared_ptr<Inbox>& inbox,

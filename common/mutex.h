@@ -51,6 +51,7 @@ class CAPABILITY("shared_mutex") SharedMutex {
   void Unlock() RELEASE() { mu_.unlock(); }
   void ReaderLock() ACQUIRE_SHARED() { mu_.lock_shared(); }
   void ReaderUnlock() RELEASE_SHARED() { mu_.unlock_shared(); }
+  bool TryReaderLock() TRY_ACQUIRE_SHARED(true) { return mu_.try_lock_shared(); }
   void AssertHeld() const ASSERT_CAPABILITY(this) {}
   void AssertReaderHeld() const ASSERT_SHARED_CAPABILITY(this) {}
 

@@ -73,6 +73,11 @@ struct Incoming {
   // The sender's CURVE public key (Z85, 40 characters) when the server runs CURVE and
   // the handshake authenticated it; empty otherwise (no CURVE, or mem://).
   std::string client_key;
+  // Set only while the request runs on the transport's I/O thread: hands it, unanswered
+  // and unchanged, to its peer's handler thread instead (which then runs the Handler
+  // again with this field empty). A Handler that would have to wait for a lock uses it,
+  // so that the I/O thread never waits. Empty elsewhere.
+  std::function<void(Incoming&&)> requeue;
 };
 
 // REQUIRES for every implementation: Send is thread-safe; Handler may be called

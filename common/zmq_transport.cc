@@ -429,7 +429,15 @@ void ZmqServerTransport::DispatchRequests() {
     const size_t key = std::hash<std::string>{}(in.peer);
     size_t bytes = 0;
     for (const Frame& f : in.frames) bytes += f.size();
-    if (bytes <= options_.inline_max_bytes && pool_->TryRunInline(key, in)) continue;
+    if (bytes <= options_.inline_max_bytes) {
+      // Queued behind the inline run on the same lane, so the peer's order holds.
+      in.requeue = [pool = pool_.get(), key](Incoming&& again) {
+        again.requeue = nullptr;
+        pool->Submit(key, std::move(again));
+      };
+      if (pool_->TryRunInline(key, in)) continue;
+      in.requeue = nullptr;
+    }
     pool_->Submit(key, std::move(in));  // when full, dropped and counted by the pool
   }
 }

@@ -39,10 +39,7 @@ std::vector<float*> DenseTable::Slots(std::vector<float>& storage, int slots) {
   return out;
 }
 
-uint64_t DenseTable::version() const {
-  MutexLock lock(&mu_);
-  return version_;
-}
+uint64_t DenseTable::version() const { return published_version_.load(std::memory_order_acquire); }
 
 StatusOr<PullResult> DenseTable::Pull(const PullRequest& req) {
   if (req.averaged && !spec_.polyak) {
@@ -51,12 +48,20 @@ StatusOr<PullResult> DenseTable::Pull(const PullRequest& req) {
   }
   if (ssp_) ssp_->Touch(req.sender, req.now_ms);
   PullResult out;
-  MutexLock lock(&mu_);
+  if (req.no_wait) {
+    if (!mu_.TryLock()) {
+      out.would_block = true;
+      return out;
+    }
+  } else {
+    mu_.Lock();
+  }
   out.version = version_;
   out.values = req.averaged ? avg_ : w_;
   if (rules_.needs_backup() && req.record_backup && !req.averaged) {
     backups_.Put(req.sender, w_);
   }
+  mu_.Unlock();
   return out;
 }
 
@@ -72,36 +77,48 @@ StatusOr<PushResult> DenseTable::Push(const PushRequest& req) {
   bool clipped = false;
   const float* values =
       ClipToNorm(req.values, req.num_values, spec_.clip_norm, &clipped_values, &clipped);
-  if (clipped) clipped_pushes_.fetch_add(1);
   PushResult res;
-  {
-    MutexLock lock(&mu_);
-    res.tau = version_ >= req.base_version ? version_ - req.base_version : 0;
-    ONLINEPS_RETURN_IF_ERROR(rules_.CheckBound(spec_.name, res.tau));
-    if (req.delta) {
-      ApplyDeltaLocked(values);
-    } else {
-      const float* w_bak = nullptr;
-      if (rules_.needs_backup()) {
-        const std::vector<float>* b = backups_.Find(req.sender);
-        if (b != nullptr)
-          w_bak = b->data();
-        else
-          ++backup_misses_;
-      }
-      if (spec_.accumulate > 1) {
-        res.queued = !AccumulateLocked(values, w_bak, res.tau);
-      } else {
-        ApplyLocked(values, w_bak, rules_.policy().LrScale(res.tau));
-      }
+  if (req.no_wait) {
+    if (!mu_.TryLock()) {
+      res.would_block = true;
+      return res;
     }
-    res.version = version_;
+  } else {
+    mu_.Lock();
   }
+  const Status applied = ApplyPushLocked(req, values, &res);
+  mu_.Unlock();
+  if (clipped) clipped_pushes_.fetch_add(1);
+  ONLINEPS_RETURN_IF_ERROR(applied);
   if (ssp_) {
     ssp_->Tick(req.sender, req.now_ms);
     res.hold = !ssp_->Releasable(req.sender, req.now_ms);
   }
   return res;
+}
+
+Status DenseTable::ApplyPushLocked(const PushRequest& req, const float* values, PushResult* res) {
+  res->tau = version_ >= req.base_version ? version_ - req.base_version : 0;
+  ONLINEPS_RETURN_IF_ERROR(rules_.CheckBound(spec_.name, res->tau));
+  if (req.delta) {
+    ApplyDeltaLocked(values);
+  } else {
+    const float* w_bak = nullptr;
+    if (rules_.needs_backup()) {
+      const std::vector<float>* b = backups_.Find(req.sender);
+      if (b != nullptr)
+        w_bak = b->data();
+      else
+        ++backup_misses_;
+    }
+    if (spec_.accumulate > 1) {
+      res->queued = !AccumulateLocked(values, w_bak, res->tau);
+    } else {
+      ApplyLocked(values, w_bak, rules_.policy().LrScale(res->tau));
+    }
+  }
+  res->version = version_;
+  return Status::Ok();
 }
 
 void DenseTable::ApplyLocked(const float* g, const float* w_bak, float lr_scale) {
@@ -142,6 +159,7 @@ bool DenseTable::AccumulateLocked(const float* g, const float* w_bak, uint64_t t
 
 void DenseTable::AfterApplyLocked() {
   ++version_;
+  published_version_.store(version_, std::memory_order_release);
   if (spec_.polyak && version_ > spec_.polyak_start) {
     PolyakStep(avg_.data(), w_.data(), n_, version_, spec_.polyak_start);
   } else if (spec_.polyak) {
@@ -181,6 +199,7 @@ void DenseTable::Save(ByteWriter* w) const {
 Status DenseTable::Load(ByteReader* r) {
   MutexLock lock(&mu_);
   ONLINEPS_RETURN_IF_ERROR(r->Get(&version_, "dense version"));
+  published_version_.store(version_, std::memory_order_release);
   ONLINEPS_RETURN_IF_ERROR(r->GetArray(&w_, "dense weights", w_.size()));
   ONLINEPS_RETURN_IF_ERROR(r->GetArray(&opt_state_, "optimizer state", opt_state_.size()));
   ONLINEPS_RETURN_IF_ERROR(r->GetArray(&pol_state_, "policy state", pol_state_.size()));

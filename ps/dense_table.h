@@ -33,6 +33,9 @@ class DenseTable : public Table {
 
  private:
   // Applies one gradient (already compensated if needed).
+  // The push's tau, bound check and apply (or accumulation); fills res.
+  Status ApplyPushLocked(const PushRequest& req, const float* values, PushResult* res)
+      REQUIRES(mu_);
   void ApplyLocked(const float* g, const float* w_bak, float lr_scale) REQUIRES(mu_);
   void ApplyDeltaLocked(const float* delta) REQUIRES(mu_);
   // Adds g (compensated against w_bak) to the accumulator; returns
@@ -46,8 +49,10 @@ class DenseTable : public Table {
   const RuleSet rules_;
   const uint64_t n_;
 
+  friend class TableTestPeer;  // tests hold the lock as a long apply would
   mutable Mutex mu_;
   uint64_t version_ GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> published_version_{0};  // version_, read without the lock
   std::vector<float> w_ GUARDED_BY(mu_);
   std::vector<float> opt_state_ GUARDED_BY(mu_), pol_state_ GUARDED_BY(mu_);  // slot-major
   std::vector<float*> opt_slots_, pol_slots_;

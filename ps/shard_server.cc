@@ -16,6 +16,37 @@ namespace onlineps::ps {
 
 namespace {
 
+// Set while a request runs on the transport's I/O thread (Incoming::requeue): tables are
+// asked not to wait for their locks, and a request that would have to sets
+// t_would_block and goes to its peer's handler thread instead, unanswered and unchanged.
+thread_local bool t_no_wait = false;
+thread_local bool t_would_block = false;
+
+Status WouldBlock() {
+  t_would_block = true;
+  return Unavailable("would wait for a table lock on the I/O thread (handed to a handler)");
+}
+
+// Ops that take locks held for long (the table map, every stripe for table_info, the
+// replication log): never run on the I/O thread.
+bool NeedsHandlerThread(Op op, bool replicated) {
+  switch (op) {
+    case Op::kCreateTable:
+    case Op::kTableInfo:
+    case Op::kReplicate:
+    case Op::kReplSnapshot:
+    case Op::kReplStatus:
+      return true;
+    case Op::kPullDense:
+    case Op::kPullSparse:
+    case Op::kPushDense:
+    case Op::kPushSparse:
+      return replicated;  // logged in order under order_mu_
+    default:
+      return false;
+  }
+}
+
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -319,7 +350,15 @@ void ShardServer::Handle(Incoming&& in) {
           (in.client_key.empty() ? std::string("unknown") : in.client_key) +
           " is not one of theirs)");
     } else {
+      t_no_wait = static_cast<bool>(in.requeue);
       st = Dispatch(req, in.frames, &reply, &payload, in.peer, &held, &commit_lsn);
+      t_no_wait = false;
+      if (t_would_block) {
+        t_would_block = false;
+        auto requeue = std::move(in.requeue);
+        requeue(std::move(in));  // counted and timed when it runs there
+        return;
+      }
     }
   }
   metrics_->CountRequest(req.op, st.code());
@@ -348,6 +387,7 @@ void ShardServer::Handle(Incoming&& in) {
 Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* reply, Frames* out,
                              std::string_view peer, bool* held, uint64_t* commit_lsn) {
   *reply = MakeReply(h, Status::Ok());
+  if (t_no_wait && NeedsHandlerThread(h.op, replica_ != nullptr)) return WouldBlock();
   switch (h.op) {
     case Op::kPing:
       reply->spec = {{"shard", std::to_string(options_.shard)},
@@ -507,8 +547,10 @@ Status ShardServer::Pull(const Header& h, const Frames& frames, Table& t, Header
   req.averaged = h.flags & kFlagAveraged;
   req.record_backup = !(h.flags & kFlagNoBackup);
   req.now_ms = NowMs();
+  req.no_wait = t_no_wait;
   auto res = t.Pull(req);
   if (!res.ok()) return res.status();
+  if (res->would_block) return WouldBlock();
   reply->version = res->version;
   reply->shape = sparse ? std::vector<uint64_t>{req.num_keys, t.spec().dim}
                         : std::vector<uint64_t>{res->values.size()};
@@ -596,7 +638,20 @@ Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<
     req.keys = frames[1].As<uint64_t>();
   }
   if (!dense) ONLINEPS_RETURN_IF_ERROR(CheckKeysOwned(h.table, req.keys, req.num_keys));
-  ReaderLock gate(&apply_gate_);
+  req.no_wait = t_no_wait;
+  if (req.no_wait) {
+    if (!apply_gate_.TryReaderLock()) return WouldBlock();  // a snapshot is being cut
+  } else {
+    apply_gate_.ReaderLock();
+  }
+  const Status st = PushGated(h, std::move(t), req, reply, hold, applied);
+  apply_gate_.ReaderUnlock();
+  return st;
+}
+
+Status ShardServer::PushGated(const Header& h, std::shared_ptr<Table> t, const PushRequest& req,
+                              Header* reply, bool* hold, bool* applied) {
+  const bool dense = h.op == Op::kPushDense;
   switch (dedup_.Begin(h.sender, h.seq)) {
     case Dedup::Verdict::kDuplicate:
       metrics_->CountDuplicate();
@@ -623,9 +678,9 @@ Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<
   // Sparse: the watchers remember which keys changed, for the workers holding them.
   StatusOr<PushResult> res =
       dense ? apply() : watchers_->ApplySparse(h.table, req.keys, req.num_keys, apply);
-  if (!res.ok()) {
-    dedup_.Abort(h.sender, h.seq);  // not applied: a retry may apply it
-    return res.status();
+  if (!res.ok() || res->would_block) {
+    dedup_.Abort(h.sender, h.seq);  // not applied: a retry (or the handler thread) may
+    return res.ok() ? WouldBlock() : res.status();
   }
   dedup_.Commit(h.sender, h.seq);
   *applied = true;

@@ -115,6 +115,9 @@ class ShardServer {
   // `applied`: the push was new and applied (not a duplicate, not refused).
   Status Push(const Header& h, const Frames& frames, std::shared_ptr<Table> t, Header* reply,
               bool* hold, bool* applied);
+  // Push under the apply gate: exactly-once check, apply, staleness.
+  Status PushGated(const Header& h, std::shared_ptr<Table> t, const PushRequest& req, Header* reply,
+                   bool* hold, bool* applied) REQUIRES_SHARED(apply_gate_);
   Status Info(const Header& h, Header* reply);
   // A client with the shard list in the wrong order would write rows to the wrong shard.
   Status CheckKeysOwned(const std::string& table, const uint64_t* keys, size_t n) const;

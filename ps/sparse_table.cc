@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <optional>
 
 #include "common/clock.h"
 #include "common/partition.h"
@@ -186,15 +187,39 @@ SparseTable::Stripe& SparseTable::StripeOf(uint64_t key) const {
   return *stripes_[Mix64(key) % num_stripes_];
 }
 
+bool SparseTable::TryLockStripes(const bool* touched) const NO_THREAD_SAFETY_ANALYSIS {
+  for (size_t si = 0; si < num_stripes_; ++si) {
+    if (!touched[si] || stripes_[si]->mu.TryLock()) continue;
+    for (size_t back = 0; back < si; ++back) {
+      if (touched[back]) stripes_[back]->mu.Unlock();
+    }
+    return false;
+  }
+  return true;
+}
+
+void SparseTable::UnlockStripes(const bool* touched) const NO_THREAD_SAFETY_ANALYSIS {
+  for (size_t si = 0; si < num_stripes_; ++si) {
+    if (touched[si]) stripes_[si]->mu.Unlock();
+  }
+}
+
 template <typename Fn>
-void SparseTable::ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn) const {
-  if (n == 1 || num_stripes_ == 1) {
+bool SparseTable::ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn, bool no_wait) const {
+  if (no_wait && n == 1) {
+    Stripe& s = StripeOf(keys[0]);
+    if (!s.mu.TryLock()) return false;
+    fn(s, 0);
+    s.mu.Unlock();
+    return true;
+  }
+  if (n == 1 || (num_stripes_ == 1 && !no_wait)) {
     for (size_t i = 0; i < n; ++i) {
       Stripe& s = StripeOf(keys[i]);
       MutexLock lock(&s.mu);
       fn(s, static_cast<uint32_t>(i));
     }
-    return;
+    return true;
   }
   // Keys grouped by stripe with a counting sort into per-thread buffers (no allocation
   // once warm), each stripe locked once, in key order within a stripe.
@@ -207,14 +232,19 @@ void SparseTable::ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn) cons
     stripe_of[i] = static_cast<uint8_t>(Mix64(keys[i]) % num_stripes_);
     ++start[stripe_of[i] + 1];
   }
+  bool touched[kMaxStripes] = {};
+  for (size_t si = 0; si < num_stripes_; ++si) touched[si] = start[si + 1] != 0;
   for (size_t si = 0; si < num_stripes_; ++si) start[si + 1] += start[si];
   size_t fill[kMaxStripes];
   std::copy(start, start + num_stripes_, fill);
   for (size_t i = 0; i < n; ++i) order[fill[stripe_of[i]]++] = static_cast<uint32_t>(i);
+  // no_wait: all or nothing, so that a refused call has changed nothing.
+  if (no_wait && !TryLockStripes(touched)) return false;
   for (size_t si = 0; si < num_stripes_; ++si) {
     if (start[si] == start[si + 1]) continue;
     Stripe& s = *stripes_[si];
-    MutexLock lock(&s.mu);
+    std::optional<MutexLock> lock;
+    if (!no_wait) lock.emplace(&s.mu);
     // Three passes over the stripe's keys (a few hundred in a large push): the loads of
     // every index bucket, then of every record, are issued before any is waited for,
     // so their cache misses overlap instead of following one another.
@@ -222,6 +252,8 @@ void SparseTable::ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn) cons
     for (size_t j = start[si]; j < start[si + 1]; ++j) s.rows.PrefetchRecord(keys[order[j]]);
     for (size_t j = start[si]; j < start[si + 1]; ++j) fn(s, order[j]);
   }
+  if (no_wait) UnlockStripes(touched);
+  return true;
 }
 
 StatusOr<PullResult> SparseTable::Pull(const PullRequest& req) {
@@ -235,19 +267,26 @@ StatusOr<PullResult> SparseTable::Pull(const PullRequest& req) {
   out.values.resize(req.num_keys * dim_);
   const bool backup = rules_.needs_backup() && req.record_backup && !req.averaged;
   const size_t avg_off = dim_ * (1 + rules_.optimizer_slots() + rules_.policy_slots());
-  ForEachKeyByStripe(req.keys, req.num_keys, [&](Stripe& s, uint32_t i) {
-    float* dst = out.values.data() + size_t{i} * dim_;
-    const uint32_t slot = s.rows.Find(req.keys[i]);
-    if (slot == RowStore::kNoSlot) {
-      // Unknown rows read as their initializer; nothing is stored for a read.
-      InitValues(spec_, req.keys[i], dst, dim_, /*sparse_row=*/true);
-    } else {
-      const float* row = s.rows.Floats(slot);
-      std::memcpy(dst, req.averaged ? row + avg_off : row, dim_ * sizeof(float));
-      s.Touch(slot, req.now_ms);
-    }
-    if (backup) s.backups.Put({req.sender, req.keys[i]}, std::vector<float>(dst, dst + dim_));
-  });
+  const bool done = ForEachKeyByStripe(
+      req.keys, req.num_keys,
+      [&](Stripe& s, uint32_t i) {
+        float* dst = out.values.data() + size_t{i} * dim_;
+        const uint32_t slot = s.rows.Find(req.keys[i]);
+        if (slot == RowStore::kNoSlot) {
+          // Unknown rows read as their initializer; nothing is stored for a read.
+          InitValues(spec_, req.keys[i], dst, dim_, /*sparse_row=*/true);
+        } else {
+          const float* row = s.rows.Floats(slot);
+          std::memcpy(dst, req.averaged ? row + avg_off : row, dim_ * sizeof(float));
+          s.Touch(slot, req.now_ms);
+        }
+        if (backup) s.backups.Put({req.sender, req.keys[i]}, std::vector<float>(dst, dst + dim_));
+      },
+      req.no_wait);
+  if (!done) {
+    out.values.clear();
+    out.would_block = true;
+  }
   return out;
 }
 
@@ -325,24 +364,36 @@ StatusOr<PushResult> SparseTable::Push(const PushRequest& req) {
   PushRequest clipped_req = req;
   clipped_req.values =
       ClipToNorm(req.values, req.num_values, spec_.clip_norm, &clipped_values, &clipped);
-  if (clipped) clipped_pushes_.fetch_add(1);
-  return PushChecked(clipped_req);
+  StatusOr<PushResult> res = PushChecked(clipped_req);
+  if (clipped && !(res.ok() && res->would_block)) clipped_pushes_.fetch_add(1);
+  return res;
 }
 
 StatusOr<PushResult> SparseTable::PushChecked(const PushRequest& req) {
   const uint64_t v = version_.load();
   const uint64_t tau = v >= req.base_version ? v - req.base_version : 0;
   ONLINEPS_RETURN_IF_ERROR(rules_.CheckBound(spec_.name, tau));
-  if (spec_.accumulate > 1 && !req.delta) return Accumulate(req, tau);
+  PushResult res;
+  if (spec_.accumulate > 1 && !req.delta) {
+    if (!req.no_wait) return Accumulate(req, tau);
+    res.would_block = true;  // the sum's lock and DC rewrites: left to a handler thread
+    return res;
+  }
   const float lr_scale = rules_.policy().LrScale(tau);
   const uint64_t step = v + 1;
-  ForEachKeyByStripe(req.keys, req.num_keys, [&](Stripe& s, uint32_t i) {
-    int64_t slot = FindOrCreate(s, req.keys[i], req.now_ms);
-    if (slot < 0) return;  // not admitted yet: the touch is counted, the gradient dropped
-    ApplyRow(s, static_cast<uint32_t>(slot), req.sender, req.values + size_t{i} * dim_, req.delta,
-             lr_scale, step, /*compensate=*/true);
-  });
-  PushResult res;
+  const bool done = ForEachKeyByStripe(
+      req.keys, req.num_keys,
+      [&](Stripe& s, uint32_t i) {
+        int64_t slot = FindOrCreate(s, req.keys[i], req.now_ms);
+        if (slot < 0) return;  // not admitted yet: the touch is counted, the gradient dropped
+        ApplyRow(s, static_cast<uint32_t>(slot), req.sender, req.values + size_t{i} * dim_,
+                 req.delta, lr_scale, step, /*compensate=*/true);
+      },
+      req.no_wait);
+  if (!done) {
+    res.would_block = true;
+    return res;
+  }
   res.tau = tau;
   res.version = version_.fetch_add(1) + 1;
   if (ssp_) {

@@ -50,6 +50,7 @@ class SparseTable : public Table {
   };
   static Layout LayoutOf(const TableSpec& spec);
   friend class SparseSnapshot;
+  friend class TableTestPeer;  // tests hold the stripe locks as a long apply would
   void SaveAccumulator(ByteWriter* w) const;
   struct BackupKey {
     uint64_t sender, key;
@@ -61,9 +62,14 @@ class SparseTable : public Table {
 
   Stripe& StripeOf(uint64_t key) const;
   // Calls fn(stripe, i) for every key index i, with key i's stripe locked; each stripe
-  // is locked once per call.
+  // is locked once per call. With `no_wait`, every stripe the keys touch is try-locked
+  // first: when one is taken, nothing is called and the result is false.
   template <typename Fn>
-  void ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn) const;
+  bool ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn, bool no_wait = false) const;
+  // no_wait: try-locks stripes [0, num_stripes_) where `touched[i]`, in order; false (and
+  // none left locked) when one is taken.
+  bool TryLockStripes(const bool* touched) const;
+  void UnlockStripes(const bool* touched) const;
   // REQUIRES: stripe locked. Slot of key, creating the row if admitted; -1 if not.
   int64_t FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms);
   void ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const float* g, bool delta,

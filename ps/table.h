@@ -24,11 +24,15 @@ struct PullRequest {
   bool averaged = false;      // read the Polyak-averaged copy
   bool record_backup = true;  // DC-ASGD: remember what this sender read
   uint64_t now_ms = 0;        // monotonic clock, for TTL and SSP leases
+  // Never wait for a lock of the table: when one is taken, read nothing and answer
+  // would_block (the shard's I/O thread then hands the request to a handler thread).
+  bool no_wait = false;
 };
 
 struct PullResult {
   uint64_t version = 0;
   std::vector<float> values;  // dense: this shard's elements; sparse: num_keys * dim
+  bool would_block = false;   // no_wait and a lock was taken: nothing read
 };
 
 struct PushRequest {
@@ -39,14 +43,16 @@ struct PushRequest {
   size_t num_keys = 0;
   const float* values = nullptr;
   size_t num_values = 0;
-  uint64_t now_ms = 0;  // monotonic clock, for TTL and SSP leases
+  uint64_t now_ms = 0;   // monotonic clock, for TTL and SSP leases
+  bool no_wait = false;  // as in PullRequest: nothing applied when a lock is taken
 };
 
 struct PushResult {
-  uint64_t version = 0;  // table version on this shard after the push
-  uint64_t tau = 0;      // staleness: version at apply - base
-  bool queued = false;   // accumulated; applied when K pushes have arrived
-  bool hold = false;     // block mode: reply must wait until Releasable(sender)
+  uint64_t version = 0;      // table version on this shard after the push
+  uint64_t tau = 0;          // staleness: version at apply - base
+  bool queued = false;       // accumulated; applied when K pushes have arrived
+  bool hold = false;         // block mode: reply must wait until Releasable(sender)
+  bool would_block = false;  // no_wait and a lock was taken: nothing applied
 };
 
 // Counters a table exposes for metrics and table info.

@@ -136,7 +136,7 @@ StatusOr<PushResult> Watchers::ApplySparse(const std::string& table, const uint6
   ChangeLog* log = LogOf(table);
   ReaderLock gate(&log->gate);
   StatusOr<PushResult> res = apply();
-  if (!res.ok()) return res;
+  if (!res.ok() || res->would_block) return res;  // nothing applied
   MutexLock lock(&log->mu);
   if (!log->active) return res;
   // A queued (accumulated) push becomes visible with the next version.

@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -36,9 +37,32 @@
 #include "common/partition.h"
 #include "common/transport.h"
 #include "common/wire.h"
+#include "ps/dense_table.h"
 #include "ps/ps_client.h"
+#include "ps/sparse_table.h"
 
 namespace onlineps::ps {
+
+// Holds a table's locks from a test, as a long apply on a handler thread would.
+class TableTestPeer {
+ public:
+  static void Lock(Table* t) NO_THREAD_SAFETY_ANALYSIS {
+    if (auto* d = dynamic_cast<DenseTable*>(t)) d->mu_.Lock();
+    if (auto* s = dynamic_cast<SparseTable*>(t)) {
+      const std::vector<char> all(s->stripes_.size(), 1);
+      while (!s->TryLockStripes(reinterpret_cast<const bool*>(all.data())))
+        std::this_thread::yield();
+    }
+  }
+  static void Unlock(Table* t) NO_THREAD_SAFETY_ANALYSIS {
+    if (auto* d = dynamic_cast<DenseTable*>(t)) d->mu_.Unlock();
+    if (auto* s = dynamic_cast<SparseTable*>(t)) {
+      const std::vector<char> all(s->stripes_.size(), 1);
+      s->UnlockStripes(reinterpret_cast<const bool*>(all.data()));
+    }
+  }
+};
+
 namespace {
 
 using ::testing::HasSubstr;
@@ -455,6 +479,70 @@ TEST_P(ShardServerTest, CreateTableWithOtherCapsKeepsTheTablesCaps) {
   h.spec = EncodeSpec(spec);
   ExpectError({HeaderFrame(h)}, StatusCode::kAlreadyExists, "'s'");
   ExpectStillServing();
+}
+
+// Issue 21: the I/O thread never waits on a table lock. A small request runs on the I/O
+// thread when its peer's lane is idle; while another thread holds the table's locks it
+// goes to its lane's handler thread instead, so other peers are still served at once.
+TEST_P(ShardServerTest, IoThreadServesOthersWhileATableIsLocked) {
+  if (GetParam() != "tcp") GTEST_SKIP() << "mem:// has no I/O thread";
+  ShardServerOptions o;
+  o.listen = ListenEndpoint("tcp", "");
+  o.handler_threads = 16;  // six pingers all on the blocked peer's lane: p = 16^-6
+  std::string endpoint;
+  auto server = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
+  ASSERT_NE(server, nullptr);
+  RawClient pusher(endpoint);
+  for (const TableSpec& spec : {DenseSpec(), SparseSpec()}) {
+    Header h = Request(Op::kCreateTable, spec.name);
+    h.spec = EncodeSpec(spec);
+    auto r = pusher.Call({HeaderFrame(h)});
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  }
+  std::vector<std::unique_ptr<RawClient>> pingers;
+  for (int i = 0; i < 6; ++i) pingers.push_back(std::make_unique<RawClient>(endpoint));
+  for (auto& p : pingers) ASSERT_TRUE(p->Call({HeaderFrame(Request(Op::kPing, ""))}).has_value());
+
+  const std::vector<std::pair<Frames, std::string>> blocked = {
+      {{HeaderFrame(PushHeader(Op::kPushSparse, "s", 5, 1)), Keys(kSparseKeys), Floats(kSparseG0)},
+       "s"},
+      {{HeaderFrame(Request(Op::kPullDense, "d"))}, "d"},
+      {{HeaderFrame(PushHeader(Op::kPushDense, "d", 5, 2)), Floats(kDenseG0)}, "d"}};
+  for (const auto& [request, table] : blocked) {
+    SCOPED_TRACE(table);
+    std::shared_ptr<Table> t = server->FindTable(table);
+    ASSERT_NE(t, nullptr);
+    const uint64_t version = t->version();
+    TableTestPeer::Lock(t.get());
+    pusher.Send(request);
+    std::this_thread::sleep_for(50ms);  // the request reached the shard and was handed on
+    for (auto& p : pingers) p->Send({HeaderFrame(Request(Op::kPing, ""))});
+    std::vector<bool> got;
+    for (auto& p : pingers) got.push_back(p->Receive(1000ms).has_value());
+    const size_t answered = static_cast<size_t>(std::count(got.begin(), got.end(), true));
+    const bool waiting = !pusher.Receive(100ms).has_value();
+    TableTestPeer::Unlock(t.get());
+    EXPECT_GE(answered, 1u) << "no peer was answered while the table was locked";
+    EXPECT_TRUE(waiting) << "the request was answered while its table was locked";
+    auto r = pusher.Receive(5000ms);
+    ASSERT_TRUE(r.has_value()) << "the handed-on request was never answered";
+    EXPECT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+    const bool push = r->first.version != version;
+    EXPECT_EQ(t->version(), version + (push ? 1 : 0)) << "applied exactly once";
+    for (size_t i = 0; i < pingers.size(); ++i) {  // those queued behind it come through
+      if (!got[i]) {
+        EXPECT_TRUE(pingers[i]->Receive(5000ms).has_value()) << "pinger " << i;
+      }
+    }
+  }
+  // The sparse push was applied once: rows 7 and 8 moved by -lr * g.
+  auto pulled = pusher.Call({HeaderFrame(Request(Op::kPullSparse, "s")), Keys(kSparseKeys)});
+  ASSERT_TRUE(pulled.has_value());
+  ASSERT_EQ(pulled->second.size(), 2u);
+  EXPECT_EQ(pulled->second[1].As<float>()[0], -kSparseG0[0]);
+  EXPECT_EQ(pulled->second[1].As<float>()[3], -kSparseG0[3]);
+  server->Stop();
 }
 
 TEST_P(ShardServerTest, WrongOpForTableKindIsInvalidArgument) {
