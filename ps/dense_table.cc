@@ -41,6 +41,12 @@ std::vector<float*> DenseTable::Slots(std::vector<float>& storage, int slots) {
 
 uint64_t DenseTable::version() const { return published_version_.load(std::memory_order_acquire); }
 
+bool DenseTable::LockUnlessNoWait(bool no_wait) {
+  if (no_wait) return mu_.TryLock();
+  mu_.Lock();
+  return true;
+}
+
 StatusOr<PullResult> DenseTable::Pull(const PullRequest& req) {
   if (req.averaged && !spec_.polyak) {
     return InvalidArgument("table '" + spec_.name +
@@ -48,13 +54,9 @@ StatusOr<PullResult> DenseTable::Pull(const PullRequest& req) {
   }
   if (ssp_) ssp_->Touch(req.sender, req.now_ms);
   PullResult out;
-  if (req.no_wait) {
-    if (!mu_.TryLock()) {
-      out.would_block = true;
-      return out;
-    }
-  } else {
-    mu_.Lock();
+  if (!LockUnlessNoWait(req.no_wait)) {
+    out.would_block = true;
+    return out;
   }
   out.version = version_;
   out.values = req.averaged ? avg_ : w_;
@@ -78,13 +80,9 @@ StatusOr<PushResult> DenseTable::Push(const PushRequest& req) {
   const float* values =
       ClipToNorm(req.values, req.num_values, spec_.clip_norm, &clipped_values, &clipped);
   PushResult res;
-  if (req.no_wait) {
-    if (!mu_.TryLock()) {
-      res.would_block = true;
-      return res;
-    }
-  } else {
-    mu_.Lock();
+  if (!LockUnlessNoWait(req.no_wait)) {
+    res.would_block = true;
+    return res;
   }
   const Status applied = ApplyPushLocked(req, values, &res);
   mu_.Unlock();

@@ -33,6 +33,8 @@ class DenseTable : public Table {
 
  private:
   // Applies one gradient (already compensated if needed).
+  // Takes mu_, at once or not at all when `no_wait` (false: not taken).
+  bool LockUnlessNoWait(bool no_wait) TRY_ACQUIRE(true, mu_);
   // The push's tau, bound check and apply (or accumulation); fills res.
   Status ApplyPushLocked(const PushRequest& req, const float* values, PushResult* res)
       REQUIRES(mu_);
