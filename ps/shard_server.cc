@@ -458,14 +458,15 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
         return InvalidArgument("table '" + h.table + "' is " +
                                (dense ? "sparse; use push_sparse" : "dense; use push_dense"));
       }
-      bool hold = false, applied = false;
+      bool hold = false, applied = false, evicted = false;
       if (replica_) {
-        ONLINEPS_RETURN_IF_ERROR(ApplyLogged(h, frames, t, reply, &hold, commit_lsn));
+        ONLINEPS_RETURN_IF_ERROR(ApplyLogged(h, frames, t, reply, &hold, commit_lsn, &evicted));
       } else {
-        ONLINEPS_RETURN_IF_ERROR(Push(h, frames, t, reply, &hold, &applied));
+        ONLINEPS_RETURN_IF_ERROR(Push(h, frames, t, reply, &hold, &applied, &evicted));
       }
       // The pusher learns the new version from this reply; other watchers get a notice.
-      watchers_->Changed(h.table, peer);
+      // Rows the push evicted are news to the pusher too: its watch is answered as well.
+      watchers_->Changed(h.table, evicted ? std::string_view() : peer);
       if (h.flags & kFlagReturnValues) ONLINEPS_RETURN_IF_ERROR(AppendValues(h, frames, *t, out));
       if (hold) {
         *held = true;
@@ -559,10 +560,10 @@ Status ShardServer::Pull(const Header& h, const Frames& frames, Table& t, Header
 }
 
 Status ShardServer::ApplyLogged(const Header& h, const Frames& frames, std::shared_ptr<Table> t,
-                                Header* reply, bool* hold, uint64_t* commit_lsn) {
+                                Header* reply, bool* hold, uint64_t* commit_lsn, bool* evicted) {
   MutexLock order(&order_mu_);
   bool applied = false;
-  ONLINEPS_RETURN_IF_ERROR(Push(h, frames, std::move(t), reply, hold, &applied));
+  ONLINEPS_RETURN_IF_ERROR(Push(h, frames, std::move(t), reply, hold, &applied, evicted));
   // A duplicate waits for everything logged so far, which includes its original.
   *commit_lsn = applied ? replica_->Append(frames) : replica_->last_lsn();
   return Status::Ok();
@@ -624,7 +625,7 @@ Status ShardServer::LoadSnapshot(const std::string& bytes) {
 }
 
 Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<Table> t,
-                         Header* reply, bool* hold, bool* applied) {
+                         Header* reply, bool* hold, bool* applied, bool* evicted) {
   PushRequest req;
   req.sender = h.sender;
   req.base_version = h.base_version;
@@ -644,13 +645,15 @@ Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<
   } else {
     apply_gate_.ReaderLock();
   }
-  const Status st = PushGated(h, std::move(t), req, reply, hold, applied);
+  bool evicted_rows = false;
+  const Status st = PushGated(h, std::move(t), req, reply, hold, applied, &evicted_rows);
+  if (evicted != nullptr) *evicted = evicted_rows;
   apply_gate_.ReaderUnlock();
   return st;
 }
 
 Status ShardServer::PushGated(const Header& h, std::shared_ptr<Table> t, const PushRequest& req,
-                              Header* reply, bool* hold, bool* applied) {
+                              Header* reply, bool* hold, bool* applied, bool* evicted) {
   const bool dense = h.op == Op::kPushDense;
   switch (dedup_.Begin(h.sender, h.seq)) {
     case Dedup::Verdict::kDuplicate:
@@ -684,6 +687,7 @@ Status ShardServer::PushGated(const Header& h, std::shared_ptr<Table> t, const P
   }
   dedup_.Commit(h.sender, h.seq);
   *applied = true;
+  *evicted = !res->evicted.empty();
   metrics_->ObserveStaleness(res->tau);
   reply->version = res->version;
   reply->tau = res->tau;

@@ -99,7 +99,7 @@ class ShardServer {
   bool ReplicationAllowed(const std::string& client_key) const;
   // Replicated shards: applies a client update in log order and logs it.
   Status ApplyLogged(const Header& h, const Frames& frames, std::shared_ptr<Table> t, Header* reply,
-                     bool* hold, uint64_t* commit_lsn);
+                     bool* hold, uint64_t* commit_lsn, bool* evicted);
   // Replica hooks: a backup applies a logged update; snapshots save / load all state.
   Status ApplyReplicated(const Header& h, const Frames& frames);
   StatusOr<std::string> Snapshot(uint64_t* lsn);
@@ -113,11 +113,12 @@ class ShardServer {
   // RETURN_VALUES: appends the parameters the push `h` wrote, as they are now, to `out`.
   Status AppendValues(const Header& h, const Frames& frames, Table& t, Frames* out);
   // `applied`: the push was new and applied (not a duplicate, not refused).
+  // `evicted` (optional): set when the push evicted rows to stay under max_rows.
   Status Push(const Header& h, const Frames& frames, std::shared_ptr<Table> t, Header* reply,
-              bool* hold, bool* applied);
+              bool* hold, bool* applied, bool* evicted = nullptr);
   // Push under the apply gate: exactly-once check, apply, staleness.
   Status PushGated(const Header& h, std::shared_ptr<Table> t, const PushRequest& req, Header* reply,
-                   bool* hold, bool* applied) REQUIRES_SHARED(apply_gate_);
+                   bool* hold, bool* applied, bool* evicted) REQUIRES_SHARED(apply_gate_);
   Status Info(const Header& h, Header* reply);
   // A client with the shard list in the wrong order would write rows to the wrong shard.
   Status CheckKeysOwned(const std::string& table, const uint64_t* keys, size_t n) const;

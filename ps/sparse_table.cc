@@ -290,7 +290,8 @@ StatusOr<PullResult> SparseTable::Pull(const PullRequest& req) {
   return out;
 }
 
-int64_t SparseTable::FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms) {
+int64_t SparseTable::FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms,
+                                  std::vector<uint64_t>* evicted) {
   if (const uint32_t slot = s.rows.Find(key); slot != RowStore::kNoSlot) {
     s.Touch(slot, now_ms);
     return slot;
@@ -304,7 +305,10 @@ int64_t SparseTable::FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms) {
     }
     s.admission.Erase(key);
   }
-  if (rows_per_stripe_ != 0 && s.rows.size() >= rows_per_stripe_) s.Evict(s.tail);
+  if (rows_per_stripe_ != 0 && s.rows.size() >= rows_per_stripe_) {
+    evicted->push_back(s.rows.KeyOf(s.tail));
+    s.Evict(s.tail);
+  }
   const uint32_t slot = s.rows.Insert(key);
   float* row = s.rows.Floats(slot);
   InitValues(spec_, key, row, dim_, /*sparse_row=*/true);
@@ -384,7 +388,7 @@ StatusOr<PushResult> SparseTable::PushChecked(const PushRequest& req) {
   const bool done = ForEachKeyByStripe(
       req.keys, req.num_keys,
       [&](Stripe& s, uint32_t i) {
-        int64_t slot = FindOrCreate(s, req.keys[i], req.now_ms);
+        int64_t slot = FindOrCreate(s, req.keys[i], req.now_ms, &res.evicted);
         if (slot < 0) return;  // not admitted yet: the touch is counted, the gradient dropped
         ApplyRow(s, static_cast<uint32_t>(slot), req.sender, req.values + size_t{i} * dim_,
                  req.delta, lr_scale, step, /*compensate=*/true);
@@ -440,7 +444,7 @@ StatusOr<PushResult> SparseTable::Accumulate(const PushRequest& req, uint64_t ta
       res.version = version_.load();
     } else {
       const uint64_t mean_tau = (acc_tau_sum_ + acc_count_ / 2) / acc_count_;
-      ApplyAccumulated(rules_.policy().LrScale(mean_tau), req.now_ms);
+      ApplyAccumulated(rules_.policy().LrScale(mean_tau), req.now_ms, &res.evicted);
       res.version = version_.fetch_add(1) + 1;
     }
   }
@@ -451,14 +455,15 @@ StatusOr<PushResult> SparseTable::Accumulate(const PushRequest& req, uint64_t ta
   return res;
 }
 
-void SparseTable::ApplyAccumulated(float lr_scale, uint64_t now_ms) {
+void SparseTable::ApplyAccumulated(float lr_scale, uint64_t now_ms,
+                                   std::vector<uint64_t>* evicted) {
   const float scale = spec_.accumulate_mean ? 1.0f / static_cast<float>(acc_count_) : 1.0f;
   const uint64_t step = version_.load() + 1;
   for (auto& [key, sum] : acc_) {
     for (float& x : sum) x *= scale;
     Stripe& s = StripeOf(key);
     MutexLock lock(&s.mu);
-    int64_t slot = FindOrCreate(s, key, now_ms);
+    int64_t slot = FindOrCreate(s, key, now_ms, evicted);
     if (slot >= 0) {
       ApplyRow(s, static_cast<uint32_t>(slot), 0, sum.data(), false, lr_scale, step,
                /*compensate=*/false);  // each contribution was compensated on arrival

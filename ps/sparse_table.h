@@ -71,7 +71,8 @@ class SparseTable : public Table {
   bool TryLockStripes(const bool* touched) const;
   void UnlockStripes(const bool* touched) const;
   // REQUIRES: stripe locked. Slot of key, creating the row if admitted; -1 if not.
-  int64_t FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms);
+  // A row evicted to make room is added to `evicted`.
+  int64_t FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms, std::vector<uint64_t>* evicted);
   void ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const float* g, bool delta,
                 float lr_scale, uint64_t step, bool compensate);
   // DC-ASGD for accumulation: rewrites g (a private copy) row by row.
@@ -80,7 +81,8 @@ class SparseTable : public Table {
   // Push after the shape, finiteness and clip checks.
   StatusOr<PushResult> PushChecked(const PushRequest& req);
   StatusOr<PushResult> Accumulate(const PushRequest& req, uint64_t tau);
-  void ApplyAccumulated(float lr_scale, uint64_t now_ms) REQUIRES(acc_mu_);
+  void ApplyAccumulated(float lr_scale, uint64_t now_ms, std::vector<uint64_t>* evicted)
+      REQUIRES(acc_mu_);
 
   // Immutable after construction.
   const TableSpec spec_;

@@ -53,6 +53,9 @@ struct PushResult {
   bool queued = false;       // accumulated; applied when K pushes have arrived
   bool hold = false;         // block mode: reply must wait until Releasable(sender)
   bool would_block = false;  // no_wait and a lock was taken: nothing applied
+  // Sparse: rows this push evicted to stay under max_rows (they read as new rows now);
+  // change notices name them with the pushed keys.
+  std::vector<uint64_t> evicted;
 };
 
 // Counters a table exposes for metrics and table info.

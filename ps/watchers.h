@@ -46,12 +46,14 @@ class Watchers {
   Status Watch(const std::string& peer, const Header& req, uint64_t now_ms);
 
   // Wraps the apply of a sparse push to `table`: a watch answer never reads the version
-  // the push makes without its keys. `apply` returns the push's result; its keys are
-  // remembered once some watch has named the table.
+  // the push makes without its keys. `apply` returns the push's result; its keys, and the
+  // rows it evicted (PushResult::evicted), are remembered once some watch has named the
+  // table.
   StatusOr<PushResult> ApplySparse(const std::string& table, const uint64_t* keys, size_t n,
                                    const std::function<StatusOr<PushResult>()>& apply);
   // After a push (dense or sparse) to `table` from `pusher`: answers the watches it
-  // concerns, except the pusher's own (its push reply tells it the new version).
+  // concerns, except the pusher's own (its push reply tells it the new version); an
+  // empty `pusher` answers that one too (a push that evicted rows: the reply names none).
   void Changed(const std::string& table, std::string_view pusher);
   // Answers every watch whose wait has ended (call periodically).
   void Expire(uint64_t now_ms);

@@ -45,8 +45,9 @@ void Raise(ps::VersionVector* newest, const ps::VersionVector& seen) {
 
 // The client writes as many floats as the PS spec says, so a table registered here with
 // another size would overflow the buffer: checked once per table before its first pull.
-// `evicts` (optional) learns whether the shards drop rows by themselves (TTL, max_rows):
-// that changes a row without a push, so no notice tells of it.
+// `evicts` (optional) learns whether the shards drop rows by themselves (TTL): that
+// changes a row without a push, so no notice tells of it. Rows evicted for max_rows go
+// in the notice of the push that evicted them.
 Status CheckShape(ps::PsClient* client, const std::string& table, ps::TableKind kind, uint64_t size,
                   std::atomic<bool>* checked, std::atomic<bool>* evicts = nullptr) {
   if (checked->load()) return Status::Ok();
@@ -59,7 +60,7 @@ Status CheckShape(ps::PsClient* client, const std::string& table, ps::TableKind 
                          (dense ? "dense of size " : "sparse of dim ") + std::to_string(size) +
                          ", the PS has another kind or shape");
   }
-  if (evicts != nullptr) evicts->store(spec->ttl_ms > 0 || spec->max_rows > 0);
+  if (evicts != nullptr) evicts->store(spec->ttl_ms > 0);
   checked->store(true);
   return Status::Ok();
 }
@@ -94,8 +95,8 @@ struct ParamCache::SparseEntry {
   uint32_t dim = 0;
   FreshnessBound bound;
   std::atomic<bool> shape_checked{false};
-  // The shards evict rows (TTL, max_rows) without a push, hence without a notice: its
-  // rows stay under the age bound even while notices flow.
+  // The shards evict rows by TTL without a push, hence without a notice: its rows stay
+  // under the age bound even while notices flow.
   std::atomic<bool> evicts{false};
   Mutex mu;  // never held across a pull
   LruMap<uint64_t, Row> rows GUARDED_BY(mu);

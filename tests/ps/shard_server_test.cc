@@ -701,6 +701,40 @@ TEST_P(ShardServerTest, WatchIsHeldUntilANamedTableChangesAndNamesTheKeysPushed)
             (std::vector<uint64_t>{8, 9}));
 }
 
+TEST_P(ShardServerTest, APushThatEvictsRowsAnswersThePushersOwnWatchWithThem) {
+  // A push's reply names only the rows it pushed; rows it evicted (max_rows) are news to
+  // the pusher too, so its own held watch is answered with them.
+  TableSpec capped = SparseSpec();
+  capped.name = "c";
+  capped.max_rows = 2;
+  Header create = Request(Op::kCreateTable, "c");
+  create.spec = EncodeSpec(capped);
+  ASSERT_TRUE(raw_->Call({HeaderFrame(create)}).has_value());
+  auto first =
+      raw_->Call({HeaderFrame(PushHeader(Op::kPushSparse, "c", 1, 10)), Keys({5}), Floats({1, 1})});
+  ASSERT_TRUE(first.has_value());
+  ASSERT_EQ(first->first.code, StatusCode::kOk) << first->first.message;
+  raw_->Send({HeaderFrame(WatchHeader(81, {{"wait_ms", "10000"}, {"t.c", "1"}}))});
+  EXPECT_FALSE(raw_->Receive(100ms).has_value());
+  // Without evictions the pusher's own watch stays held (see above); these two rows make
+  // the stripe evict key 5.
+  raw_->Send(
+      {HeaderFrame(PushHeader(Op::kPushSparse, "c", 1, 11)), Keys({6, 7}), Floats({1, 1, 1, 1})});
+  std::map<uint32_t, std::pair<Header, Frames>> replies;
+  for (int i = 0; i < 2; ++i) {
+    auto r = raw_->Receive(2000ms);
+    ASSERT_TRUE(r.has_value()) << "reply " << i << " missing";
+    replies[r->first.request_id] = std::move(*r);
+  }
+  ASSERT_EQ(replies.count(81), 1u) << "the pusher's own watch was not answered";
+  const auto& watch = replies[81];
+  EXPECT_EQ(watch.first.spec.at("t.c"), "2");
+  ASSERT_EQ(watch.second.size(), 2u);
+  const uint64_t* k = watch.second[1].As<uint64_t>();
+  const std::vector<uint64_t> keys(k, k + watch.second[1].CountOf<uint64_t>());
+  EXPECT_THAT(keys, ::testing::Contains(5u)) << "the evicted row is not named";
+}
+
 TEST_P(ShardServerTest, WatchFromAnOlderVersionIsAnsweredAtOnceWithAllRows) {
   // The keys pushed before the first watch are not known: "all".
   auto r = raw_->Call({HeaderFrame(WatchHeader(5, {{"t.d", "0"}, {"t.s", "0"}}))});

@@ -722,6 +722,50 @@ TEST_F(ParamCacheTest, RowsOfATableTheShardsEvictStayUnderTheAgeBound) {
   cache.Stop();
 }
 
+TEST_F(ParamCacheTest, RowsEvictedForMaxRowsAreNamedInNoticesAndReadFresh) {
+  // A max_rows eviction happens in the push that makes room, and that push's notice names
+  // the evicted rows: the cache trusts such a table under notices (no age bound) and
+  // still drops a row the moment the shards evict it.
+  ps::TableSpec capped = SparseSpec();
+  capped.name = "emb_cap";
+  capped.max_rows = 2;  // per shard: one stripe of 2 rows
+  ASSERT_TRUE(writer_->CreateTable(capped).ok());
+  ParamCacheOptions o;
+  o.sparse.max_age_ms = 100;
+  ParamCache cache(reader_.get(), o);
+  cache.AddSparse("emb_cap", kDim);
+  cache.Start();
+  ASSERT_GE(MsUntil(3000, [&] { return cache.stats().shards_noticing == 2; }), 0);
+  const uint64_t key = 1;
+  const std::vector<float> g(kDim, 1.0f);
+  ps::PushReply r;
+  ASSERT_TRUE(writer_->PushSparse("emb_cap", &key, 1, g.data(), {}, &r).Wait().ok());
+  float row[kDim];
+  ASSERT_GE(MsUntil(3000,
+                    [&] {
+                      return cache.Sparse("emb_cap", &key, 1, row, nullptr).ok() && row[0] == -1.0f;
+                    }),
+            0);
+  const uint64_t pulls = cache.stats().sparse_pulls;
+  std::this_thread::sleep_for(200ms);  // past the 100 ms age bound
+  ASSERT_TRUE(cache.Sparse("emb_cap", &key, 1, row, nullptr).ok());
+  EXPECT_EQ(cache.stats().sparse_pulls, pulls) << "notices flow: no age bound for 'emb_cap'";
+  // Twenty other rows, about ten a shard: key 1 is the least recently used and goes.
+  std::vector<uint64_t> others;
+  for (uint64_t k = 100; k < 120; ++k) others.push_back(k);
+  const std::vector<float> zeros(others.size() * kDim, 0.0f);
+  ASSERT_TRUE(writer_->PushSparse("emb_cap", others.data(), others.size(), zeros.data(), {}, &r)
+                  .Wait()
+                  .ok());
+  EXPECT_GE(MsUntil(3000,
+                    [&] {
+                      return cache.Sparse("emb_cap", &key, 1, row, nullptr).ok() && row[0] == 0.0f;
+                    }),
+            0)
+      << "the evicted row still reads " << row[0] << " from the cache";
+  cache.Stop();
+}
+
 TEST_F(ParamCacheTest, AnIdleClusterCostsHeartbeatsNotPulls) {
   ParamCacheOptions o;
   o.notice_wait_ms = 200;
