@@ -645,9 +645,7 @@ Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<
   } else {
     apply_gate_.ReaderLock();
   }
-  bool evicted_rows = false;
-  const Status st = PushGated(h, std::move(t), req, reply, hold, applied, &evicted_rows);
-  if (evicted != nullptr) *evicted = evicted_rows;
+  const Status st = PushGated(h, std::move(t), req, reply, hold, applied, evicted);
   apply_gate_.ReaderUnlock();
   return st;
 }
@@ -687,7 +685,7 @@ Status ShardServer::PushGated(const Header& h, std::shared_ptr<Table> t, const P
   }
   dedup_.Commit(h.sender, h.seq);
   *applied = true;
-  *evicted = !res->evicted.empty();
+  if (evicted != nullptr) *evicted = !res->evicted.empty();
   metrics_->ObserveStaleness(res->tau);
   reply->version = res->version;
   reply->tau = res->tau;

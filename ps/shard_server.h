@@ -116,7 +116,7 @@ class ShardServer {
   // `evicted` (optional): set when the push evicted rows to stay under max_rows.
   Status Push(const Header& h, const Frames& frames, std::shared_ptr<Table> t, Header* reply,
               bool* hold, bool* applied, bool* evicted = nullptr);
-  // Push under the apply gate: exactly-once check, apply, staleness.
+  // Push under the apply gate: exactly-once check, apply, staleness (`evicted` optional).
   Status PushGated(const Header& h, std::shared_ptr<Table> t, const PushRequest& req, Header* reply,
                    bool* hold, bool* applied, bool* evicted) REQUIRES_SHARED(apply_gate_);
   Status Info(const Header& h, Header* reply);

@@ -141,18 +141,17 @@ StatusOr<PushResult> Watchers::ApplySparse(const std::string& table, const uint6
   if (!log->active) return res;
   // A queued (accumulated) push becomes visible with the next version.
   const uint64_t to = res->queued ? res->version + 1 : res->version;
-  const std::vector<uint64_t>& evicted = res->evicted;  // they changed too: to new rows
-  n += evicted.size();
-  if (n > options_.max_logged_keys) {
+  // The rows the push evicted changed too (they read as new rows now).
+  std::vector<uint64_t> changed(keys, keys + n);
+  changed.insert(changed.end(), res->evicted.begin(), res->evicted.end());
+  if (changed.size() > options_.max_logged_keys) {
     log->entries.clear();
     log->keys = 0;
     log->since = std::max(log->since, to);
     return res;
   }
-  std::vector<uint64_t> changed(keys, keys + (n - evicted.size()));
-  changed.insert(changed.end(), evicted.begin(), evicted.end());
+  log->keys += changed.size();
   log->entries.push_back({to, std::move(changed)});
-  log->keys += n;
   while (log->keys > options_.max_logged_keys) {
     log->since = std::max(log->since, log->entries.front().to);
     log->keys -= log->entries.front().keys.size();

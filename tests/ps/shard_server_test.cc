@@ -46,19 +46,22 @@ namespace onlineps::ps {
 // Holds a table's locks from a test, as a long apply on a handler thread would.
 class TableTestPeer {
  public:
+  static std::unique_ptr<bool[]> AllStripes(const SparseTable& s) {
+    auto all = std::make_unique<bool[]>(s.stripes_.size());
+    std::fill_n(all.get(), s.stripes_.size(), true);
+    return all;
+  }
   static void Lock(Table* t) NO_THREAD_SAFETY_ANALYSIS {
     if (auto* d = dynamic_cast<DenseTable*>(t)) d->mu_.Lock();
     if (auto* s = dynamic_cast<SparseTable*>(t)) {
-      const std::vector<char> all(s->stripes_.size(), 1);
-      while (!s->TryLockStripes(reinterpret_cast<const bool*>(all.data())))
-        std::this_thread::yield();
+      const auto all = AllStripes(*s);
+      while (!s->TryLockStripes(all.get())) std::this_thread::yield();
     }
   }
   static void Unlock(Table* t) NO_THREAD_SAFETY_ANALYSIS {
     if (auto* d = dynamic_cast<DenseTable*>(t)) d->mu_.Unlock();
     if (auto* s = dynamic_cast<SparseTable*>(t)) {
-      const std::vector<char> all(s->stripes_.size(), 1);
-      s->UnlockStripes(reinterpret_cast<const bool*>(all.data()));
+      s->UnlockStripes(AllStripes(*s).get());
     }
   }
 };
