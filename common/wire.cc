@@ -53,6 +53,8 @@ std::string_view OpName(Op op) {
       return "group_min_u64";
     case Op::kWatch:
       return "watch";
+    case Op::kModelInfo:
+      return "model_info";
   }
   return "unknown";
 }

@@ -48,11 +48,16 @@ enum class Op : uint8_t {
   // Table-change notices (docs/protocol.md, "21 · watch"), worker -> shard: spec names
   // tables and the versions held; answered when one differs, or when the wait ends.
   kWatch = 21,
+  // Worker RPC: the model's parameters (trainable tables and frozen ones), its frozen
+  // base, and the bytes a learn pushes; body {"verify": true} rehashes the frozen part.
+  kModelInfo = 22,
 };
 
-inline constexpr Op kLastOp = Op::kWatch;
+inline constexpr Op kLastOp = Op::kModelInfo;
 // True for the ops a worker serves (a PS shard answers them with UNKNOWN_OP).
-inline bool IsWorkerOp(Op op) { return op >= Op::kInfer && op <= Op::kWorkerStats; }
+inline bool IsWorkerOp(Op op) {
+  return (op >= Op::kInfer && op <= Op::kWorkerStats) || op == Op::kModelInfo;
+}
 
 std::string_view OpName(Op op);
 

@@ -152,8 +152,9 @@ json GetContextTool() {
 json ModelInfoTool() {
   return Tool("model_info", "Model info",
               "Describes the served model: labels, parameter tables, the newest model version "
-              "seen, staleness statistics of learn calls, and the workers with their session "
-              "counts.",
+              "seen, staleness statistics of learn calls, the workers with their session "
+              "counts, and under `model` every parameter (trainable table or frozen), the "
+              "frozen base's hash and the bytes a learn pushes.",
               json::object(),
               {{"type", "object"},
                {"properties",
@@ -162,7 +163,8 @@ json ModelInfoTool() {
                  {"model_version", {{"type", "integer"}}},
                  {"staleness", {{"type", "object"}}},
                  {"workers", {{"type", "array"}}},
-                 {"sessions", {{"type", "integer"}}}}},
+                 {"sessions", {{"type", "integer"}}},
+                 {"model", {{"type", "object"}}}}},
                {"required", {"labels", "tables", "model_version", "staleness", "workers"}}},
               true);
 }

@@ -379,6 +379,7 @@ ToolResult Tools::GetContext(const ToolCall& c) {
 ToolResult Tools::ModelInfo(const ToolCall& c) {
   const RouterStats rs = router_->stats();
   json workers = json::array(), labels = json::array(), tables = json::array();
+  json model = json::object();
   for (const WorkerInfo& w : pool_->Workers()) {
     auto load = rs.loads.find(w.endpoint);
     json entry = {{"endpoint", w.endpoint},
@@ -388,6 +389,7 @@ ToolResult Tools::ModelInfo(const ToolCall& c) {
     if (w.healthy && labels.empty()) {
       labels = w.stats.value("labels", json::array());
       tables = w.stats.value("params", json::array());
+      model = w.stats.value("model", json::object());
     }
     if (w.stats.is_object()) {
       entry["max_tau"] = Integer(w.stats, "max_tau", 0);
@@ -419,7 +421,8 @@ ToolResult Tools::ModelInfo(const ToolCall& c) {
   }
   ToolResult out;
   out.structured = {{"labels", labels},       {"tables", tables},   {"model_version", version},
-                    {"staleness", staleness}, {"workers", workers}, {"sessions", rs.sessions}};
+                    {"staleness", staleness}, {"workers", workers}, {"sessions", rs.sessions},
+                    {"model", model}};
   out.summary = std::to_string(workers.size()) + " workers";
   return out;
 }

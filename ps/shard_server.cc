@@ -499,6 +499,12 @@ StatusOr<ShardServer::Created> ShardServer::CreateTable(const Header& h, Header*
   auto it = current->find(spec->name);
   if (it != current->end()) {
     const TableSpec& have = it->second->spec();
+    if (have.base != spec->base) {
+      return FailedPrecondition("table '" + spec->name + "' belongs to frozen base " +
+                                DescribeBase(have.base) + ", the caller's model has frozen base " +
+                                DescribeBase(spec->base) +
+                                ": every worker must load the same frozen weights (model file)");
+    }
     if (have == *spec) {
       reply->version = it->second->version();
       reply->message = "exists";

@@ -11,6 +11,7 @@ namespace {
 
 // 2^36 floats (256 GiB): far above one cluster's memory, far below uint64 overflow.
 constexpr uint64_t kMaxDenseElements = uint64_t{1} << 36;
+constexpr size_t kMaxBaseChars = 80;  // "sha256:" + 64 hex digits, with room
 
 std::string FormatDouble(double v) {
   std::ostringstream os;
@@ -140,6 +141,14 @@ Status DecodeField(const std::string& k, const std::string& v, TableSpec* s) {
   if (k == "ttl_ms") return ParseU64(k, v, &s->ttl_ms);
   if (k == "max_rows") return ParseU64(k, v, &s->max_rows);
   if (k == "dc_max_backups") return ParseU32(k, v, &s->dc_max_backups);
+  if (k == "base") {
+    if (v.empty() || v.size() > kMaxBaseChars ||
+        v.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789:") != std::string::npos) {
+      return FieldError(k, v, "expected up to 80 of [a-z0-9:], e.g. sha256:<hex>");
+    }
+    s->base = v;
+    return Status::Ok();
+  }
   return InvalidArgument("table spec has unknown field '" + k + "'");
 }
 
@@ -190,6 +199,8 @@ bool EqualExceptCaps(const TableSpec& a, const TableSpec& b) {
   return a == b_with_caps_of_a;
 }
 
+std::string DescribeBase(const std::string& base) { return base.empty() ? "none" : base; }
+
 std::string DescribeCaps(const TableSpec& s) {
   return "max_rows=" + std::to_string(s.max_rows) + " ttl_ms=" + std::to_string(s.ttl_ms) +
          " admit_after=" + std::to_string(s.admit_after);
@@ -221,6 +232,7 @@ std::map<std::string, std::string> EncodeSpec(const TableSpec& s) {
   m["ttl_ms"] = std::to_string(s.ttl_ms);
   m["max_rows"] = std::to_string(s.max_rows);
   m["dc_max_backups"] = std::to_string(s.dc_max_backups);
+  if (!s.base.empty()) m["base"] = s.base;  // absent: no frozen base (older specs too)
   return m;
 }
 

@@ -53,6 +53,12 @@ struct TableSpec {
   uint64_t max_rows = 0;         // sparse: memory cap per shard, LRU eviction (0: none)
   uint32_t dc_max_backups = 64;  // DC-ASGD: workers whose pulled copy is kept (LRU)
 
+  // The frozen part of the model this table belongs to ("sha256:<hex>" of the frozen
+  // parameters a worker loads from its model file; "" for a model with none). A table
+  // learned on top of one backbone means nothing on another: create_table refuses a
+  // spec whose base differs from the table's (FAILED_PRECONDITION naming both).
+  std::string base;
+
   uint64_t size() const;  // dense: product of shape
   bool operator==(const TableSpec& o) const;
 };
@@ -63,6 +69,8 @@ struct TableSpec {
 bool EqualExceptCaps(const TableSpec& a, const TableSpec& b);
 // "max_rows=N ttl_ms=N admit_after=N".
 std::string DescribeCaps(const TableSpec& spec);
+// "none" for a table with no frozen base, else the base itself.
+std::string DescribeBase(const std::string& base);
 
 // Encodes to / decodes from the wire map. Decode validates every field and the
 // optimizer and policy names and parameters (kInvalidArgument naming the field).

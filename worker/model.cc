@@ -1,6 +1,9 @@
 // Torch-free parts of the model interface, shared by every model and the service.
 #include "worker/model.h"
 
+#include <fnmatch.h>
+
+#include <algorithm>
 #include <cctype>
 
 #include "common/partition.h"
@@ -13,6 +16,50 @@ uint64_t ParamInfo::size() const {
   uint64_t n = 1;
   for (uint64_t d : shape) n *= d;
   return n;
+}
+
+uint64_t FrozenParam::size() const {
+  uint64_t n = 1;
+  for (uint64_t d : shape) n *= d;
+  return n;
+}
+
+StatusOr<std::vector<bool>> SelectTrainable(const std::vector<std::string>& names,
+                                            const std::vector<bool>& requires_grad,
+                                            const std::vector<std::string>& trainable,
+                                            const std::vector<std::string>& frozen) {
+  if (!trainable.empty() && !frozen.empty()) {
+    return InvalidArgument("give --trainable or --frozen, not both (each is the other's "
+                           "complement)");
+  }
+  const std::vector<std::string>& globs = trainable.empty() ? frozen : trainable;
+  const bool by_trainable = !trainable.empty();
+  std::vector<bool> learns(names.size());
+  for (size_t i = 0; i < names.size(); ++i) learns[i] = requires_grad[i];
+  if (!globs.empty()) {
+    for (size_t i = 0; i < names.size(); ++i) learns[i] = !by_trainable;
+    for (const std::string& glob : globs) {
+      bool matched = false;
+      for (size_t i = 0; i < names.size(); ++i) {
+        if (fnmatch(glob.c_str(), names[i].c_str(), 0) != 0) continue;
+        learns[i] = by_trainable;
+        matched = true;
+      }
+      if (!matched) {
+        std::string all;
+        for (const std::string& n : names) all += (all.empty() ? "" : ", ") + n;
+        return InvalidArgument(std::string(by_trainable ? "--trainable" : "--frozen") + " '" +
+                               glob + "' matches no parameter of the model (parameters: " +
+                               (all.empty() ? "none" : all) + ")");
+      }
+    }
+  }
+  if (std::find(learns.begin(), learns.end(), true) == learns.end()) {
+    return InvalidArgument(
+        "every parameter of the model is frozen: nothing would learn (name the trainable ones "
+        "with --trainable, or save them with requires_grad=True)");
+  }
+  return learns;
 }
 
 namespace {

@@ -45,6 +45,14 @@ struct ParamInfo {
   uint64_t size() const;  // dense: product of shape; sparse: row dim
 };
 
+// A parameter that is not a PS table: loaded once by each worker from the model file,
+// read-only, never differentiated and never pushed (a frozen backbone).
+struct FrozenParam {
+  std::string name;  // the module's parameter name
+  std::vector<uint64_t> shape;
+  uint64_t size() const;  // product of shape
+};
+
 // Rows of one sparse parameter: keys[i] owns values[i * dim, (i + 1) * dim).
 struct SparseRows {
   std::vector<uint64_t> keys;
@@ -90,6 +98,11 @@ struct ModelOptions {
   // torchscript
   std::string model_file;
   std::vector<std::string> sparse_params;  // parameter names that become sparse tables
+  // Which parameters learn (PS tables) and which are frozen, by glob over parameter names
+  // (fnmatch; `*` also matches dots). At most one of the two; neither: a parameter the
+  // file saved with requires_grad=False is frozen, every other one trainable.
+  std::vector<std::string> trainable;  // only these learn; every other parameter is frozen
+  std::vector<std::string> frozen;     // these are frozen; every other parameter learns
 };
 
 class Model {
@@ -98,6 +111,18 @@ class Model {
   virtual const std::vector<ParamInfo>& params() const = 0;
   virtual const std::vector<std::string>& labels() const = 0;
   virtual std::string device() const = 0;
+  // The frozen parameters, in the module's order (none for the built-in models).
+  virtual const std::vector<FrozenParam>& frozen() const {
+    static const std::vector<FrozenParam> kNone;
+    return kNone;
+  }
+  // "sha256:<hex>" over the frozen part as loaded (frozen parameters, buffers, tensor
+  // constants of the module's code), or "" when the model has none. Every PS table of the
+  // model records it (ps::TableSpec::base), so workers never mix backbones.
+  virtual std::string base() const { return ""; }
+  // The same hash over the frozen values in memory now: equal to base() unless something
+  // wrote to the frozen part. Costs a pass over it (model_info with verify).
+  virtual StatusOr<std::string> BaseNow() const { return base(); }
 
   // Sparse keys the batch (and context) touches, deduplicated, per param index (empty
   // for dense params). Errors: kInvalidArgument naming the bad example.
@@ -113,6 +138,15 @@ class Model {
 // Builds the model named by options.kind. Errors: kInvalidArgument (unknown kind, bad
 // option, unreadable TorchScript file), kUnavailable (CUDA asked for but absent).
 StatusOr<std::unique_ptr<Model>> CreateModel(const ModelOptions& options);
+
+// Which of a model's parameters learn (true) and which are frozen, given their names,
+// whether the file saved each with requires_grad, and ModelOptions::trainable / frozen
+// (see there). Errors: kInvalidArgument when both lists are given, a glob matches no
+// parameter (the message lists them), or nothing would learn.
+StatusOr<std::vector<bool>> SelectTrainable(const std::vector<std::string>& names,
+                                            const std::vector<bool>& requires_grad,
+                                            const std::vector<std::string>& trainable,
+                                            const std::vector<std::string>& frozen);
 
 // Text features shared by the text model and hashed-id TorchScript input: lowercased
 // alphanumeric words and, if `bigrams`, adjacent word pairs, hashed to uint64 keys.

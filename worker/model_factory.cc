@@ -62,6 +62,12 @@ StatusOr<std::unique_ptr<Model>> CreateModelOrThrow(const ModelOptions& options)
                            "' (expected text, mlp or torchscript)");
   }
   ONLINEPS_RETURN_IF_ERROR(CheckCommonOptions(options));
+  if (options.kind != "torchscript" && (!options.trainable.empty() || !options.frozen.empty())) {
+    return InvalidArgument("--trainable / --frozen need --model torchscript: the built-in " +
+                           options.kind +
+                           " model has no frozen part (export a backbone + head to TorchScript, "
+                           "docs/frozen.md)");
+  }
   if (options.torch_threads < 1) {
     return InvalidArgument("torch_threads must be >= 1, got " +
                            std::to_string(options.torch_threads));

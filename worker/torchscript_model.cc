@@ -5,17 +5,22 @@
 // params it runs forward(x) on the features. A TorchScript module is stateful (its
 // parameters are slots it reads), so each concurrent call borrows its own clone.
 // Context is ignored: a user module has no input for it.
+// Frozen parameters (a backbone; ModelOptions::trainable / frozen) stay in the module:
+// every replica shares the prototype's storage of them, they never require grad, and
+// they are not in params(), so they are neither pulled nor pushed.
 #include <torch/csrc/jit/python/update_graph_executor_opt.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
 #include <exception>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
 #include "common/mutex.h"
+#include "common/sha256.h"
 #include "worker/model.h"
 #include "worker/model_factories.h"
 #include "worker/torch_common.h"
@@ -25,11 +30,40 @@ namespace {
 
 constexpr size_t kMaxReplicas = 16;
 
-// Module parameters in named_parameters() order: the order of Model::params().
-std::vector<torch::Tensor> ParamsOf(const torch::jit::Module& module) {
-  std::vector<torch::Tensor> params;
-  for (const auto& p : module.named_parameters()) params.push_back(p.value);
-  return params;
+// "sha256:<hex>" over the frozen part of `module`: the parameters `learns` marks false,
+// every buffer, and the tensor constants of its code (what torch.jit.freeze folds a
+// backbone into); each by name or position, dtype, shape and bytes. "" when it has none.
+std::string HashFrozen(const torch::jit::Module& module, const std::vector<bool>& learns) {
+  Sha256 hash;
+  bool any = false;
+  auto add = [&](const std::string& what, const torch::Tensor& value) {
+    const torch::Tensor t = value.detach().contiguous().cpu();
+    std::string head = what + " " + std::string(c10::toString(t.scalar_type())) + " [";
+    for (int64_t d : t.sizes()) head += std::to_string(d) + ",";
+    head += "]\n";
+    hash.Update(head.data(), head.size());
+    hash.Update(t.data_ptr(), t.nbytes());
+    any = true;
+  };
+  size_t i = 0;
+  for (const auto& p : module.named_parameters()) {
+    if (!learns[i++]) add("param " + p.name, p.value);
+  }
+  for (const auto& b : module.named_buffers()) add("buffer " + b.name, b.value);
+  size_t constants = 0;
+  std::function<void(torch::jit::Block*)> scan = [&](torch::jit::Block* block) {
+    for (torch::jit::Node* node : block->nodes()) {
+      for (torch::jit::Block* inner : node->blocks()) scan(inner);
+      if (node->kind() != c10::prim::Constant || node->outputs().size() != 1) continue;
+      if (node->output()->type()->kind() != c10::TypeKind::TensorType) continue;
+      auto value = torch::jit::toIValue(node->output());
+      if (value && value->isTensor()) add("constant " + std::to_string(constants++), value->toTensor());
+    }
+  };
+  for (const auto& sub : module.modules()) {
+    for (const auto& method : sub.get_methods()) scan(method.graph()->block());
+  }
+  return any ? "sha256:" + hash.HexDigest() : "";
 }
 
 // A clone of the module and its parameter tensors; used by one call at a time.
@@ -39,9 +73,12 @@ struct Replica {
 };
 
 // Lends replicas, cloning the prototype on demand up to kMaxReplicas, then blocks.
+// `learns` marks, in named_parameters() order, the parameters a replica owns and
+// differentiates; the frozen rest share the prototype's storage.
 class ReplicaPool {
  public:
-  explicit ReplicaPool(torch::jit::Module prototype) : prototype_(std::move(prototype)) {}
+  ReplicaPool(torch::jit::Module prototype, std::vector<bool> learns)
+      : learns_(std::move(learns)), prototype_(std::move(prototype)) {}
 
   std::unique_ptr<Replica> Acquire() {
     MutexLock lock(&mu_);
@@ -56,10 +93,27 @@ class ReplicaPool {
     // copies leaves of their own.
     torch::NoGradGuard no_grad;
     auto replica = std::make_unique<Replica>(Replica{prototype_.clone(), {}});
-    replica->params = ParamsOf(replica->module);
-    for (torch::Tensor& p : replica->params) p.requires_grad_(true);
+    const auto shared = prototype_.named_parameters();
+    auto from = shared.begin();
+    size_t i = 0;
+    for (const auto& p : replica->module.named_parameters()) {
+      torch::Tensor t = p.value;
+      if (learns_[i++]) {
+        t.requires_grad_(true);
+        replica->params.push_back(t);
+      } else {
+        t.set_data((*from).value);  // read-only: one copy for every replica
+      }
+      ++from;
+    }
     ++created_;
     return replica;
+  }
+
+  // HashFrozen over the prototype as it is now.
+  std::string HashNow() {
+    MutexLock lock(&mu_);
+    return HashFrozen(prototype_, learns_);
   }
 
   void Release(std::unique_ptr<Replica> replica) {
@@ -71,6 +125,7 @@ class ReplicaPool {
   }
 
  private:
+  const std::vector<bool> learns_;
   Mutex mu_;
   CondVar cv_;
   torch::jit::Module prototype_ GUARDED_BY(mu_);  // cloned only under it
@@ -101,11 +156,14 @@ struct Inputs {
 class TorchScriptModel : public Model {
  public:
   TorchScriptModel(const ModelOptions& options, std::vector<ParamInfo> params,
+                   std::vector<FrozenParam> frozen, std::string base, std::vector<bool> learns,
                    torch::jit::Module prototype)
       : options_(options),
         device_(options.device),
         params_(std::move(params)),
-        pool_(std::move(prototype)) {
+        frozen_(std::move(frozen)),
+        base_(std::move(base)),
+        pool_(std::move(prototype), std::move(learns)) {
     for (size_t i = 0; i < params_.size(); ++i) {
       if (params_[i].kind == ParamKind::kSparse) sparse_.push_back(i);
     }
@@ -114,6 +172,11 @@ class TorchScriptModel : public Model {
   const std::vector<ParamInfo>& params() const override { return params_; }
   const std::vector<std::string>& labels() const override { return options_.labels; }
   std::string device() const override { return options_.device; }
+  const std::vector<FrozenParam>& frozen() const override { return frozen_; }
+  std::string base() const override { return base_; }
+  StatusOr<std::string> BaseNow() const override {
+    return Guarded("torchscript hash", [&]() -> StatusOr<std::string> { return pool_.HashNow(); });
+  }
 
   StatusOr<std::vector<std::vector<uint64_t>>> SparseKeys(
       const std::vector<Example>& batch, const ContextInput& context) const override {
@@ -284,8 +347,10 @@ class TorchScriptModel : public Model {
   const ModelOptions options_;
   const torch::Device device_;
   const std::vector<ParamInfo> params_;
+  const std::vector<FrozenParam> frozen_;
+  const std::string base_;
   std::vector<size_t> sparse_;  // indices of sparse params; immutable after construction
-  ReplicaPool pool_;
+  mutable ReplicaPool pool_;  // lends replicas; BaseNow only reads the prototype
 };
 
 // The PS initializes tables from a ParamInfo, not from the file's values: a parameter the
@@ -300,16 +365,43 @@ ParamInfo DenseInfo(const std::string& name, const torch::Tensor& t) {
   return info;
 }
 
-// Builds the ParamInfos and empties the sparse params of `module`: their rows live on the
-// PS, so neither the prototype nor its clones keep a copy.
-StatusOr<std::vector<ParamInfo>> DescribeParams(const ModelOptions& options,
-                                                torch::jit::Module& module) {
+// The parameters of a module split into PS tables (trainable) and frozen ones.
+struct Described {
+  std::vector<ParamInfo> infos;
+  std::vector<FrozenParam> frozen;
+  std::vector<bool> learns;  // per named_parameters() entry
+};
+
+// Builds the ParamInfos, marks frozen params, and empties the sparse params of `module`:
+// their rows live on the PS, so neither the prototype nor its clones keep a copy.
+StatusOr<Described> DescribeParams(const ModelOptions& options, torch::jit::Module& module) {
   std::unordered_set<std::string> sparse(options.sparse_params.begin(),
                                          options.sparse_params.end());
-  std::vector<ParamInfo> infos;
+  std::vector<std::string> names;
+  std::vector<bool> requires_grad;
+  for (const auto& p : module.named_parameters()) {
+    names.push_back(p.name);
+    requires_grad.push_back(p.value.requires_grad());
+  }
+  Described out;
+  ONLINEPS_ASSIGN_OR_RETURN(out.learns, SelectTrainable(names, requires_grad, options.trainable,
+                                                        options.frozen));
+  std::vector<ParamInfo>& infos = out.infos;
   torch::NoGradGuard no_grad;
+  size_t index = 0;
   for (const auto& p : module.named_parameters()) {
     const std::string table = options.table_prefix + p.name;
+    if (!out.learns[index++]) {
+      if (sparse.count(p.name) != 0) {
+        return InvalidArgument("sparse parameter " + p.name +
+                               " is frozen: its rows live on the PS, so it must be trainable");
+      }
+      p.value.requires_grad_(false);
+      FrozenParam frozen{p.name, {}};
+      for (int64_t d : p.value.sizes()) frozen.shape.push_back(static_cast<uint64_t>(d));
+      out.frozen.push_back(std::move(frozen));
+      continue;
+    }
     if (p.value.scalar_type() != torch::kFloat32) {
       return InvalidArgument("torchscript parameter " + p.name + " is not float32");
     }
@@ -331,7 +423,7 @@ StatusOr<std::vector<ParamInfo>> DescribeParams(const ModelOptions& options,
     return InvalidArgument("sparse parameter " + *sparse.begin() + " is not a parameter of " +
                            options.model_file);
   }
-  return infos;
+  return out;
 }
 
 }  // namespace
@@ -352,9 +444,11 @@ StatusOr<std::unique_ptr<Model>> NewTorchScriptModel(const ModelOptions& options
     // first run under no-grad (an infer) then loses autograd for later learns. The
     // modules we serve are small: the plain interpreter costs little and is always right.
     torch::jit::setGraphExecutorOptimize(false);
-    ONLINEPS_ASSIGN_OR_RETURN(std::vector<ParamInfo> infos, DescribeParams(options, module));
-    return std::unique_ptr<Model>(
-        std::make_unique<TorchScriptModel>(options, std::move(infos), std::move(module)));
+    ONLINEPS_ASSIGN_OR_RETURN(Described d, DescribeParams(options, module));
+    std::string base = HashFrozen(module, d.learns);
+    return std::unique_ptr<Model>(std::make_unique<TorchScriptModel>(
+        options, std::move(d.infos), std::move(d.frozen), std::move(base), std::move(d.learns),
+        std::move(module)));
   });
 }
 

@@ -3,6 +3,7 @@
 //   onlineps_worker_cli learn '{"examples": [{"text": "great", "label": "positive"}]}'
 //   onlineps_worker_cli context_set '{"session": "s1", "items": ["likes sci-fi"]}'
 //   onlineps_worker_cli worker_stats
+//   onlineps_worker_cli model_info '{"verify": true}'
 // Exit status: 0 ok, 1 the worker answered an error (printed), 2 bad usage.
 #include <CLI/CLI.hpp>
 #include <iostream>
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
       {"context_clear", Op::kContextClear},
       {"context_get", Op::kContextGet},
       {"worker_stats", Op::kWorkerStats},
+      {"model_info", Op::kModelInfo},
   };
   std::string endpoint = "tcp://127.0.0.1:7400", op_name, body_text = "{}";
   int timeout_ms = 10000;
@@ -32,7 +34,7 @@ int main(int argc, char** argv) {
   app.add_option("--timeout-ms", timeout_ms, "Deadline of the call")->capture_default_str();
   app.add_option("op", op_name,
                  "infer | learn | context_set | context_append | "
-                 "context_clear | context_get | worker_stats")
+                 "context_clear | context_get | worker_stats | model_info")
       ->required();
   app.add_option("body", body_text, "Request body as JSON (docs/protocol.md, Worker RPC)");
   onlineps::CurveFlags curve;

@@ -84,6 +84,15 @@ void AddModelFlags(CLI::App& app, Flags* f) {
   app.add_option("--sparse-params", m.sparse_params,
                  "torchscript: parameters served as sparse tables, comma separated")
       ->delimiter(',');
+  app.add_option("--trainable", m.trainable,
+                 "torchscript: globs of the parameters that learn (PS tables), comma separated, "
+                 "e.g. 'head.*,*.lora_*'; every other parameter is frozen (default: the file's "
+                 "requires_grad decides)")
+      ->delimiter(',');
+  app.add_option("--frozen", m.frozen,
+                 "torchscript: globs of the parameters to freeze (loaded from --model-file, "
+                 "never pushed), comma separated; every other parameter learns")
+      ->delimiter(',');
   app.add_option("--device", m.device, "cpu | cuda | cuda:N")->capture_default_str();
   app.add_option("--torch-threads", m.torch_threads, "libtorch intra-op threads")
       ->check(CLI::Range(1, 256))

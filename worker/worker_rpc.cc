@@ -283,6 +283,36 @@ static const std::string& InstanceId() {
   return id;
 }
 
+json ModelInfoJson(const Model& model) {
+  json params = json::array();
+  uint64_t trainable_floats = 0, frozen_floats = 0, dense_push_bytes = 0;
+  for (const ParamInfo& p : model.params()) {
+    const bool dense = p.kind == ParamKind::kDense;
+    json entry = {{"name", p.name},  // the PS table
+                  {"table", p.name},
+                  {"trainable", true},
+                  {"kind", dense ? "dense" : "sparse"},
+                  {"shape", p.shape}};
+    if (dense) {
+      entry["push_bytes"] = p.size() * sizeof(float);
+      dense_push_bytes += p.size() * sizeof(float);
+      trainable_floats += p.size();
+    } else {
+      entry["push_bytes_per_row"] = sizeof(uint64_t) + p.size() * sizeof(float);
+    }
+    params.push_back(std::move(entry));
+  }
+  for (const FrozenParam& p : model.frozen()) {
+    params.push_back({{"name", p.name}, {"trainable", false}, {"kind", "frozen"}, {"shape", p.shape}});
+    frozen_floats += p.size();
+  }
+  return {{"base", model.base()},
+          {"params", std::move(params)},
+          {"trainable_floats", trainable_floats},
+          {"frozen_floats", frozen_floats},
+          {"dense_push_bytes", dense_push_bytes}};
+}
+
 StatusOr<json> HandleWorkerOp(WorkerService* service, Op op, json& body) {
   const Model& model = service->model();
   const size_t max_session = 256;
@@ -317,7 +347,23 @@ StatusOr<json> HandleWorkerOp(WorkerService* service, Op op, json& body) {
                           {"shape", p.shape}});
       }
       s["params"] = params;
+      s["model"] = ModelInfoJson(model);
       return s;
+    }
+    case Op::kModelInfo: {
+      json info = ModelInfoJson(model);
+      info["labels"] = model.labels();
+      info["device"] = model.device();
+      const auto verify = body.find("verify");
+      if (verify != body.end() && !verify->is_boolean()) {
+        return InvalidArgument("verify must be true or false");
+      }
+      if (verify != body.end() && verify->get<bool>()) {
+        ONLINEPS_ASSIGN_OR_RETURN(std::string now, model.BaseNow());
+        info["base_now"] = now;
+        info["frozen_intact"] = now == model.base();
+      }
+      return info;
     }
     default:
       return UnknownOp(std::string(OpName(op)) + " is not a worker op (is this a PS endpoint?)");

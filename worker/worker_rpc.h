@@ -43,6 +43,9 @@ StatusOr<std::vector<Example>> ExamplesOf(nlohmann::json& body,
 nlohmann::json ToJson(const InferReply& r);
 nlohmann::json ToJson(const LearnReply& r);
 nlohmann::json ToJson(const WorkerStats& s);
+// The model_info reply (docs/protocol.md): base, every parameter with shape and whether
+// it learns, the floats of each part, and the bytes a learn's dense push carries.
+nlohmann::json ModelInfoJson(const Model& model);
 
 // Runs one worker op on `service`: decodes `body` (taking its texts), calls it, encodes
 // the reply body. Errors are the service's, kInvalidArgument naming the bad field, or

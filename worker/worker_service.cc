@@ -93,6 +93,7 @@ std::vector<ps::TableSpec> WorkerService::TableSpecs() const {
   std::vector<ps::TableSpec> specs;
   for (const ParamInfo& p : model_->params()) {
     specs.push_back(TableSpecFor(p, options_.table_template));
+    specs.back().base = model_->base();
   }
   return specs;
 }
@@ -117,6 +118,9 @@ Status WorkerService::Start() {
   for (const ps::TableSpec& spec : TableSpecs()) {
     Status st = client_->CreateTable(spec);
     if (!st.ok()) {
+      if (st.code() == StatusCode::kFailedPrecondition) {  // another frozen base
+        return Status(st.code(), "creating table '" + spec.name + "': " + st.message());
+      }
       return Status(st.code(), "creating table '" + spec.name + "': " + st.message() +
                                    " (another worker may have created it with other options)");
     }

@@ -591,6 +591,180 @@ TEST(TorchScriptModelTest, BadFileOrParamNameIsInvalidArgument) {
   EXPECT_EQ(CreateModel(o).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(SelectTrainableTest, RequiresGradDecidesUnlessGlobsAreGiven) {
+  const std::vector<std::string> names = {"backbone.fc0.weight", "backbone.fc0.lora_A",
+                                          "head.weight", "head.bias"};
+  const std::vector<bool> grad = {false, true, true, false};
+  auto by_default = SelectTrainable(names, grad, {}, {});
+  ASSERT_TRUE(by_default.ok()) << by_default.status().ToString();
+  EXPECT_EQ(*by_default, grad);
+  // `*` crosses dots: "*.lora_*" matches a nested name.
+  auto trainable = SelectTrainable(names, grad, {"head.*", "*.lora_*"}, {});
+  ASSERT_TRUE(trainable.ok()) << trainable.status().ToString();
+  EXPECT_EQ(*trainable, (std::vector<bool>{false, true, true, true}));
+  auto frozen = SelectTrainable(names, grad, {}, {"backbone.*"});
+  ASSERT_TRUE(frozen.ok()) << frozen.status().ToString();
+  EXPECT_EQ(*frozen, (std::vector<bool>{false, false, true, true}));
+}
+
+TEST(SelectTrainableTest, ConflictsUnmatchedGlobsAndNothingToLearnAreErrors) {
+  const std::vector<std::string> names = {"a.weight", "b.weight"};
+  const std::vector<bool> grad = {true, true};
+  auto both = SelectTrainable(names, grad, {"a.*"}, {"b.*"});
+  EXPECT_EQ(both.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(both.status().message(), HasSubstr("not both"));
+  auto unmatched = SelectTrainable(names, grad, {"head.*"}, {});
+  EXPECT_EQ(unmatched.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(unmatched.status().message(), HasSubstr("'head.*' matches no parameter"));
+  EXPECT_THAT(unmatched.status().message(), HasSubstr("a.weight, b.weight"));
+  auto none = SelectTrainable(names, {false, false}, {}, {});
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(none.status().message(), HasSubstr("nothing would learn"));
+  EXPECT_FALSE(SelectTrainable(names, grad, {}, {"*"}).ok());
+}
+
+const char kFrozenHead[] = ONLINEPS_TESTDATA_DIR "/frozen_head.pt";
+const char kFrozenHeadOther[] = ONLINEPS_TESTDATA_DIR "/frozen_head_other.pt";
+const char kLoraR2[] = ONLINEPS_TESTDATA_DIR "/lora_r2.pt";
+
+ModelOptions FrozenOptions(const std::string& file) {
+  ModelOptions o;
+  o.kind = "torchscript";
+  o.model_file = file;
+  o.labels = {"a", "b", "c"};
+  o.table_prefix = "fz/";
+  return o;
+}
+
+std::vector<Example> FeatureBatch() {
+  std::vector<Example> batch;
+  for (int e = 0; e < 4; ++e) {
+    Example ex;
+    for (int j = 0; j < 6; ++j) ex.features.push_back(2.0f * std::sin(1.7f * e + 0.9f * j));
+    ex.label = e % 3;
+    batch.push_back(ex);
+  }
+  return batch;
+}
+
+// The values the model file holds for its trainable params (what workers seed tables with).
+OwnedParams FileParams(const Model& model) {
+  OwnedParams p;
+  for (const ParamInfo& info : model.params()) {
+    p.dense.push_back(info.initial);
+    p.sparse.emplace_back();
+  }
+  return p;
+}
+
+std::vector<std::string> Names(const std::vector<ParamInfo>& params) {
+  std::vector<std::string> names;
+  for (const ParamInfo& p : params) names.push_back(p.name);
+  return names;
+}
+
+TEST(TorchScriptModelTest, ParamsSavedWithoutGradAreFrozenAndHashed) {
+  std::unique_ptr<Model> model = MustCreate(FrozenOptions(kFrozenHead));
+  ASSERT_NE(model, nullptr);
+  EXPECT_EQ(Names(model->params()), (std::vector<std::string>{"fz/head.weight", "fz/head.bias"}));
+  ASSERT_EQ(model->frozen().size(), 4u);
+  EXPECT_EQ(model->frozen()[0].name, "backbone.fc0.weight");
+  EXPECT_EQ(model->frozen()[0].shape, (std::vector<uint64_t>{8, 6}));
+  EXPECT_EQ(model->frozen()[3].name, "backbone.fc1.bias");
+  EXPECT_THAT(model->base(), ::testing::StartsWith("sha256:"));
+  EXPECT_EQ(model->base().size(), 7u + 64u);
+  // Same file, same hash; other backbone weights, another hash; no frozen part, none.
+  std::unique_ptr<Model> again = MustCreate(FrozenOptions(kFrozenHead));
+  std::unique_ptr<Model> other = MustCreate(FrozenOptions(kFrozenHeadOther));
+  ASSERT_NE(again, nullptr);
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(again->base(), model->base());
+  EXPECT_NE(other->base(), model->base());
+  std::unique_ptr<Model> tiny = MustCreate(TinyModelOptions());
+  ASSERT_NE(tiny, nullptr);
+  EXPECT_EQ(tiny->base(), "");
+  EXPECT_TRUE(tiny->frozen().empty());
+}
+
+TEST(TorchScriptModelTest, TrainableGlobsOverrideTheFile) {
+  ModelOptions o = FrozenOptions(kFrozenHead);
+  o.trainable = {"*"};  // full fine-tuning of the same file
+  std::unique_ptr<Model> all = MustCreate(o);
+  ASSERT_NE(all, nullptr);
+  EXPECT_EQ(all->params().size(), 6u);
+  EXPECT_TRUE(all->frozen().empty());
+  EXPECT_EQ(all->base(), "");
+  o.trainable = {};
+  o.frozen = {"backbone.fc0.*"};
+  std::unique_ptr<Model> part = MustCreate(o);
+  ASSERT_NE(part, nullptr);
+  EXPECT_EQ(Names(part->params()),
+            (std::vector<std::string>{"fz/backbone.fc1.weight", "fz/backbone.fc1.bias",
+                                      "fz/head.weight", "fz/head.bias"}));
+  ASSERT_EQ(part->frozen().size(), 2u);
+  o.frozen = {"nothing.*"};
+  EXPECT_THAT(CreateModel(o).status().message(), HasSubstr("backbone.fc0.weight, "));
+  o = TinyModelOptions();
+  o.frozen = {"embed.weight"};  // its rows live on the PS
+  EXPECT_THAT(CreateModel(o).status().message(), HasSubstr("must be trainable"));
+  o = ModelOptions();
+  o.trainable = {"out.*"};
+  EXPECT_THAT(CreateModel(o).status().message(), HasSubstr("need --model torchscript"));
+}
+
+// Learning moves only the head: gradients exist for it alone, the frozen values are
+// bit-identical after 100 steps (their hash), and predictions change.
+TEST(TorchScriptModelTest, LearningMovesOnlyTheTrainableParams) {
+  std::unique_ptr<Model> model = MustCreate(FrozenOptions(kFrozenHead));
+  ASSERT_NE(model, nullptr);
+  OwnedParams p = FileParams(*model);
+  const std::vector<Example> batch = FeatureBatch();
+  StatusOr<InferOutput> before = model->Infer(batch, {}, p.View());
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  ExpectGradientsMatchFiniteDifferences(*model, batch, {}, p);
+  double first_loss = 0, last_loss = 0;
+  for (int step = 0; step < 100; ++step) {
+    StatusOr<GradOutput> g = model->Gradients(batch, {}, p.View());
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    (step == 0 ? first_loss : last_loss) = g->loss;
+    ASSERT_EQ(g->dense.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      for (size_t j = 0; j < g->dense[i].size(); ++j) p.dense[i][j] -= 0.5f * g->dense[i][j];
+    }
+  }
+  StatusOr<InferOutput> after = model->Infer(batch, {}, p.View());
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_NE(after->scores, before->scores);
+  EXPECT_LT(last_loss, 0.5 * first_loss);
+  StatusOr<std::string> now = model->BaseNow();
+  ASSERT_TRUE(now.ok()) << now.status().ToString();
+  EXPECT_EQ(*now, model->base());
+}
+
+// LoRA adapters with B = 0 add exactly nothing: the same scores, bit for bit, as the
+// model without them; only the adapters and the head are tables, the base linears frozen.
+TEST(TorchScriptModelTest, LoraWithZeroBGivesTheFrozenModelsOutputExactly) {
+  std::unique_ptr<Model> lora = MustCreate(FrozenOptions(kLoraR2));
+  std::unique_ptr<Model> base = MustCreate(FrozenOptions(kFrozenHead));
+  ASSERT_NE(lora, nullptr);
+  ASSERT_NE(base, nullptr);
+  EXPECT_EQ(Names(lora->params()),
+            (std::vector<std::string>{"fz/backbone.fc0.lora_A", "fz/backbone.fc0.lora_B",
+                                      "fz/backbone.fc1.lora_A", "fz/backbone.fc1.lora_B",
+                                      "fz/head.weight", "fz/head.bias"}));
+  EXPECT_EQ(lora->params()[1].shape, (std::vector<uint64_t>{8, 2}));
+  EXPECT_EQ(lora->frozen().size(), 4u);
+  const std::vector<Example> batch = FeatureBatch();
+  OwnedParams lp = FileParams(*lora), bp = FileParams(*base);
+  StatusOr<InferOutput> a = lora->Infer(batch, {}, lp.View());
+  StatusOr<InferOutput> b = base->Infer(batch, {}, bp.View());
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(a->scores, b->scores);
+  FakePs ps(*lora, 23, 0.3);
+  ExpectGradientsMatchFiniteDifferences(*lora, batch, {}, ps.Fetch(Keys(6)));
+}
+
 TEST(TorchScriptModelTest, ForwardThatRejectsTheInputIsInvalidArgument) {
   ModelOptions o = TinyModelOptions();
   o.sparse_params = {};  // the module then gets forward(x), which it does not take
