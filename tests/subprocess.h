@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace onlineps::testing {
@@ -56,12 +57,14 @@ inline double CpuSeconds(pid_t pid) {
 
 class Subprocess {
  public:
-  explicit Subprocess(std::vector<std::string> argv) {
+  // `with_stderr`: stderr goes to the same pipe as stdout (WaitForLine / ReadToEnd see it).
+  explicit Subprocess(std::vector<std::string> argv, bool with_stderr = false) {
     int fds[2];
     if (pipe(fds) != 0) return;
     pid_ = fork();
     if (pid_ == 0) {
       dup2(fds[1], STDOUT_FILENO);
+      if (with_stderr) dup2(fds[1], STDERR_FILENO);
       close(fds[0]);
       close(fds[1]);
       std::vector<char*> args;
@@ -101,6 +104,20 @@ class Subprocess {
       buf_.append(tmp, static_cast<size_t>(n));
     }
     return "";
+  }
+
+  // Everything not yet read up to EOF (the process closed its output), or up to `timeout`.
+  std::string ReadToEnd(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{out_, POLLIN, 0};
+      if (poll(&p, 1, 50) <= 0) continue;
+      char tmp[4096];
+      ssize_t n = read(out_, tmp, sizeof tmp);
+      if (n <= 0) break;
+      buf_.append(tmp, static_cast<size_t>(n));
+    }
+    return std::exchange(buf_, std::string());
   }
 
   // Sends `sig` and waits up to `timeout` for exit; returns the exit code, 128+signal

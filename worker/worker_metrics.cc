@@ -32,6 +32,8 @@ WorkerMetrics::WorkerMetrics(const WorkerService* service, const WorkerServer* s
   learn_requests_.c = NewCounter(r, "onlineps_worker_learn_requests_total", "learn calls served");
   learn_examples_.c = NewCounter(r, "onlineps_worker_learn_examples_total", "examples learned");
   pushes_.c = NewCounter(r, "onlineps_worker_pushes_total", "pushes completed (ok or not)");
+  push_bytes_.c = NewCounter(r, "onlineps_worker_push_bytes_total",
+                             "payload bytes of the pushes started (4 per float, 8 per key)");
   push_errors_.c = NewCounter(r, "onlineps_worker_push_errors_total", "pushes that failed");
   nonfinite_.c = NewCounter(r, "onlineps_worker_nonfinite_rejected_total",
                             "learn calls refused for a NaN/Inf loss or gradient");
@@ -74,6 +76,7 @@ void WorkerMetrics::Update() {
   learn_requests_.Set(static_cast<double>(s.learn_requests));
   learn_examples_.Set(static_cast<double>(s.learn_examples));
   pushes_.Set(static_cast<double>(s.pushes));
+  push_bytes_.Set(static_cast<double>(s.push_bytes));
   push_errors_.Set(static_cast<double>(s.push_errors));
   nonfinite_.Set(static_cast<double>(s.rejected_nonfinite));
   rpc_errors_.Set(static_cast<double>(rpc.errors));

@@ -12,7 +12,8 @@
 namespace onlineps::worker {
 
 void WorkerService::StartPush(
-    const std::string& table, Pushes* pushes, std::function<void(const ps::PushReply&)> forget,
+    const std::string& table, uint64_t bytes, Pushes* pushes,
+    std::function<void(const ps::PushReply&)> forget,
     const std::function<ps::Ticket(ps::PushReply*, ps::PsClient::Callback)>& send) {
   {
     // Bounded: a learn waits here rather than queue pushes without limit.
@@ -20,6 +21,7 @@ void WorkerService::StartPush(
     inflight_cv_.Wait(&mu_,
                       [&]() REQUIRES(mu_) { return inflight_ < options_.max_inflight_pushes; });
     ++inflight_;
+    stats_.push_bytes += bytes;
   }
   if (!options_.read_own_writes) forget = [](const ps::PushReply&) {};
   // Run once: by the push's callback or by FinishPushes, whichever comes first; the other
@@ -88,7 +90,8 @@ void WorkerService::PushSparse(const std::vector<ps::VersionVector>& base, const
         cache_.InvalidateRows(table, keys->data(), keys->size());
       };
     }
-    StartPush(params[i].name, pushes, forget, [&](ps::PushReply* r, ps::PsClient::Callback done) {
+    const uint64_t bytes = g.keys.size() * sizeof(uint64_t) + g.values.size() * sizeof(float);
+    StartPush(params[i].name, bytes, pushes, forget, [&](ps::PushReply* r, ps::PsClient::Callback done) {
       return client_->PushSparse(params[i].name, g.keys.data(), g.keys.size(), g.values.data(),
                                  base[i], r, opts, std::move(done));
     });
@@ -107,7 +110,8 @@ void WorkerService::PushDense(size_t param, Accumulator::Batch batch, Pushes* pu
       cache_.InstallDense(table, std::move(*updated), r.versions, sent);  // runs once
     };
   }
-  StartPush(table, pushes, forget, [&](ps::PushReply* r, ps::PsClient::Callback done) {
+  const uint64_t bytes = batch.sum.size() * sizeof(float);
+  StartPush(table, bytes, pushes, forget, [&](ps::PushReply* r, ps::PsClient::Callback done) {
     return client_->PushDense(table, Frame::FromVector(std::move(batch.sum)), batch.base, r, opts,
                               std::move(done));
   });
@@ -118,7 +122,7 @@ void WorkerService::PushDelta(size_t param, std::vector<float> delta, Pushes* pu
   pushes->dense_tables.push_back(table);
   ps::PushOptions opts;
   opts.delta = true;
-  StartPush(table, pushes, ForgetDense(table), [&](ps::PushReply* r, ps::PsClient::Callback done) {
+  StartPush(table, delta.size() * sizeof(float), pushes, ForgetDense(table), [&](ps::PushReply* r, ps::PsClient::Callback done) {
     return client_->PushDense(table, Frame::FromVector(std::move(delta)),
                               local_->anchor_versions(param), r, opts, std::move(done));
   });

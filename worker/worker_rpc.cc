@@ -245,6 +245,7 @@ json ToJson(const WorkerStats& s) {
           {"learn_requests", s.learn_requests},
           {"learn_examples", s.learn_examples},
           {"pushes", s.pushes},
+          {"push_bytes", s.push_bytes},
           {"push_errors", s.push_errors},
           {"rejected_nonfinite", s.rejected_nonfinite},
           {"max_tau", s.max_tau},

@@ -122,6 +122,9 @@ struct WorkerStats {
   // calls the batcher served with one pass.
   uint64_t infer_passes = 0;
   uint64_t pushes = 0, push_errors = 0, rejected_nonfinite = 0, max_tau = 0;
+  // Payload bytes of the pushes started: 4 per float, 8 per sparse key (frozen
+  // parameters never add to it; model_info says what one learn's dense push carries).
+  uint64_t push_bytes = 0;
   uint64_t group_rounds = 0;  // local-group rounds completed (0 without a group)
   bool group_active = false;
   size_t inflight_pushes = 0;
@@ -205,7 +208,7 @@ class WorkerService {
                   Pushes* pushes, LearnReply* out);
   void PushDense(size_t param, Accumulator::Batch batch, Pushes* pushes);
   void PushDelta(size_t param, std::vector<float> delta, Pushes* pushes);
-  void StartPush(const std::string& table, Pushes* pushes,
+  void StartPush(const std::string& table, uint64_t bytes, Pushes* pushes,
                  std::function<void(const ps::PushReply&)> forget,
                  const std::function<ps::Ticket(ps::PushReply*, ps::PsClient::Callback)>& send);
   std::function<void(const ps::PushReply&)> ForgetDense(const std::string& table);

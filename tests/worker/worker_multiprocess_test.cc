@@ -591,6 +591,138 @@ TEST(WorkerMultiProcessTest, KilledWorkerLosesNoAcknowledgedUpdate) {
   cluster.StopAll();
 }
 
+// Issue 22: a frozen backbone + trainable head through real processes. Only the head is
+// a PS table (the backbone's tables do not exist, and the bytes pushed are the head's),
+// the backbone stays bit-identical through 100 learns (its hash, recomputed), infer
+// changes, a worker with another backbone file is refused naming both hashes, and LoRA
+// adapters with B = 0 answer exactly what the plain frozen model answers.
+json FeatureExamples(size_t n, size_t offset) {
+  json examples = json::array();
+  for (size_t e = offset; e < offset + n; ++e) {
+    json features = json::array();
+    for (int j = 0; j < 6; ++j) features.push_back(2.0 * std::sin(1.7 * e + 0.9 * j));
+    examples.push_back({{"features", features}, {"label", static_cast<int64_t>(e % 3)}});
+  }
+  return examples;
+}
+
+json InferScores(WorkerClient* client, const json& examples) {
+  json inputs = json::array();
+  for (const json& ex : examples) inputs.push_back({{"features", ex.at("features")}});
+  auto r = client->Call(Op::kInfer, {{"examples", inputs}});
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  json scores = json::array();
+  if (r.ok()) {
+    for (const json& p : r->at("predictions")) scores.push_back(p.at("scores"));
+  }
+  return scores;
+}
+
+TEST(WorkerMultiProcessTest, FrozenBackboneLearnsOnlyItsHead) {
+  const std::string head_file = ONLINEPS_TESTDATA_DIR "/frozen_head.pt";
+  const std::string other_file = ONLINEPS_TESTDATA_DIR "/frozen_head_other.pt";
+  const std::string lora_file = ONLINEPS_TESTDATA_DIR "/lora_r2.pt";
+  Cluster cluster;
+  ASSERT_TRUE(cluster.StartShards(2));
+  const std::vector<std::string> common = {"--model", "torchscript", "--labels", "a,b,c",
+                                           "--lr", "0.5"};
+  auto flags = [&](const std::string& file, const std::string& prefix) {
+    std::vector<std::string> f = common;
+    f.insert(f.end(), {"--model-file", file, "--table-prefix", prefix});
+    return f;
+  };
+  const std::string ep = cluster.StartWorker(flags(head_file, "fz/"));
+  ASSERT_FALSE(ep.empty()) << "worker did not start";
+  auto client = ConnectWorker(ep);
+  ASSERT_TRUE(client);
+
+  auto info = client->Call(Op::kModelInfo, json::object());
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  const std::string base = info->at("base").get<std::string>();
+  ASSERT_EQ(base.rfind("sha256:", 0), 0u) << info->dump();
+  EXPECT_EQ(info->at("trainable_floats").get<uint64_t>(), 3u * 8 + 3);
+  EXPECT_EQ(info->at("frozen_floats").get<uint64_t>(), 8u * 6 + 8 + 8 * 8 + 8);
+  const uint64_t push_bytes = info->at("dense_push_bytes").get<uint64_t>();
+  EXPECT_EQ(push_bytes, (3u * 8 + 3) * sizeof(float));
+  size_t frozen_listed = 0;
+  for (const json& p : info->at("params")) frozen_listed += !p.at("trainable").get<bool>();
+  EXPECT_EQ(frozen_listed, 4u);
+
+  const json probe = FeatureExamples(6, 1000);
+  const json before = InferScores(client.get(), probe);
+  const int kLearns = 100;
+  for (int i = 0; i < kLearns; ++i) {
+    auto r = client->Call(Op::kLearn, {{"examples", FeatureExamples(1, i)}});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->at("outcome"), "applied");
+  }
+  EXPECT_NE(InferScores(client.get(), probe), before) << "a head-only learn must change infer";
+
+  auto verified = client->Call(Op::kModelInfo, {{"verify", true}});
+  ASSERT_TRUE(verified.ok()) << verified.status().ToString();
+  EXPECT_EQ(verified->at("base_now"), base) << "the frozen backbone changed";
+  EXPECT_TRUE(verified->at("frozen_intact").get<bool>());
+  auto stats = client->Call(Op::kWorkerStats, json::object());
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats->at("push_bytes").get<uint64_t>(), kLearns * push_bytes);
+
+  // On the PS: the head's tables, each updated once per learn and tagged with the base;
+  // no table for any backbone parameter.
+  ps::PsClientOptions o;
+  o.shards = cluster.shard_endpoints();
+  auto ps = ps::PsClient::Connect(o);
+  ASSERT_TRUE(ps.ok()) << ps.status().ToString();
+  for (const char* table : {"fz/head.weight", "fz/head.bias"}) {
+    auto shards = (*ps)->TableInfo(table);
+    ASSERT_TRUE(shards.ok()) << table << ": " << shards.status().ToString();
+    uint64_t version = 0;
+    for (auto& shard : *shards) {
+      EXPECT_EQ(shard["base"], base) << table;
+      version = std::max<uint64_t>(version, std::stoull(shard["stat.version"]));
+    }
+    // One seeding push of the file's head values, then one per learn.
+    EXPECT_EQ(version, static_cast<uint64_t>(kLearns) + 1) << table;
+  }
+  for (const char* table : {"fz/backbone.fc0.weight", "fz/backbone.fc1.bias"}) {
+    EXPECT_EQ((*ps)->TableInfo(table).status().code(), StatusCode::kNotFound) << table;
+  }
+
+  // Another backbone against the same tables: refused at start, naming both hashes.
+  std::string shards_arg;
+  for (const std::string& s : cluster.shard_endpoints()) {
+    shards_arg += (shards_arg.empty() ? "" : ",") + s;
+  }
+  std::vector<std::string> argv = {ONLINEPS_BIN_DIR "/onlineps_worker", "--ps", shards_arg,
+                                   "--listen", "tcp://127.0.0.1:0", "--admin-port", "-1"};
+  for (const std::string& f : flags(other_file, "fz/")) argv.push_back(f);
+  Subprocess other(argv, /*with_stderr=*/true);
+  const std::string said = other.ReadToEnd(kStartTimeout);
+  EXPECT_NE(other.Wait(kStopTimeout), 0) << said;
+  EXPECT_NE(said.find(base), std::string::npos) << said;
+  EXPECT_NE(said.find("frozen base"), std::string::npos) << said;
+  EXPECT_EQ(said.find("LISTENING"), std::string::npos) << said;
+  std::printf("another backbone: %s", said.c_str());
+
+  // LoRA adapters (B = 0) on the same backbone and head, before any learn: the same
+  // scores, bit for bit, as the plain model with its own untouched tables.
+  const std::string lora_ep = cluster.StartWorker(flags(lora_file, "lora/"));
+  const std::string plain_ep = cluster.StartWorker(flags(head_file, "plain/"));
+  ASSERT_FALSE(lora_ep.empty());
+  ASSERT_FALSE(plain_ep.empty());
+  auto lora = ConnectWorker(lora_ep);
+  auto plain = ConnectWorker(plain_ep);
+  ASSERT_TRUE(lora && plain);
+  const json lora_scores = InferScores(lora.get(), probe);
+  ASSERT_EQ(lora_scores.size(), probe.size());
+  EXPECT_EQ(lora_scores, InferScores(plain.get(), probe));
+  auto lora_info = lora->Call(Op::kModelInfo, json::object());
+  ASSERT_TRUE(lora_info.ok()) << lora_info.status().ToString();
+  EXPECT_EQ(lora_info->at("base"), base) << "LoRA keeps the same frozen backbone";
+  // A [2, 6] and B [8, 2] on fc0, A [2, 8] and B [8, 2] on fc1, and the head's 3 x 8 + 3.
+  EXPECT_EQ(lora_info->at("trainable_floats").get<uint64_t>(), 12u + 16 + 16 + 16 + 27);
+  cluster.StopAll();
+}
+
 // Regression: a worker waiting for shards that are not up took its shutdown signal only
 // after that wait (up to 30 s), so a pod stopped then ran into SIGKILL.
 // Issue 21: the sparse tables a worker creates get the caps of its flags, so a stream
