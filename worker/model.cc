@@ -29,8 +29,9 @@ StatusOr<std::vector<bool>> SelectTrainable(const std::vector<std::string>& name
                                             const std::vector<std::string>& trainable,
                                             const std::vector<std::string>& frozen) {
   if (!trainable.empty() && !frozen.empty()) {
-    return InvalidArgument("give --trainable or --frozen, not both (each is the other's "
-                           "complement)");
+    return InvalidArgument(
+        "give --trainable or --frozen, not both (each is the other's "
+        "complement)");
   }
   const std::vector<std::string>& globs = trainable.empty() ? frozen : trainable;
   const bool by_trainable = !trainable.empty();

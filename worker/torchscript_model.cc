@@ -57,7 +57,8 @@ std::string HashFrozen(const torch::jit::Module& module, const std::vector<bool>
       if (node->kind() != c10::prim::Constant || node->outputs().size() != 1) continue;
       if (node->output()->type()->kind() != c10::TypeKind::TensorType) continue;
       auto value = torch::jit::toIValue(node->output());
-      if (value && value->isTensor()) add("constant " + std::to_string(constants++), value->toTensor());
+      if (value && value->isTensor())
+        add("constant " + std::to_string(constants++), value->toTensor());
     }
   };
   for (const auto& sub : module.modules()) {
@@ -350,7 +351,7 @@ class TorchScriptModel : public Model {
   const std::vector<FrozenParam> frozen_;
   const std::string base_;
   std::vector<size_t> sparse_;  // indices of sparse params; immutable after construction
-  mutable ReplicaPool pool_;  // lends replicas; BaseNow only reads the prototype
+  mutable ReplicaPool pool_;    // lends replicas; BaseNow only reads the prototype
 };
 
 // The PS initializes tables from a ParamInfo, not from the file's values: a parameter the
@@ -384,8 +385,8 @@ StatusOr<Described> DescribeParams(const ModelOptions& options, torch::jit::Modu
     requires_grad.push_back(p.value.requires_grad());
   }
   Described out;
-  ONLINEPS_ASSIGN_OR_RETURN(out.learns, SelectTrainable(names, requires_grad, options.trainable,
-                                                        options.frozen));
+  ONLINEPS_ASSIGN_OR_RETURN(
+      out.learns, SelectTrainable(names, requires_grad, options.trainable, options.frozen));
   std::vector<ParamInfo>& infos = out.infos;
   torch::NoGradGuard no_grad;
   size_t index = 0;

@@ -45,9 +45,9 @@ class WorkerMetrics {
   Mutex mu_;
   Counter infer_requests_ GUARDED_BY(mu_), infer_examples_ GUARDED_BY(mu_),
       infer_passes_ GUARDED_BY(mu_), learn_requests_ GUARDED_BY(mu_),
-      learn_examples_ GUARDED_BY(mu_), pushes_ GUARDED_BY(mu_), push_bytes_ GUARDED_BY(mu_), push_errors_ GUARDED_BY(mu_),
-      nonfinite_ GUARDED_BY(mu_), rpc_errors_ GUARDED_BY(mu_), rpc_dropped_ GUARDED_BY(mu_),
-      dense_pulls_ GUARDED_BY(mu_), sparse_pulls_ GUARDED_BY(mu_),
+      learn_examples_ GUARDED_BY(mu_), pushes_ GUARDED_BY(mu_), push_bytes_ GUARDED_BY(mu_),
+      push_errors_ GUARDED_BY(mu_), nonfinite_ GUARDED_BY(mu_), rpc_errors_ GUARDED_BY(mu_),
+      rpc_dropped_ GUARDED_BY(mu_), dense_pulls_ GUARDED_BY(mu_), sparse_pulls_ GUARDED_BY(mu_),
       refresher_pulls_ GUARDED_BY(mu_), notices_ GUARDED_BY(mu_), watch_errors_ GUARDED_BY(mu_);
   prometheus::Gauge *max_tau_, *inflight_, *sessions_, *sparse_rows_, *shards_noticing_;
   PeriodicThread thread_;  // last: stopped before the members it writes go

@@ -91,10 +91,11 @@ void WorkerService::PushSparse(const std::vector<ps::VersionVector>& base, const
       };
     }
     const uint64_t bytes = g.keys.size() * sizeof(uint64_t) + g.values.size() * sizeof(float);
-    StartPush(params[i].name, bytes, pushes, forget, [&](ps::PushReply* r, ps::PsClient::Callback done) {
-      return client_->PushSparse(params[i].name, g.keys.data(), g.keys.size(), g.values.data(),
-                                 base[i], r, opts, std::move(done));
-    });
+    StartPush(params[i].name, bytes, pushes, forget,
+              [&](ps::PushReply* r, ps::PsClient::Callback done) {
+                return client_->PushSparse(params[i].name, g.keys.data(), g.keys.size(),
+                                           g.values.data(), base[i], r, opts, std::move(done));
+              });
   }
 }
 
@@ -122,10 +123,11 @@ void WorkerService::PushDelta(size_t param, std::vector<float> delta, Pushes* pu
   pushes->dense_tables.push_back(table);
   ps::PushOptions opts;
   opts.delta = true;
-  StartPush(table, delta.size() * sizeof(float), pushes, ForgetDense(table), [&](ps::PushReply* r, ps::PsClient::Callback done) {
-    return client_->PushDense(table, Frame::FromVector(std::move(delta)),
-                              local_->anchor_versions(param), r, opts, std::move(done));
-  });
+  StartPush(table, delta.size() * sizeof(float), pushes, ForgetDense(table),
+            [&](ps::PushReply* r, ps::PsClient::Callback done) {
+              return client_->PushDense(table, Frame::FromVector(std::move(delta)),
+                                        local_->anchor_versions(param), r, opts, std::move(done));
+            });
 }
 
 Status WorkerService::FinishPushes(Pushes& pushes, ReplyWhen when, LearnReply* out) {

@@ -304,7 +304,8 @@ json ModelInfoJson(const Model& model) {
     params.push_back(std::move(entry));
   }
   for (const FrozenParam& p : model.frozen()) {
-    params.push_back({{"name", p.name}, {"trainable", false}, {"kind", "frozen"}, {"shape", p.shape}});
+    params.push_back(
+        {{"name", p.name}, {"trainable", false}, {"kind", "frozen"}, {"shape", p.shape}});
     frozen_floats += p.size();
   }
   return {{"base", model.base()},

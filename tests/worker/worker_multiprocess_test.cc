@@ -624,8 +624,8 @@ TEST(WorkerMultiProcessTest, FrozenBackboneLearnsOnlyItsHead) {
   const std::string lora_file = ONLINEPS_TESTDATA_DIR "/lora_r2.pt";
   Cluster cluster;
   ASSERT_TRUE(cluster.StartShards(2));
-  const std::vector<std::string> common = {"--model", "torchscript", "--labels", "a,b,c",
-                                           "--lr", "0.5"};
+  const std::vector<std::string> common = {"--model", "torchscript", "--labels",
+                                           "a,b,c",   "--lr",        "0.5"};
   auto flags = [&](const std::string& file, const std::string& prefix) {
     std::vector<std::string> f = common;
     f.insert(f.end(), {"--model-file", file, "--table-prefix", prefix});
@@ -692,8 +692,13 @@ TEST(WorkerMultiProcessTest, FrozenBackboneLearnsOnlyItsHead) {
   for (const std::string& s : cluster.shard_endpoints()) {
     shards_arg += (shards_arg.empty() ? "" : ",") + s;
   }
-  std::vector<std::string> argv = {ONLINEPS_BIN_DIR "/onlineps_worker", "--ps", shards_arg,
-                                   "--listen", "tcp://127.0.0.1:0", "--admin-port", "-1"};
+  std::vector<std::string> argv = {ONLINEPS_BIN_DIR "/onlineps_worker",
+                                   "--ps",
+                                   shards_arg,
+                                   "--listen",
+                                   "tcp://127.0.0.1:0",
+                                   "--admin-port",
+                                   "-1"};
   for (const std::string& f : flags(other_file, "fz/")) argv.push_back(f);
   Subprocess other(argv, /*with_stderr=*/true);
   const std::string said = other.ReadToEnd(kStartTimeout);

@@ -882,5 +882,91 @@ TEST_F(WorkerServiceTest, TorchScriptModelLoadsInfersAndTrainsThroughThePs) {
   EXPECT_LT(last, first * 0.7) << "loss did not fall: " << first << " -> " << last;
 }
 
+// Issue 22: a frozen backbone changes nothing the PS does: with every optimizer and a
+// delay-aware rule, accumulation and local steps, only the trainable tables exist and
+// move, and the frozen values stay bit-identical. A frozen dense layer under a trainable
+// sparse embedding exercises the sparse push path.
+TEST_F(WorkerServiceTest, FrozenBackboneWorksWithEveryRuleAccumulationAndLocalSteps) {
+  struct Case {
+    std::string name, optimizer, staleness;
+    ps::Params params;
+    uint32_t accumulate = 1, local_steps = 0;
+  };
+  const std::vector<Case> cases = {
+      {"sgd", "sgd", "none", {{"lr", 0.5}}},
+      {"adagrad", "adagrad", "dc_adaptive", {{"lr", 0.5}}},
+      {"ftrl", "ftrl", "lr_over_tau", {{"alpha", 0.5}}},
+      {"adam", "adam", "none", {{"lr", 0.05}}},
+      {"accumulate", "sgd", "none", {{"lr", 0.5}}, 3},
+      {"local", "sgd", "none", {{"lr", 0.5}}, 1, 2},
+  };
+  std::vector<Example> batch;
+  for (int e = 0; e < 3; ++e) {
+    Example ex;
+    for (int j = 0; j < 6; ++j) ex.features.push_back(2.0f * std::sin(1.7f * e + 0.9f * j));
+    ex.label = e;
+    batch.push_back(ex);
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ModelOptions m;
+    m.kind = "torchscript";
+    m.model_file = std::string(ONLINEPS_TESTDATA_DIR) + "/frozen_head.pt";
+    m.labels = {"a", "b", "c"};
+    m.table_prefix = c.name + "/";
+    auto model = CreateModel(m);
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    WorkerServiceOptions o;
+    o.table_template.optimizer = c.optimizer;
+    o.table_template.optimizer_params = c.params;
+    o.table_template.staleness = c.staleness;
+    o.accumulate_examples = c.accumulate;
+    o.local_steps = c.local_steps;
+    auto client = Client(endpoints_);
+    WorkerService service(client.get(), model->get(), o);
+    ASSERT_TRUE(service.Start().ok());
+    const std::vector<ParamInfo>& params = (*model)->params();
+    ASSERT_EQ(params.size(), 2u);
+    for (int i = 0; i < 12; ++i) {
+      auto r = service.Learn("", batch);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+    }
+    ASSERT_TRUE(service.Stop().ok());
+    for (const ParamInfo& p : params) {
+      ps::VersionVector v;
+      const std::vector<float> now = PullDense(p.name, &v);
+      EXPECT_GT(*std::max_element(v.begin(), v.end()), 1u) << p.name << " was never pushed";
+      EXPECT_NE(now, p.initial) << p.name << " did not learn";
+    }
+    EXPECT_FALSE(peek_->OpenTable(c.name + "/backbone.fc0.weight").ok());
+    auto now = (*model)->BaseNow();
+    ASSERT_TRUE(now.ok()) << now.status().ToString();
+    EXPECT_EQ(*now, (*model)->base());
+  }
+
+  ModelOptions m;
+  m.kind = "torchscript";
+  m.model_file = std::string(ONLINEPS_TESTDATA_DIR) + "/tiny_model.pt";
+  m.sparse_params = {"embed.weight"};
+  m.frozen = {"out.*"};
+  m.labels = {"x", "y", "z"};
+  m.table_prefix = "sparse/";
+  StartWorker(m, WorkerServiceOptions());
+  ASSERT_EQ(model_->params().size(), 1u);
+  EXPECT_EQ(model_->base().rfind("sha256:", 0), 0u) << model_->base();
+  size_t rows = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto r = service_->Learn("", {Example{"alpha beta", {}, 1}, Example{"gamma", {}, 2}});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    rows += r->sparse_rows_pushed;
+    EXPECT_FALSE(r->dense_pushed);
+  }
+  EXPECT_GT(rows, 0u);
+  EXPECT_FALSE(peek_->OpenTable("sparse/out.weight").ok());
+  auto now = model_->BaseNow();
+  ASSERT_TRUE(now.ok());
+  EXPECT_EQ(*now, model_->base());
+}
+
 }  // namespace
 }  // namespace onlineps::worker
