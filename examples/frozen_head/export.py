@@ -3,13 +3,14 @@
 
   /usr/bin/python3 examples/frozen_head/export.py --out build/frozen_head
 
-- digits_head.pt: a backbone Linear(64, 512)-ReLU-Linear(512, 512)-ReLU pretrained on
-  the digits 0-4 of the stream (the "pretraining task"), saved frozen
+- digits_head.pt: a small CNN backbone (the 8x8 image through Conv2d(1, 16, 3)-ReLU-
+  Conv2d(16, 32, 3)-ReLU-MaxPool(2), then fc0 Linear(512, 512)-ReLU-fc1 Linear(512,
+  512)-ReLU) pretrained on the digits 0-4 of the stream (the "pretraining task"), saved frozen
   (requires_grad=False), and a fresh head Linear(512, 10) for all ten digits. Served
   as is, only the head learns; with --trainable '*' the same file is full fine-tuning.
 - digits_lora4.pt, digits_lora8.pt: the same backbone and head with a rank-4 / rank-8
-  LoRA adapter (lora.py, alpha = 2r) on the backbone's 512 x 512 layer fc1, which holds
-  89% of its weights: the adapter and the head learn.
+  LoRA adapter (lora.py, alpha = 2r) on each of the backbone's two 512 x 512 linears
+  fc0 and fc1: the adapters and the head learn; the convolutions stay as they are.
 
 The module takes raw pixel values (0..16) and scales them itself. Deterministic: fixed
 seeds and PYTHONHASHSEED, so the same torch version writes the same bytes.
@@ -32,11 +33,16 @@ WIDTH = 512
 class Backbone(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.fc0 = nn.Linear(64, WIDTH)
+        self.conv0 = nn.Conv2d(1, 16, 3, padding=1)
+        self.conv1 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc0 = nn.Linear(32 * 4 * 4, WIDTH)
         self.fc1 = nn.Linear(WIDTH, WIDTH)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.fc1(torch.relu(self.fc0(x / 16.0))))
+        image = (x / 16.0).view(-1, 1, 8, 8)
+        h = torch.relu(self.conv1(torch.relu(self.conv0(image))))
+        h = torch.flatten(torch.max_pool2d(h, 2), 1)
+        return torch.relu(self.fc1(torch.relu(self.fc0(h))))
 
 
 class Net(nn.Module):
@@ -93,6 +99,7 @@ def main() -> None:
         adapted = Backbone()
         adapted.load_state_dict(backbone.state_dict())
         freeze(adapted)
+        adapted.fc0 = LoRALinear(adapted.fc0, r=r, alpha=2.0 * r)
         adapted.fc1 = LoRALinear(adapted.fc1, r=r, alpha=2.0 * r)
         save(Net(adapted, head), out, f"digits_lora{r}.pt")
 

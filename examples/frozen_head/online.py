@@ -149,7 +149,7 @@ def parse_args(argv=None, modes="head"):
     parser.add_argument("--checkpoints", default="100,300",
                         help="also measure accuracy after these many examples")
     parser.add_argument("--optimizer", default="adam", help="optimizer of the PS tables")
-    parser.add_argument("--lr", type=float, default=0.003, help="learning rate")
+    parser.add_argument("--lr", type=float, default=0.001, help="learning rate")
     parser.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"),
                         help="folder of the onlineps binaries")
     parser.add_argument("--models", default=os.path.join(ROOT, "build", "frozen_head"),
