@@ -686,6 +686,28 @@ TEST(TorchScriptModelTest, ParamsSavedWithoutGradAreFrozenAndHashed) {
   EXPECT_TRUE(tiny->frozen().empty());
 }
 
+// torch.jit.freeze folds the backbone's weights into constants of the code: they are not
+// parameters, only the preserved head is, and the base hash covers the constants.
+TEST(TorchScriptModelTest, JitFreezeConstantsAreFrozenAndHashed) {
+  std::unique_ptr<Model> folded = MustCreate(FrozenOptions(ONLINEPS_TESTDATA_DIR "/frozen_jit.pt"));
+  std::unique_ptr<Model> plain = MustCreate(FrozenOptions(kFrozenHead));
+  ASSERT_NE(folded, nullptr);
+  ASSERT_NE(plain, nullptr);
+  EXPECT_EQ(Names(folded->params()), (std::vector<std::string>{"fz/head.weight", "fz/head.bias"}));
+  EXPECT_TRUE(folded->frozen().empty());
+  EXPECT_EQ(folded->base().rfind("sha256:", 0), 0u) << "constants not hashed";
+  const std::vector<Example> batch = FeatureBatch();
+  OwnedParams fp = FileParams(*folded), pp = FileParams(*plain);
+  StatusOr<InferOutput> a = folded->Infer(batch, {}, fp.View());
+  StatusOr<InferOutput> b = plain->Infer(batch, {}, pp.View());
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  for (size_t e = 0; e < batch.size(); ++e) {
+    for (size_t c = 0; c < 3; ++c) EXPECT_NEAR(a->scores[e][c], b->scores[e][c], 1e-6);
+  }
+  ExpectGradientsMatchFiniteDifferences(*folded, batch, {}, fp);
+}
+
 TEST(TorchScriptModelTest, TrainableGlobsOverrideTheFile) {
   ModelOptions o = FrozenOptions(kFrozenHead);
   o.trainable = {"*"};  // full fine-tuning of the same file

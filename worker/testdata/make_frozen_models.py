@@ -5,7 +5,9 @@
 - frozen_head_other.pt: the same with other backbone weights (another base hash);
 - lora_r2.pt: frozen_head.pt's backbone and head, each backbone Linear wrapped with a
   rank-2 LoRA adapter (lora_A random, lora_B zeros, scale alpha / r): before any learn it
-  computes exactly what frozen_head.pt does.
+  computes exactly what frozen_head.pt does;
+- frozen_jit.pt: frozen_head.pt's model through torch.jit.freeze(preserved_attrs=["head"]):
+  the backbone's weights become constants of the code, the head stays parameters.
 
 forward(x [B, 6]) -> logits [B, 3]. Run with Debian's /usr/bin/python3 (python3-torch)
 from anywhere: /usr/bin/python3 worker/testdata/make_frozen_models.py
@@ -65,6 +67,12 @@ def main() -> None:
     lora.fc0 = LoRALinear(lora.fc0, r=2, alpha=4.0)
     lora.fc1 = LoRALinear(lora.fc1, r=2, alpha=4.0)
     save(Net(lora, head), "lora_r2.pt")
+
+    folded = torch.jit.freeze(torch.jit.script(Net(backbone, head)).eval(),
+                              preserved_attrs=["head"])
+    path = os.path.join(HERE, "frozen_jit.pt")
+    folded.save(path)
+    print(f"wrote {path} ({os.path.getsize(path)} bytes)")
 
 
 if __name__ == "__main__":
