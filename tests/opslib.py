@@ -7,7 +7,9 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -141,6 +143,39 @@ class Proc:
         finally:
             self.out.close()
             self.err.close()
+
+
+class Procs:
+    """The processes of one run, as a context manager: `start` them in order; on leaving,
+    each is stopped, the last started first, and when the block raised, the tail of each
+    one's logs goes to stderr first (with the folder that keeps them whole)."""
+
+    def __init__(self, logdir):
+        self.logdir = logdir
+        self.procs = []
+
+    def start(self, name, argv, env=None):
+        proc = Proc(name, argv, self.logdir, env)
+        self.procs.append(proc)
+        return proc
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            for p in self.procs:
+                sys.stderr.write(f"--- {p.name} ({self.logdir}):\n{p.output()[-2000:]}\n")
+        for p in reversed(self.procs):
+            p.stop()
+        return False
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def metric(text, name, labels=None):

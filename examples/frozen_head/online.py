@@ -19,7 +19,6 @@ Debian's /usr/bin/python3 and python3-torch when missing).
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,12 +39,6 @@ MODES = {
     "lora4": ("digits_lora4.pt", []),
     "lora8": ("digits_lora8.pt", []),
 }
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def worker_stats(args, endpoint):
@@ -85,25 +78,20 @@ def cpu_seconds(pids):
 
 def run_mode(mode, args, stream, test, log):
     model_file, extra = MODES[mode]
-    work = tempfile.mkdtemp(prefix=f"frozen-{mode}-")
-    procs = []
-    try:
-        shard = opslib.Proc("ps", [f"{args.bin}/onlineps_ps", "--listen", "tcp://127.0.0.1:0",
-                                   "--admin-port", "-1", "--log-level", "warn"], work)
-        procs.append(shard)
-        ps = opslib.endpoint(shard, "shard")
-        worker = opslib.Proc("worker", [
-            f"{args.bin}/onlineps_worker", "--ps", ps, "--listen", "tcp://127.0.0.1:0",
-            "--admin-port", "-1", "--log-level", "warn", "--model", "torchscript",
-            "--model-file", os.path.join(args.models, model_file), "--labels", ",".join(LABELS),
-            "--optimizer", args.optimizer, "--lr", str(args.lr)] + extra, work)
-        procs.append(worker)
+    with opslib.Procs(tempfile.mkdtemp(prefix=f"frozen-{mode}-")) as procs:
+        shard = procs.start("ps", [f"{args.bin}/onlineps_ps", "--listen", "tcp://127.0.0.1:0",
+                                   "--admin-port", "-1", "--log-level", "warn"])
+        worker = procs.start("worker", [
+            f"{args.bin}/onlineps_worker", "--ps", opslib.endpoint(shard, "shard"), "--listen",
+            "tcp://127.0.0.1:0", "--admin-port", "-1", "--log-level", "warn", "--model",
+            "torchscript", "--model-file", os.path.join(args.models, model_file), "--labels",
+            ",".join(LABELS), "--optimizer", args.optimizer, "--lr", str(args.lr)] + extra)
         wep = opslib.endpoint(worker, "worker")
-        bridge = opslib.Proc("bridge", [f"{args.bin}/onlineps_mcp_bridge", "--workers", wep,
-                                        "--port", str(free_port()), "--admin-port", "-1",
-                                        "--log-level", "warn"], work)
-        procs.append(bridge)
+        bridge = procs.start("bridge", [f"{args.bin}/onlineps_mcp_bridge", "--workers", wep,
+                                        "--port", str(opslib.free_port()), "--admin-port", "-1",
+                                        "--log-level", "warn"])
         mcp = opslib.McpSession(opslib.endpoint(bridge, "bridge"))
+        opslib.wait_until(lambda: mcp.call("model_info", {}).get("model"), 10, "worker stats")
         info = mcp.call("model_info", {})["model"]
         before = accuracy(mcp, test)
         log(f"{mode}: {info['trainable_floats']} trainable floats, {info['frozen_floats']} "
@@ -131,13 +119,6 @@ def run_mode(mode, args, stream, test, log):
             f"learns/s through MCP, {result['bytes_per_learn']:.0f} bytes pushed per learn, "
             f"{result['cpu_ms_per_learn']:.2f} ms worker+shard CPU per learn")
         return result
-    except Exception:
-        for p in procs:
-            sys.stderr.write(f"--- {p.name} log ({work}):\n{p.output()[-2000:]}\n")
-        raise
-    finally:
-        for p in reversed(procs):
-            p.stop()
 
 
 def parse_args(argv=None, modes="head"):

@@ -9,7 +9,6 @@ head's bytes per learn and that the backbone in memory still hashes to the base.
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,12 +21,6 @@ BIN = os.environ.get("ONLINEPS_BIN_DIR", os.path.join(HERE, "../../build/bin"))
 MODEL = os.path.join(HERE, "..", "..", "worker", "testdata", "frozen_head.pt")
 LEARNS = 40
 HEAD_BYTES = (3 * 8 + 3) * 4  # head.weight [3, 8] + head.bias [3], float32
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def features(e):
@@ -46,23 +39,18 @@ def worker_cli(endpoint, op, body="{}"):
 
 
 def main():
-    work = tempfile.mkdtemp(prefix="frozen-mcp-")
-    procs = []
-    try:
-        shard = opslib.Proc("ps", [f"{BIN}/onlineps_ps", "--listen", "tcp://127.0.0.1:0",
-                                   "--admin-port", "-1", "--log-level", "warn"], work)
-        procs.append(shard)
-        worker = opslib.Proc("worker", [
+    with opslib.Procs(tempfile.mkdtemp(prefix="frozen-mcp-")) as procs:
+        shard = procs.start("ps", [f"{BIN}/onlineps_ps", "--listen", "tcp://127.0.0.1:0",
+                                   "--admin-port", "-1", "--log-level", "warn"])
+        worker = procs.start("worker", [
             f"{BIN}/onlineps_worker", "--ps", opslib.endpoint(shard, "shard"), "--listen",
             "tcp://127.0.0.1:0", "--admin-port", "-1", "--log-level", "warn", "--model",
             "torchscript", "--model-file", MODEL, "--labels", "a,b,c", "--optimizer", "adam",
-            "--lr", "0.05"], work)
-        procs.append(worker)
+            "--lr", "0.05"])
         wep = opslib.endpoint(worker, "worker")
-        bridge = opslib.Proc("bridge", [f"{BIN}/onlineps_mcp_bridge", "--workers", wep, "--port",
-                                        str(free_port()), "--admin-port", "-1", "--log-level",
-                                        "warn"], work)
-        procs.append(bridge)
+        bridge = procs.start("bridge", [f"{BIN}/onlineps_mcp_bridge", "--workers", wep, "--port",
+                                        str(opslib.free_port()), "--admin-port", "-1",
+                                        "--log-level", "warn"])
         mcp = opslib.McpSession(opslib.endpoint(bridge, "bridge"))
 
         opslib.wait_until(lambda: mcp.call("model_info", {}).get("model"), 10, "worker stats")
@@ -103,13 +91,6 @@ def main():
             fail(f"backbone changed: base {base}, now {verified['base_now']}")
         print(f"frozen_mcp_test: PASS (base {base[:19]}..., {LEARNS} MCP learns, loss "
               f"{first:.3f} -> {last:.3f}, {stats['push_bytes']} bytes pushed, backbone intact)")
-    except Exception:
-        for p in procs:
-            sys.stderr.write(f"--- {p.name} ({work}):\n{p.output()[-2000:]}\n")
-        raise
-    finally:
-        for p in reversed(procs):
-            p.stop()
 
 
 if __name__ == "__main__":
