@@ -279,7 +279,9 @@ def execute(run, binary, runs_dir, resume):
         try:
             old = json.loads(manifest_path.read_text())
             reused = old.get("argv", [])[1:] == argv[1:]
-        except (OSError, ValueError):
+            # What the reused run took when it ran (its own wall time, not this call's).
+            reused_s = float(old.get("result", {}).get("wall_s", 0))
+        except (OSError, ValueError, TypeError, AttributeError):
             reused = False
     rc, err_tail = 0, ""
     if not reused:
@@ -290,7 +292,7 @@ def execute(run, binary, runs_dir, resume):
             rc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=child_env(),
                                 cwd=str(out)).returncode
         err_tail = (out / "log.txt").read_text(errors="replace")[-2000:]
-    elapsed = time.monotonic() - t0
+    elapsed = reused_s if reused else time.monotonic() - t0
     row = {"experiment": run.exp, **run.config, "seed": run.seed}
     status, metrics = "failed", {}
     if rc == 0 and manifest_path.exists() and (out / "curve.csv").exists():
@@ -328,16 +330,30 @@ def run_experiment(exp, args, binary, seeds):
     runs = RUNS[exp](args.quick, seeds)
     runs_dir = Path(args.runs_dir) if args.runs_dir else Path(args.out) / "runs"
     rows, argvs = [], []
+    timing = {"reused": 0, "reused_s": 0.0}
     t0 = time.monotonic()
     for i, run in enumerate(runs, 1):
         row, argv, elapsed, reused = execute(run, binary, runs_dir, args.resume)
         rows.append(row)
         argvs.append(argv)
+        if reused:
+            timing["reused"] += 1
+            timing["reused_s"] += elapsed
         cfg = " ".join(f"{k}={v}" for k, v in run.config.items())
         print(f"[{exp} {i}/{len(runs)}] {cfg} seed={run.seed}: {fmt_metric(exp, row)} "
-              f"({'reused' if reused else f'{elapsed:.1f} s'}; {time.monotonic() - t0:.0f} s "
-              f"so far)", file=sys.stderr, flush=True)
-    return runs, rows, argvs, time.monotonic() - t0
+              f"({f'reused, ran {elapsed:.1f} s earlier' if reused else f'{elapsed:.1f} s'}; "
+              f"{time.monotonic() - t0:.0f} s so far)", file=sys.stderr, flush=True)
+    timing["wall"] = time.monotonic() - t0
+    return runs, rows, argvs, timing
+
+
+def runs_line(n, timing):
+    """How long the runs took: with --resume, the reused ones took their time earlier."""
+    if not timing["reused"]:
+        return f"{n} runs in {timing['wall']:.0f} s"
+    fresh = n - timing["reused"]
+    return (f"{n} runs: {timing['reused']} reused from an earlier invocation (--resume; they "
+            f"took {timing['reused_s']:.1f} s then), {fresh} run now in {timing['wall']:.1f} s")
 
 
 # ---------------------------------------------------------------------------------------
@@ -724,7 +740,7 @@ def main():
     problems = []
     total = time.monotonic()
     for exp in exps:
-        runs, rows, argvs, wall = run_experiment(exp, args, binary, seeds)
+        runs, rows, argvs, timing = run_experiment(exp, args, binary, seeds)
         write_csv(out / f"{exp}_results.csv", rows)
         setup = setups[exp](args.quick)
         if exp == "e1":
@@ -734,7 +750,7 @@ def main():
         else:
             md, plots = summary_e3(rows, argvs, setup, seeds), plots_e3(out, rows, setup)
         md += "\nPlots: " + ", ".join(f"[{p.name}]({p.name})" for p in plots) + "\n"
-        md += (f"\n{len(runs)} runs in {wall:.0f} s with {binary.name} "
+        md += (f"\n{runs_line(len(runs), timing)} with {binary.name} "
                f"(commit {next((r.get('commit') for r in rows if r.get('commit')), '?')}).\n")
         (out / f"{exp}_summary.md").write_text(md)
         if not plots:
@@ -743,7 +759,7 @@ def main():
             if not p.exists() or p.stat().st_size == 0:
                 problems.append(f"{exp}: plot {p} missing or empty")
         problems += verify(exp, out, runs, args.quick)
-        print(f"[{exp}] done: {len(runs)} runs in {wall:.0f} s; wrote {out}/{exp}_results.csv, "
+        print(f"[{exp}] done: {runs_line(len(runs), timing)}; wrote {out}/{exp}_results.csv, "
               f"{exp}_summary.md, {len(plots)} plots", file=sys.stderr, flush=True)
     print(f"run.py: {' '.join(exps)} finished in {time.monotonic() - total:.0f} s",
           file=sys.stderr)

@@ -48,6 +48,12 @@ const std::vector<uint32_t>& DatasetBatches::Permutation(uint64_t epoch) {
 
 StatusOr<std::vector<worker::Example>> DatasetBatches::Batch(uint64_t batch) {
   const uint64_t n = data_->train_size();
+  if (n == 0 && data_->name.empty()) {
+    // --dataset none: a model that reads no input (quadratic) gets empty examples.
+    std::vector<worker::Example> none(batch_);
+    for (worker::Example& e : none) e.label = 0;
+    return none;
+  }
   if (n == 0) return FailedPrecondition("dataset '" + data_->name + "' has no training rows");
   std::vector<worker::Example> out;
   out.reserve(batch_);

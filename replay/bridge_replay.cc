@@ -13,6 +13,7 @@
 
 #include "common/mcp_client.h"
 #include "common/mutex.h"
+#include "replay/report.h"
 
 namespace onlineps::replay {
 namespace {
@@ -37,16 +38,6 @@ std::string ErrorText(const json& result) {
     }
   }
   return result.dump().substr(0, 300);
-}
-
-std::string CsvField(const std::string& s) {
-  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"') out += '"';
-    out += (c == '\n' || c == '\r') ? ' ' : c;
-  }
-  return out + "\"";
 }
 
 // Per-call gaps after pacing: offsets_ms[i] is when call i is due after the first.

@@ -5,7 +5,7 @@
 find_package(ZLIB REQUIRED)
 set(ONLINEPS_DEFAULT_DATASETS_DIR "${CMAKE_BINARY_DIR}/datasets" CACHE PATH
     "Where npm datasets live when ONLINEPS_DATASETS_DIR is not set")
-add_library(onlineps_replay_data dataset.cc)
+add_library(onlineps_replay_data dataset.cc user_data.cc)
 target_link_libraries(onlineps_replay_data PUBLIC onlineps_common nlohmann_json::nlohmann_json
                       PRIVATE ZLIB::ZLIB)
 target_compile_definitions(onlineps_replay_data PRIVATE

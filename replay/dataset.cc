@@ -15,6 +15,8 @@
 #include <random>
 #include <sstream>
 
+#include "replay/user_data.h"
+
 #ifndef ONLINEPS_DEFAULT_DATASETS_DIR
 #define ONLINEPS_DEFAULT_DATASETS_DIR "build/datasets"
 #endif
@@ -124,25 +126,6 @@ uint64_t Bounded(std::mt19937_64& rng, uint64_t n) {
   do x = rng();
   while (x >= limit);
   return x % n;
-}
-
-struct Split {
-  std::vector<size_t> train, test;
-};
-
-// REQUIRES: 0 < o.test_fraction < 1.
-Split SeededSplit(size_t n, const DatasetOptions& o) {
-  std::vector<size_t> order(n);
-  for (size_t i = 0; i < n; ++i) order[i] = i;
-  std::mt19937_64 rng(o.split_seed);
-  for (size_t i = n; i > 1; --i) std::swap(order[i - 1], order[Bounded(rng, i)]);
-  const auto n_test = static_cast<size_t>(std::llround(static_cast<double>(n) * o.test_fraction));
-  Split s;
-  s.test.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n_test));
-  s.train.assign(order.begin() + static_cast<std::ptrdiff_t>(n_test), order.end());
-  if (o.max_train && s.train.size() > o.max_train) s.train.resize(o.max_train);
-  if (o.max_test && s.test.size() > o.max_test) s.test.resize(o.max_test);
-  return s;
 }
 
 Status Missing(const std::string& name, const std::string& path, const std::string& install) {
@@ -326,6 +309,20 @@ constexpr Loader kLoaders[] = {
 
 }  // namespace
 
+Split SeededSplit(size_t n, const DatasetOptions& o) {
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::mt19937_64 rng(o.split_seed);
+  for (size_t i = n; i > 1; --i) std::swap(order[i - 1], order[Bounded(rng, i)]);
+  const auto n_test = static_cast<size_t>(std::llround(static_cast<double>(n) * o.test_fraction));
+  Split s;
+  s.test.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n_test));
+  s.train.assign(order.begin() + static_cast<std::ptrdiff_t>(n_test), order.end());
+  if (o.max_train && s.train.size() > o.max_train) s.train.resize(o.max_train);
+  if (o.max_test && s.test.size() > o.max_test) s.test.resize(o.max_test);
+  return s;
+}
+
 std::vector<std::string> DatasetNames() {
   std::vector<std::string> names;
   for (const Loader& l : kLoaders) names.push_back(l.name);
@@ -340,6 +337,7 @@ std::string DefaultDatasetDir(const std::string& name) {
 }
 
 StatusOr<Dataset> LoadDataset(const std::string& name, const DatasetOptions& options) {
+  if (IsUserDataset(name)) return LoadUserDataset(name, options);
   for (const Loader& l : kLoaders) {
     if (name != l.name) continue;
     Dataset ds;
@@ -362,7 +360,8 @@ StatusOr<Dataset> LoadDataset(const std::string& name, const DatasetOptions& opt
   }
   std::string known;
   for (const std::string& n : DatasetNames()) known += (known.empty() ? "" : ", ") + n;
-  return InvalidArgument("unknown dataset '" + name + "' (known: " + known + ")");
+  return InvalidArgument("unknown dataset '" + name + "' (known: " + known +
+                         ", or csv:PATH for your own file)");
 }
 
 json Dataset::Describe() const {

@@ -51,6 +51,11 @@ struct DatasetOptions {
   size_t max_test = 0;         // 0 = all; likewise
   uint64_t split_seed = 1;     // digits, spam-assassin: seeds the shuffle before the split
   double test_fraction = 0.2;  // digits, spam-assassin: share held out, in (0, 1)
+  // csv:PATH (replay/user_data.h)
+  std::string label_column;            // a header name or a 0-based index ("-1": last); "": last
+  std::string header = "auto";         // auto | yes | no (auto: a first row with a non-number)
+  std::string test_file;               // the test split from this file ("": the seeded split)
+  std::string normalize = "standard";  // standard (z-score) | minmax ([0, 1]) | none; fit on train
 };
 
 // Loads `name` (one of DatasetNames()). fashion-mnist keeps its official train/test split
@@ -61,6 +66,15 @@ struct DatasetOptions {
 StatusOr<Dataset> LoadDataset(const std::string& name, const DatasetOptions& options);
 
 std::vector<std::string> DatasetNames();
+
+// Row indices of a seeded train/test split of n rows: shuffled with options.split_seed
+// (the same seed gives the same split on every platform), the first
+// round(n * test_fraction) become the test rows; then max_train / max_test apply.
+// REQUIRES: 0 < options.test_fraction < 1.
+struct Split {
+  std::vector<size_t> train, test;
+};
+Split SeededSplit(size_t n, const DatasetOptions& options);
 
 // Where the package puts the files. spam-assassin: $ONLINEPS_DATASETS_DIR (default: the
 // build's datasets dir, where scripts/setup.sh installs it)/node_modules/@stdlib/...

@@ -29,7 +29,25 @@ StatusOr<std::vector<double>> Fields(const std::string& s, size_t n, const std::
 }
 
 void AddWorkloadFlags(CLI::App& app, Flags* f) {
-  app.add_option("--dataset", f->dataset, "fashion-mnist | digits | spam-assassin | none")
+  app.add_option("--dataset", f->dataset,
+                 "fashion-mnist | digits | spam-assassin | none | csv:PATH | npz:PATH (your "
+                 "own data: a CSV of numeric features and a label column, or a NumPy archive "
+                 "with x, y[, x_test, y_test]; docs/replay.md)")
+      ->capture_default_str();
+  app.add_option("--label-column", f->label_column,
+                 "csv: the label column, by header name or 0-based index (default: the last)");
+  app.add_option("--csv-header", f->csv_header,
+                 "csv: auto | yes | no (auto: the first row is a header when a feature cell "
+                 "in it is not a number, or --label-column is a name)")
+      ->check(CLI::IsMember({"auto", "yes", "no"}))
+      ->capture_default_str();
+  app.add_option("--test-file", f->test_file,
+                 "csv: the test split from this file, same columns (default: a seeded split "
+                 "with --test-fraction)");
+  app.add_option("--normalize", f->normalize,
+                 "csv, npz: feature scaling fitted on the training rows: standard (z-score) | "
+                 "minmax ([0, 1]) | none")
+      ->check(CLI::IsMember({"standard", "minmax", "none"}))
       ->capture_default_str();
   app.add_option("--trace", f->trace, "Replay this recorded trace instead of a dataset");
   app.add_option("--data-dir", f->data_dir,
@@ -38,7 +56,7 @@ void AddWorkloadFlags(CLI::App& app, Flags* f) {
       ->capture_default_str();
   app.add_option("--max-test", f->max_test, "Test examples kept (0: all)")->capture_default_str();
   app.add_option("--split-seed", f->split_seed,
-                 "Seed of the train/test split (digits, spam-assassin)")
+                 "Seed of the train/test split (digits, spam-assassin, csv, npz)")
       ->capture_default_str();
   app.add_option("--test-fraction", f->test_fraction, "Share held out for testing (seeded splits)")
       ->check(CLI::Range(0.01, 0.99))
@@ -214,6 +232,13 @@ Status CheckFlags(const Flags& f) {
   if (f.trace.empty() && f.dataset == "none" && f.model != "quadratic") {
     return InvalidArgument("--dataset none only works with --model quadratic");
   }
+  const bool csv = f.dataset.rfind("csv:", 0) == 0;
+  if (!csv && (!f.label_column.empty() || !f.test_file.empty())) {
+    return InvalidArgument("--label-column and --test-file are for --dataset csv:PATH");
+  }
+  if (f.trace.empty() && f.dataset == "none" && f.updates == 0) {
+    return InvalidArgument("--dataset none has no examples to count epochs in: give --updates N");
+  }
   if (!f.trace.empty() && f.sync)
     return InvalidArgument("--sync applies to dataset runs, not --trace");
   if (!f.bridge.empty() && f.trace.empty()) return InvalidArgument("--bridge needs --trace");
@@ -232,6 +257,10 @@ DatasetOptions DatasetOptionsOf(const Flags& f) {
   o.max_test = f.max_test;
   o.split_seed = f.split_seed;
   o.test_fraction = f.test_fraction;
+  o.label_column = f.label_column;
+  o.header = f.csv_header;
+  o.test_file = f.test_file;
+  o.normalize = f.normalize;
   return o;
 }
 

@@ -26,6 +26,7 @@ struct Flags {
   size_t max_train = 0, max_test = 0;
   uint64_t split_seed = 1;
   double test_fraction = 0.2;
+  std::string label_column, csv_header = "auto", test_file, normalize = "standard";
   bool no_shuffle = false;
   uint32_t batch = 32;
   uint32_t epochs = 1;

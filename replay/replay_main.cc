@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
@@ -218,7 +219,6 @@ int BridgeMain(const Flags& f, const CLI::App& app, int argc, char** argv) {
   }
   auto token = BridgeToken(f);
   if (!token.ok()) return Fail(token.status());
-  ::mkdir(f.out.c_str(), 0755);
   BridgeReplayOptions o;
   o.url = f.bridge;
   o.token = *token;
@@ -300,6 +300,12 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "onlineps_replay: %s\n", st.message().c_str());
     return 2;
   }
+  // Before any work: a run must not end in "cannot write" after minutes of replay.
+  if (!f.dry_run) {
+    std::error_code ec;
+    std::filesystem::create_directories(f.out, ec);
+    if (ec) return Fail(Unavailable("--out " + f.out + ": cannot create it: " + ec.message()));
+  }
 
   if (!f.bridge.empty()) return BridgeMain(f, app, argc, argv);
 
@@ -327,7 +333,6 @@ int Main(int argc, char** argv) {
   auto model = MakeModel(f, data, steps);
   if (!model.ok()) return Fail(model.status());
   if (auto st = CheckTraceTables(steps.header, **model); !st.ok()) return Fail(st);
-  ::mkdir(f.out.c_str(), 0755);
   std::unique_ptr<TraceWriter> events;
   if (f.events) {
     TraceHeader h;

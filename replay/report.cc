@@ -42,7 +42,18 @@ std::string StatsRow(const std::string& run, const std::string& scope, size_t id
 
 }  // namespace
 
-Status WriteCurveCsv(const std::string& path, const std::string& run, const ReplayResult& r) {
+std::string CsvField(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out += '"';
+    out += (c == '\n' || c == '\r') ? ' ' : c;
+  }
+  return out + "\"";
+}
+
+Status WriteCurveCsv(const std::string& path, const std::string& name, const ReplayResult& r) {
+  const std::string run = CsvField(name);
   std::string out =
       "run,updates,samples,virtual_ms,wall_s,train_loss,test_loss,test_accuracy,"
       "progressive_accuracy\n";
@@ -55,7 +66,8 @@ Status WriteCurveCsv(const std::string& path, const std::string& run, const Repl
   return WriteText(path, out);
 }
 
-Status WriteStalenessCsv(const std::string& path, const std::string& run, const ReplayResult& r) {
+Status WriteStalenessCsv(const std::string& path, const std::string& name, const ReplayResult& r) {
+  const std::string run = CsvField(name);
   std::string out = "run,scope,id,count,mean,p50,p90,p99,max\n";
   out += StatsRow(run, "overall", 0, r.overall);
   for (size_t w = 0; w < r.per_worker.size(); ++w)
@@ -64,7 +76,8 @@ Status WriteStalenessCsv(const std::string& path, const std::string& run, const 
   return WriteText(path, out);
 }
 
-Status WriteHistogramCsv(const std::string& path, const std::string& run, const ReplayResult& r) {
+Status WriteHistogramCsv(const std::string& path, const std::string& name, const ReplayResult& r) {
+  const std::string run = CsvField(name);
   std::string out = "run,tau,count\n";
   const auto& h = r.overall.histogram();
   for (size_t t = 0; t < h.size(); ++t) {

@@ -12,6 +12,11 @@
 
 namespace onlineps::replay {
 
+// `s` as one CSV field (RFC 4180): quoted, with quotes doubled, when it holds a comma, a
+// quote or a line break (a line break becomes a space, so every record stays one line).
+std::string CsvField(const std::string& s);
+
+// `run` is written as CsvField(run) in each of the three files below.
 // curve.csv: run,updates,samples,virtual_ms,wall_s,train_loss,test_loss,test_accuracy,
 // progressive_accuracy (one row per evaluation).
 Status WriteCurveCsv(const std::string& path, const std::string& run, const ReplayResult& r);

@@ -426,5 +426,198 @@ TEST(DatasetTest, SpamAssassinHonoursOnlinepsDatasetsDir) {
       << s.ToString();
 }
 
+// ---- csv:PATH (replay/user_data.h) ----------------------------------------------------
+
+// Writes `text` to a fresh file in a temporary directory; returns its path.
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  static const std::string dir = [] {
+    char tmpl[] = "/tmp/onlineps-csv-XXXXXX";
+    return std::string(mkdtemp(tmpl));
+  }();
+  const std::string path = dir + "/" + name;
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+DatasetOptions CsvOptions() {
+  DatasetOptions o;
+  o.normalize = "none";
+  return o;
+}
+
+TEST(CsvDatasetTest, HeaderLabelByNameStringClassesAndTestFile) {
+  const std::string train = WriteTemp("iris.csv",
+                                      "sepal,\"petal, width\",species\n"
+                                      "5.1,0.2,setosa\n"
+                                      " 6.3 ,1.8,virginica\r\n"
+                                      "\n"
+                                      "5.8,1.2,versicolor\n");
+  const std::string test =
+      WriteTemp("iris_test.csv", "sepal,\"petal, width\",species\n4.9,0.1,setosa\n");
+  DatasetOptions o = CsvOptions();
+  o.label_column = "species";
+  o.test_file = test;
+  auto ds = LoadDataset("csv:" + train, o);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  EXPECT_EQ(ds->name, "csv:" + train);
+  EXPECT_EQ(ds->dim, 2u);
+  EXPECT_EQ(ds->labels, (std::vector<std::string>{"setosa", "versicolor", "virginica"}));
+  EXPECT_EQ(ds->train_y, (std::vector<int64_t>{0, 2, 1}));
+  EXPECT_EQ(ds->train_x, (std::vector<float>{5.1f, 0.2f, 6.3f, 1.8f, 5.8f, 1.2f}));
+  EXPECT_EQ(ds->test_y, (std::vector<int64_t>{0}));
+  EXPECT_EQ(ds->test_x, (std::vector<float>{4.9f, 0.1f}));
+  ASSERT_EQ(ds->files.size(), 2u);
+  EXPECT_EQ(ds->files[0].sha256, Shell("sha256sum " + train + " | cut -c1-64 | tr -d '\\n'"));
+}
+
+TEST(CsvDatasetTest, NoHeaderIntegerLabelsByIndexSeededSplitAndScaling) {
+  std::string text;
+  for (int i = 0; i < 50; ++i) {
+    text += std::to_string(i % 3) + "," + std::to_string(i) + "," + std::to_string(2 * i) + "\n";
+  }
+  const std::string path = WriteTemp("ints.csv", text);
+  DatasetOptions o = CsvOptions();
+  o.label_column = "0";
+  o.test_fraction = 0.2;
+  o.split_seed = 9;
+  auto ds = LoadDataset("csv:" + path, o);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  EXPECT_EQ(ds->labels, (std::vector<std::string>{"0", "1", "2"}));
+  EXPECT_EQ(ds->train_size(), 40u);
+  EXPECT_EQ(ds->test_size(), 10u);
+  EXPECT_EQ(ds->split_seed, 9u);
+  std::set<int> seen;  // every row exactly once, label = row % 3, features (row, 2 row)
+  for (int split = 0; split < 2; ++split) {
+    const auto& x = split ? ds->test_x : ds->train_x;
+    const auto& y = split ? ds->test_y : ds->train_y;
+    for (size_t r = 0; r < y.size(); ++r) {
+      const int row = static_cast<int>(x[2 * r]);
+      EXPECT_EQ(x[2 * r + 1], 2.0f * row);
+      EXPECT_EQ(y[r], row % 3);
+      EXPECT_TRUE(seen.insert(row).second);
+    }
+  }
+  EXPECT_EQ(seen.size(), 50u);
+  o.normalize = "standard";
+  auto z = LoadDataset("csv:" + path, o);
+  ASSERT_TRUE(z.ok()) << z.status().ToString();
+  double sum = 0, sq = 0;
+  for (size_t r = 0; r < z->train_size(); ++r) sum += z->train_x[2 * r];
+  for (size_t r = 0; r < z->train_size(); ++r) sq += z->train_x[2 * r] * z->train_x[2 * r];
+  EXPECT_NEAR(sum / z->train_size(), 0.0, 1e-5);
+  EXPECT_NEAR(sq / z->train_size(), 1.0, 1e-4);
+  o.normalize = "minmax";
+  auto m = LoadDataset("csv:" + path, o);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(*std::min_element(m->train_x.begin(), m->train_x.end()), 0.0f);
+  EXPECT_EQ(*std::max_element(m->train_x.begin(), m->train_x.end()), 1.0f);
+}
+
+// Each bad file is refused with the file, the line and what is wrong.
+TEST(CsvDatasetTest, BadFilesAreDataLossNamingFileAndLine) {
+  struct Case {
+    std::string text, want;
+  };
+  const std::vector<Case> cases = {
+      {"a,b,y\n1,2,0\n3,4\n", ":3: 2 cells; the header has 3"},
+      {"a,b,y\n1,2,0\n3,x4,1\n", ":3: column 'b' 'x4' is not a number"},
+      {"1,2,0\n3,nan,1\n", ":2: column 1 is nan (NaN or Inf)"},
+      {"1,2,0\n3,inf,1\n", ":2: column 1 is inf (NaN or Inf)"},
+      {"1,,0\n", ":1: column 1 is empty (a missing value)"},
+      {"", ": the file is empty"},
+      {"\n\n", ": the file is empty"},
+      {"a,b,y\n", ": a header and no rows"},
+      {"1,2,99999999\n", ":1: label 99999999 out of range"},
+      {"1,\"2,0\n", ":1: a quoted cell is not closed on this line"},
+      {"1,2,\n", ":1: the label is empty"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string path = WriteTemp("bad" + std::to_string(i) + ".csv", cases[i].text);
+    auto ds = LoadDataset("csv:" + path, CsvOptions());
+    EXPECT_EQ(ds.status().code(), StatusCode::kDataLoss) << cases[i].text;
+    EXPECT_NE(ds.status().message().find(path + cases[i].want), std::string::npos)
+        << ds.status().message() << " / want " << cases[i].want;
+  }
+  const std::string train = WriteTemp("t.csv", "1,2,cat\n3,4,dog\n");
+  const std::string test = WriteTemp("u.csv", "1,2,cat\n5,6,bird\n");
+  DatasetOptions o = CsvOptions();
+  o.test_file = test;
+  auto ds = LoadDataset("csv:" + train, o);
+  EXPECT_NE(ds.status().message().find(test + ":2: label 'bird' does not occur in the training"),
+            std::string::npos)
+      << ds.status().message();
+  o.test_file = "";
+  o.label_column = "species";
+  EXPECT_EQ(LoadDataset("csv:" + train, o).status().code(), StatusCode::kInvalidArgument);
+  o.label_column = "7";
+  EXPECT_EQ(LoadDataset("csv:" + train, o).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadDataset("csv:/nonexistent/x.csv", CsvOptions()).status().code(),
+            StatusCode::kNotFound);
+}
+
+// npz:PATH, written by NumPy itself (Debian's python3-numpy, which python3-sklearn needs).
+std::string WriteNpz(const std::string& name, const std::string& arrays, bool compressed) {
+  const std::string path = WriteTemp(name, "");
+  Shell("/usr/bin/python3 -c 'import numpy as np; np." +
+        std::string(compressed ? "savez_compressed" : "savez") + "(\"" + path + "\", " + arrays +
+        ")'");  // the name ends in .npz, so NumPy writes exactly `path`
+  return path;
+}
+
+TEST(NpzDatasetTest, StoredAndCompressedArchivesWithAndWithoutTestArrays) {
+  const std::string stored = WriteNpz(
+      "a.npz", "x=np.arange(40, dtype=np.float32).reshape(10, 2, 2), y=np.arange(10) % 3", false);
+  DatasetOptions o = CsvOptions();
+  o.test_fraction = 0.3;
+  auto ds = LoadDataset("npz:" + stored, o);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  EXPECT_EQ(ds->dim, 4u);
+  EXPECT_EQ(ds->labels, (std::vector<std::string>{"0", "1", "2"}));
+  EXPECT_EQ(ds->train_size() + ds->test_size(), 10u);
+  for (size_t r = 0; r < ds->train_size(); ++r) {  // row i is 4i..4i+3 with label i % 3
+    const auto i = static_cast<int64_t>(ds->train_x[4 * r] / 4);
+    EXPECT_EQ(ds->train_x[4 * r + 3], 4.0f * i + 3);
+    EXPECT_EQ(ds->train_y[r], i % 3);
+  }
+  const std::string compressed =
+      WriteNpz("b.npz",
+               "x=np.ones((6, 3)), y=np.array([0, 1, 2, 0, 1, 2], dtype=np.uint8), "
+               "x_test=np.zeros((2, 3), dtype=np.float64), y_test=np.array([2, 1], dtype=np.int16)",
+               true);
+  auto c = LoadDataset("npz:" + compressed, CsvOptions());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->train_size(), 6u);
+  EXPECT_EQ(c->test_y, (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(c->test_x, std::vector<float>(6, 0.0f));
+  EXPECT_EQ(c->files[0].sha256, Shell("sha256sum " + compressed + " | cut -c1-64 | tr -d '\\n'"));
+}
+
+TEST(NpzDatasetTest, BadArchivesAreDataLossNamingTheArray) {
+  struct Case {
+    std::string arrays, want;
+  };
+  const std::vector<Case> cases = {
+      {"x=np.array([[1.0, np.nan]]), y=np.array([0])", ":x: row 0 feature 1 is NaN or Inf"},
+      {"x=np.ones((3, 2)), y=np.array([0, 1])", ":y: need shape [3]"},
+      {"x=np.ones((3, 2)), y=np.array([0, -1, 1])", ":y: row 1 label -1 is not a class"},
+      {"x=np.ones((3, 2))", ": no array 'y'"},
+      {"x=np.ones((2, 2)), y=np.array([0, 1]), x_test=np.ones((1, 2)), y_test=np.array([5])",
+       ":y_test: row 0 label 5 out of range: the training labels are 0..1"},
+      {"x=np.ones((2, 3)), y=np.array([0, 1]), x_test=np.ones((1, 2)), y_test=np.array([1])",
+       ":x_test: 2 features per row, x has 3"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string path = WriteNpz("bad" + std::to_string(i) + ".npz", cases[i].arrays, i % 2);
+    auto ds = LoadDataset("npz:" + path, CsvOptions());
+    EXPECT_EQ(ds.status().code(), StatusCode::kDataLoss) << cases[i].arrays;
+    EXPECT_NE(ds.status().message().find(path + cases[i].want), std::string::npos)
+        << ds.status().message() << " / want " << cases[i].want;
+  }
+  const std::string junk = WriteTemp("junk.npz", "this is not a zip archive at all, no");
+  EXPECT_EQ(LoadDataset("npz:" + junk, CsvOptions()).status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(LoadDataset("npz:" + WriteTemp("empty.npz", ""), CsvOptions()).status().code(),
+            StatusCode::kDataLoss);
+}
+
 }  // namespace
 }  // namespace onlineps::replay

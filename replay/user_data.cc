@@ -1,0 +1,593 @@
+#include "replay/user_data.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+
+#include "common/sha256.h"
+
+namespace onlineps::replay {
+namespace {
+
+constexpr int64_t kMaxIntegerLabel = 65535;  // integer classes are 0..max: keep max sane
+
+// One CSV line split into cells (RFC 4180 quoting within the line: "a,b" is one cell,
+// "" inside quotes is a quote). A quote left open is an error.
+StatusOr<std::vector<std::string>> Cells(const std::string& line) {
+  std::vector<std::string> cells(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        cells.back() += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        cells.back() += c;
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      cells.emplace_back();
+    } else if (c != '\r') {
+      cells.back() += c;
+    }
+  }
+  if (quoted) return InvalidArgument("a quoted cell is not closed on this line");
+  for (std::string& cell : cells) {  // surrounding blanks are not part of a number
+    const size_t b = cell.find_first_not_of(" \t"), e = cell.find_last_not_of(" \t");
+    cell = b == std::string::npos ? "" : cell.substr(b, e - b + 1);
+  }
+  return cells;
+}
+
+// A finite number, or why not ("" when it is one).
+std::string NumberOf(const std::string& cell, double* out) {
+  if (cell.empty()) return "is empty (a missing value)";
+  char* end = nullptr;
+  errno = 0;
+  *out = std::strtod(cell.c_str(), &end);
+  if (*end != '\0') return "'" + cell.substr(0, 40) + "' is not a number";
+  if (!std::isfinite(*out)) return "is " + cell + " (NaN or Inf)";
+  return "";
+}
+
+bool IsNumber(const std::string& cell) {
+  double v;
+  return NumberOf(cell, &v).empty();
+}
+
+// The rows of one file, features as float32 and labels as their cells.
+struct Table {
+  std::vector<std::string> header;  // empty without one
+  size_t columns = 0;
+  std::vector<float> x;             // rows x (columns - 1)
+  std::vector<std::string> labels;  // one cell per row
+  std::vector<size_t> lines;        // the line each row came from
+};
+
+struct Layout {
+  bool header = false;
+  size_t label = 0;  // column index
+};
+
+// Reads `path` line by line, hashing its bytes into `file`. `layout` is settled from the
+// first non-empty line when `first` is true (header detection, label column), and then
+// holds for the other file too.
+Status ReadTable(const std::string& path, const DatasetOptions& o, bool first, Layout* layout,
+                 Table* t, DatasetFile* file) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound(path + ": " + std::strerror(errno));
+  Sha256 hash;
+  uint64_t bytes = 0;
+  std::string line;
+  bool seen_first = false;
+  for (size_t lineno = 1; std::getline(in, line); ++lineno) {
+    hash.Update(line.data(), line.size());
+    bytes += line.size();
+    if (!in.eof()) {  // the newline getline consumed: the hash is the file's bytes
+      hash.Update("\n", 1);
+      ++bytes;
+    }
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(lineno);
+    auto cells = Cells(line);
+    if (!cells.ok()) return DataLoss(where + ": " + cells.status().message());
+    if (!seen_first) {
+      seen_first = true;
+      t->columns = cells->size();
+      if (t->columns < 2) {
+        return DataLoss(where + ": " + std::to_string(t->columns) +
+                        " column; need at least one feature and the label");
+      }
+      const std::string& want = o.label_column;
+      const bool by_index =
+          want.empty() || want == "-1" || want.find_first_not_of("0123456789") == std::string::npos;
+      if (first) {
+        layout->label = want.empty() || want == "-1" ? t->columns - 1
+                        : by_index                   ? std::strtoull(want.c_str(), nullptr, 10)
+                                                     : 0;
+        if (by_index && layout->label >= t->columns) {
+          return InvalidArgument("--label-column " + want + ": " + path + " has " +
+                                 std::to_string(t->columns) + " columns (0-based index)");
+        }
+      }
+      // auto: a header names the label column, or has a feature cell that is a word (the
+      // label cell may be a word in any row; an empty cell is a missing value).
+      bool header = o.header == "yes";
+      if (o.header == "auto") {
+        header = !by_index;
+        for (size_t c = 0; c < cells->size() && !header; ++c) {
+          header = c != layout->label && !(*cells)[c].empty() && !IsNumber((*cells)[c]);
+        }
+      }
+      if (first) {
+        layout->header = header;
+        if (!by_index) {
+          auto it = header ? std::find(cells->begin(), cells->end(), want) : cells->end();
+          if (it == cells->end()) {
+            return InvalidArgument("--label-column '" + want + "' is not a column of " + path +
+                                   (header ? "'s header" : " (it has no header)"));
+          }
+          layout->label = static_cast<size_t>(it - cells->begin());
+        }
+      } else if (header != layout->header) {
+        return DataLoss(where + ": the training file " +
+                        (layout->header ? "has a header and this one has none"
+                                        : "has no header and this one has one"));
+      }
+      if (header) {
+        t->header = std::move(*cells);
+        continue;
+      }
+    }
+    if (cells->size() != t->columns) {
+      return DataLoss(where + ": " + std::to_string(cells->size()) + " cells; the " +
+                      (t->header.empty() ? "first row has " : "header has ") +
+                      std::to_string(t->columns));
+    }
+    for (size_t c = 0; c < cells->size(); ++c) {
+      if (c == layout->label) continue;
+      double v = 0;
+      const std::string why = NumberOf((*cells)[c], &v);
+      if (!why.empty()) {
+        const std::string column = t->header.empty() ? std::to_string(c) : "'" + t->header[c] + "'";
+        return DataLoss(where + ": column " + column + " " + why);
+      }
+      t->x.push_back(static_cast<float>(v));
+    }
+    if ((*cells)[layout->label].empty()) return DataLoss(where + ": the label is empty");
+    t->labels.push_back(std::move((*cells)[layout->label]));
+    t->lines.push_back(lineno);
+  }
+  if (in.bad()) return DataLoss(path + ": read error");
+  if (!seen_first) return DataLoss(path + ": the file is empty");
+  if (t->labels.empty()) return DataLoss(path + ": a header and no rows");
+  *file = {path, hash.HexDigest(), bytes};
+  return Status::Ok();
+}
+
+// Class ids of every label cell: integers >= 0 stand for themselves (labels "0".."max"),
+// anything else names a class (labels sorted). A test label must be a training class.
+Status AssignLabels(const std::string& train_path, const Table& train, const std::string& test_path,
+                    const Table* test, Dataset* ds, std::vector<int64_t>* train_y,
+                    std::vector<int64_t>* test_y) {
+  auto integer = [](const std::string& s, int64_t* v) {
+    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos || s.size() > 12) {
+      return false;
+    }
+    *v = std::strtoll(s.c_str(), nullptr, 10);
+    return true;
+  };
+  int64_t v = 0;
+  bool integers = std::all_of(train.labels.begin(), train.labels.end(),
+                              [&](const std::string& s) { return integer(s, &v); });
+  if (integers) {
+    int64_t top = 0;
+    for (size_t i = 0; i < train.labels.size(); ++i) {
+      integer(train.labels[i], &v);
+      if (v > kMaxIntegerLabel) {
+        return DataLoss(train_path + ":" + std::to_string(train.lines[i]) + ": label " +
+                        train.labels[i] + " out of range: integer labels are classes 0.." +
+                        std::to_string(kMaxIntegerLabel));
+      }
+      top = std::max(top, v);
+      train_y->push_back(v);
+    }
+    for (int64_t c = 0; c <= top; ++c) ds->labels.push_back(std::to_string(c));
+    for (size_t i = 0; test && i < test->labels.size(); ++i) {
+      if (!integer(test->labels[i], &v) || v > top) {
+        return DataLoss(test_path + ":" + std::to_string(test->lines[i]) + ": label '" +
+                        test->labels[i] + "' out of range: the training labels are 0.." +
+                        std::to_string(top));
+      }
+      test_y->push_back(v);
+    }
+    return Status::Ok();
+  }
+  std::set<std::string> names(train.labels.begin(), train.labels.end());
+  ds->labels.assign(names.begin(), names.end());
+  std::map<std::string, int64_t> id;
+  for (size_t i = 0; i < ds->labels.size(); ++i) id[ds->labels[i]] = static_cast<int64_t>(i);
+  for (const std::string& l : train.labels) train_y->push_back(id[l]);
+  for (size_t i = 0; test && i < test->labels.size(); ++i) {
+    auto it = id.find(test->labels[i]);
+    if (it == id.end()) {
+      return DataLoss(test_path + ":" + std::to_string(test->lines[i]) + ": label '" +
+                      test->labels[i] + "' does not occur in the training file " + train_path);
+    }
+    test_y->push_back(it->second);
+  }
+  return Status::Ok();
+}
+
+// Fits the scaling on `train` (rows x dim) and applies it to both.
+Status Normalize(const std::string& how, size_t dim, std::vector<float>* train,
+                 std::vector<float>* test) {
+  if (how == "none") return Status::Ok();
+  const size_t n = train->size() / dim;
+  std::vector<double> a(dim), b(dim);  // x' = (x - a) / b
+  for (size_t j = 0; j < dim; ++j) {
+    double lo = INFINITY, hi = -INFINITY, sum = 0, sq = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double x = (*train)[i * dim + j];
+      lo = std::min(lo, x);
+      hi = std::max(hi, x);
+      sum += x;
+    }
+    const double mean = sum / static_cast<double>(n);
+    for (size_t i = 0; i < n; ++i) sq += std::pow((*train)[i * dim + j] - mean, 2);
+    const double sd = std::sqrt(sq / static_cast<double>(n));
+    a[j] = how == "minmax" ? lo : mean;
+    b[j] = how == "minmax" ? hi - lo : sd;
+    if (!(b[j] > 0)) b[j] = 1;  // a constant column stays constant
+  }
+  for (std::vector<float>* xs : {train, test}) {
+    for (size_t i = 0; i < xs->size(); ++i) {
+      const size_t j = i % dim;
+      (*xs)[i] = static_cast<float>(((*xs)[i] - a[j]) / b[j]);
+    }
+  }
+  return Status::Ok();
+}
+
+void TakeRows(const std::vector<float>& x, const std::vector<int64_t>& y, size_t dim,
+              const std::vector<size_t>& rows, std::vector<float>* xs, std::vector<int64_t>* ys) {
+  for (size_t r : rows) {
+    xs->insert(xs->end(), x.begin() + static_cast<std::ptrdiff_t>(r * dim),
+               x.begin() + static_cast<std::ptrdiff_t>((r + 1) * dim));
+    ys->push_back(y[r]);
+  }
+}
+
+StatusOr<Dataset> LoadCsv(const std::string& name, const std::string& path,
+                          const DatasetOptions& o) {
+  if (o.header != "auto" && o.header != "yes" && o.header != "no") {
+    return InvalidArgument("--csv-header '" + o.header + "': expected auto, yes or no");
+  }
+  if (o.normalize != "standard" && o.normalize != "minmax" && o.normalize != "none") {
+    return InvalidArgument("--normalize '" + o.normalize + "': expected standard, minmax or none");
+  }
+  if (o.test_file.empty() && !(o.test_fraction > 0 && o.test_fraction < 1)) {
+    return InvalidArgument("test_fraction must be in (0, 1), got " +
+                           std::to_string(o.test_fraction));
+  }
+  Dataset ds;
+  ds.name = name;
+  Layout layout;
+  Table train, test;
+  DatasetFile file;
+  ONLINEPS_RETURN_IF_ERROR(ReadTable(path, o, true, &layout, &train, &file));
+  ds.files.push_back(file);
+  if (!o.test_file.empty()) {
+    ONLINEPS_RETURN_IF_ERROR(ReadTable(o.test_file, o, false, &layout, &test, &file));
+    if (test.columns != train.columns) {
+      return DataLoss(o.test_file + ": " + std::to_string(test.columns) + " columns, " + path +
+                      " has " + std::to_string(train.columns));
+    }
+    ds.files.push_back(file);
+  }
+  ds.dim = train.columns - 1;
+  std::vector<int64_t> train_y, test_y;
+  ONLINEPS_RETURN_IF_ERROR(AssignLabels(
+      path, train, o.test_file, o.test_file.empty() ? nullptr : &test, &ds, &train_y, &test_y));
+  if (o.test_file.empty()) {
+    ds.split_seed = o.split_seed;
+    ds.test_fraction = o.test_fraction;
+    const Split split = SeededSplit(train_y.size(), o);
+    TakeRows(train.x, train_y, ds.dim, split.train, &ds.train_x, &ds.train_y);
+    TakeRows(train.x, train_y, ds.dim, split.test, &ds.test_x, &ds.test_y);
+  } else {
+    ds.train_x = std::move(train.x);
+    ds.train_y = std::move(train_y);
+    ds.test_x = std::move(test.x);
+    ds.test_y = std::move(test_y);
+    if (o.max_train && ds.train_y.size() > o.max_train) {
+      ds.train_y.resize(o.max_train);
+      ds.train_x.resize(o.max_train * ds.dim);
+    }
+    if (o.max_test && ds.test_y.size() > o.max_test) {
+      ds.test_y.resize(o.max_test);
+      ds.test_x.resize(o.max_test * ds.dim);
+    }
+  }
+  if (ds.train_y.empty()) return DataLoss(path + ": no training rows after the split");
+  ONLINEPS_RETURN_IF_ERROR(Normalize(o.normalize, ds.dim, &ds.train_x, &ds.test_x));
+  return ds;
+}
+
+// ---- npz:PATH: a NumPy archive (np.savez / np.savez_compressed) of x, y[, x_test, y_test]
+
+uint32_t Le32(const std::string& s, size_t at) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data()) + at;
+  return uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24);
+}
+uint16_t Le16(const std::string& s, size_t at) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data()) + at;
+  return static_cast<uint16_t>(p[0] | (p[1] << 8));
+}
+
+// The members of a zip archive by name (stored or deflated), from its central directory.
+StatusOr<std::map<std::string, std::string>> ZipMembers(const std::string& zip,
+                                                        const std::string& path) {
+  if (zip.size() < 22) return DataLoss(path + ": not a zip archive (too short)");
+  size_t eocd = std::string::npos;
+  for (size_t i = zip.size() - 22; i + 1 > 0 && zip.size() - i <= 22 + 65535; --i) {
+    if (Le32(zip, i) == 0x06054b50) {
+      eocd = i;
+      break;
+    }
+    if (i == 0) break;
+  }
+  if (eocd == std::string::npos) return DataLoss(path + ": not a zip archive (no directory)");
+  const size_t entries = Le16(zip, eocd + 10);
+  size_t at = Le32(zip, eocd + 16);
+  std::map<std::string, std::string> out;
+  for (size_t e = 0; e < entries; ++e) {
+    if (at + 46 > zip.size() || Le32(zip, at) != 0x02014b50) {
+      return DataLoss(path + ": zip directory entry " + std::to_string(e) + " is damaged");
+    }
+    const uint16_t method = Le16(zip, at + 10);
+    const uint32_t csize = Le32(zip, at + 20), usize = Le32(zip, at + 24);
+    const size_t name_len = Le16(zip, at + 28), extra = Le16(zip, at + 30),
+                 comment = Le16(zip, at + 32);
+    const size_t local = Le32(zip, at + 42);
+    if (csize == 0xffffffffu || usize == 0xffffffffu || local == 0xffffffffu) {
+      return DataLoss(path + ": zip64 members (over 4 GiB) are not supported");
+    }
+    const std::string name = zip.substr(at + 46, name_len);
+    at += 46 + name_len + extra + comment;
+    if (local + 30 > zip.size() || Le32(zip, local) != 0x04034b50) {
+      return DataLoss(path + ": member " + name + " is damaged");
+    }
+    const size_t data = local + 30 + Le16(zip, local + 26) + Le16(zip, local + 28);
+    if (data + csize > zip.size()) return DataLoss(path + ": member " + name + " is truncated");
+    std::string bytes;
+    if (method == 0) {
+      bytes = zip.substr(data, csize);
+    } else if (method == 8) {
+      bytes.resize(usize);
+      z_stream zs{};
+      if (inflateInit2(&zs, -MAX_WBITS) != Z_OK) return Internal("inflateInit2 failed");
+      zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(zip.data() + data));
+      zs.avail_in = csize;
+      zs.next_out = reinterpret_cast<Bytef*>(bytes.data());
+      zs.avail_out = usize;
+      const int rc = inflate(&zs, Z_FINISH);
+      inflateEnd(&zs);
+      if (rc != Z_STREAM_END || zs.total_out != usize) {
+        return DataLoss(path + ": member " + name + " does not inflate to its size");
+      }
+    } else {
+      return DataLoss(path + ": member " + name + " uses zip method " + std::to_string(method) +
+                      " (np.savez writes 0, np.savez_compressed 8)");
+    }
+    out[name] = std::move(bytes);
+  }
+  return out;
+}
+
+// One .npy array as doubles with its shape. Little-endian f4/f8/i1-i8/u1-u8/b1, C order.
+struct Array {
+  std::vector<size_t> shape;
+  std::vector<double> values;
+};
+
+StatusOr<Array> ParseNpy(const std::string& npy, const std::string& where) {
+  if (npy.size() < 10 || npy.compare(0, 6, "\x93NUMPY") != 0) {
+    return DataLoss(where + ": not a .npy array");
+  }
+  const int major = static_cast<unsigned char>(npy[6]);
+  const size_t len = major == 1 ? Le16(npy, 8) : Le32(npy, 8);
+  const size_t start = (major == 1 ? 10 : 12) + len;
+  if (start > npy.size()) return DataLoss(where + ": truncated .npy header");
+  const std::string header = npy.substr(major == 1 ? 10 : 12, len);
+  auto field = [&](const std::string& key) {
+    const size_t k = header.find("'" + key + "'");
+    if (k == std::string::npos) return std::string();
+    size_t v = header.find(':', k) + 1;
+    while (v < header.size() && header[v] == ' ') ++v;
+    const char open = header[v];
+    const char close = open == '\'' ? '\'' : open == '(' ? ')' : ',';
+    const size_t end = header.find(close, v + 1);
+    return header.substr(v + (open == '\'' || open == '(' ? 1 : 0),
+                         end - v - (open == '\'' || open == '(' ? 1 : 0));
+  };
+  const std::string descr = field("descr"), order = field("fortran_order"), shape = field("shape");
+  if (order.find("True") != std::string::npos) {
+    return DataLoss(where + ": Fortran-order arrays are not supported (save np.ascontiguousarray)");
+  }
+  Array a;
+  size_t count = 1;
+  for (size_t i = 0; i < shape.size();) {
+    while (i < shape.size() && (shape[i] == ' ' || shape[i] == ',')) ++i;
+    if (i >= shape.size()) break;
+    a.shape.push_back(std::strtoull(shape.c_str() + i, nullptr, 10));
+    count *= a.shape.back();
+    while (i < shape.size() && shape[i] != ',') ++i;
+  }
+  if (descr.size() < 3 || (descr[0] != '<' && descr[0] != '|')) {
+    return DataLoss(where + ": dtype '" + descr + "' (need little-endian numbers)");
+  }
+  const char kind = descr[1];
+  const size_t width = std::strtoull(descr.c_str() + 2, nullptr, 10);
+  if (!((kind == 'f' && (width == 4 || width == 8)) ||
+        ((kind == 'i' || kind == 'u') && (width == 1 || width == 2 || width == 4 || width == 8)) ||
+        (kind == 'b' && width == 1))) {
+    return DataLoss(where + ": dtype '" + descr + "' is not a supported number type");
+  }
+  if (npy.size() - start != count * width) {
+    return DataLoss(where + ": " + std::to_string(npy.size() - start) + " data bytes for " +
+                    std::to_string(count) + " values of " + std::to_string(width) + " bytes");
+  }
+  a.values.resize(count);
+  const char* p = npy.data() + start;
+  for (size_t i = 0; i < count; ++i, p += width) {
+    double v = 0;
+    if (kind == 'f' && width == 4) {
+      float f;
+      std::memcpy(&f, p, 4);
+      v = f;
+    } else if (kind == 'f') {
+      std::memcpy(&v, p, 8);
+    } else {
+      uint64_t u = 0;
+      std::memcpy(&u, p, width);  // little-endian host (x86-64, arm64)
+      if (kind == 'i' && width < 8 && (u >> (8 * width - 1)) & 1) u |= ~uint64_t{0} << (8 * width);
+      v = kind == 'i' ? static_cast<double>(static_cast<int64_t>(u)) : static_cast<double>(u);
+    }
+    a.values[i] = v;
+  }
+  return a;
+}
+
+// x [n, ...] (flattened per row) and y [n] of one split, checked.
+Status NpzSplit(const std::map<std::string, std::string>& members, const std::string& path,
+                const std::string& xname, const std::string& yname, size_t* dim,
+                std::vector<float>* x, std::vector<int64_t>* y) {
+  auto xm = members.find(xname + ".npy"), ym = members.find(yname + ".npy");
+  if (xm == members.end() || ym == members.end()) {
+    return DataLoss(path + ": no array '" + (xm == members.end() ? xname : yname) +
+                    "' (np.savez(path, x=..., y=...))");
+  }
+  ONLINEPS_ASSIGN_OR_RETURN(Array xa, ParseNpy(xm->second, path + ":" + xname));
+  ONLINEPS_ASSIGN_OR_RETURN(Array ya, ParseNpy(ym->second, path + ":" + yname));
+  if (xa.shape.size() < 2) return DataLoss(path + ":" + xname + ": need shape [rows, features...]");
+  if (ya.shape.size() != 1 || ya.shape[0] != xa.shape[0]) {
+    return DataLoss(path + ":" + yname + ": need shape [" + std::to_string(xa.shape[0]) + "]");
+  }
+  const size_t n = xa.shape[0], d = xa.values.size() / std::max<size_t>(n, 1);
+  if (*dim != 0 && d != *dim) {
+    return DataLoss(path + ":" + xname + ": " + std::to_string(d) + " features per row, x has " +
+                    std::to_string(*dim));
+  }
+  *dim = d;
+  for (size_t i = 0; i < xa.values.size(); ++i) {
+    if (!std::isfinite(xa.values[i])) {
+      return DataLoss(path + ":" + xname + ": row " + std::to_string(i / d) + " feature " +
+                      std::to_string(i % d) + " is NaN or Inf");
+    }
+    x->push_back(static_cast<float>(xa.values[i]));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const double v = ya.values[i];
+    if (!(v >= 0 && v <= kMaxIntegerLabel && v == std::floor(v))) {
+      char label[32];
+      std::snprintf(label, sizeof label, "%g", v);
+      return DataLoss(path + ":" + yname + ": row " + std::to_string(i) + " label " + label +
+                      " is not a class in 0.." + std::to_string(kMaxIntegerLabel));
+    }
+    y->push_back(static_cast<int64_t>(v));
+  }
+  return Status::Ok();
+}
+
+StatusOr<Dataset> LoadNpz(const std::string& name, const std::string& path,
+                          const DatasetOptions& o) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound(path + ": " + std::strerror(errno));
+  const std::string zip((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (zip.empty()) return DataLoss(path + ": the file is empty");
+  ONLINEPS_ASSIGN_OR_RETURN(auto members, ZipMembers(zip, path));
+  Dataset ds;
+  ds.name = name;
+  ds.files.push_back({path, Sha256Hex(zip.data(), zip.size()), zip.size()});
+  std::vector<float> x;
+  std::vector<int64_t> y;
+  ONLINEPS_RETURN_IF_ERROR(NpzSplit(members, path, "x", "y", &ds.dim, &x, &y));
+  if (y.empty()) return DataLoss(path + ": x has no rows");
+  const bool has_test = members.count("x_test.npy") || members.count("y_test.npy");
+  if (has_test) {
+    ONLINEPS_RETURN_IF_ERROR(
+        NpzSplit(members, path, "x_test", "y_test", &ds.dim, &ds.test_x, &ds.test_y));
+    ds.train_x = std::move(x);
+    ds.train_y = std::move(y);
+  } else {
+    if (!(o.test_fraction > 0 && o.test_fraction < 1)) {
+      return InvalidArgument("test_fraction must be in (0, 1)");
+    }
+    ds.split_seed = o.split_seed;
+    ds.test_fraction = o.test_fraction;
+    const Split split = SeededSplit(y.size(), o);
+    TakeRows(x, y, ds.dim, split.train, &ds.train_x, &ds.train_y);
+    TakeRows(x, y, ds.dim, split.test, &ds.test_x, &ds.test_y);
+  }
+  int64_t top = 0;
+  for (int64_t v : ds.train_y) top = std::max(top, v);
+  for (size_t i = 0; i < ds.test_y.size(); ++i) {
+    if (ds.test_y[i] > top) {
+      return DataLoss(path + ":y_test: row " + std::to_string(i) + " label " +
+                      std::to_string(ds.test_y[i]) + " out of range: the training labels are 0.." +
+                      std::to_string(top));
+    }
+  }
+  for (int64_t c = 0; c <= top; ++c) ds.labels.push_back(std::to_string(c));
+  if (has_test && o.max_train && ds.train_y.size() > o.max_train) {
+    ds.train_y.resize(o.max_train);
+    ds.train_x.resize(o.max_train * ds.dim);
+  }
+  if (has_test && o.max_test && ds.test_y.size() > o.max_test) {
+    ds.test_y.resize(o.max_test);
+    ds.test_x.resize(o.max_test * ds.dim);
+  }
+  ONLINEPS_RETURN_IF_ERROR(Normalize(o.normalize, ds.dim, &ds.train_x, &ds.test_x));
+  return ds;
+}
+
+}  // namespace
+
+bool IsUserDataset(const std::string& name) {
+  return name.rfind("csv:", 0) == 0 || name.rfind("npz:", 0) == 0;
+}
+
+StatusOr<Dataset> LoadUserDataset(const std::string& name, const DatasetOptions& options) {
+  if (name.rfind("csv:", 0) == 0) {
+    const std::string path = name.substr(4);
+    if (path.empty()) return InvalidArgument("--dataset csv:PATH needs a path");
+    return LoadCsv(name, path, options);
+  }
+  if (name.rfind("npz:", 0) == 0) {
+    const std::string path = name.substr(4);
+    if (path.empty()) return InvalidArgument("--dataset npz:PATH needs a path");
+    if (options.normalize != "standard" && options.normalize != "minmax" &&
+        options.normalize != "none") {
+      return InvalidArgument("--normalize '" + options.normalize +
+                             "': expected standard, minmax or none");
+    }
+    return LoadNpz(name, path, options);
+  }
+  return InvalidArgument("unknown dataset '" + name + "'");
+}
+
+}  // namespace onlineps::replay
