@@ -11,7 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
-#include <set>
+#include <unordered_set>
 
 #include "common/sha256.h"
 #include "ps/ps_client.h"
@@ -260,7 +260,7 @@ class ReplayerImpl : public Replayer {
   }
 
   void Track(size_t param, const std::vector<uint64_t>& keys) {
-    std::set<uint64_t>& t = touched_[param];
+    std::unordered_set<uint64_t>& t = touched_[param];
     for (uint64_t k : keys) {
       if (t.size() >= kMaxTrackedKeys) return;
       t.insert(k);
@@ -358,6 +358,7 @@ class ReplayerImpl : public Replayer {
             eval_->PullDense(params[i].name, values.data(), nullptr, opts).Wait());
       } else {
         std::vector<uint64_t> keys(touched_[i].begin(), touched_[i].end());
+        std::sort(keys.begin(), keys.end());  // the hash covers the rows in key order
         values.resize(keys.size() * params[i].size());
         ONLINEPS_RETURN_IF_ERROR(
             eval_
@@ -381,7 +382,9 @@ class ReplayerImpl : public Replayer {
   std::vector<std::unique_ptr<ps::PsClient>> clients_;  // index: virtual worker
   std::unique_ptr<ps::PsClient> eval_;
   std::vector<std::vector<float>> scratch_;  // dense pull buffers, per param
-  std::vector<std::set<uint64_t>> touched_;  // sparse keys pushed, per param
+  // Sparse keys pushed, per param (for params_sha256 at the end). A hash set: an ordered
+  // set's insert per pushed key cost more than the shard's own apply (docs/benchmarks.md).
+  std::vector<std::unordered_set<uint64_t>> touched_;
   std::map<uint64_t, Pending> pending_;      // by batch
 
   ReplayResult result_;
