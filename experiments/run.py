@@ -386,6 +386,21 @@ def mean_sd(values):
     return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0), len(v)
 
 
+# Two-sided 95% quantiles of Student's t by degrees of freedom (n - 1); 1.96 beyond 30.
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+       9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120,
+       17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064,
+       25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042}
+
+
+def ci95(values):
+    """Half-width of the 95% confidence interval of the mean (t, n - 1 dof); NaN below 2."""
+    m, s, n = mean_sd(values)
+    if n < 2:
+        return float("nan")
+    return T95.get(n - 1, 1.96) * s / math.sqrt(n)
+
+
 def groups(rows, keys):
     out = {}
     for r in rows:
@@ -394,10 +409,23 @@ def groups(rows, keys):
 
 
 def pm(values, digits=4, scale=1.0):
-    m, s, n = mean_sd([x * scale for x in values])
+    """mean ± sd [95% CI of the mean] over the values (seeds)."""
+    v = [x * scale for x in values]
+    m, s, n = mean_sd(v)
     if n == 0:
         return "n/a"
-    return f"{m:.{digits}f} ± {s:.{digits}f}"
+    h = ci95(v)
+    ci = f" [{m - h:.{digits}f}, {m + h:.{digits}f}]" if math.isfinite(h) else ""
+    return f"{m:.{digits}f} ± {s:.{digits}f}{ci}"
+
+
+def ci_note(seeds):
+    return (f"mean ± sd [95% confidence interval of the mean, Student's t with n - 1 degrees "
+            f"of freedom] over the {len(seeds)} seeds {seeds}")
+
+
+def bars_note(seeds):
+    return f"error bars: 95% CI of the mean over {len(seeds)} seeds (t)"
 
 
 def ok_vals(rs, key):
@@ -421,7 +449,7 @@ def status_note(rs):
 def summary_e1(rows, argvs, setup, seeds):
     md = [f"# E1: delay compensation ({dataset_of(setup)}, MLP)\n",
           f"Test accuracy on the full test set after {setup['updates']} pushes per run "
-          f"(the same samples for every configuration), mean ± sd over seeds {seeds}. "
+          f"(the same samples for every configuration), {ci_note(seeds)}. "
           "`ps updates` is the number of model updates the PS applied (M pushes per update "
           "with --sync).\n",
           "`last 3 evals` averages the accuracy of the last three evaluations (full test set, "
@@ -471,8 +499,9 @@ def summary_e2(rows, argvs, setup, seeds):
           f"{rows[0].get('eval_rows', '?')} test rows first reaches the target, evaluated "
           f"every {setup['base'][setup['base'].index('--eval-every') + 1]} pushes, budget "
           f"{setup['updates']} pushes, seeds {seeds}. `relative` is updates(s) / updates(0) "
-          "per seed, then mean ± sd; a run that never reaches the target is counted as not "
-          "reached and left out of the mean (the `reached` column says how many did).\n",
+          f"per seed. Cells: {ci_note(seeds)}; a run that never reaches the target is "
+          "counted as not reached and left out of the mean (the `reached` column says how "
+          "many did).\n",
           "| optimizer | lr | s | target | updates to target | relative to s=0 | reached | "
           "best accuracy | measured tau mean |",
           "|---|---|---|---|---|---|---|---|---|"]
@@ -502,8 +531,8 @@ def summary_e3(rows, argvs, setup, seeds):
           "--progressive`)\n",
           f"One pass in file order, batch 8; progressive accuracy = each batch scored "
           f"before it is learned (on the parameters its pull read), over the whole pass; "
-          f"test accuracy on the full held-out split at the end. Mean ± sd over seeds "
-          f"{seeds}; `distinct params` counts the distinct final-parameter hashes over "
+          f"test accuracy on the full held-out split at the end. Cells: {ci_note(seeds)}; "
+          "`distinct params` counts the distinct final-parameter hashes over "
           "the seeds.\n",
           "| optimizer | lr | s | progressive accuracy | test accuracy | test loss | "
           "measured tau mean | distinct params | runs |",
@@ -559,12 +588,13 @@ def plots_e1(out, rows, setup):
         lines = []
         for m in ms:
             rs = seq if m == 1 else g.get((m, p), [])
-            a = mean_sd(ok_vals(rs, "test_accuracy"))
-            l = mean_sd(ok_vals(rs, "test_loss"))
-            lines.append(f"{m} {gp_num(a[0])} {gp_num(a[1])} {gp_num(l[0])} {gp_num(l[1])}")
-        data.append(datablock(f"p{i}", f"{p}: M acc acc_sd loss loss_sd", lines))
+            av, lv = ok_vals(rs, "test_accuracy"), ok_vals(rs, "test_loss")
+            lines.append(f"{m} {gp_num(mean_sd(av)[0])} {gp_num(ci95(av))} "
+                         f"{gp_num(mean_sd(lv)[0])} {gp_num(ci95(lv))}")
+        data.append(datablock(f"p{i}", f"{p}: M acc acc_ci95 loss loss_ci95", lines))
+    seeds = sorted({r["seed"] for r in rows})
     plot = [f"set multiplot layout 1,2 title 'E1: {dataset_of(setup)} MLP, {setup['updates']} "
-            "pushes, exp compute times (M=1: sequential)'",
+            f"pushes, exp compute times (M=1: sequential); mean over seeds, {bars_note(seeds)}'",
             "set grid\nset logscale x 2\nset xrange [0.8:20]\nset xtics (1,4,8,16)",
             "set xlabel 'workers M'\nset key bottom left",
             "set ylabel 'test accuracy'",
@@ -594,11 +624,11 @@ def plots_e2(out, rows, setup):
                 if (r["status"] == "ok" and b and b["status"] == "ok" and
                         r["updates_to_target"] != "" and b["updates_to_target"] != ""):
                     rel.append(r["updates_to_target"] / b["updates_to_target"])
-            m, sd, _ = mean_sd(rel)
-            lines.append(f"{s} {gp_num(m)} {gp_num(sd)}")
-        data.append(datablock(f"r{i}", f"{opt}: s relative sd", lines))
+            lines.append(f"{s} {gp_num(mean_sd(rel)[0])} {gp_num(ci95(rel))}")
+        data.append(datablock(f"r{i}", f"{opt}: s relative ci95", lines))
+    seeds = sorted({r["seed"] for r in rows})
     plot = ["set multiplot layout 1,1 title 'E2: updates to reach the target, relative to s = 0 "
-            "(points missing: target not reached)'",
+            f"(points missing: target not reached); mean over seeds, {bars_note(seeds)}'",
             "set grid\nset xlabel 'staleness s (fixed)'\nset ylabel 'updates(s) / updates(0)'",
             "set key top left\nset xrange [-1:17]\nset xtics (0,2,4,8,16)",
             "plot " + ", ".join(f"$r{i} using 1:2:3 with yerrorlines lw 2 pt 7 title '{o}'"
@@ -638,13 +668,14 @@ def plots_e3(out, rows, setup):
         lines = []
         for s in setup["staleness"]:
             rs = g.get((opt, s), [])
-            p = mean_sd(ok_vals(rs, "progressive_accuracy"))
-            t = mean_sd(ok_vals(rs, "test_accuracy"))
-            lines.append(f"{s} {gp_num(p[0])} {gp_num(p[1])} {gp_num(t[0])} {gp_num(t[1])}")
-        data.append(datablock(f"a{i}", f"{opt}: s prog prog_sd test test_sd", lines))
+            pv, tv = ok_vals(rs, "progressive_accuracy"), ok_vals(rs, "test_accuracy")
+            lines.append(f"{s} {gp_num(mean_sd(pv)[0])} {gp_num(ci95(pv))} "
+                         f"{gp_num(mean_sd(tv)[0])} {gp_num(ci95(tv))}")
+        data.append(datablock(f"a{i}", f"{opt}: s prog prog_ci95 test test_ci95", lines))
+    seeds = sorted({r["seed"] for r in rows})
     xt = ",".join(str(s) for s in setup["staleness"])
     plot = ["set multiplot layout 1,2 title 'E3: SpamAssassin sparse-lr, one pass in file order, "
-            "batch 8'",
+            f"batch 8; mean over seeds, {bars_note(seeds)}'",
             f"set grid\nset xlabel 'staleness s (fixed)'\nset xtics ({xt})",
             f"set xrange [-2:{max(setup['staleness']) + 2}]\nset key bottom left",
             "set ylabel 'progressive accuracy'",
@@ -658,7 +689,8 @@ def plots_e3(out, rows, setup):
     # Progressive accuracy over the pass, first seed.
     data, plot = [], [f"set multiplot layout 1,{len(opts)} title 'E3: cumulative progressive "
                       "accuracy over the pass (first seed)'",
-                      "set grid\nset xlabel 'training examples seen'\nset key bottom right",
+                      "set grid\nset xlabel 'training examples seen (thousands)'\n"
+                      "set key bottom right\nset xtics 1 format '%g'",
                       "set ylabel 'progressive accuracy'\nset yrange [0.5:1]"]
     for i, opt in enumerate(opts):
         series = []
@@ -666,7 +698,7 @@ def plots_e3(out, rows, setup):
             rs = [r for r in g.get((opt, s), []) if r["status"] == "ok"]
             lines = ["0 NaN"]
             if rs:
-                lines = [f"{c['samples']} {gp_num(fnum(c['progressive_accuracy']))}"
+                lines = [f"{int(c['samples']) / 1000:g} {gp_num(fnum(c['progressive_accuracy']))}"
                          for c in read_curve(Path(rs[0]["run_dir"]) / "curve.csv")]
             data.append(datablock(f"q{i}_{j}", f"{opt} s={s}: samples prog", lines))
             series.append(f"$q{i}_{j} using 1:2 with linespoints lw 2 title 's = {s}'")
