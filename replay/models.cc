@@ -87,7 +87,7 @@ class SparseLrModel : public worker::Model {
                                                           const ContextInput&) const override {
     std::vector<uint64_t> keys = {BiasKey()};
     for (const Example& e : batch) {
-      std::vector<uint64_t> k = Features(e.text);
+      std::vector<uint64_t> k = Features(e);
       keys.insert(keys.end(), k.begin(), k.end());
     }
     std::sort(keys.begin(), keys.end());
@@ -125,7 +125,14 @@ class SparseLrModel : public worker::Model {
       const double y = static_cast<double>(e.label);
       loss -= y * std::log(std::max(p, 1e-12)) + (1 - y) * std::log(std::max(1 - p, 1e-12));
       const float d = static_cast<float>((p - y) * scale);
-      for (uint64_t k : FeaturesWithBias(e.text)) g.sparse[0].values[Index(rows, k)] += d;
+      g.sparse[0].values[Index(rows, BiasKey())] += d;
+      if (e.sparse_keys.empty()) {
+        for (uint64_t k : Features(e)) g.sparse[0].values[Index(rows, k)] += d;
+      } else {  // numeric features: d/dw_k = (p - y) x_k
+        for (size_t j = 0; j < e.sparse_keys.size(); ++j) {
+          g.sparse[0].values[Index(rows, Key(e.sparse_keys[j]))] += d * e.sparse_values[j];
+        }
+      }
     }
     g.loss = loss * scale;
     return g;
@@ -133,19 +140,17 @@ class SparseLrModel : public worker::Model {
 
  private:
   uint64_t BiasKey() const { return options_.buckets ? options_.buckets : kBiasKey; }
-  // Distinct hashed words of one example (binary bag of words).
-  std::vector<uint64_t> Features(const std::string& text) const {
-    std::vector<uint64_t> keys = worker::TextFeatureKeys(text, options_.bigrams);
-    if (options_.buckets) {
-      for (uint64_t& k : keys) k %= options_.buckets;
-    }
+  uint64_t Key(uint64_t feature) const {
+    return options_.buckets ? feature % options_.buckets : feature;
+  }
+  // Distinct keys of one example: its numeric sparse features (libsvm), or else its hashed
+  // words (binary bag of words).
+  std::vector<uint64_t> Features(const Example& e) const {
+    std::vector<uint64_t> keys =
+        e.sparse_keys.empty() ? worker::TextFeatureKeys(e.text, options_.bigrams) : e.sparse_keys;
+    for (uint64_t& k : keys) k = Key(k);
     std::sort(keys.begin(), keys.end());
     keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
-    return keys;
-  }
-  std::vector<uint64_t> FeaturesWithBias(const std::string& text) const {
-    std::vector<uint64_t> keys = Features(text);
-    keys.push_back(BiasKey());
     return keys;
   }
   // REQUIRES: k is among rows.keys (SparseKeys of the same batch); rows.keys sorted.
@@ -154,11 +159,19 @@ class SparseLrModel : public worker::Model {
                                rows.keys.begin());
   }
   double Probability(const Example& e, const SparseRows& rows) const {
-    double z = 0;
-    for (uint64_t k : FeaturesWithBias(e.text)) {
+    auto weight = [&](uint64_t k) {
       const size_t i = Index(rows, k);
-      if (i < rows.keys.size() && rows.keys[i] == k) z += rows.values[i];
+      return i < rows.keys.size() && rows.keys[i] == k ? rows.values[i] : 0.0f;
+    };
+    double z = 0;
+    if (e.sparse_keys.empty()) {
+      for (uint64_t k : Features(e)) z += weight(k);
+    } else {
+      for (size_t j = 0; j < e.sparse_keys.size(); ++j) {
+        z += static_cast<double>(weight(Key(e.sparse_keys[j]))) * e.sparse_values[j];
+      }
     }
+    z += weight(BiasKey());  // last, as it always was: runs repeat bit for bit across versions
     return 1.0 / (1.0 + std::exp(-z));
   }
 

@@ -30,9 +30,10 @@ StatusOr<std::vector<double>> Fields(const std::string& s, size_t n, const std::
 
 void AddWorkloadFlags(CLI::App& app, Flags* f) {
   app.add_option("--dataset", f->dataset,
-                 "fashion-mnist | digits | spam-assassin | none | csv:PATH | npz:PATH (your "
-                 "own data: a CSV of numeric features and a label column, or a NumPy archive "
-                 "with x, y[, x_test, y_test]; docs/replay.md)")
+                 "fashion-mnist | digits | spam-assassin | none | csv:PATH | npz:PATH | "
+                 "libsvm:PATH (your own data: a CSV of numeric features and a label column, "
+                 "a NumPy archive with x, y[, x_test, y_test], or sparse features in "
+                 "libsvm/svmlight format for --model sparse-lr; docs/replay.md)")
       ->capture_default_str();
   app.add_option("--label-column", f->label_column,
                  "csv: the label column, by header name or 0-based index (default: the last)");
@@ -42,8 +43,8 @@ void AddWorkloadFlags(CLI::App& app, Flags* f) {
       ->check(CLI::IsMember({"auto", "yes", "no"}))
       ->capture_default_str();
   app.add_option("--test-file", f->test_file,
-                 "csv: the test split from this file, same columns (default: a seeded split "
-                 "with --test-fraction)");
+                 "csv, libsvm: the test split from this file (default: a seeded split with "
+                 "--test-fraction)");
   app.add_option("--normalize", f->normalize,
                  "csv, npz: feature scaling fitted on the training rows: standard (z-score) | "
                  "minmax ([0, 1]) | none")
@@ -232,9 +233,12 @@ Status CheckFlags(const Flags& f) {
   if (f.trace.empty() && f.dataset == "none" && f.model != "quadratic") {
     return InvalidArgument("--dataset none only works with --model quadratic");
   }
-  const bool csv = f.dataset.rfind("csv:", 0) == 0;
-  if (!csv && (!f.label_column.empty() || !f.test_file.empty())) {
-    return InvalidArgument("--label-column and --test-file are for --dataset csv:PATH");
+  const bool csv = f.dataset.rfind("csv:", 0) == 0, libsvm = f.dataset.rfind("libsvm:", 0) == 0;
+  if (!csv && !f.label_column.empty()) {
+    return InvalidArgument("--label-column is for --dataset csv:PATH");
+  }
+  if (!csv && !libsvm && !f.test_file.empty()) {
+    return InvalidArgument("--test-file is for --dataset csv:PATH or libsvm:PATH");
   }
   if (f.trace.empty() && f.dataset == "none" && f.updates == 0) {
     return InvalidArgument("--dataset none has no examples to count epochs in: give --updates N");
@@ -332,6 +336,10 @@ StatusOr<std::unique_ptr<worker::Model>> MakeModel(const Flags& f, const Dataset
     q.h = f.quad_h;
     q.x0 = f.quad_x0;
     return MakeQuadraticModel(q);
+  }
+  if (data.sparse && f.model != "sparse-lr") {
+    return InvalidArgument("--dataset " + data.name +
+                           " has sparse features: use --model sparse-lr");
   }
   worker::ModelOptions o;
   o.hidden = f.hidden;

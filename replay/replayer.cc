@@ -385,7 +385,7 @@ class ReplayerImpl : public Replayer {
   // Sparse keys pushed, per param (for params_sha256 at the end). A hash set: an ordered
   // set's insert per pushed key cost more than the shard's own apply (docs/benchmarks.md).
   std::vector<std::unordered_set<uint64_t>> touched_;
-  std::map<uint64_t, Pending> pending_;      // by batch
+  std::map<uint64_t, Pending> pending_;  // by batch
 
   ReplayResult result_;
   Clock::time_point start_, last_progress_;

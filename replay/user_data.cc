@@ -12,6 +12,7 @@
 #include <iterator>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "common/sha256.h"
 
@@ -565,10 +566,148 @@ StatusOr<Dataset> LoadNpz(const std::string& name, const std::string& path,
   return ds;
 }
 
+// ---- libsvm:PATH: "label index:value index:value ... [# comment]" per line
+
+struct SparseTable {
+  std::vector<std::string> labels;
+  std::vector<size_t> lines, offsets = {0};
+  std::vector<uint64_t> keys;
+  std::vector<float> values;
+};
+
+// Reads `path` line by line (hashed as it goes). Indices are integers >= 1 (0 too, for
+// zero-based files), each at most once per line; `qid:N` is skipped.
+Status ReadSparse(const std::string& path, SparseTable* t, DatasetFile* file) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound(path + ": " + std::strerror(errno));
+  Sha256 hash;
+  uint64_t bytes = 0;
+  std::string line;
+  std::vector<uint64_t> seen;
+  for (size_t lineno = 1; std::getline(in, line); ++lineno) {
+    hash.Update(line.data(), line.size());
+    bytes += line.size();
+    if (!in.eof()) {
+      hash.Update("\n", 1);
+      ++bytes;
+    }
+    const size_t hash_mark = line.find('#');
+    if (hash_mark != std::string::npos) line.resize(hash_mark);
+    std::istringstream tokens(line);
+    std::string label, item;
+    if (!(tokens >> label)) continue;  // blank or comment
+    const std::string where = path + ":" + std::to_string(lineno);
+    double number = 0;
+    if (const std::string why = NumberOf(label, &number); !why.empty()) {
+      return DataLoss(where + ": the label " + why);
+    }
+    seen.clear();
+    while (tokens >> item) {
+      if (item.rfind("qid:", 0) == 0) continue;
+      const size_t colon = item.find(':');
+      const std::string index = item.substr(0, colon);
+      if (colon == std::string::npos || index.empty() ||
+          index.find_first_not_of("0123456789") != std::string::npos || index.size() > 18) {
+        return DataLoss(where + ": '" + item.substr(0, 40) + "' is not index:value");
+      }
+      double v = 0;
+      if (const std::string why = NumberOf(item.substr(colon + 1), &v); !why.empty()) {
+        return DataLoss(where + ": feature " + index + " value " + why);
+      }
+      const uint64_t k = std::strtoull(index.c_str(), nullptr, 10);
+      if (std::find(seen.begin(), seen.end(), k) != seen.end()) {
+        return DataLoss(where + ": feature " + index + " appears twice");
+      }
+      seen.push_back(k);
+      t->keys.push_back(k);
+      t->values.push_back(static_cast<float>(v));
+    }
+    t->labels.push_back(label);
+    t->lines.push_back(lineno);
+    t->offsets.push_back(t->keys.size());
+  }
+  if (in.bad()) return DataLoss(path + ": read error");
+  if (t->labels.empty()) return DataLoss(path + ": the file is empty (no example lines)");
+  *file = {path, hash.HexDigest(), bytes};
+  return Status::Ok();
+}
+
+// Appends rows `rows` of `t` (labels already ids in `y`) to one split of `ds`.
+void TakeSparse(const SparseTable& t, const std::vector<int64_t>& y,
+                const std::vector<size_t>& rows, std::vector<size_t>* offsets,
+                std::vector<uint64_t>* keys, std::vector<float>* values, std::vector<int64_t>* ys) {
+  offsets->assign(1, 0);
+  for (size_t r : rows) {
+    keys->insert(keys->end(), t.keys.begin() + static_cast<std::ptrdiff_t>(t.offsets[r]),
+                 t.keys.begin() + static_cast<std::ptrdiff_t>(t.offsets[r + 1]));
+    values->insert(values->end(), t.values.begin() + static_cast<std::ptrdiff_t>(t.offsets[r]),
+                   t.values.begin() + static_cast<std::ptrdiff_t>(t.offsets[r + 1]));
+    offsets->push_back(keys->size());
+    ys->push_back(y[r]);
+  }
+}
+
+// Labels: the distinct label values, in numeric order ("-1", "+1" -> classes 0, 1).
+StatusOr<Dataset> LoadLibsvm(const std::string& name, const std::string& path,
+                             const DatasetOptions& o) {
+  if (o.test_file.empty() && !(o.test_fraction > 0 && o.test_fraction < 1)) {
+    return InvalidArgument("test_fraction must be in (0, 1)");
+  }
+  Dataset ds;
+  ds.name = name;
+  ds.sparse = true;
+  SparseTable train, test;
+  DatasetFile file;
+  ONLINEPS_RETURN_IF_ERROR(ReadSparse(path, &train, &file));
+  ds.files.push_back(file);
+  if (!o.test_file.empty()) {
+    ONLINEPS_RETURN_IF_ERROR(ReadSparse(o.test_file, &test, &file));
+    ds.files.push_back(file);
+  }
+  std::map<double, std::string> classes;  // numeric order, first spelling kept
+  for (const std::string& l : train.labels) classes.emplace(std::strtod(l.c_str(), nullptr), l);
+  std::map<double, int64_t> id;
+  for (const auto& [value, spelling] : classes) {
+    id[value] = static_cast<int64_t>(ds.labels.size());
+    ds.labels.push_back(spelling);
+  }
+  std::vector<int64_t> train_y, test_y;
+  for (const std::string& l : train.labels) train_y.push_back(id[std::strtod(l.c_str(), nullptr)]);
+  for (size_t i = 0; i < test.labels.size(); ++i) {
+    auto it = id.find(std::strtod(test.labels[i].c_str(), nullptr));
+    if (it == id.end()) {
+      return DataLoss(o.test_file + ":" + std::to_string(test.lines[i]) + ": label '" +
+                      test.labels[i] + "' does not occur in the training file " + path);
+    }
+    test_y.push_back(it->second);
+  }
+  std::vector<size_t> train_rows(train_y.size()), test_rows(test_y.size());
+  for (size_t i = 0; i < train_rows.size(); ++i) train_rows[i] = i;
+  for (size_t i = 0; i < test_rows.size(); ++i) test_rows[i] = i;
+  if (o.test_file.empty()) {
+    ds.split_seed = o.split_seed;
+    ds.test_fraction = o.test_fraction;
+    const Split split = SeededSplit(train_y.size(), o);
+    TakeSparse(train, train_y, split.train, &ds.train_offsets, &ds.train_keys, &ds.train_values,
+               &ds.train_y);
+    TakeSparse(train, train_y, split.test, &ds.test_offsets, &ds.test_keys, &ds.test_values,
+               &ds.test_y);
+  } else {
+    if (o.max_train && train_rows.size() > o.max_train) train_rows.resize(o.max_train);
+    if (o.max_test && test_rows.size() > o.max_test) test_rows.resize(o.max_test);
+    TakeSparse(train, train_y, train_rows, &ds.train_offsets, &ds.train_keys, &ds.train_values,
+               &ds.train_y);
+    TakeSparse(test, test_y, test_rows, &ds.test_offsets, &ds.test_keys, &ds.test_values,
+               &ds.test_y);
+  }
+  if (ds.train_y.empty()) return DataLoss(path + ": no training rows after the split");
+  return ds;
+}
+
 }  // namespace
 
 bool IsUserDataset(const std::string& name) {
-  return name.rfind("csv:", 0) == 0 || name.rfind("npz:", 0) == 0;
+  return name.rfind("csv:", 0) == 0 || name.rfind("npz:", 0) == 0 || name.rfind("libsvm:", 0) == 0;
 }
 
 StatusOr<Dataset> LoadUserDataset(const std::string& name, const DatasetOptions& options) {
@@ -586,6 +725,11 @@ StatusOr<Dataset> LoadUserDataset(const std::string& name, const DatasetOptions&
                              "': expected standard, minmax or none");
     }
     return LoadNpz(name, path, options);
+  }
+  if (name.rfind("libsvm:", 0) == 0) {
+    const std::string path = name.substr(7);
+    if (path.empty()) return InvalidArgument("--dataset libsvm:PATH needs a path");
+    return LoadLibsvm(name, path, options);
   }
   return InvalidArgument("unknown dataset '" + name + "'");
 }

@@ -21,6 +21,10 @@ struct Example {
   std::string text;
   std::vector<float> features;
   int64_t label = -1;  // learn: class index into Model::labels()
+  // Sparse numeric features (replay's libsvm datasets; read by replay's sparse-lr model):
+  // sparse_values[i] is the value of feature sparse_keys[i]. Not part of the worker RPC.
+  std::vector<uint64_t> sparse_keys = {};
+  std::vector<float> sparse_values = {};
 };
 
 // What a session's context contributes to that session's forward passes. It is input,

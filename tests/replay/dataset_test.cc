@@ -445,6 +445,24 @@ DatasetOptions CsvOptions() {
   return o;
 }
 
+// One bad input and the end of the message it must get, after its path.
+struct BadCase {
+  std::string input, want;
+};
+
+// Each case written by `write(i, input)` (returns the path) and loaded as SCHEME:PATH
+// must be refused with kDataLoss, the message naming the path then `want`.
+template <typename Write>
+void ExpectDataLoss(const std::string& scheme, const std::vector<BadCase>& cases, Write write) {
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string path = write(i, cases[i].input);
+    auto ds = LoadDataset(scheme + ":" + path, CsvOptions());
+    EXPECT_EQ(ds.status().code(), StatusCode::kDataLoss) << cases[i].input;
+    EXPECT_NE(ds.status().message().find(path + cases[i].want), std::string::npos)
+        << ds.status().message() << " / want " << cases[i].want;
+  }
+}
+
 TEST(CsvDatasetTest, HeaderLabelByNameStringClassesAndTestFile) {
   const std::string train = WriteTemp("iris.csv",
                                       "sepal,\"petal, width\",species\n"
@@ -515,10 +533,7 @@ TEST(CsvDatasetTest, NoHeaderIntegerLabelsByIndexSeededSplitAndScaling) {
 
 // Each bad file is refused with the file, the line and what is wrong.
 TEST(CsvDatasetTest, BadFilesAreDataLossNamingFileAndLine) {
-  struct Case {
-    std::string text, want;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<BadCase> cases = {
       {"a,b,y\n1,2,0\n3,4\n", ":3: 2 cells; the header has 3"},
       {"a,b,y\n1,2,0\n3,x4,1\n", ":3: column 'b' 'x4' is not a number"},
       {"1,2,0\n3,nan,1\n", ":2: column 1 is nan (NaN or Inf)"},
@@ -531,13 +546,9 @@ TEST(CsvDatasetTest, BadFilesAreDataLossNamingFileAndLine) {
       {"1,\"2,0\n", ":1: a quoted cell is not closed on this line"},
       {"1,2,\n", ":1: the label is empty"},
   };
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const std::string path = WriteTemp("bad" + std::to_string(i) + ".csv", cases[i].text);
-    auto ds = LoadDataset("csv:" + path, CsvOptions());
-    EXPECT_EQ(ds.status().code(), StatusCode::kDataLoss) << cases[i].text;
-    EXPECT_NE(ds.status().message().find(path + cases[i].want), std::string::npos)
-        << ds.status().message() << " / want " << cases[i].want;
-  }
+  ExpectDataLoss("csv", cases, [](size_t i, const std::string& text) {
+    return WriteTemp("bad" + std::to_string(i) + ".csv", text);
+  });
   const std::string train = WriteTemp("t.csv", "1,2,cat\n3,4,dog\n");
   const std::string test = WriteTemp("u.csv", "1,2,cat\n5,6,bird\n");
   DatasetOptions o = CsvOptions();
@@ -593,10 +604,7 @@ TEST(NpzDatasetTest, StoredAndCompressedArchivesWithAndWithoutTestArrays) {
 }
 
 TEST(NpzDatasetTest, BadArchivesAreDataLossNamingTheArray) {
-  struct Case {
-    std::string arrays, want;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<BadCase> cases = {
       {"x=np.array([[1.0, np.nan]]), y=np.array([0])", ":x: row 0 feature 1 is NaN or Inf"},
       {"x=np.ones((3, 2)), y=np.array([0, 1])", ":y: need shape [3]"},
       {"x=np.ones((3, 2)), y=np.array([0, -1, 1])", ":y: row 1 label -1 is not a class"},
@@ -606,17 +614,63 @@ TEST(NpzDatasetTest, BadArchivesAreDataLossNamingTheArray) {
       {"x=np.ones((2, 3)), y=np.array([0, 1]), x_test=np.ones((1, 2)), y_test=np.array([1])",
        ":x_test: 2 features per row, x has 3"},
   };
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const std::string path = WriteNpz("bad" + std::to_string(i) + ".npz", cases[i].arrays, i % 2);
-    auto ds = LoadDataset("npz:" + path, CsvOptions());
-    EXPECT_EQ(ds.status().code(), StatusCode::kDataLoss) << cases[i].arrays;
-    EXPECT_NE(ds.status().message().find(path + cases[i].want), std::string::npos)
-        << ds.status().message() << " / want " << cases[i].want;
-  }
+  ExpectDataLoss("npz", cases, [](size_t i, const std::string& arrays) {
+    return WriteNpz("bad" + std::to_string(i) + ".npz", arrays, i % 2);
+  });
   const std::string junk = WriteTemp("junk.npz", "this is not a zip archive at all, no");
   EXPECT_EQ(LoadDataset("npz:" + junk, CsvOptions()).status().code(), StatusCode::kDataLoss);
   EXPECT_EQ(LoadDataset("npz:" + WriteTemp("empty.npz", ""), CsvOptions()).status().code(),
             StatusCode::kDataLoss);
+}
+
+// libsvm:PATH: sparse rows, labels in numeric order, qid and comments skipped.
+TEST(LibsvmDatasetTest, SparseRowsLabelsInNumericOrderAndATestFile) {
+  const std::string train = WriteTemp("a.svm",
+                                      "# a comment line\n"
+                                      "+1 3:0.5 10:-2 qid:4\n"
+                                      "-1 1:1\n"
+                                      "\n"
+                                      "+1 7:1e-3 # trailing comment\n"
+                                      "-1\n");
+  const std::string test = WriteTemp("b.svm", "-1 2:4\n");
+  DatasetOptions o = CsvOptions();
+  o.test_file = test;
+  auto ds = LoadDataset("libsvm:" + train, o);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  EXPECT_TRUE(ds->sparse);
+  EXPECT_EQ(ds->labels, (std::vector<std::string>{"-1", "+1"}));
+  EXPECT_EQ(ds->train_y, (std::vector<int64_t>{1, 0, 1, 0}));
+  EXPECT_EQ(ds->train_offsets, (std::vector<size_t>{0, 2, 3, 4, 4}));
+  EXPECT_EQ(ds->train_keys, (std::vector<uint64_t>{3, 10, 1, 7}));
+  EXPECT_EQ(ds->train_values, (std::vector<float>{0.5f, -2.0f, 1.0f, 1e-3f}));
+  EXPECT_EQ(ds->test_y, (std::vector<int64_t>{0}));
+  EXPECT_EQ(ds->test_keys, (std::vector<uint64_t>{2}));
+  EXPECT_EQ(ds->files[0].sha256, Shell("sha256sum " + train + " | cut -c1-64 | tr -d '\\n'"));
+  // Without a test file: a seeded split of whole rows.
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += std::to_string(i % 2) + " " + std::to_string(i + 1) + ":1\n";
+  auto split = LoadDataset("libsvm:" + WriteTemp("c.svm", text), CsvOptions());
+  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  EXPECT_EQ(split->train_size() + split->test_size(), 40u);
+  for (size_t r = 0; r < split->train_size(); ++r) {  // row i holds feature i + 1, label i % 2
+    ASSERT_EQ(split->train_offsets[r + 1] - split->train_offsets[r], 1u);
+    EXPECT_EQ(static_cast<int64_t>((split->train_keys[r] - 1) % 2), split->train_y[r]);
+  }
+}
+
+TEST(LibsvmDatasetTest, BadLinesAreDataLossNamingFileAndLine) {
+  const std::vector<BadCase> cases = {
+      {"1 3:0.5\nx 2:1\n", ":2: the label 'x' is not a number"},
+      {"1 3:0.5 4\n", ":1: '4' is not index:value"},
+      {"1 a:1\n", ":1: 'a:1' is not index:value"},
+      {"1 3:abc\n", ":1: feature 3 value 'abc' is not a number"},
+      {"1 3:nan\n", ":1: feature 3 value is nan (NaN or Inf)"},
+      {"1 3:1 3:2\n", ":1: feature 3 appears twice"},
+      {"# only a comment\n", ": the file is empty (no example lines)"},
+  };
+  ExpectDataLoss("libsvm", cases, [](size_t i, const std::string& text) {
+    return WriteTemp("bad" + std::to_string(i) + ".svm", text);
+  });
 }
 
 }  // namespace

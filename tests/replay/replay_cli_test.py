@@ -7,6 +7,8 @@
   csv-quoting   a --run-name holding a comma and a quote is written as one quoted CSV
                 field in curve.csv, staleness.csv and tau_histogram.csv, which every row
                 of each parses back to with the header's column count.
+  libsvm        a libsvm file learnt by sparse-lr (its keys and values go to a sparse table);
+                any other model is refused, naming sparse-lr.
   resume        (given --experiments-dir, an `experiments/run.py all --quick` output) the
                 same grid again with --resume reuses every run, and each summary says so
                 instead of "N runs in 0 s".
@@ -15,6 +17,7 @@ import argparse
 import csv
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -74,6 +77,32 @@ def csv_quoting():
     print("replay_cli_test: csv-quoting PASS")
 
 
+def libsvm():
+    """A libsvm file through sparse-lr: keys and values reach a sparse table and it learns."""
+    work = tempfile.mkdtemp(prefix="replay-libsvm-")
+    path = os.path.join(work, "data.svm")
+    rng = random.Random(3)
+    with open(path, "w") as f:
+        for _ in range(400):
+            feats = sorted(rng.sample(range(1, 200), 5))
+            label = "+1" if sum(1 for k in feats if k < 100) >= 3 else "-1"
+            f.write(label + " " + " ".join(f"{k}:{rng.uniform(0.5, 1.5):.3f}" for k in feats) + "\n")
+    out = os.path.join(work, "out")
+    r = replay("--dataset", f"libsvm:{path}", "--model", "sparse-lr", "--workers", "4",
+               "--compute", "exp:1", "--batch", "8", "--epochs", "5", "--optimizer", "adagrad",
+               "--lr", "0.5", "--out", out)
+    if r.returncode != 0:
+        fail(f"libsvm replay exit {r.returncode}: {r.stderr[-500:]}")
+    manifest = json.load(open(os.path.join(out, "manifest.json")))
+    acc = manifest["result"]["final"]["test_accuracy"]
+    if acc < 0.8:
+        fail(f"sparse-lr on the libsvm file: test accuracy {acc}")
+    r = replay("--dataset", f"libsvm:{path}", "--model", "mlp", "--out", out)
+    if r.returncode == 0 or "use --model sparse-lr" not in r.stderr:
+        fail(f"libsvm with mlp: exit {r.returncode}, said {r.stderr[-300:]!r}")
+    print(f"replay_cli_test: libsvm PASS (test accuracy {acc:.3f})")
+
+
 def resume(experiments_dir):
     env = dict(os.environ, ONLINEPS_REPLAY=REPLAY)
     r = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "run.py"), "all",
@@ -93,13 +122,15 @@ def resume(experiments_dir):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("check", choices=["none-dataset", "csv-quoting", "resume"])
+    ap.add_argument("check", choices=["none-dataset", "csv-quoting", "libsvm", "resume"])
     ap.add_argument("--experiments-dir", help="resume: an experiments/run.py all --quick output")
     args = ap.parse_args()
     if args.check == "none-dataset":
         none_dataset()
     elif args.check == "csv-quoting":
         csv_quoting()
+    elif args.check == "libsvm":
+        libsvm()
     else:
         if not args.experiments_dir:
             ap.error("resume needs --experiments-dir")
