@@ -63,7 +63,9 @@ void AddFlags(CLI::App& app, Flags* f) {
       ->capture_default_str();
   app.add_option("--host", f->http.host, "HTTP bind address (keep loopback unless fronted)")
       ->capture_default_str();
-  app.add_option("--port", f->http.port, "HTTP port (0: any free port)")->capture_default_str();
+  app.add_option("--port", f->http.port, "HTTP port (0: any free port)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
   app.add_option("--path", f->http.path, "MCP endpoint path")->capture_default_str();
   app.add_option("--allowed-hosts", f->http.allowed_hosts,
                  "Host header names accepted, comma separated; '*' accepts any")
@@ -193,6 +195,7 @@ void AddToolFlags(CLI::App& app, Flags* f) {
   app.add_option("--admin-host", f->admin_host, "Admin HTTP address (/metrics, /healthz, /readyz)")
       ->capture_default_str();
   app.add_option("--admin-port", f->admin_port, "Admin HTTP port (-1: off, 0: any)")
+      ->check(CLI::Range(-1, 65535))
       ->capture_default_str();
   onlineps::AddLoggingFlags(app, &f->log);
   onlineps::AddCurveFlags(app, &f->curve, /*server=*/false, /*client=*/true);

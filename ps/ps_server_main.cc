@@ -86,6 +86,7 @@ void AddFlags(CLI::App& app, onlineps::ps::ShardServerOptions* o, std::string* a
       ->capture_default_str();
   app.add_option("--admin-port", *admin_port,
                  "Admin HTTP port for /metrics, /healthz, /readyz (0: any free port, -1: off)")
+      ->check(CLI::Range(-1, 65535))
       ->capture_default_str();
 }
 

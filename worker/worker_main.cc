@@ -319,6 +319,7 @@ void AddServingFlags(CLI::App& app, Flags* f) {
       ->capture_default_str();
   app.add_option("--admin-port", f->admin_port,
                  "Admin HTTP port for /metrics, /healthz, /readyz (0: any free port, -1: off)")
+      ->check(CLI::Range(-1, 65535))
       ->capture_default_str();
 }
 
