@@ -309,6 +309,41 @@ std::string EffectiveConfig(const CLI::App& app) {
   return out.str();
 }
 
+namespace {
+
+// CLI11 reports a missing required option or subcommand before an argument it does not
+// know; the unknown one is the real mistake ("--ps is required" for a misspelt flag), so
+// name it instead. "" when every argument is known.
+std::string UnknownArgument(CLI::App& app, int argc, const char* const* argv) {
+  CLI::App* current = &app;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") break;
+    if (a.rfind("--", 0) == 0) {
+      const std::string name = a.substr(0, a.find('='));
+      const CLI::Option* opt = current->get_option_no_throw(name);
+      if (opt == nullptr) opt = app.get_option_no_throw(name);
+      if (opt == nullptr) return "unknown flag " + name + " (--help lists them)";
+      if (a.find('=') == std::string::npos && opt->get_expected_min() > 0) ++i;  // its value
+      continue;
+    }
+    if (a.rfind("-", 0) == 0) continue;  // short flags: left to CLI11
+    const auto subs = current->get_subcommands([](const CLI::App*) { return true; });
+    if (subs.empty()) continue;  // a positional argument
+    CLI::App* next = nullptr;
+    std::string names;
+    for (CLI::App* sub : subs) {
+      if (sub->check_name(a)) next = sub;
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (next == nullptr) return "unknown subcommand '" + a + "' (expected one of: " + names + ")";
+    current = next;
+  }
+  return "";
+}
+
+}  // namespace
+
 StatusOr<ParseResult> ParseFlags(CLI::App& app, int argc, const char* const* argv,
                                  std::ostream& out) {
   ParseResult result;
@@ -325,6 +360,11 @@ StatusOr<ParseResult> ParseFlags(CLI::App& app, int argc, const char* const* arg
     return result;
   } catch (const CLI::ParseError& e) {
     if (!file_status.ok()) return file_status;
+    if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+      if (std::string unknown = UnknownArgument(app, argc, argv); !unknown.empty()) {
+        return InvalidArgument(unknown);
+      }
+    }
     return InvalidArgument(e.what());
   } catch (const std::exception& e) {  // CLI::ConstructionError: the caller's options clash
     return Internal(std::string("command-line setup: ") + e.what());

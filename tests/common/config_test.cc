@@ -58,6 +58,32 @@ class ConfigTest : public ::testing::Test {
   std::vector<std::string> files_;
 };
 
+// A misspelt flag or subcommand is named as such, not reported as a missing required
+// option or subcommand (which CLI11 checks first).
+TEST_F(ConfigTest, UnknownFlagOrSubcommandIsNamedBeforeWhatIsMissing) {
+  std::string needed;
+  app_.add_option("--needed", needed, "Required")->required();
+  auto flag = Parse({"--host", "h", "--no-such-flag"});
+  EXPECT_EQ(flag.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(flag.status().message().find("unknown flag --no-such-flag"), std::string::npos)
+      << flag.status().message();
+  auto missing = Parse({"--verbose", "--host", "h"});  // known flags: the real error stays
+  EXPECT_NE(missing.status().message().find("--needed is required"), std::string::npos)
+      << missing.status().message();
+}
+
+TEST_F(ConfigTest, UnknownSubcommandIsNamedWithTheKnownOnes) {
+  app_.add_subcommand("pull", "Pull");
+  app_.add_subcommand("push", "Push");
+  app_.require_subcommand(1);
+  auto r = Parse({"--num-shards", "2", "pul"});
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("unknown subcommand 'pul' (expected one of: pull, push)"),
+            std::string::npos)
+      << r.status().message();
+  EXPECT_TRUE(Parse({"--num-shards", "2", "pull"}).ok());
+}
+
 TEST_F(ConfigTest, DefaultOnly) {
   StatusOr<ParseResult> r = Parse({});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
