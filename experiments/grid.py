@@ -29,7 +29,6 @@ import itertools
 import math
 import subprocess
 import sys
-import time
 import tomllib
 from pathlib import Path
 
@@ -255,32 +254,15 @@ def main(path, args, binary, r):
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs_dir = Path(args.runs_dir) if args.runs_dir else out / "runs"
     runs = make_runs(spec, run_class(r))
     r.METRICS[spec["name"]] = metrics_of
-    rows, argvs = [], []
-    timing = {"reused": 0, "reused_s": 0.0}
-    fresh_s, fresh_n = 0.0, 0
-    t0 = time.monotonic()
-    for i, run in enumerate(runs, 1):
-        row, argv, elapsed, reused = r.execute(run, binary, runs_dir, args.resume)
-        rows.append(row)
-        argvs.append(argv)
-        if reused:
-            timing["reused"] += 1
-            timing["reused_s"] += elapsed
-        else:
-            fresh_s += elapsed
-            fresh_n += 1
-        left = len(runs) - i
-        eta = f"ETA {left * fresh_s / fresh_n:.0f} s" if fresh_n and left else "done" if not left else "ETA ?"
-        cfg = " ".join(f"{k}={v}" for k, v in run.config.items())
-        got = (f"acc {row['test_accuracy']:.4f} loss {row['test_loss']:.4f}"
-               if row["status"] == "ok" else row["status"] + ": " + row.get("error", ""))
-        print(f"[{spec['name']} {i}/{len(runs)}] {cfg} seed={run.seed}: {got} "
-              f"({'reused' if reused else f'{elapsed:.1f} s'}; {time.monotonic() - t0:.0f} s "
-              f"so far, {eta})", file=sys.stderr, flush=True)
-    timing["wall"] = time.monotonic() - t0
+
+    def describe(row):
+        if row["status"] != "ok":
+            return row["status"] + ": " + row.get("error", "")
+        return f"acc {row['test_accuracy']:.4f} loss {row['test_loss']:.4f}"
+
+    rows, argvs, timing = r.run_all(spec["name"], runs, args, binary, describe)
     r.write_csv(out / f"{spec['name']}_results.csv", rows)
     written = plots(spec, rows, out, r)
     md = summary(spec, rows, argvs, timing, binary, r)

@@ -328,11 +328,13 @@ def fmt_metric(exp, row):
             f"tau_mean {row['staleness_mean']:.2f}")
 
 
-def run_experiment(exp, args, binary, seeds):
-    runs = RUNS[exp](args.quick, seeds)
+def run_all(label, runs, args, binary, describe):
+    """Runs `runs` one at a time (execute), a progress line each with an ETA from the runs
+    done so far; returns the rows, the argvs and the timing for runs_line."""
     runs_dir = Path(args.runs_dir) if args.runs_dir else Path(args.out) / "runs"
     rows, argvs = [], []
     timing = {"reused": 0, "reused_s": 0.0}
+    fresh_s, fresh_n = 0.0, 0
     t0 = time.monotonic()
     for i, run in enumerate(runs, 1):
         row, argv, elapsed, reused = execute(run, binary, runs_dir, args.resume)
@@ -341,11 +343,23 @@ def run_experiment(exp, args, binary, seeds):
         if reused:
             timing["reused"] += 1
             timing["reused_s"] += elapsed
+        else:
+            fresh_s += elapsed
+            fresh_n += 1
+        left = len(runs) - i
+        eta = ("done" if not left else
+               f"ETA {left * fresh_s / fresh_n:.0f} s" if fresh_n else "ETA ?")
         cfg = " ".join(f"{k}={v}" for k, v in run.config.items())
-        print(f"[{exp} {i}/{len(runs)}] {cfg} seed={run.seed}: {fmt_metric(exp, row)} "
+        print(f"[{label} {i}/{len(runs)}] {cfg} seed={run.seed}: {describe(row)} "
               f"({f'reused, ran {elapsed:.1f} s earlier' if reused else f'{elapsed:.1f} s'}; "
-              f"{time.monotonic() - t0:.0f} s so far)", file=sys.stderr, flush=True)
+              f"{time.monotonic() - t0:.0f} s so far, {eta})", file=sys.stderr, flush=True)
     timing["wall"] = time.monotonic() - t0
+    return rows, argvs, timing
+
+
+def run_experiment(exp, args, binary, seeds):
+    runs = RUNS[exp](args.quick, seeds)
+    rows, argvs, timing = run_all(exp, runs, args, binary, lambda row: fmt_metric(exp, row))
     return runs, rows, argvs, timing
 
 

@@ -126,13 +126,8 @@ class SparseLrModel : public worker::Model {
       loss -= y * std::log(std::max(p, 1e-12)) + (1 - y) * std::log(std::max(1 - p, 1e-12));
       const float d = static_cast<float>((p - y) * scale);
       g.sparse[0].values[Index(rows, BiasKey())] += d;
-      if (e.sparse_keys.empty()) {
-        for (uint64_t k : Features(e)) g.sparse[0].values[Index(rows, k)] += d;
-      } else {  // numeric features: d/dw_k = (p - y) x_k
-        for (size_t j = 0; j < e.sparse_keys.size(); ++j) {
-          g.sparse[0].values[Index(rows, Key(e.sparse_keys[j]))] += d * e.sparse_values[j];
-        }
-      }
+      // d/dw_k = (p - y) x_k
+      ForEachFeature(e, [&](uint64_t k, float x) { g.sparse[0].values[Index(rows, k)] += d * x; });
     }
     g.loss = loss * scale;
     return g;
@@ -153,6 +148,16 @@ class SparseLrModel : public worker::Model {
     keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
     return keys;
   }
+  // Calls fn(key, x) for each feature of `e`: its numeric sparse features (libsvm) with
+  // their values, or else each distinct hashed word with x = 1.
+  template <typename Fn>
+  void ForEachFeature(const Example& e, Fn fn) const {
+    if (e.sparse_keys.empty()) {
+      for (uint64_t k : Features(e)) fn(k, 1.0f);
+      return;
+    }
+    for (size_t j = 0; j < e.sparse_keys.size(); ++j) fn(Key(e.sparse_keys[j]), e.sparse_values[j]);
+  }
   // REQUIRES: k is among rows.keys (SparseKeys of the same batch); rows.keys sorted.
   static size_t Index(const SparseRows& rows, uint64_t k) {
     return static_cast<size_t>(std::lower_bound(rows.keys.begin(), rows.keys.end(), k) -
@@ -164,13 +169,7 @@ class SparseLrModel : public worker::Model {
       return i < rows.keys.size() && rows.keys[i] == k ? rows.values[i] : 0.0f;
     };
     double z = 0;
-    if (e.sparse_keys.empty()) {
-      for (uint64_t k : Features(e)) z += weight(k);
-    } else {
-      for (size_t j = 0; j < e.sparse_keys.size(); ++j) {
-        z += static_cast<double>(weight(Key(e.sparse_keys[j]))) * e.sparse_values[j];
-      }
-    }
+    ForEachFeature(e, [&](uint64_t k, float x) { z += static_cast<double>(weight(k)) * x; });
     z += weight(BiasKey());  // last, as it always was: runs repeat bit for bit across versions
     return 1.0 / (1.0 + std::exp(-z));
   }

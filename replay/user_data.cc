@@ -83,24 +83,50 @@ struct Layout {
   size_t label = 0;  // column index
 };
 
+// A text file read line by line and hashed as it goes: the file's own bytes, so the
+// digest equals sha256sum's whether or not the last line ends in a newline.
+class HashedLines {
+ public:
+  explicit HashedLines(const std::string& path) : path_(path), in_(path, std::ios::binary) {}
+  // kNotFound when the file cannot be opened.
+  Status Open() const { return in_ ? Status::Ok() : NotFound(path_ + ": " + std::strerror(errno)); }
+  // The next line (without its newline) and its 1-based number; false at the end.
+  bool Next(std::string* line, size_t* lineno) {
+    if (!std::getline(in_, *line)) return false;
+    hash_.Update(line->data(), line->size());
+    bytes_ += line->size();
+    if (!in_.eof()) {  // the newline getline consumed
+      hash_.Update("\n", 1);
+      ++bytes_;
+    }
+    *lineno = ++lines_;
+    return true;
+  }
+  // After the last line: the file's record, or kDataLoss on a read error.
+  StatusOr<DatasetFile> Finish() {
+    if (in_.bad()) return DataLoss(path_ + ": read error");
+    return DatasetFile{path_, hash_.HexDigest(), bytes_};
+  }
+
+ private:
+  const std::string path_;
+  std::ifstream in_;
+  Sha256 hash_;
+  uint64_t bytes_ = 0;
+  size_t lines_ = 0;
+};
+
 // Reads `path` line by line, hashing its bytes into `file`. `layout` is settled from the
 // first non-empty line when `first` is true (header detection, label column), and then
 // holds for the other file too.
 Status ReadTable(const std::string& path, const DatasetOptions& o, bool first, Layout* layout,
                  Table* t, DatasetFile* file) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path + ": " + std::strerror(errno));
-  Sha256 hash;
-  uint64_t bytes = 0;
+  HashedLines lines(path);
+  ONLINEPS_RETURN_IF_ERROR(lines.Open());
   std::string line;
+  size_t lineno = 0;
   bool seen_first = false;
-  for (size_t lineno = 1; std::getline(in, line); ++lineno) {
-    hash.Update(line.data(), line.size());
-    bytes += line.size();
-    if (!in.eof()) {  // the newline getline consumed: the hash is the file's bytes
-      hash.Update("\n", 1);
-      ++bytes;
-    }
+  while (lines.Next(&line, &lineno)) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = path + ":" + std::to_string(lineno);
     auto cells = Cells(line);
@@ -172,10 +198,9 @@ Status ReadTable(const std::string& path, const DatasetOptions& o, bool first, L
     t->labels.push_back(std::move((*cells)[layout->label]));
     t->lines.push_back(lineno);
   }
-  if (in.bad()) return DataLoss(path + ": read error");
+  ONLINEPS_ASSIGN_OR_RETURN(*file, lines.Finish());
   if (!seen_first) return DataLoss(path + ": the file is empty");
   if (t->labels.empty()) return DataLoss(path + ": a header and no rows");
-  *file = {path, hash.HexDigest(), bytes};
   return Status::Ok();
 }
 
@@ -233,10 +258,16 @@ Status AssignLabels(const std::string& train_path, const Table& train, const std
   return Status::Ok();
 }
 
-// Fits the scaling on `train` (rows x dim) and applies it to both.
-Status Normalize(const std::string& how, size_t dim, std::vector<float>* train,
-                 std::vector<float>* test) {
-  if (how == "none") return Status::Ok();
+// --normalize: kInvalidArgument unless standard, minmax or none.
+Status CheckNormalize(const std::string& how) {
+  if (how == "standard" || how == "minmax" || how == "none") return Status::Ok();
+  return InvalidArgument("--normalize '" + how + "': expected standard, minmax or none");
+}
+
+// Fits the scaling `how` (CheckNormalize) on `train` (rows x dim) and applies it to both.
+void Normalize(const std::string& how, size_t dim, std::vector<float>* train,
+               std::vector<float>* test) {
+  if (how == "none") return;
   const size_t n = train->size() / dim;
   std::vector<double> a(dim), b(dim);  // x' = (x - a) / b
   for (size_t j = 0; j < dim; ++j) {
@@ -260,7 +291,13 @@ Status Normalize(const std::string& how, size_t dim, std::vector<float>* train,
       (*xs)[i] = static_cast<float>(((*xs)[i] - a[j]) / b[j]);
     }
   }
-  return Status::Ok();
+}
+
+// Keeps the first `max` rows of a dense split (0: all).
+void KeepFirst(size_t max, size_t dim, std::vector<float>* x, std::vector<int64_t>* y) {
+  if (max == 0 || y->size() <= max) return;
+  y->resize(max);
+  x->resize(max * dim);
 }
 
 void TakeRows(const std::vector<float>& x, const std::vector<int64_t>& y, size_t dim,
@@ -277,9 +314,7 @@ StatusOr<Dataset> LoadCsv(const std::string& name, const std::string& path,
   if (o.header != "auto" && o.header != "yes" && o.header != "no") {
     return InvalidArgument("--csv-header '" + o.header + "': expected auto, yes or no");
   }
-  if (o.normalize != "standard" && o.normalize != "minmax" && o.normalize != "none") {
-    return InvalidArgument("--normalize '" + o.normalize + "': expected standard, minmax or none");
-  }
+  ONLINEPS_RETURN_IF_ERROR(CheckNormalize(o.normalize));
   if (o.test_file.empty() && !(o.test_fraction > 0 && o.test_fraction < 1)) {
     return InvalidArgument("test_fraction must be in (0, 1), got " +
                            std::to_string(o.test_fraction));
@@ -314,17 +349,11 @@ StatusOr<Dataset> LoadCsv(const std::string& name, const std::string& path,
     ds.train_y = std::move(train_y);
     ds.test_x = std::move(test.x);
     ds.test_y = std::move(test_y);
-    if (o.max_train && ds.train_y.size() > o.max_train) {
-      ds.train_y.resize(o.max_train);
-      ds.train_x.resize(o.max_train * ds.dim);
-    }
-    if (o.max_test && ds.test_y.size() > o.max_test) {
-      ds.test_y.resize(o.max_test);
-      ds.test_x.resize(o.max_test * ds.dim);
-    }
+    KeepFirst(o.max_train, ds.dim, &ds.train_x, &ds.train_y);
+    KeepFirst(o.max_test, ds.dim, &ds.test_x, &ds.test_y);
   }
   if (ds.train_y.empty()) return DataLoss(path + ": no training rows after the split");
-  ONLINEPS_RETURN_IF_ERROR(Normalize(o.normalize, ds.dim, &ds.train_x, &ds.test_x));
+  Normalize(o.normalize, ds.dim, &ds.train_x, &ds.test_x);
   return ds;
 }
 
@@ -554,15 +583,11 @@ StatusOr<Dataset> LoadNpz(const std::string& name, const std::string& path,
     }
   }
   for (int64_t c = 0; c <= top; ++c) ds.labels.push_back(std::to_string(c));
-  if (has_test && o.max_train && ds.train_y.size() > o.max_train) {
-    ds.train_y.resize(o.max_train);
-    ds.train_x.resize(o.max_train * ds.dim);
+  if (has_test) {  // a seeded split applied the limits itself
+    KeepFirst(o.max_train, ds.dim, &ds.train_x, &ds.train_y);
+    KeepFirst(o.max_test, ds.dim, &ds.test_x, &ds.test_y);
   }
-  if (has_test && o.max_test && ds.test_y.size() > o.max_test) {
-    ds.test_y.resize(o.max_test);
-    ds.test_x.resize(o.max_test * ds.dim);
-  }
-  ONLINEPS_RETURN_IF_ERROR(Normalize(o.normalize, ds.dim, &ds.train_x, &ds.test_x));
+  Normalize(o.normalize, ds.dim, &ds.train_x, &ds.test_x);
   return ds;
 }
 
@@ -578,19 +603,12 @@ struct SparseTable {
 // Reads `path` line by line (hashed as it goes). Indices are integers >= 1 (0 too, for
 // zero-based files), each at most once per line; `qid:N` is skipped.
 Status ReadSparse(const std::string& path, SparseTable* t, DatasetFile* file) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path + ": " + std::strerror(errno));
-  Sha256 hash;
-  uint64_t bytes = 0;
+  HashedLines lines(path);
+  ONLINEPS_RETURN_IF_ERROR(lines.Open());
   std::string line;
+  size_t lineno = 0;
   std::vector<uint64_t> seen;
-  for (size_t lineno = 1; std::getline(in, line); ++lineno) {
-    hash.Update(line.data(), line.size());
-    bytes += line.size();
-    if (!in.eof()) {
-      hash.Update("\n", 1);
-      ++bytes;
-    }
+  while (lines.Next(&line, &lineno)) {
     const size_t hash_mark = line.find('#');
     if (hash_mark != std::string::npos) line.resize(hash_mark);
     std::istringstream tokens(line);
@@ -626,9 +644,8 @@ Status ReadSparse(const std::string& path, SparseTable* t, DatasetFile* file) {
     t->lines.push_back(lineno);
     t->offsets.push_back(t->keys.size());
   }
-  if (in.bad()) return DataLoss(path + ": read error");
+  ONLINEPS_ASSIGN_OR_RETURN(*file, lines.Finish());
   if (t->labels.empty()) return DataLoss(path + ": the file is empty (no example lines)");
-  *file = {path, hash.HexDigest(), bytes};
   return Status::Ok();
 }
 
@@ -719,11 +736,7 @@ StatusOr<Dataset> LoadUserDataset(const std::string& name, const DatasetOptions&
   if (name.rfind("npz:", 0) == 0) {
     const std::string path = name.substr(4);
     if (path.empty()) return InvalidArgument("--dataset npz:PATH needs a path");
-    if (options.normalize != "standard" && options.normalize != "minmax" &&
-        options.normalize != "none") {
-      return InvalidArgument("--normalize '" + options.normalize +
-                             "': expected standard, minmax or none");
-    }
+    ONLINEPS_RETURN_IF_ERROR(CheckNormalize(options.normalize));
     return LoadNpz(name, path, options);
   }
   if (name.rfind("libsvm:", 0) == 0) {

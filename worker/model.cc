@@ -11,18 +11,22 @@
 
 namespace onlineps::worker {
 
-uint64_t ParamInfo::size() const {
-  if (kind == ParamKind::kSparse) return shape.empty() ? 0 : shape[0];
+namespace {
+
+uint64_t Elements(const std::vector<uint64_t>& shape) {
   uint64_t n = 1;
   for (uint64_t d : shape) n *= d;
   return n;
 }
 
-uint64_t FrozenParam::size() const {
-  uint64_t n = 1;
-  for (uint64_t d : shape) n *= d;
-  return n;
+}  // namespace
+
+uint64_t ParamInfo::size() const {
+  if (kind == ParamKind::kSparse) return shape.empty() ? 0 : shape[0];
+  return Elements(shape);
 }
+
+uint64_t FrozenParam::size() const { return Elements(shape); }
 
 StatusOr<std::vector<bool>> SelectTrainable(const std::vector<std::string>& names,
                                             const std::vector<bool>& requires_grad,
@@ -35,10 +39,9 @@ StatusOr<std::vector<bool>> SelectTrainable(const std::vector<std::string>& name
   }
   const std::vector<std::string>& globs = trainable.empty() ? frozen : trainable;
   const bool by_trainable = !trainable.empty();
-  std::vector<bool> learns(names.size());
-  for (size_t i = 0; i < names.size(); ++i) learns[i] = requires_grad[i];
+  std::vector<bool> learns = requires_grad;
   if (!globs.empty()) {
-    for (size_t i = 0; i < names.size(); ++i) learns[i] = !by_trainable;
+    learns.assign(names.size(), !by_trainable);
     for (const std::string& glob : globs) {
       bool matched = false;
       for (size_t i = 0; i < names.size(); ++i) {

@@ -24,14 +24,6 @@ BIN = os.environ.get("ONLINEPS_BIN_DIR", os.path.join(os.path.dirname(__file__),
 TRICKLE, SILENT = 150, 40
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 class Slowloris:
     """TRICKLE connections sending a request a byte a second, SILENT sending nothing."""
 
@@ -95,7 +87,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="onlineps-admin-slow.") as work:
         procs = []
         try:
-            ports = {name: free_port() for name in ("ps", "worker", "bridge")}
+            ports = {name: opslib.free_port() for name in ("ps", "worker", "bridge")}
             shard = opslib.Proc("ps", [f"{BIN}/onlineps_ps", "--listen", "tcp://127.0.0.1:0",
                                        "--admin-port", str(ports["ps"]), "--log-level", "warn"], work)
             procs.append(shard)
@@ -107,7 +99,7 @@ def main():
             procs.append(worker)
             wep = opslib.endpoint(worker, "worker")
             bridge = opslib.Proc("bridge", [f"{BIN}/onlineps_mcp_bridge", "--workers", wep,
-                                            "--port", str(free_port()), "--admin-port",
+                                            "--port", str(opslib.free_port()), "--admin-port",
                                             str(ports["bridge"]), "--log-level", "warn"], work)
             procs.append(bridge)
             opslib.endpoint(bridge, "bridge")

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -33,12 +32,6 @@ import opslib  # noqa: E402
 BIN = os.environ.get("ONLINEPS_BIN_DIR", os.path.join(os.path.dirname(os.path.dirname(
     os.path.dirname(os.path.abspath(__file__)))), "build", "bin"))
 CLIENTS = 4
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Client(threading.Thread):
@@ -132,7 +125,7 @@ def main():
                 procs.append(w)
                 workers.append(w)
                 eps.append(opslib.endpoint(w, f"worker {i}"))
-            port = free_port()
+            port = opslib.free_port()
 
             state = ["--state-dir", os.path.join(work, "state")] if args.state_dir else []
 
