@@ -1,12 +1,13 @@
 # Optional NCCL group reducer (worker/nccl_group.h), included from worker/CMakeLists.txt.
-#   ONLINEPS_WITH_NCCL=AUTO  build it when the CUDA toolkit and NCCL >= 2.14 are found
-#                     ON     the same, but configure fails when they are not
-#                     OFF    never build it
+#   ONLINEPS_WITH_NCCL=OFF   never build it (the default: a CUDA toolkit on the build
+#                            machine does not turn CUDA code on by itself)
+#                     ON     build it; configure fails without CUDA and NCCL >= 2.14
+#                     AUTO   build it when the CUDA toolkit and NCCL >= 2.14 are found
 # Always generates ${CMAKE_BINARY_DIR}/generated/worker/gpu_config.h (ONLINEPS_HAVE_NCCL
 # 0 or 1) and sets the global CMake variable ONLINEPS_HAVE_NCCL (for tests/).
 # Hints: NCCL_ROOT (CMake or environment variable), else the CUDA toolkit, /usr/local/cuda.
-set(ONLINEPS_WITH_NCCL AUTO CACHE STRING "Build the NCCL group reducer: AUTO, ON or OFF")
-set_property(CACHE ONLINEPS_WITH_NCCL PROPERTY STRINGS AUTO ON OFF)
+set(ONLINEPS_WITH_NCCL OFF CACHE STRING "Build the NCCL group reducer: OFF, ON or AUTO")
+set_property(CACHE ONLINEPS_WITH_NCCL PROPERTY STRINGS OFF ON AUTO)
 
 string(TOUPPER "${ONLINEPS_WITH_NCCL}" _onlineps_nccl_mode)
 if(_onlineps_nccl_mode MATCHES "^(ON|YES|TRUE|Y|1)$")
@@ -14,12 +15,12 @@ if(_onlineps_nccl_mode MATCHES "^(ON|YES|TRUE|Y|1)$")
 elseif(_onlineps_nccl_mode MATCHES "^(OFF|NO|FALSE|N|0)$")
   set(_onlineps_nccl_mode OFF)
 elseif(NOT _onlineps_nccl_mode STREQUAL "AUTO")
-  message(FATAL_ERROR "ONLINEPS_WITH_NCCL must be AUTO, ON or OFF, got '${ONLINEPS_WITH_NCCL}'")
+  message(FATAL_ERROR "ONLINEPS_WITH_NCCL must be OFF, ON or AUTO, got '${ONLINEPS_WITH_NCCL}'")
 endif()
 
 set(_onlineps_nccl_why "")
 if(_onlineps_nccl_mode STREQUAL "OFF")
-  set(_onlineps_nccl_why "ONLINEPS_WITH_NCCL=OFF")
+  set(_onlineps_nccl_why "ONLINEPS_WITH_NCCL=OFF (-DONLINEPS_WITH_NCCL=ON or AUTO builds it)")
 else()
   find_package(CUDAToolkit QUIET)
   if(NOT CUDAToolkit_FOUND)
