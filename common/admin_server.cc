@@ -31,7 +31,9 @@
 #include <unordered_map>
 #include <utility>
 
+#include "common/build_info.h"
 #include "common/mutex.h"
+#include "common/process_metrics.h"
 
 namespace onlineps {
 namespace {
@@ -40,7 +42,6 @@ using Clock = std::chrono::steady_clock;
 using TimePoint = Clock::time_point;
 
 // Keep in step with project(VERSION) in the top-level CMakeLists.txt.
-constexpr char kVersion[] = "0.1.0";
 constexpr char kMetricsContentType[] = "text/plain; version=0.0.4";
 constexpr char kTextContentType[] = "text/plain";
 constexpr int kListenBacklog = 511;
@@ -340,7 +341,7 @@ void RegisterBuildInfo(prometheus::Registry& registry) {
         .Name("onlineps_build_info")
         .Help("onlineps build metadata; the value is always 1")
         .Register(registry)
-        .Add({{"version", kVersion}})
+        .Add({{"version", BuildVersion()}, {"commit", BuildCommit()}})
         .Set(1);
   } catch (const std::exception& e) {  // a clashing family already in a shared registry
     spdlog::warn("admin server: cannot register onlineps_build_info: {}", e.what());
@@ -881,7 +882,9 @@ Response AdminServer::Impl::Route(const Request& r) {
 
 Response AdminServer::Impl::Metrics() const {
   try {
-    Response res = Text(200, prometheus::TextSerializer().Serialize(registry_->Collect()));
+    std::vector<prometheus::MetricFamily> families = registry_->Collect();
+    for (auto& f : ProcessFamilies(SampleProcess())) families.push_back(std::move(f));
+    Response res = Text(200, prometheus::TextSerializer().Serialize(families));
     res.content_type = kMetricsContentType;
     return res;
   } catch (const std::exception& e) {

@@ -40,7 +40,8 @@ struct AdminServerOptions {
 class AdminServer {
  public:
   // Serves `registry` (a new one when null) and registers in it
-  // onlineps_build_info{version="0.1.0"} 1 and the server's own onlineps_admin_* metrics.
+  // onlineps_build_info{version="0.1.0",commit="..."} 1 and the server's own onlineps_admin_*
+  // metrics; each scrape adds the process_* families (common/process_metrics.h).
   explicit AdminServer(std::shared_ptr<prometheus::Registry> registry = nullptr,
                        AdminServerOptions options = {});
   ~AdminServer();  // Stop()s

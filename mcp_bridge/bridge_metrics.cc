@@ -62,6 +62,16 @@ BridgeMetrics::BridgeMetrics(std::shared_ptr<prometheus::Registry> registry, con
                         "body, answer)")
                     .Register(r)
                     .Add({});
+  responses_ = &prometheus::BuildCounter()
+                    .Name("onlineps_bridge_http_responses_total")
+                    .Help(
+                        "HTTP responses sent by the MCP endpoint, by status code (401 and 403: "
+                        "auth; 413: body too large; 503: connection caps)")
+                    .Register(r);
+  // The codes an operator alerts on exist from the start, so increase() sees the first.
+  for (const char* code : {"200", "400", "401", "403", "404", "413", "500", "503"}) {
+    responses_->Add({{"code", code}});
+  }
 }
 
 BridgeMetrics::~BridgeMetrics() { Stop(); }
@@ -99,6 +109,11 @@ void BridgeMetrics::Update() {
   add(refused_per_address_, h.refused_per_address, http_seen_.refused_per_address);
   add(refused_total_, h.refused_total, http_seen_.refused_total);
   add(timed_out_, h.timed_out, http_seen_.timed_out);
+  for (const auto& [code, n] : h.responses) {
+    const auto seen = http_seen_.responses.find(code);
+    add(&responses_->Add({{"code", std::to_string(code)}}), n,
+        seen == http_seen_.responses.end() ? 0 : seen->second);
+  }
   http_seen_ = h;
 }
 

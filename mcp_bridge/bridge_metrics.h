@@ -51,6 +51,7 @@ class BridgeMetrics {
   double moves_seen_ GUARDED_BY(mu_) = 0;
   prometheus::Gauge* connections_;
   prometheus::Counter *refused_per_address_, *refused_total_, *timed_out_;
+  prometheus::Family<prometheus::Counter>* responses_;
   const HttpTransport* http_ GUARDED_BY(mu_) = nullptr;
   HttpTransportStats http_seen_ GUARDED_BY(mu_);
 

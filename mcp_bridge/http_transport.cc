@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -265,6 +266,12 @@ class HttpTransport::Impl {
   // A request's answer is all written (or its connection is gone).
   void Answered() { answering_.fetch_sub(1, std::memory_order_acq_rel); }
   void TimedOut() { timed_out_.fetch_add(1, std::memory_order_relaxed); }
+  // A response with this HTTP status is going out.
+  void Responded(int status) {
+    if (status >= 100 && status < 600) {
+      responses_[status - 100].fetch_add(1, std::memory_order_relaxed);
+    }
+  }
   HttpTransportStats stats() const;
   // Stop() has begun: answers still go out, then their connections close.
   bool draining() const { return draining_.load(std::memory_order_acquire); }
@@ -299,6 +306,7 @@ class HttpTransport::Impl {
   std::map<std::string, size_t> open_per_client_ GUARDED_BY(conn_mu_);
   size_t open_ GUARDED_BY(conn_mu_) = 0;
   std::atomic<uint64_t> refused_per_address_{0}, refused_total_{0}, timed_out_{0};
+  std::array<std::atomic<uint64_t>, 500> responses_{};  // by status - 100
   std::atomic<int64_t> answering_{0};  // requests read whose answers are not all written
   std::atomic<bool> draining_{false};
   std::atomic<int> inline_running_{0};  // requests running on I/O threads
@@ -390,6 +398,7 @@ void Connection::Refuse(beast::error_code ec) {
     stream_.socket().close(ignored);
     return;
   }
+  owner_->Responded(a.status);
   Push(Frame(a, 11, false), true, true);
 }
 
@@ -473,6 +482,10 @@ HttpTransportStats HttpTransport::Impl::stats() const {
   s.refused_per_address = refused_per_address_.load(std::memory_order_relaxed);
   s.refused_total = refused_total_.load(std::memory_order_relaxed);
   s.timed_out = timed_out_.load(std::memory_order_relaxed);
+  for (size_t i = 0; i < responses_.size(); ++i) {
+    const uint64_t n = responses_[i].load(std::memory_order_relaxed);
+    if (n > 0) s.responses[static_cast<int>(i) + 100] = n;
+  }
   return s;
 }
 
@@ -539,6 +552,7 @@ void HttpTransport::Impl::OnAccept(beast::error_code ec, tcp::socket socket) {
       }
       Answer a;
       SendError(a, 503, kServerError, "Service Unavailable: " + why);
+      Responded(a.status);
       const std::string bytes = Frame(a, 11, false);
       socket.non_blocking(true, peer_ec);
       socket.send(asio::buffer(bytes), 0, peer_ec);
@@ -610,6 +624,7 @@ bool HttpTransport::Impl::Serve(const std::shared_ptr<Connection>& conn, const H
     res = Answer();
     SendError(res, 500, kInternalError, std::string("internal error: ") + e.what());
   }
+  Responded(res.status);
   conn->Finish(Frame(res, req.version(), keep_alive), !keep_alive);
   return true;
 }
@@ -779,6 +794,7 @@ void HttpTransport::Impl::Post(const HttpRequest& req, Answer& res,
   const bool keep = keep_alive && chunked;
   res.content_type = kSse;
   res.headers.emplace_back("Cache-Control", "no-cache");
+  Responded(res.status);
   conn->Send(Head(res, req.version(), keep, std::nullopt), false, false);
   auto send = [&conn, chunked](const json& msg) {
     std::string event = "event: message\ndata: " + Dump(msg) + "\n\n";

@@ -64,6 +64,8 @@ struct HttpTransportStats {
   uint64_t refused_total = 0;        // answered 503: --max-connections
   // Closed by a timeout: no first request, keep-alive idle, body or answer too slow.
   uint64_t timed_out = 0;
+  // Responses sent, by HTTP status (100..599; statuses never sent are left out).
+  std::map<int, uint64_t> responses;
 };
 
 class HttpTransport {

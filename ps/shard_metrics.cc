@@ -15,12 +15,11 @@ ShardServer::Metrics::Metrics(prometheus::Registry& r)
                            .Name("onlineps_ps_request_duration_seconds")
                            .Help("Time from decoding a request to queuing its reply")
                            .Register(r)),
-      staleness_(BuildHistogram()
-                     .Name("onlineps_ps_push_staleness")
-                     .Help("Staleness tau = table version at apply - base version, per push")
-                     .Register(r)
-                     .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64,
-                                                                      128, 256, 1024})),
+      staleness_family_(BuildHistogram()
+                            .Name("onlineps_ps_push_staleness")
+                            .Help("Staleness tau = table version at apply - base version, per "
+                                  "push, by table")
+                            .Register(r)),
       duplicates_(BuildCounter()
                       .Name("onlineps_ps_duplicate_pushes_total")
                       .Help("Retried pushes recognised by (sender, seq) and not applied again")
@@ -40,6 +39,18 @@ ShardServer::Metrics::Metrics(prometheus::Registry& r)
                             .Help("Size of the last successful checkpoint")
                             .Register(r)
                             .Add({})),
+      checkpoint_time_(BuildGauge()
+                           .Name("onlineps_ps_last_checkpoint_success_timestamp_seconds")
+                           .Help("Unix time of the last successful checkpoint (of the start "
+                                 "until the first; 0 without a checkpoint directory)")
+                           .Register(r)
+                           .Add({})),
+      checkpoint_interval_(BuildGauge()
+                               .Name("onlineps_ps_checkpoint_interval_seconds")
+                               .Help("--checkpoint-interval-s: periodic checkpoints every so "
+                                     "many seconds (0: on demand and at shutdown only)")
+                               .Register(r)
+                               .Add({})),
       held_(BuildGauge()
                 .Name("onlineps_ps_held_replies")
                 .Help("Block-mode push replies waiting for slower workers")
@@ -67,12 +78,12 @@ ShardServer::Metrics::Metrics(prometheus::Registry& r)
                         .Name("onlineps_ps_table_memory_bytes")
                         .Help("Approximate bytes of parameters and state on this shard")
                         .Register(r)),
-      backup_misses_(BuildGauge()
-                         .Name("onlineps_ps_dc_backup_misses")
+      backup_misses_(BuildCounter()
+                         .Name("onlineps_ps_dc_backup_misses_total")
                          .Help("DC-ASGD pushes applied without compensation (no backup)")
                          .Register(r)),
-      clipped_pushes_(BuildGauge()
-                          .Name("onlineps_ps_clipped_pushes")
+      clipped_pushes_(BuildCounter()
+                          .Name("onlineps_ps_clipped_pushes_total")
                           .Help("Pushes scaled down to the table's clip_norm on this shard")
                           .Register(r)),
       replica_gauges_(BuildGauge()
@@ -94,6 +105,31 @@ ShardServer::Metrics::Metrics(prometheus::Registry& r)
                               prometheus::Histogram::BucketBoundaries{
                                   1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1});
   }
+  // Both results exist from the start, so that increase() sees the first failure.
+  checkpoints_.Add({{"result", "ok"}});
+  checkpoints_.Add({{"result", "error"}});
+}
+
+void ShardServer::Metrics::ObserveStaleness(const std::string& table, uint64_t tau) {
+  prometheus::Histogram* h = nullptr;
+  {
+    MutexLock lock(&staleness_mu_);
+    auto it = staleness_.find(table);
+    if (it == staleness_.end()) {
+      h = &staleness_family_.Add(
+          {{"table", table}},
+          prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024});
+      staleness_.emplace(table, h);
+    } else {
+      h = it->second;
+    }
+  }
+  h->Observe(static_cast<double>(tau));
+}
+
+void ShardServer::Metrics::SetCheckpointPolicy(double interval_s) {
+  checkpoint_interval_.Set(interval_s);
+  checkpoint_time_.SetToCurrentTime();
 }
 
 void ShardServer::Metrics::CountRequest(Op op, StatusCode code) {
@@ -118,6 +154,7 @@ void ShardServer::Metrics::CountCheckpoint(bool ok, double seconds, uint64_t byt
   MutexLock lock(&mu_);
   checkpoints_.Add({{"result", ok ? "ok" : "error"}}).Increment();
   if (ok) {
+    checkpoint_time_.SetToCurrentTime();
     checkpoint_seconds_.Set(seconds);
     checkpoint_bytes_.Set(static_cast<double>(bytes));
   }
@@ -128,8 +165,16 @@ void ShardServer::Metrics::UpdateTable(const std::string& name, const TableStats
   table_version_.Add({{"table", name}}).Set(static_cast<double>(s.version));
   table_rows_.Add({{"table", name}}).Set(static_cast<double>(s.rows));
   table_memory_.Add({{"table", name}}).Set(static_cast<double>(s.memory_bytes));
-  backup_misses_.Add({{"table", name}}).Set(static_cast<double>(s.backup_misses));
-  clipped_pushes_.Add({{"table", name}}).Set(static_cast<double>(s.clipped_pushes));
+  // The tables count since they were created (or restored); the counters add what is new.
+  auto& [misses_seen, clipped_seen] = table_seen_[name];
+  prometheus::Counter& misses = backup_misses_.Add({{"table", name}});
+  if (s.backup_misses > misses_seen)
+    misses.Increment(static_cast<double>(s.backup_misses - misses_seen));
+  misses_seen = s.backup_misses;
+  prometheus::Counter& clipped = clipped_pushes_.Add({{"table", name}});
+  if (s.clipped_pushes > clipped_seen)
+    clipped.Increment(static_cast<double>(s.clipped_pushes - clipped_seen));
+  clipped_seen = s.clipped_pushes;
 }
 
 void ShardServer::Metrics::UpdateReplica(const ReplicaStats& s) {

@@ -32,8 +32,12 @@ class ShardServer::Metrics {
 
   void CountRequest(Op op, StatusCode code);
   void ObserveDuration(Op op, double seconds);
-  void ObserveStaleness(uint64_t tau) { staleness_.Observe(static_cast<double>(tau)); }
+  // Per table: its histogram is created on the table's first push.
+  void ObserveStaleness(const std::string& table, uint64_t tau);
   void CountDuplicate() { duplicates_.Increment(); }
+  // Checkpoints are written every `interval_s` (0: only on demand); the age of the last
+  // success counts from now until the first one.
+  void SetCheckpointPolicy(double interval_s);
   void CountCheckpoint(bool ok, double seconds, uint64_t bytes);
   void SetHeld(size_t n) { held_.Set(static_cast<double>(n)); }
   void SetDedupSenders(size_t n) { dedup_senders_.Set(static_cast<double>(n)); }
@@ -47,22 +51,28 @@ class ShardServer::Metrics {
   static constexpr size_t kOps = static_cast<size_t>(kLastOp) + 1, kCodes = 19;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& duration_family_;
-  prometheus::Histogram& staleness_;
+  prometheus::Family<prometheus::Histogram>& staleness_family_;
   prometheus::Counter& duplicates_;
   prometheus::Family<prometheus::Counter>& checkpoints_;
   prometheus::Gauge& checkpoint_seconds_;
   prometheus::Gauge& checkpoint_bytes_;
+  prometheus::Gauge& checkpoint_time_;
+  prometheus::Gauge& checkpoint_interval_;
   prometheus::Gauge& held_;
   prometheus::Gauge& dedup_senders_;
   prometheus::Gauge& ready_;
   prometheus::Family<prometheus::Gauge>& table_version_;
   prometheus::Family<prometheus::Gauge>& table_rows_;
   prometheus::Family<prometheus::Gauge>& table_memory_;
-  prometheus::Family<prometheus::Gauge>& backup_misses_;
-  prometheus::Family<prometheus::Gauge>& clipped_pushes_;
+  prometheus::Family<prometheus::Counter>& backup_misses_;
+  prometheus::Family<prometheus::Counter>& clipped_pushes_;
   prometheus::Family<prometheus::Gauge>& replica_gauges_;
   prometheus::Family<prometheus::Counter>& replica_events_;
   ReplicaStats replica_seen_ GUARDED_BY(mu_);  // what the counters already count
+  // Per table: backup misses and clipped pushes the counters already count.
+  std::map<std::string, std::pair<uint64_t, uint64_t>> table_seen_ GUARDED_BY(mu_);
+  Mutex staleness_mu_;  // a push's lookup; never held with mu_
+  std::map<std::string, prometheus::Histogram*, std::less<>> staleness_ GUARDED_BY(staleness_mu_);
   std::array<prometheus::Histogram*, kOps> durations_{};
   std::array<std::array<std::atomic<prometheus::Counter*>, kCodes>, kOps> counters_{};
   Mutex mu_;  // creation of new series

@@ -175,6 +175,9 @@ StatusOr<std::string> ShardServer::Start() {
         MaintenanceTick(&last_ckpt, &last_stats);
       },
       /*tick_first=*/false);
+  if (!options_.checkpoint_dir.empty()) {
+    metrics_->SetCheckpointPolicy(static_cast<double>(options_.checkpoint_interval_s));
+  }
   ready_ = true;
   metrics_->SetReady(true);
   spdlog::info("shard {}/{} serving on {}", options_.shard, options_.num_shards, *bound);
@@ -692,7 +695,7 @@ Status ShardServer::PushGated(const Header& h, std::shared_ptr<Table> t, const P
   dedup_.Commit(h.sender, h.seq);
   *applied = true;
   if (evicted != nullptr) *evicted = !res->evicted.empty();
-  metrics_->ObserveStaleness(res->tau);
+  metrics_->ObserveStaleness(h.table, res->tau);
   reply->version = res->version;
   reply->tau = res->tau;
   reply->queued = res->queued;

@@ -55,6 +55,12 @@ WorkerMetrics::WorkerMetrics(const WorkerService* service, const WorkerServer* s
   inflight_ = NewGauge(r, "onlineps_worker_inflight_pushes", "pushes not yet acknowledged");
   sessions_ = NewGauge(r, "onlineps_worker_context_sessions", "sessions holding context");
   sparse_rows_ = NewGauge(r, "onlineps_worker_cached_sparse_rows", "sparse rows in the cache");
+  latency_family_ = &prometheus::BuildHistogram()
+                         .Name("onlineps_worker_request_duration_seconds")
+                         .Help(
+                             "Time from a request's arrival to its reply, queueing "
+                             "included, by op (infer, learn, ...)")
+                         .Register(r);
 }
 
 WorkerMetrics::~WorkerMetrics() { Stop(); }
@@ -70,6 +76,19 @@ void WorkerMetrics::Update() {
   const WorkerStats s = service_->stats();
   const WorkerServerStats rpc = server_->stats();
   MutexLock lock(&mu_);
+  for (size_t op = 0; op < latency_.size(); ++op) {
+    const LatencyHistogram::Snapshot& now = rpc.latency[op];
+    if (now.count() == latency_seen_[op].count()) continue;
+    if (latency_[op] == nullptr) {
+      latency_[op] = &latency_family_->Add(
+          {{"op", std::string(OpName(static_cast<Op>(op)))}},
+          prometheus::Histogram::BucketBoundaries(LatencyHistogram::kBounds.begin(),
+                                                  LatencyHistogram::kBounds.end()));
+    }
+    latency_[op]->ObserveMultiple(LatencyHistogram::BucketDelta(now, latency_seen_[op]),
+                                  LatencyHistogram::SumDelta(now, latency_seen_[op]));
+    latency_seen_[op] = now;
+  }
   infer_requests_.Set(static_cast<double>(s.infer_requests));
   infer_examples_.Set(static_cast<double>(s.infer_examples));
   infer_passes_.Set(static_cast<double>(s.infer_passes));

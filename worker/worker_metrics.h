@@ -7,6 +7,7 @@
 
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include <chrono>
@@ -50,6 +51,11 @@ class WorkerMetrics {
       rpc_dropped_ GUARDED_BY(mu_), dense_pulls_ GUARDED_BY(mu_), sparse_pulls_ GUARDED_BY(mu_),
       refresher_pulls_ GUARDED_BY(mu_), notices_ GUARDED_BY(mu_), watch_errors_ GUARDED_BY(mu_);
   prometheus::Gauge *max_tau_, *inflight_, *sessions_, *sparse_rows_, *shards_noticing_;
+  // Request latency by op: created at an op's first request.
+  prometheus::Family<prometheus::Histogram>* latency_family_;
+  std::array<prometheus::Histogram*, static_cast<size_t>(kLastOp) + 1> latency_ GUARDED_BY(mu_){};
+  std::array<LatencyHistogram::Snapshot, static_cast<size_t>(kLastOp) + 1> latency_seen_
+      GUARDED_BY(mu_);
   PeriodicThread thread_;  // last: stopped before the members it writes go
 };
 

@@ -15,6 +15,7 @@ struct WorkerServer::Job {
   Header header;
   Frames frames;
   size_t bytes = 0;  // counted in queued_bytes_ until decoded
+  std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
 };
 
 WorkerServer::WorkerServer(WorkerService* service, WorkerServerOptions options)
@@ -124,9 +125,14 @@ void WorkerServer::Handle(Job&& job) {
   if (!out.ok()) {
     spdlog::debug("{} failed: {}", OpName(job.header.op), out.status().ToString());
     Reply(job.peer, MakeReply(job.header, out.status()), "");
-    return;
+  } else {
+    Reply(job.peer, MakeReply(job.header, Status::Ok()), EncodeBody(*out));
   }
-  Reply(job.peer, MakeReply(job.header, Status::Ok()), EncodeBody(*out));
+  const size_t op = static_cast<size_t>(job.header.op);
+  if (op < latency_.size()) {
+    latency_[op].Observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - job.received).count());
+  }
 }
 
 WorkerServerStats WorkerServer::stats() const {
@@ -134,6 +140,7 @@ WorkerServerStats WorkerServer::stats() const {
   s.requests = requests_.load();
   s.errors = errors_.load();
   s.dropped = pool_ ? pool_->dropped() : 0;
+  for (size_t op = 0; op < latency_.size(); ++op) s.latency[op] = latency_[op].Read();
   return s;
 }
 

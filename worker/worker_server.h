@@ -7,11 +7,14 @@
 #ifndef ONLINEPS_WORKER_WORKER_SERVER_H_
 #define ONLINEPS_WORKER_WORKER_SERVER_H_
 
+#include <array>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 
 #include "common/handler_pool.h"
+#include "common/latency_histogram.h"
 #include "common/status.h"
 #include "common/transport.h"
 #include "common/wire.h"
@@ -30,6 +33,9 @@ struct WorkerServerOptions {
 
 struct WorkerServerStats {
   uint64_t requests = 0, errors = 0, dropped = 0;
+  // Time from a request's arrival to its reply (queueing included), by op (indexed by
+  // Op); worker ops only.
+  std::array<LatencyHistogram::Snapshot, static_cast<size_t>(kLastOp) + 1> latency;
 };
 
 class WorkerServer {
@@ -60,6 +66,7 @@ class WorkerServer {
   static constexpr size_t kQueuedRequests = 4;
 
   std::atomic<uint64_t> requests_{0}, errors_{0};
+  std::array<LatencyHistogram, static_cast<size_t>(kLastOp) + 1> latency_;
   std::atomic<size_t> queued_bytes_{0};  // bodies of requests not yet decoded
   std::atomic<size_t> next_lane_{0};
   std::atomic<bool> stopping_{false};

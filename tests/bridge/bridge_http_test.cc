@@ -442,13 +442,25 @@ TEST_F(BridgeHttpTest, MetricsCountToolCallsAndReadinessFollowsWorkers) {
   c.Call("infer", {{"text", "good"}});
   c.Call("infer", {{"nope", 1}});
   c.Call("learn", {{"text", "good"}, {"label", "positive"}});
+  McpHttp stranger(port);  // a session the bridge never gave out: HTTP 404
+  stranger.set_session("no-such-session");
+  stranger.Call("infer", {{"text", "good"}});
   httplib::Client a("127.0.0.1", admin);
   std::string metrics;
-  for (int i = 0; i < 30; ++i) {  // gauges are copied once a second
+  const std::string not_found = "onlineps_bridge_http_responses_total{code=\"404\"} 1";
+  for (int i = 0; i < 30; ++i) {  // gauges and HTTP counts are copied once a second
     metrics = a.Get("/metrics")->body;
-    if (metrics.find("onlineps_bridge_mcp_sessions 1") != std::string::npos) break;
+    if (metrics.find("onlineps_bridge_mcp_sessions 1") != std::string::npos &&
+        metrics.find(not_found) != std::string::npos) {
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  EXPECT_NE(metrics.find(not_found), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("onlineps_bridge_http_responses_total{code=\"401\"} 0"),
+            std::string::npos);
+  EXPECT_EQ(metrics.find("onlineps_bridge_http_responses_total{code=\"200\"} 0"),
+            std::string::npos);
   EXPECT_NE(metrics.find("onlineps_bridge_tool_calls_total{result=\"ok\",tool=\"infer\"} 2"),
             std::string::npos)
       << metrics;

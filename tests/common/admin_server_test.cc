@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <functional>
 #include <map>
 #include <memory>
@@ -22,6 +23,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/build_info.h"
+#include "common/latency_histogram.h"
+#include "common/process_metrics.h"
 #include "tests/raw_http_client.h"
 
 namespace onlineps {
@@ -144,7 +148,75 @@ TEST(AdminServerTest, MetricsShowsRegistryAndBuildInfo) {
       << body;
   EXPECT_NE(body.find("# TYPE ps_push_requests_total counter\n"), std::string::npos);
   EXPECT_NE(body.find("ps_push_requests_total{status=\"ok\"} 3"), std::string::npos);
-  EXPECT_NE(body.find("onlineps_build_info{version=\"0.1.0\"} 1"), std::string::npos) << body;
+  EXPECT_NE(body.find(std::string("onlineps_build_info{commit=\"") + BuildCommit() +
+                      "\",version=\"0.1.0\"} 1"),
+            std::string::npos)
+      << body;
+  EXPECT_NE(std::string(BuildCommit()), "");
+  // The process_* families are added at each scrape.
+  EXPECT_NE(body.find("# TYPE process_cpu_seconds_total counter\n"), std::string::npos) << body;
+  for (const char* name : {"process_resident_memory_bytes ", "process_open_fds ",
+                           "process_start_time_seconds ", "process_threads "}) {
+    EXPECT_NE(body.find(std::string("\n") + name), std::string::npos) << name;
+  }
+}
+
+TEST(ProcessMetricsTest, ParsesStatWithSpacesAndParenthesesInTheName) {
+  // proc(5): pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt
+  // cmajflt utime stime cutime cstime priority nice num_threads itrealvalue starttime
+  // vsize rss ...
+  const std::string stat =
+      "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 7 0 1000 "
+      "123456789 300 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0";
+  std::optional<ProcessSample> p = ParseProcStat(stat, 100, 4096, 1.7e9);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_DOUBLE_EQ(p->cpu_seconds, 3.0);  // (250 + 50) ticks / 100
+  EXPECT_DOUBLE_EQ(p->threads, 7);
+  EXPECT_DOUBLE_EQ(p->start_time_s, 1.7e9 + 10);  // boot + 1000 ticks
+  EXPECT_DOUBLE_EQ(p->virtual_bytes, 123456789);
+  EXPECT_DOUBLE_EQ(p->resident_bytes, 300 * 4096.0);
+  EXPECT_FALSE(ParseProcStat("garbage", 100, 4096, 0).has_value());
+  EXPECT_FALSE(ParseProcStat("1 (x) S 1 2 3", 100, 4096, 0).has_value());  // too short
+  EXPECT_FALSE(ParseProcStat(stat, 0, 4096, 0).has_value());
+}
+
+TEST(ProcessMetricsTest, SamplesThisProcess) {
+  std::optional<ProcessSample> p = SampleProcess();
+  ASSERT_TRUE(p.has_value());
+  EXPECT_GT(p->resident_bytes, 1e6);
+  EXPECT_GE(p->threads, 1);
+  ASSERT_TRUE(p->open_fds.has_value());
+  const int fd = dup(0);
+  std::optional<ProcessSample> q = SampleProcess();
+  close(fd);
+  ASSERT_TRUE(q.has_value() && q->open_fds.has_value());
+  EXPECT_EQ(*q->open_fds, *p->open_fds + 1);
+  const double now = static_cast<double>(std::time(nullptr));
+  EXPECT_LE(p->start_time_s, now + 1);
+  EXPECT_GT(p->start_time_s, now - 3600);  // this test started less than an hour ago
+  std::vector<prometheus::MetricFamily> families = ProcessFamilies(p);
+  EXPECT_GE(families.size(), 6u);
+  EXPECT_TRUE(ProcessFamilies(std::nullopt).empty());
+}
+
+TEST(LatencyHistogramTest, CountsIntoBucketsAndReportsDeltas) {
+  LatencyHistogram h;
+  h.Observe(5e-5);   // <= 1e-4
+  h.Observe(1e-4);   // on a bound: that bucket
+  h.Observe(2e-3);   // <= 3e-3
+  h.Observe(100.0);  // +Inf
+  const LatencyHistogram::Snapshot a = h.Read();
+  EXPECT_EQ(a.count(), 4u);
+  EXPECT_EQ(a.buckets[0], 2u);
+  EXPECT_EQ(a.buckets[3], 1u);
+  EXPECT_EQ(a.buckets.back(), 1u);
+  EXPECT_NEAR(a.sum_ns * 1e-9, 100.00215, 1e-6);
+  h.Observe(0.05);  // <= 0.1
+  const LatencyHistogram::Snapshot b = h.Read();
+  const std::vector<double> d = LatencyHistogram::BucketDelta(b, a);
+  ASSERT_EQ(d.size(), LatencyHistogram::kBounds.size() + 1);
+  for (size_t i = 0; i < d.size(); ++i) EXPECT_EQ(d[i], i == 6 ? 1 : 0) << i;
+  EXPECT_NEAR(LatencyHistogram::SumDelta(b, a), 0.05, 1e-9);
 }
 
 TEST(AdminServerTest, ReadinessFollowsCheck) {

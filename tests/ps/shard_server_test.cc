@@ -22,8 +22,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <ctime>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -605,8 +607,13 @@ TEST_P(ShardServerTest, PushReplyReportsStalenessAndMetricsCountIt) {
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->first.tau, 0u);
   EXPECT_EQ(r->first.version, 3u);
-  EXPECT_EQ(MetricValue(*registry_, "onlineps_ps_push_staleness_count"), 4);
-  EXPECT_EQ(MetricValue(*registry_, "onlineps_ps_push_staleness_sum"), 1);
+  // By table: d had three pushes (tau 0, 1, 0), s one (tau 0).
+  EXPECT_EQ(MetricValue(*registry_, "onlineps_ps_push_staleness_count", {"table=\"d\""}), 3);
+  EXPECT_EQ(MetricValue(*registry_, "onlineps_ps_push_staleness_sum", {"table=\"d\""}), 1);
+  EXPECT_EQ(MetricValue(*registry_, "onlineps_ps_push_staleness_count", {"table=\"s\""}), 1);
+  EXPECT_EQ(MetricValue(*registry_, "onlineps_ps_push_staleness_sum", {"table=\"s\""}), 0);
+  EXPECT_EQ(
+      MetricValue(*registry_, "onlineps_ps_push_staleness_bucket", {"table=\"d\"", "le=\"0\""}), 2);
 }
 
 TEST_P(ShardServerTest, PingAndTableInfoDescribeTheShard) {
@@ -1157,6 +1164,64 @@ TEST_P(ShardServerClientTest, WatchThroughTheClientReportsVersionsAndKeys) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, ShardServerClientTest, ::testing::Values("mem", "tcp"),
                          [](const auto& info) { return info.param; });
+
+// What an operator alerts on: checkpoint age (a timestamp and the interval), checkpoint
+// failures (a series at 0 from the start), and clipped pushes as a counter by table.
+TEST(ShardServerMetricsTest, CheckpointAgeFailuresAndClippedPushes) {
+  std::string dir = (std::filesystem::temp_directory_path() / "onlineps-ckmetrics-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  auto registry = std::make_shared<prometheus::Registry>();
+  ShardServerOptions o;
+  o.listen = "mem://shard-metrics-test";
+  o.checkpoint_dir = dir;
+  o.checkpoint_interval_s = 3600;
+  o.maintenance_interval_ms = 20;
+  std::string endpoint;
+  const double started = static_cast<double>(std::time(nullptr));
+  auto server = StartServer(o, registry, &endpoint);
+  ASSERT_NE(server, nullptr);
+  auto gauge = [&](const char* name) { return MetricValue(*registry, name); };
+  EXPECT_EQ(gauge("onlineps_ps_checkpoint_interval_seconds"), 3600);
+  EXPECT_NEAR(gauge("onlineps_ps_last_checkpoint_success_timestamp_seconds"), started, 2);
+  EXPECT_EQ(MetricValue(*registry, "onlineps_ps_checkpoints_total", {"result=\"error\""}), 0);
+  EXPECT_EQ(MetricValue(*registry, "onlineps_ps_checkpoints_total", {"result=\"ok\""}), 0);
+
+  auto client = ConnectClient({endpoint}, 5000ms, 1000ms);
+  ASSERT_NE(client, nullptr);
+  TableSpec clipped = DenseSpec();
+  clipped.name = "c";
+  clipped.clip_norm = 0.5;
+  ASSERT_TRUE(client->CreateTable(clipped).ok());
+  const std::vector<float> big = {10, 0, 0, 0, 0, 0}, small = {0.1f, 0, 0, 0, 0, 0};
+  for (const auto* g : {&big, &small, &big}) {
+    ASSERT_TRUE(client->PushDense("c", g->data(), {}, nullptr).Wait().ok());
+  }
+  // Copied by the maintenance thread about once a second.
+  for (int i = 0;
+       i < 300 && MetricValue(*registry, "onlineps_ps_clipped_pushes_total", {"table=\"c\""}) != 2;
+       ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(MetricValue(*registry, "onlineps_ps_clipped_pushes_total", {"table=\"c\""}), 2);
+
+  std::this_thread::sleep_for(1100ms);  // the timestamp has a resolution of a second or better
+  StatusOr<std::string> ok = server->Checkpoint();
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(MetricValue(*registry, "onlineps_ps_checkpoints_total", {"result=\"ok\""}), 1);
+  EXPECT_GE(gauge("onlineps_ps_last_checkpoint_success_timestamp_seconds"), started + 1);
+  const double last_ok = gauge("onlineps_ps_last_checkpoint_success_timestamp_seconds");
+
+  // The directory replaced by a file: the next checkpoint fails and is counted; the
+  // timestamp keeps the last success.
+  std::filesystem::remove_all(dir);
+  { std::ofstream(dir) << "not a directory"; }
+  EXPECT_FALSE(server->Checkpoint().ok());
+  EXPECT_EQ(MetricValue(*registry, "onlineps_ps_checkpoints_total", {"result=\"error\""}), 1);
+  EXPECT_EQ(gauge("onlineps_ps_last_checkpoint_success_timestamp_seconds"), last_ok);
+  client.reset();
+  std::filesystem::remove(dir);
+  server->Stop();  // its final checkpoint fails too (logged)
+}
 
 }  // namespace
 }  // namespace onlineps::ps

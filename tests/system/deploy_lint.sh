@@ -192,6 +192,26 @@ if [ -f "${renders[0]}" ]; then
     node "$validate/promshards.mjs" "$prom/prometheus.yml" "${renders[@]}"
 fi
 
+# --- 3b. Grafana dashboard ----------------------------------------------------------------
+# Offline: Grafana's import fields, panel ids and grid, variables (grafana.mjs); every query
+# parses (promtool, as recording rules); the file is make_dashboard.py's output; a broken
+# copy is refused. tests/system/metrics_lint.sh checks that the metrics it names exist.
+dash=$deploy/grafana/onlineps.json
+check "grafana dashboard lint (grafana.mjs)" node "$validate/grafana.mjs" "$dash" "$work/dash-rules.yml"
+check "promtool check rules on the dashboard's queries" "$promtool" check rules "$work/dash-rules.yml"
+dashboard_generated() {
+  python3 "$deploy/grafana/make_dashboard.py" "$work/dash.json" >/dev/null && cmp "$dash" "$work/dash.json"
+}
+check "onlineps.json is make_dashboard.py's output" dashboard_generated
+broken_dashboard_refused() {
+  # shellcheck disable=SC2016  # JavaScript and a literal $ in single quotes
+  node -e 'const d=require(process.argv[1]); d.panels[2].id=d.panels[1].id;
+    d.panels[3].targets[0].expr+=" * $nosuchvar"; console.log(JSON.stringify(d))' "$dash" >"$work/broken.json"
+  ! node "$validate/grafana.mjs" "$work/broken.json" 2>"$work/broken.err" &&
+    grep -q "id used twice" "$work/broken.err" && grep -qF "undefined variable \$nosuchvar" "$work/broken.err"
+}
+check "grafana.mjs refuses a repeated panel id and an undefined variable" broken_dashboard_refused
+
 # --- 4. shellcheck --------------------------------------------------------------------------
 shopt -s nullglob
 scripts=("$root"/scripts/*.sh "$root"/tests/*.sh "$root"/tests/*/*.sh)

@@ -44,6 +44,7 @@ wait_line() {
 
 ps_admin=$(free_port) worker_admin=$(free_port)
 "$bin/onlineps_ps" --shard-index 0 --num-shards 1 --listen tcp://127.0.0.1:0 \
+  --checkpoint-dir "$work/ckpt" --checkpoint-interval-s 3600 \
   --admin-port "$ps_admin" --log-level warn >"$work/ps.out" 2>&1 &
 pids+=($!)
 ps_ep=$(wait_line "$work/ps.out" LISTENING)
@@ -92,6 +93,53 @@ for target in "ps:127.0.0.1:$ps_admin" "worker:127.0.0.1:$worker_admin" "bridge:
     failed=1
   fi
 done
+# Series an operator's alerts and dashboards need, with the labels they use.
+# has NAME SAMPLE-REGEX...: the scrape of NAME has a line matching each regex.
+has() {
+  local name=$1 re
+  shift
+  for re in "$@"; do
+    if ! grep -Eq "$re" "$work/$name.metrics"; then
+      echo "metrics_lint: $name /metrics has no line matching: $re" >&2
+      failed=1
+    fi
+  done
+}
+for name in ps worker bridge; do
+  has "$name" '^process_cpu_seconds_total [0-9.e+-]+$' '^process_resident_memory_bytes [1-9]' \
+    '^process_open_fds [1-9]' '^process_max_fds [1-9]' '^process_start_time_seconds [1-9]' \
+    '^onlineps_build_info\{.*commit="[0-9a-z._-]+".*\} 1'
+done
+now=$(date +%s)
+has ps '^onlineps_ps_push_staleness_count\{table="[^"]+"\} [1-9]' \
+  '^onlineps_ps_clipped_pushes_total\{table=' '^onlineps_ps_dc_backup_misses_total\{table=' \
+  '^onlineps_ps_checkpoints_total\{result="error"\} 0' '^onlineps_ps_checkpoint_interval_seconds 3600' \
+  "^onlineps_ps_last_checkpoint_success_timestamp_seconds (${now:0:8}|$((${now:0:8} - 1)))"
+has worker '^onlineps_worker_request_duration_seconds_count\{op="learn"\} [1-9]' \
+  '^onlineps_worker_request_duration_seconds_count\{op="infer"\} [1-9]' \
+  '^onlineps_worker_request_duration_seconds_bucket\{op="learn",le="\+Inf"\} [1-9]'
+has bridge '^onlineps_bridge_http_responses_total\{code="200"\} [1-9]' \
+  '^onlineps_bridge_http_responses_total\{code="401"\} 0'
+# Every metric the alerts (deploy/prometheus/rules.yml) and the dashboard
+# (deploy/grafana/onlineps.json) name is exported by some binary; the replica metrics
+# exist only on replicated shards (tests/ps/replication tests check them).
+deploy=$here/../../deploy
+used=$(grep -ohE '\b(onlineps|process)_[a-z0-9_]+' "$deploy/prometheus/rules.yml" \
+  "$deploy/grafana/onlineps.json" | grep -v '^onlineps_ps_replica' | sort -u)
+missing=0
+for m in $used; do
+  if ! grep -qE "^${m}(_bucket|_count|_sum)?[{ ]" "$work"/*.metrics; then
+    echo "metrics_lint: $m is used by rules.yml or the dashboard but no binary exports it" >&2
+    missing=1
+  fi
+done
+if [ "$missing" = 0 ]; then
+  echo "metrics_lint: the $(echo "$used" | wc -w) metrics named by rules.yml and the dashboard are exported"
+else
+  failed=1
+fi
+[ "$failed" = 0 ] && echo "metrics_lint: process_*, build_info commit, staleness by table, checkpoint age, worker latency and bridge status series present"
+
 # Readiness follows dependencies while liveness does not: without its shard a worker turns
 # not ready, and without a healthy worker so does the bridge.
 # wait_status URL CODE: whether URL answers CODE within 15 s.
