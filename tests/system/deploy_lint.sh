@@ -14,7 +14,8 @@
 #      (promshards.mjs: the replication alerts group by shard)
 #   4. shellcheck over scripts/, tests/, deploy/ and .ci/run
 #   5. dockerfilelint over deploy/docker/Dockerfile*, plus the image conventions
-#      (tini exec-form ENTRYPOINT, numeric non-root USER, EXPOSE of the manifests' ports)
+#      (tini exec-form ENTRYPOINT, numeric non-root USER, EXPOSE of the manifests' ports,
+#      every FROM a stage or a pinned image)
 #   6. with the built binaries: every ONLINEPS_* name the manifests set is one the
 #      binaries read (from their --help), and each container's exact command line (start
 #      script included) runs with the pod environment of every StatefulSet pod into the
@@ -225,7 +226,7 @@ dockerfiles=()
 for f in "$deploy"/docker/Dockerfile*; do
   case $f in *.dockerignore) ;; *) dockerfiles+=("$f") ;; esac
 done
-for f in Dockerfile Dockerfile.cuda; do
+for f in Dockerfile Dockerfile.worker Dockerfile.cuda; do
   [ -f "$deploy/docker/$f" ] || bad "deploy/docker/$f is missing"
 done
 ports=$(node "$validate/ports.mjs" "$work"/render-*.yaml 2>/dev/null || true)
@@ -245,6 +246,20 @@ image_conventions() {
       problems=1
     fi
   done
+  # Pinned bases (dockerfilelint's missing_tag is off, deploy/docker/.dockerfilelintrc):
+  # every FROM is scratch, an earlier stage, or an image with a tag or digest, not
+  # latest, once the ARG defaults are filled in.
+  awk '
+    /^ARG [A-Za-z_][A-Za-z0-9_]*=/ { sub(/^ARG /, ""); k = $0; sub(/=.*/, "", k); v = $0; sub(/^[^=]*=/, "", v); arg[k] = v }
+    /^FROM / {
+      image = $2
+      for (k in arg) gsub("\\$\\{" k "\\}", arg[k], image)
+      if (image != "scratch" && !(image in stage) && (image !~ /[:@]/ || image ~ /:latest$/)) {
+        print "FROM " $2 ": not a stage, and " image " is not pinned to a tag"; bad = 1
+      }
+      if (toupper($3) == "AS") stage[$4] = 1
+    }
+    END { exit bad }' "$f" || problems=1
   return "$problems"
 }
 for f in "${dockerfiles[@]}"; do
