@@ -205,12 +205,14 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     } else if (a == "--idle") {
       f->idle = std::max(0, std::atoi(next().c_str()));
     } else {
-      std::fprintf(stderr,
-                   "bridge_bench: unknown argument '%s'\nusage: bridge_bench [--seconds S] "
-                   "[--rounds R] [--sessions 1,64] [--bin-dir DIR] [--everything DIR] [--idle N]\n"
-                   "       [--bridge-flags \"F ...\"] [--compare-bridge BIN] "
-                   "[--compare-flags \"F ...\"]\n",
-                   a.c_str());
+      const bool help = a == "--help" || a == "-h";
+      if (!help) std::fprintf(stderr, "bridge_bench: unknown argument '%s'\n", a.c_str());
+      std::fputs(
+          "usage: bridge_bench [--seconds S] [--rounds R] [--sessions 1,64] [--bin-dir DIR] "
+          "[--everything DIR] [--idle N]\n"
+          "       [--bridge-flags \"F ...\"] [--compare-bridge BIN] [--compare-flags \"F ...\"]\n",
+          help ? stdout : stderr);
+      if (help) std::exit(0);
       return false;
     }
   }

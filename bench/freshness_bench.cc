@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iterator>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -56,26 +57,33 @@ std::vector<std::string> Split(const std::string& s) {
   return out;
 }
 
+// Prints the usage and exits: 0 to stdout for --help (empty problem), else 2 to stderr.
 [[noreturn]] void Usage(const std::string& problem) {
-  std::fprintf(stderr,
-               "freshness_bench: %s\n"
-               "usage: freshness_bench [--trials N] [--workers 2,4] [--models mlp,text]\n"
-               "                       [--modes notices,age] [--idle-s S] [--bin-dir DIR]\n"
-               "  --trials   learn -> infer trials per configuration (default 200)\n"
-               "  --workers  worker counts to run (default 2,4); always 2 shards\n"
-               "  --models   mlp (dense tables) and/or text (sparse embedding rows)\n"
-               "  --modes    notices (default flags) and/or age (--no-notices)\n"
-               "  --idle-s   seconds of an idle cluster whose CPU is measured (default 3)\n"
-               "  --bin-dir  where onlineps_ps and onlineps_worker are\n",
-               problem.c_str());
-  std::exit(2);
+  std::fprintf(
+      problem.empty() ? stdout : stderr,
+      "%s%s"
+      "usage: freshness_bench [--trials N] [--workers 2,4] [--models mlp,text]\n"
+      "                       [--modes notices,age] [--idle-s S] [--bin-dir DIR]\n"
+      "  --trials   learn -> infer trials per configuration (default 200)\n"
+      "  --workers  worker counts to run (default 2,4); always 2 shards\n"
+      "  --models   mlp (dense tables) and/or text (sparse embedding rows)\n"
+      "  --modes    notices (default flags) and/or age (--no-notices)\n"
+      "  --idle-s   seconds of an idle cluster whose CPU is measured (default 3)\n"
+      "  --bin-dir  where onlineps_ps and onlineps_worker are\n",
+      problem.empty() ? "" : "freshness_bench: ", problem.empty() ? "" : (problem + "\n").c_str());
+  std::exit(problem.empty() ? 0 : 2);
 }
 
 Flags ParseFlags(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--help" || a == "-h") Usage("help");
+    if (a == "--help" || a == "-h") Usage("");
+    static const char* const kKnown[] = {"--trials", "--workers", "--models",
+                                         "--modes",  "--idle-s",  "--bin-dir"};
+    if (std::find(std::begin(kKnown), std::end(kKnown), a) == std::end(kKnown)) {
+      Usage("unknown flag " + a);
+    }
     if (i + 1 >= argc) Usage("missing value after " + a);
     const std::string v = argv[++i];
     if (a == "--trials") {

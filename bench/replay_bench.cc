@@ -380,6 +380,11 @@ int Parse(int argc, char** argv, Options* o) {
       std::fputs(kUsage, stdout);
       return -1;
     }
+    if (a != "--workload" && a != "--rounds" && a != "--updates" && a != "--datasets-dir" &&
+        a != "--only") {
+      std::fprintf(stderr, "replay_bench: unknown flag %s\n%s", a.c_str(), kUsage);
+      return 2;
+    }
     if (i + 1 >= argc) {
       std::fprintf(stderr, "replay_bench: %s needs a value\n%s", a.c_str(), kUsage);
       return 2;

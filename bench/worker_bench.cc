@@ -645,6 +645,10 @@ int Main(int argc, char** argv) {
       "                    [--infer-passes N]\n";
   for (int i = 1; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      std::fputs(usage, stdout);
+      return 0;
+    }
     if (!std::strcmp(argv[i], "--quick")) {
       flags.seconds = 0.5;
     } else if (!std::strcmp(argv[i], "--no-read-own-writes")) {

@@ -360,7 +360,10 @@ StatusOr<ParseResult> ParseFlags(CLI::App& app, int argc, const char* const* arg
     return result;
   } catch (const CLI::ParseError& e) {
     if (!file_status.ok()) return file_status;
-    if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+    // A misspelt flag is named the same way whether CLI11 saw it as extra or first
+    // missed a required option because of it.
+    if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr ||
+        dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
       if (std::string unknown = UnknownArgument(app, argc, argv); !unknown.empty()) {
         return InvalidArgument(unknown);
       }

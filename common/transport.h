@@ -114,6 +114,11 @@ class ClientTransport {
   virtual void Close() = 0;
 };
 
+// Whether `endpoint` names a transport: a known scheme and, for tcp://, a port in 0..65535
+// (or *). The factories apply it too; a flag parser calls it to refuse a bad endpoint
+// before anything waits on the network.
+Status CheckEndpoint(const std::string& endpoint);
+
 // Factories choose the implementation from the endpoint scheme (see above).
 std::unique_ptr<ServerTransport> NewServerTransport(const std::string& endpoint,
                                                     const TransportOptions& options = {});

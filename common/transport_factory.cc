@@ -27,6 +27,27 @@ Status BadScheme(const std::string& endpoint) {
                          "' (want tcp://, ipc://, inproc:// or mem://)");
 }
 
+// tcp://HOST:PORT with PORT in 0..65535 or * (ZeroMQ would take 70000 modulo 65536).
+Status CheckTcpPort(const std::string& endpoint) {
+  if (endpoint.rfind("tcp://", 0) != 0) return Status::Ok();
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon < 6) {
+    return InvalidArgument("endpoint '" + endpoint + "' has no port (want tcp://HOST:PORT)");
+  }
+  const std::string port = endpoint.substr(colon + 1);
+  if (colon == 6) {
+    return InvalidArgument("endpoint '" + endpoint + "' has no host (want tcp://HOST:PORT)");
+  }
+  if (port == "*") return Status::Ok();
+  const bool digits = !port.empty() && port.size() <= 5 &&
+                      port.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits || std::stoi(port) > 65535) {
+    return InvalidArgument("endpoint '" + endpoint + "': port '" + port +
+                           "' is not in 0..65535 (want tcp://HOST:PORT)");
+  }
+  return Status::Ok();
+}
+
 // Stands in for a transport that cannot exist, so the factories can keep returning a
 // plain unique_ptr: the error surfaces from Start/Connect like any other.
 class InvalidServerTransport final : public ServerTransport {
@@ -53,8 +74,16 @@ class InvalidClientTransport final : public ClientTransport {
 
 }  // namespace
 
+Status CheckEndpoint(const std::string& endpoint) {
+  if (FamilyOf(endpoint) == Family::kUnknown) return BadScheme(endpoint);
+  return CheckTcpPort(endpoint);
+}
+
 std::unique_ptr<ServerTransport> NewServerTransport(const std::string& endpoint,
                                                     const TransportOptions& options) {
+  if (Status st = CheckTcpPort(endpoint); !st.ok()) {
+    return std::make_unique<InvalidServerTransport>(st);
+  }
   switch (FamilyOf(endpoint)) {
     case Family::kZmq:
       return std::make_unique<ZmqServerTransport>(options);
@@ -77,6 +106,9 @@ std::unique_ptr<ClientTransport> NewClientTransport(const std::vector<std::strin
   for (const std::string& endpoint : endpoints) {
     if (FamilyOf(endpoint) == Family::kUnknown) {
       return std::make_unique<InvalidClientTransport>(BadScheme(endpoint));
+    }
+    if (Status st = CheckTcpPort(endpoint); !st.ok()) {
+      return std::make_unique<InvalidClientTransport>(st);
     }
     if (FamilyOf(endpoint) != family) {
       return std::make_unique<InvalidClientTransport>(InvalidArgument(

@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "common/periodic_thread.h"
 #include "common/signals.h"
+#include "common/transport.h"
 #include "mcp_bridge/backend.h"
 #include "mcp_bridge/bridge_metrics.h"
 #include "mcp_bridge/context_store.h"
@@ -209,6 +210,9 @@ onlineps::Status Finish(Flags* f) {
     ONLINEPS_ASSIGN_OR_RETURN(f->http.tokens, bridge::LoadTokens(f->tokens_file));
   }
   ONLINEPS_ASSIGN_OR_RETURN(f->pool.curve, onlineps::LoadCurve(f->curve));
+  for (const std::string& w : f->pool.endpoints) {
+    ONLINEPS_RETURN_IF_ERROR(onlineps::CheckEndpoint(w).WithContext("--workers"));
+  }
   f->mcp.session_idle = std::chrono::seconds(f->session_idle_s);
   f->http.first_request_timeout = milliseconds(f->first_request_timeout_ms);
   f->pool.health_interval = milliseconds(f->health_interval_ms);

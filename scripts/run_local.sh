@@ -59,8 +59,24 @@ esac
 "$root/scripts/build.sh"
 bin=${ONLINEPS_BUILD_DIR:-$root/build}/bin
 data=$(mktemp -d /tmp/onlineps-local.XXXXXX)
-pids=()
+pids=() names=() logs=()
 etcd_pid=""
+# started NAME LOG: records the process just started in the background ($!).
+started() {
+  pids+=("$!") names+=("$1") logs+=("$2")
+}
+# Every process started so far still runs; else name the first that exited, show the
+# end of its log (the cause, e.g. "Address already in use"), and stop the cluster.
+check_alive() {
+  local k
+  for k in "${!pids[@]}"; do
+    if ! kill -0 "${pids[$k]}" 2>/dev/null; then
+      echo "run_local: ${names[$k]} exited; the last lines of ${logs[$k]}:" >&2
+      tail -n 15 "${logs[$k]}" | sed 's/^/    /' >&2
+      exit 1
+    fi
+  done
+}
 cleanup() {
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
@@ -107,9 +123,23 @@ for ((i = 0; i < shards; i++)); do
     "$bin/onlineps_ps" --shard-index "$i" --num-shards "$shards" \
       --listen "tcp://127.0.0.1:$port" --admin-port $((base_port + 100 + i + 20 * r)) \
       --checkpoint-dir "$data/r$r" --log-level warn "${extra[@]}" >"$data/shard-$i-$r.out" 2>&1 &
-    pids+=($!)
+    started "shard $i (replica $r, tcp://127.0.0.1:$port)" "$data/shard-$i-$r.out"
   done
   endpoints+=("$(IFS='|'; echo "${group[*]}")")
+done
+# Each shard prints LISTENING once bound: a taken port or a bad checkpoint shows here,
+# with the shard's own words, not later as a worker that cannot reach it.
+for k in "${!pids[@]}"; do
+  for _ in $(seq 100); do
+    grep -q '^LISTENING' "${logs[$k]}" 2>/dev/null && break
+    check_alive
+    sleep 0.1
+  done
+  if ! grep -q '^LISTENING' "${logs[$k]}" 2>/dev/null; then
+    echo "run_local: ${names[$k]} did not start listening in 10 s; the last lines of ${logs[$k]}:" >&2
+    tail -n 15 "${logs[$k]}" | sed 's/^/    /' >&2
+    exit 1
+  fi
 done
 list=$(IFS=,; echo "${endpoints[*]}")
 echo "run_local: $shards shard(s) x $replicas replica(s) on $list"
@@ -122,7 +152,7 @@ for ((j = 0; j < workers; j++)); do
   "$bin/onlineps_worker" --ps "$list" --listen "tcp://127.0.0.1:$port" \
     --admin-port $((base_port + 300 + j)) "${model_flags[@]}" --optimizer "$optimizer" \
     --staleness-policy "$staleness" --log-level warn >"$data/worker-$j.out" 2>&1 &
-  pids+=($!)
+  started "worker $j (tcp://127.0.0.1:$port)" "$data/worker-$j.out"
   workers_list+=("tcp://127.0.0.1:$port")
 done
 for j in "${!workers_list[@]}"; do
@@ -130,20 +160,25 @@ for j in "${!workers_list[@]}"; do
   for _ in $(seq 100); do
     if "$bin/onlineps_worker_cli" --worker "${workers_list[$j]}" --timeout-ms 300 worker_stats \
       >/dev/null 2>&1; then ok=1; break; fi
+    check_alive
     sleep 0.2
   done
   if [ "$ok" = 0 ]; then
-    echo "run_local: worker $j did not come up:" >&2
-    tail -5 "$data/worker-$j.out" >&2
+    echo "run_local: worker $j did not answer in 20 s; the last lines of $data/worker-$j.out:" >&2
+    tail -n 15 "$data/worker-$j.out" | sed 's/^/    /' >&2
     exit 1
   fi
 done
 echo "run_local: $workers worker(s) ($model model, $optimizer, $staleness) on ${workers_list[*]}"
 "$bin/onlineps_mcp_bridge" --workers "$(IFS=,; echo "${workers_list[*]}")" --port "$mcp_port" \
   --admin-port $((base_port + 401)) --log-level warn >"$data/bridge.out" 2>&1 &
-pids+=($!)
+started "the MCP bridge (port $mcp_port)" "$data/bridge.out"
 mcp_url="http://127.0.0.1:$mcp_port/mcp"
-for _ in $(seq 100); do grep -q '^LISTENING' "$data/bridge.out" 2>/dev/null && break; sleep 0.1; done
+for _ in $(seq 100); do
+  grep -q '^LISTENING' "$data/bridge.out" 2>/dev/null && break
+  check_alive
+  sleep 0.1
+done
 grep -q '^LISTENING' "$data/bridge.out" || { echo "run_local: the bridge did not start:" >&2; cat "$data/bridge.out" >&2; exit 1; }
 echo "run_local: MCP bridge on $mcp_url (metrics http://127.0.0.1:$((base_port + 401))/metrics)"
 if [ "$model" = text ]; then

@@ -1,5 +1,5 @@
 // onlineps_worker_cli: one worker RPC from the command line, JSON in and out.
-//   onlineps_worker_cli --worker tcp://127.0.0.1:7400 infer '{"text": "great film"}'
+//   onlineps_worker_cli --worker tcp://127.0.0.1:7200 infer '{"text": "great film"}'
 //   onlineps_worker_cli learn '{"examples": [{"text": "great", "label": "positive"}]}'
 //   onlineps_worker_cli context_set '{"session": "s1", "items": ["likes sci-fi"]}'
 //   onlineps_worker_cli worker_stats
@@ -9,6 +9,7 @@
 #include <iostream>
 #include <map>
 
+#include "common/config.h"
 #include "common/curve.h"
 #include "common/flags.h"
 #include "worker/worker_client.h"
@@ -25,10 +26,12 @@ int main(int argc, char** argv) {
       {"worker_stats", Op::kWorkerStats},
       {"model_info", Op::kModelInfo},
   };
-  std::string endpoint = "tcp://127.0.0.1:7400", op_name, body_text = "{}";
+  std::string endpoint = "tcp://127.0.0.1:7200", op_name, body_text = "{}";
   int timeout_ms = 10000;
   CLI::App app("Send one request to an onlineps worker and print the reply as JSON");
-  app.add_option("--worker", endpoint, "Worker endpoint")
+  app.add_option("--worker", endpoint,
+                 "Worker RPC endpoint (default: the first worker of scripts/run_local.sh; not the "
+                 "MCP port)")
       ->envname("ONLINEPS_WORKER")
       ->capture_default_str();
   app.add_option("--timeout-ms", timeout_ms, "Deadline of the call")->capture_default_str();
@@ -39,11 +42,12 @@ int main(int argc, char** argv) {
   app.add_option("body", body_text, "Request body as JSON (docs/protocol.md, Worker RPC)");
   onlineps::CurveFlags curve;
   onlineps::AddCurveFlags(app, &curve, /*server=*/false, /*client=*/true);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+  auto parsed = onlineps::ParseFlags(app, argc, argv);
+  if (!parsed.ok()) {
+    std::cerr << "onlineps_worker_cli: " << parsed.status().message() << "\n";
+    return 2;
   }
+  if (parsed->exit_now) return 0;
   const auto op = ops.find(op_name);
   if (op == ops.end()) {
     std::cerr << "onlineps_worker_cli: unknown op '" << op_name << "'\n";

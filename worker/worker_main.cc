@@ -17,6 +17,7 @@
 #include "common/periodic_thread.h"
 #include "common/signals.h"
 #include "ps/ps_client.h"
+#include "ps/update_rule.h"
 #include "worker/gpu_config.h"
 #include "worker/local_group.h"
 #include "worker/model.h"
@@ -374,6 +375,14 @@ Status Finish(Flags* f) {
                                      std::to_string(f->service.limits.max_features) +
                                      ": no request could be served; raise --max-features");
   }
+  // What the PS would refuse at create_table, refused here: a typo in --optimizer or
+  // --lr then fails at once, not after reaching every shard (up to 30 s).
+  if (auto opt = onlineps::ps::CreateOptimizer(t.optimizer, t.optimizer_params); !opt.ok()) {
+    return opt.status().WithContext("--optimizer " + t.optimizer + " (--lr, --opt-param)");
+  }
+  if (auto pol = onlineps::ps::CreateStalenessPolicy(t.staleness, t.staleness_params); !pol.ok()) {
+    return pol.status().WithContext("--staleness " + t.staleness + " (--staleness-param)");
+  }
   return ParseFreshness(*f, &f->service.cache.tables);
 }
 
@@ -469,14 +478,16 @@ int Run(Flags& f) {
     }
     spdlog::info("admin endpoints on http://{}:{}/metrics", f.admin_host, *port);
   }
-  if (auto st = (*client)->WaitForShards(std::chrono::seconds(30)); !st.ok()) {
-    spdlog::error("PS shards {} not reachable: {}", fmt::join(f.ps, ","), st.ToString());
-    return 1;
-  }
+  // The model first: a bad --device, --model-file or --trainable is reported at once,
+  // not after waiting for the shards.
   auto model = worker::CreateModel(f.model);
   if (!model.ok()) {
     spdlog::error("model: {}", model.status().ToString());
     return 2;
+  }
+  if (auto st = (*client)->WaitForShards(std::chrono::seconds(30)); !st.ok()) {
+    spdlog::error("PS shards {} not reachable: {}", fmt::join(f.ps, ","), st.ToString());
+    return 1;
   }
   auto group = MakeGroup(f);
   if (!group.ok()) {

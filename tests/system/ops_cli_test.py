@@ -15,6 +15,13 @@
   docs-flags   every long flag in each binary's --help is documented in
                docs/configuration.md, and so is each ONLINEPS_* env name the code reads
                outside the flag parser.
+  bad-flags    each binary (and each bench/ program) answers --help with exit 0, names an
+               unknown flag (exit 2), refuses out-of-range ports, and the worker refuses a
+               bad --optimizer / --lr / --device before waiting for its shards (they are
+               unreachable here); all within seconds.
+  run-local-port-taken
+               scripts/run_local.sh with a shard's port already taken stops within seconds
+               and prints the shard's own "Address already in use" line.
 """
 import json
 import os
@@ -235,10 +242,101 @@ def docs_flags():
     print(f"ops_cli_test: docs-flags PASS (env read directly: {sorted(env_names)})")
 
 
+def run(args, timeout=30, env=None):
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        fail(f"{' '.join(args)} still ran after {timeout} s")
+    return r, time.monotonic() - t0
+
+
+def expect(args, code, pattern, within_s):
+    """Runs args; its exit code is `code` and its output matches `pattern`, within_s."""
+    r, took = run(args, timeout=max(60, within_s * 3))
+    out = r.stdout + r.stderr
+    if r.returncode != code or not re.search(pattern, out):
+        fail(f"{' '.join(args)}: exit {r.returncode} (want {code}), output does not match "
+             f"{pattern!r}:\n{out[-2000:]}")
+    if took > within_s:
+        fail(f"{' '.join(args)} took {took:.1f} s (want < {within_s} s)")
+    print(f"ops_cli_test: ok: {os.path.basename(args[0])} {' '.join(args[1:])} -> exit {code} "
+          f"in {took:.1f} s: {re.search(pattern, out).group(0)!r}")
+
+
+def bad_flags():
+    dead = f"tcp://127.0.0.1:{opslib.free_port()}"  # nothing listens there
+    b = lambda name: os.path.join(BIN, name)  # noqa: E731
+    benches = [n for n in ("ps_bench", "worker_bench", "bridge_bench", "replay_bench",
+                           "freshness_bench", "ps_scale") if os.path.exists(b(n))]
+    for name in BINARIES + benches:
+        expect([b(name), "--help"], 0, r"(?i)usage", 10)
+    for name in BINARIES:
+        expect([b(name), "--no-such-flag"], 2, r"unknown flag --no-such-flag", 10)
+    for name in benches:
+        expect([b(name), "--no-such-flag"], 2, r"--no-such-flag", 10)
+    expect([b("onlineps_ps_cli"), "--shards", dead, "nosuchcmd"], 2,
+           r"unknown subcommand 'nosuchcmd' \(expected one of: [a-z, -]+\)", 10)
+    # Ports: flags in 0..65535 (-1 where it turns the admin port off); endpoints too.
+    expect([b("onlineps_mcp_bridge"), "--workers", dead, "--port", "70000"], 2,
+           r"--port: Value 70000 not in range 0 to 65535", 10)
+    for name in ("onlineps_ps", "onlineps_mcp_bridge"):
+        expect([b(name), "--admin-port", "65536"], 2, r"--admin-port: Value 65536 not in range", 10)
+    expect([b("onlineps_ps"), "--listen", "tcp://127.0.0.1:70000", "--admin-port", "-1"], 1,
+           r"port '70000' is not in 0\.\.65535", 10)
+    expect([b("onlineps_mcp_bridge"), "--workers", "tcp://127.0.0.1:99999"], 2,
+           r"--workers: endpoint 'tcp://127.0.0.1:99999': port '99999' is not in 0\.\.65535", 10)
+    expect([b("onlineps_worker"), "--ps", "tcp://127.0.0.1:123456", "--admin-port", "-1"], 1,
+           r"port '123456' is not in 0\.\.65535", 15)
+    # The worker's learning and model flags fail at once, not after its 30 s wait for
+    # shards that are not there.
+    worker = [b("onlineps_worker"), "--ps", dead, "--admin-port", "-1"]
+    expect(worker + ["--optimizer", "nope"], 2,
+           r"unknown optimizer 'nope'; valid optimizer names: sgd, adagrad, ftrl, adam", 15)
+    expect(worker + ["--lr", "-1"], 2, r"--optimizer sgd \(--lr, --opt-param\): optimizer "
+           r"'sgd': parameter 'lr' must be > 0, got -1", 15)
+    expect(worker + ["--device", "gpu"], 2, r"--device 'gpu': expected cpu, cuda or cuda:N", 20)
+    expect(worker + ["--model", "torchscript", "--model-file", "/nonexistent/m.pt"], 2,
+           r"/nonexistent/m\.pt", 20)
+    # The worker CLI's default target is a worker RPC port (run_local.sh's first worker),
+    # not the MCP HTTP port.
+    r, _ = run([b("onlineps_worker_cli"), "--help"])
+    if "tcp://127.0.0.1:7200" not in r.stdout:
+        fail(f"onlineps_worker_cli --help does not default to tcp://127.0.0.1:7200:\n{r.stdout}")
+    print("ops_cli_test: bad-flags PASS")
+
+
+def run_local_port_taken():
+    import socket
+    base = 21000 + (os.getpid() % 400) * 10  # its own range; shard 0 on base
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", base))
+    taken.listen(1)
+    env = dict(os.environ, ONLINEPS_JOBS=os.environ.get("ONLINEPS_JOBS", "2"))
+    args = ["bash", os.path.join(ROOT, "scripts", "run_local.sh"), "--base-port", str(base),
+            "--mcp-port", str(base + 9), "--shards", "2", "--workers", "1"]
+    r, took = run(args, timeout=900, env=env)
+    taken.close()
+    out = r.stdout + r.stderr
+    if r.returncode == 0:
+        fail(f"run_local.sh succeeded with port {base} taken:\n{out[-2000:]}")
+    want = [rf"run_local: shard 0 \(replica 0, tcp://127\.0\.0\.1:{base}\) exited",
+            r"Address already in use"]
+    for pattern in want:
+        if not re.search(pattern, out):
+            fail(f"run_local.sh output lacks {pattern!r}:\n{out[-3000:]}")
+    if re.search(r"worker \d+ did not", out):
+        fail(f"run_local.sh blamed a worker for the shard's port:\n{out[-3000:]}")
+    print(f"ops_cli_test: run-local-port-taken PASS (exit {r.returncode}, {took:.1f} s including "
+          "setup and build checks)")
+
+
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
     checks = {"json-logs": json_logs, "precedence": precedence, "docs-flags": docs_flags,
-              "final-checkpoint": final_checkpoint}
+              "final-checkpoint": final_checkpoint, "bad-flags": bad_flags,
+              "run-local-port-taken": run_local_port_taken}
     if mode not in checks:
         print(f"usage: ops_cli_test.py {'|'.join(checks)}")
         sys.exit(2)
