@@ -198,7 +198,7 @@ if [ "$keep" = 1 ]; then
 run_local: serving MCP on $mcp_url (Streamable HTTP; tools infer, learn, set_context,
 append_context, clear_context, get_context, model_info). Try it:
 
-  npx -y -p node@22 -p @modelcontextprotocol/inspector@2.12.0 -c \\
+  npx -y --loglevel=error -p node@22 -p @modelcontextprotocol/inspector@2.12.0 -c \\
     'mcp-inspector --cli $mcp_url --transport http --method tools/call --tool-name infer --tool-arg text="a lovely film"'
 
 or add it to an MCP client's config:
