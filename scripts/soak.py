@@ -315,7 +315,7 @@ def staleness(admins):
     for a in admins:
         text = http_get(f"http://{a}/metrics") or ""
         for labels, v in metric(text, "onlineps_ps_push_staleness_bucket").items():
-            le = re.search(r'le="([^"]+)"', labels).group(1)
+            le = re.search(r'[{,]le="([^"]+)"', labels).group(1)  # not table="..."
             buckets[le] = buckets.get(le, 0) + v
         total += sum(metric(text, "onlineps_ps_push_staleness_sum").values())
         count += sum(metric(text, "onlineps_ps_push_staleness_count").values())
