@@ -16,8 +16,13 @@ for both; a StatefulSet's index is its pod-index label) it writes OUT_DIR/<pod>/
            preStop, the grace period, the security context, volumes, limits
 and OUT_DIR/pods: "<pod> <component>" lines in workload order. One container per pod
 (the onlineps manifests have no sidecars); anything else in the render is refused.
+Workloads are onlineps' own and etcd's (components/etcd; its component is `etcd`).
+Secrets in RENDER.yaml (e.g. make-curve-secrets.sh's output appended to the render) are
+written to OUT_DIR/secrets/<name>/<key>, one file per key, for run_pods.sh to mount.
 Exit 0 ok, 1 a manifest this script does not handle (printed), 2 usage.
 """
+import base64
+import math
 import os
 import re
 import shlex
@@ -26,6 +31,7 @@ import sys
 import yaml  # python3-yaml (Debian; yamllint depends on it)
 
 POD_INDEX = "apps.kubernetes.io/pod-index"
+WORKLOADS = ("onlineps", "etcd")  # app.kubernetes.io/name of the workloads run
 
 
 def fail(msg):
@@ -52,6 +58,25 @@ def field_value(path, pod):
     return values[path]
 
 
+def quantity(q):
+    """A Kubernetes quantity as a number: 500m -> 0.5, 2Gi -> 2**31, "1" -> 1."""
+    m = re.fullmatch(r"([0-9.]+)(m|k|M|G|T|Ki|Mi|Gi|Ti)?", str(q))
+    if not m:
+        fail(f"quantity {q!r} is not handled")
+    scale = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+             "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def resource_value(ref, c, pod):
+    """resourceFieldRef as the kubelet fills it in: the value / divisor, rounded up."""
+    kind, _, name = ref["resource"].partition(".")
+    value = c.get("resources", {}).get(kind, {}).get(name)
+    if kind not in ("limits", "requests") or value is None:
+        fail(f"pod {pod['name']}: resourceFieldRef {ref['resource']} is not set on the container")
+    return str(math.ceil(quantity(value) / quantity(ref.get("divisor", "1"))))
+
+
 def container_env(c, pod, config_maps):
     env = {}
     for src in c.get("envFrom", []):
@@ -64,6 +89,8 @@ def container_env(c, pod, config_maps):
             env[e["name"]] = expand(str(e["value"]), env)
         elif "fieldRef" in e.get("valueFrom", {}):
             env[e["name"]] = field_value(e["valueFrom"]["fieldRef"]["fieldPath"], pod)
+        elif "resourceFieldRef" in e.get("valueFrom", {}):
+            env[e["name"]] = resource_value(e["valueFrom"]["resourceFieldRef"], c, pod)
         else:
             fail(f"pod {pod['name']}: env {e['name']} comes from {e.get('valueFrom')}, not handled")
     return env
@@ -129,6 +156,9 @@ def pod_spec(w, c, pod, services):
         elif v is not None and "emptyDir" in v:
             tmpfs.append(f"{m['mountPath']}:{v['emptyDir'].get('sizeLimit', '64Mi')}")
         elif v is not None and "secret" in v:
+            for item in v["secret"].get("items", []):
+                if item["path"] != item["key"]:
+                    fail(f"pod {pod['name']}: Secret item {item} (path other than its key) not handled")
             secret_mounts.append(f"{v['secret']['secretName']}:{m['mountPath']}")
         else:
             fail(f"pod {pod['name']}: volume {m['name']} is neither a claim, an emptyDir nor a Secret")
@@ -144,13 +174,21 @@ def main():
     with open(render, encoding="utf-8") as f:
         objects = [o for o in yaml.safe_load_all(f) if isinstance(o, dict)]
     config_maps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+    for o in (o for o in objects if o["kind"] == "Secret"):
+        d = os.path.join(out_dir, "secrets", o["metadata"]["name"])
+        os.makedirs(d, exist_ok=True)
+        data = {k: base64.b64decode(v) for k, v in (o.get("data") or {}).items()}
+        data.update({k: v.encode() for k, v in (o.get("stringData") or {}).items()})
+        for k, v in data.items():
+            with open(os.path.join(d, k), "wb") as f:
+                f.write(v)
     services = [o for o in objects if o["kind"] == "Service"]
     pods = []
     for w in (o for o in objects if o["kind"] in ("StatefulSet", "Deployment")):
         template = w["spec"]["template"]
         labels = template["metadata"].get("labels", {})
-        if labels.get("app.kubernetes.io/name") != "onlineps":
-            fail(f"{w['kind']} {w['metadata']['name']} is not onlineps (not handled)")
+        if labels.get("app.kubernetes.io/name") not in WORKLOADS:
+            fail(f"{w['kind']} {w['metadata']['name']} is neither onlineps nor etcd (not handled)")
         containers = template["spec"]["containers"]
         if len(containers) != 1 or template["spec"].get("initContainers"):
             fail(f"{w['kind']} {w['metadata']['name']}: one container per pod expected")

@@ -2,11 +2,16 @@
 # Runs the base kustomization (deploy/k8s/base: 2 shards, 2 workers, the bridge) as podman
 # pods from the images of deploy/docker/, and checks what a cluster would: the probes,
 # an MCP learn/infer through the bridge, a shard killed with SIGKILL and restored from
-# its checkpoint volume, and the SIGTERM drains. An on-demand CI job (deploy/README.md,
-# "Pod test"), not part of ctest or .ci/run: it builds images (~20 min on 2 cores) and
-# needs root, podman and the Debian archive.
+# its checkpoint volume, and the SIGTERM drains. With --overlay replicated it runs
+# deploy/k8s/overlays/replicated instead (3 etcd members, 2 shards x 2 replicas, CURVE,
+# workers, bridge) and checks a failover: shard 0's primary SIGKILLed, the backup takes
+# over, learn/infer go on with the learned state, the killed replica rejoins in sync.
+# An on-demand CI job (deploy/README.md, "Pod test"), not part of ctest or .ci/run: it
+# builds images (~20 min on 2 cores) and needs root, podman and the Debian archive.
 #
 # Usage: deploy/test/run_pods.sh [options]
+#   --overlay NAME   base (default) or replicated (needs etcd-server on the host: its
+#                    etcd stands in for the etcd image, see deploy/README.md)
 #   --prebuilt DIR   images from the binaries in DIR (a bookworm host build, e.g. build/bin)
 #                    instead of compiling in the image build (saves the ~15 min compile)
 #   --no-build       use the images already in podman's storage
@@ -18,22 +23,24 @@
 #   --cleanup        remove the pods, network and volumes of an earlier --keep run, exit
 # Every pod gets its container's exact args and environment from the render
 # (deploy/test/podspec.py), its user, read-only root, dropped capabilities, tmpfs for
-# emptyDirs, a named volume per StatefulSet claim, the tokens Secret as a read-only
-# mount, and the DNS names of its StatefulSet and Services as network aliases on a
-# podman network. podman cannot do the rest of Kubernetes; see deploy/README.md.
+# emptyDirs, a named volume per StatefulSet claim, the tokens Secret (and, replicated,
+# the CURVE Secrets of make-curve-secrets.sh) as read-only mounts, and the DNS names of
+# its StatefulSet and Services as network aliases on a podman network. podman cannot do
+# the rest of Kubernetes; see deploy/README.md.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
-prebuilt="" build=1 keep=0 cleanup_only=0
+prebuilt="" build=1 keep=0 cleanup_only=0 overlay=base etcd_bin=""
 base=localhost/onlineps-base:bookworm
 while (($#)); do
   case $1 in
+    --overlay) overlay=${2:-}; shift 2 ;;
     --prebuilt) prebuilt=$(cd "$2" && pwd); shift 2 ;;
     --no-build) build=0; shift ;;
     --base) base=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     --cleanup) cleanup_only=1; shift ;;
-    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_pods: unknown argument '$1' (--help)" >&2; exit 2 ;;
   esac
 done
@@ -44,6 +51,18 @@ for tool in podman kubectl python3 curl jq; do
   command -v "$tool" >/dev/null || die "needs $tool (apt-get install podman kubectl python3-yaml curl jq)"
 done
 [ "$(id -u)" -eq 0 ] || die "needs root (rootful podman: pod networking and volume ownership)"
+case $overlay in
+  base) kdir=$root/deploy/k8s/base ;;
+  replicated)
+    kdir=$root/deploy/k8s/overlays/replicated
+    # The etcd image (gcr.io/etcd-development/etcd) is not pulled: no registry but the
+    # Debian archive here. The host's etcd (Debian etcd-server 3.4, the one the tests use)
+    # runs in the base image instead, with the manifest's command, env and probes
+    # (etcdctl beside it, as in the image).
+    etcd_bin=$(command -v etcd) || die "--overlay replicated needs etcd-server (apt-get install etcd-server)"
+    ;;
+  *) die "--overlay '$overlay': base or replicated (the others need a GPU or differ only in settings)" ;;
+esac
 
 # podman settings that work on a cgroup v1/v2 hybrid host without systemd (this CI
 # machine): crun refuses hybrid cgroups ("cgroups in hybrid mode not supported"), runc
@@ -127,23 +146,40 @@ if [ "$build" -eq 1 ]; then
   build_image "$slim" Dockerfile onlineps_ps onlineps_ps_cli onlineps_worker_cli onlineps_mcp_bridge
   build_image "$worker" Dockerfile.worker onlineps_worker onlineps_worker_cli
 fi
-for image in "$slim" "$worker"; do
+images=("$slim" "$worker")
+[ "$overlay" = base ] || images+=("$base")  # the etcd stand-in runs in it
+for image in "${images[@]}"; do
   podman image exists "$image" || die "no image $image (run without --no-build)"
 done
 
 # --- the render ------------------------------------------------------------------------------
-kubectl kustomize "$root/deploy/k8s/base" >"$work/render.yaml"
+kubectl kustomize "$kdir" >"$work/render.yaml"
+if [ "$overlay" = replicated ]; then
+  # The CURVE Secrets, as the README makes them (make-curve-secrets.sh), with the slim
+  # image's onlineps_ps_cli for curve-keygen (the key directory mounted at its own path).
+  cat >"$work/onlineps_ps_cli" <<EOF
+#!/bin/sh
+d=\$(dirname "\$2")
+exec podman run --rm --network none --user 0 -v "\$d:\$d" --entrypoint /usr/local/bin/onlineps_ps_cli $slim "\$@"
+EOF
+  chmod 0755 "$work/onlineps_ps_cli"
+  ONLINEPS_PS_CLI=$work/onlineps_ps_cli "$root/deploy/k8s/make-curve-secrets.sh" -o "$work/curve-secrets.yaml" 2>"$work/out" ||
+    { cat "$work/out" >&2; die "make-curve-secrets.sh"; }
+  cat "$work/curve-secrets.yaml" >>"$work/render.yaml"
+fi
 python3 "$root/deploy/test/podspec.py" "$work/render.yaml" "$work/pods"
 mapfile -t pod_lines <"$work/pods/pods"
-say "render of deploy/k8s/base: ${#pod_lines[@]} pods: $(cut -d' ' -f1 "$work/pods/pods" | tr '\n' ' ')"
+say "render of ${kdir#"$root"/}: ${#pod_lines[@]} pods: $(cut -d' ' -f1 "$work/pods/pods" | tr '\n' ' ')"
 
-# The Secret onlineps-mcp-tokens (created out of band for the base): a token of this run.
+# The Secret onlineps-mcp-tokens (created out of band, like the CURVE ones): a token of
+# this run. podspec.py wrote the Secrets of the render (the CURVE ones) beside it.
 token=run-pods-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-mkdir -p "$work/secrets/onlineps-mcp-tokens"
-echo "run-pods $token" >"$work/secrets/onlineps-mcp-tokens/tokens"
-chgrp -R 10001 "$work/secrets"           # fsGroup 10001, defaultMode 0440
-chmod 0750 "$work" "$work/secrets" "$work/secrets/onlineps-mcp-tokens"
-chmod 0440 "$work/secrets/onlineps-mcp-tokens/tokens"
+secrets_dir=$work/pods/secrets
+mkdir -p "$secrets_dir/onlineps-mcp-tokens"
+echo "run-pods $token" >"$secrets_dir/onlineps-mcp-tokens/tokens"
+chgrp -R 10001 "$secrets_dir"           # fsGroup 10001, defaultMode 0440
+chmod 0750 "$work" "$work/pods" "$secrets_dir" "$secrets_dir"/*
+chmod 0440 "$secrets_dir"/*/*
 
 podman network exists "$net" || podman network create --label "$label" "$net" >/dev/null
 
@@ -157,7 +193,9 @@ k8s_cpus() { case $1 in *m) echo "$((${1%m} / 1000)).$(printf '%03d' $((${1%m} %
 image="" command_set=0 aliases=() admin_port="" grace=30 prestop=() run_as="" read_only=0
 drop_all=0 cpu_limit="" memory_limit="" tmpfs=() claims=() secrets=()
 startupProbe_path="" startupProbe_port="" startupProbe_period=10 startupProbe_failures=3
+livenessProbe_path="" readinessProbe_path=""
 spec() {  # POD: load the pod's spec.sh into this shell
+  livenessProbe_path="" readinessProbe_path="" prestop=() tmpfs=() claims=() secrets=()
   # shellcheck source=/dev/null
   source "$work/pods/$1/spec.sh"
 }
@@ -182,9 +220,17 @@ start_pod() {  # POD
     copts+=(-v "onlineps-test-${m%%:*}:${m#*:}:U")  # :U like fsGroup: the volume is the user's
   done
   for m in "${secrets[@]}"; do
-    [ -d "$work/secrets/${m%%:*}" ] || die "$pod mounts Secret ${m%%:*}, which this test does not make"
-    copts+=(-v "$work/secrets/${m%%:*}:${m#*:}:ro")
+    [ -d "$secrets_dir/${m%%:*}" ] || die "$pod mounts Secret ${m%%:*}, which this test does not make"
+    copts+=(-v "$secrets_dir/${m%%:*}:${m#*:}:ro")
   done
+  case $image in
+    gcr.io/etcd-development/etcd:*)
+      # Stand-in for the etcd image (not pulled here): the host's etcd binary, mounted
+      # where the image has it, in the base image; same command, env, user and probes.
+      image=$base
+      copts+=(-v "$etcd_bin:/usr/local/bin/etcd:ro" -v "$(dirname "$etcd_bin")/etcdctl:/usr/local/bin/etcdctl:ro")
+      ;;
+  esac
   local argv
   mapfile -d '' -t argv <"$work/pods/$pod/argv"
   if [ "$command_set" -eq 1 ]; then
@@ -215,11 +261,13 @@ wait_startup() {  # POD: the startup probe, with the kubelet's budget (period x 
   done
 }
 
-check_probes() {  # POD: /livez /readyz /healthz 200 on the admin port, as the kubelet asks them
-  local pod=$1 ip path code deadline=$((SECONDS + 60))
+check_probes() {  # POD: liveness and readiness (onlineps: /livez /readyz, and /healthz) 200
+  local pod=$1 ip path code deadline=$((SECONDS + 60)) paths
   spec "$pod"
   ip=$(pod_ip "$pod")
-  for path in /livez /readyz /healthz; do
+  paths=("$livenessProbe_path" "$readinessProbe_path")
+  case $image in gcr.io/etcd-development/*) ;; *) paths+=(/healthz) ;; esac
+  for path in "${paths[@]}"; do
     # Readiness may follow start-up by a few seconds (the bridge finds its workers by DNS
     # every 5 s); the kubelet keeps asking, so does this, for up to a minute.
     until code=$(http_code "http://$ip:$admin_port$path") && [ "$code" = 200 ]; do
@@ -236,7 +284,7 @@ say "started ${#pods[@]} pods on podman network $net"
 for pod in "${pods[@]}"; do wait_startup "$pod"; done
 say "every startup probe passed after $((SECONDS - started)) s"
 for pod in "${pods[@]}"; do check_probes "$pod"; done
-say "/livez /readyz /healthz 200 on every pod's admin port"
+say "/livez /readyz /healthz 200 on every pod's admin port$([ "$overlay" = base ] || echo " (etcd: its liveness and readiness /health)")"
 
 # --- MCP through the bridge, as a client of the Service onlineps-mcp-bridge -------------------
 bridge=$(grep ' mcp-bridge$' "$work/pods/pods" | head -n 1 | cut -d' ' -f1)
@@ -276,44 +324,165 @@ if [ "$good" != positive ] || [ "$awful" != negative ]; then
 fi
 say "MCP initialize, 6 learn calls and infer through the bridge: good -> positive, awful -> negative"
 
-# --- SIGKILL a shard; the StatefulSet's replacement restores it from its volume --------------
-ps0=$(grep ' ps$' "$work/pods/pods" | head -n 1 | cut -d' ' -f1)
-ps1=$(grep ' ps$' "$work/pods/pods" | sed -n 2p | cut -d' ' -f1)
-cli() { podman exec "$(ctr "$ps1")" /usr/local/bin/onlineps_ps_cli --log-level warn "$@"; }
-podman exec "$(ctr "$ps0")" /usr/local/bin/onlineps_ps_cli checkpoint >"$work/out" 2>&1 ||
-  { cat "$work/out" >&2; fail_pod "$ps0" "onlineps_ps_cli checkpoint (kubectl exec in the README)"; }
+# --- the shards as onlineps_ps_cli sees them --------------------------------------------------
+mapfile -t ps_pods < <(grep ' ps$' "$work/pods/pods" | cut -d' ' -f1)
+ps0=${ps_pods[0]} ps1=${ps_pods[1]}
+cli_pod=$ps1 cli_env=()
+if [ "$overlay" = replicated ]; then
+  # Replicas per shard (the pod annotation, given to the start script by the downward API).
+  R=$(sed -n 's/^PS_REPLICAS_PER_SHARD=//p' "$work/pods/$ps0/env")
+  cli_pod=${ps_pods[R]}  # a replica of shard 1: shard 0's are killed below
+  # With CURVE the shards admit their own key (replicas connect with it): the CLI in a PS
+  # pod uses the pod's certificate (ONLINEPS_CURVE_CERT) and its public key as the server's.
+  grep -q '^ONLINEPS_CURVE_CERT=' "$work/pods/$cli_pod/env" &&
+    cli_env=(-e "ONLINEPS_CURVE_SERVER_KEY=$(sed -n 's/^ONLINEPS_CURVE_CERT=//p' "$work/pods/$cli_pod/env")")
+fi
+cli() { podman exec "${cli_env[@]}" "$(ctr "$cli_pod")" /usr/local/bin/onlineps_ps_cli --log-level warn "$@"; }
 state() {  # the model as the shards hold it: rows and versions per shard, the dense values
   cli info --table text/embed | grep -oE '^shard [0-9]+|(elements|rows|version)=[0-9]+' &&
     cli pull --table text/out.weight && cli pull --table text/out.bias
 }
-state >"$work/before" 2>&1 || { cat "$work/before" >&2; fail_pod "$ps1" "onlineps_ps_cli info/pull"; }
-grep -q 'rows=[1-9]' "$work/before" || { cat "$work/before" >&2; die "text/embed has no rows after learning"; }
-podman kill -s KILL "$(ctr "$ps0")" >/dev/null
-podman wait "$(ctr "$ps0")" >/dev/null || true
-code=$(podman inspect -f '{{.State.ExitCode}}' "$(ctr "$ps0")")
-[ "$code" = 137 ] || fail_pod "$ps0" "SIGKILL: exit code $code, expected 137"
-podman pod rm -f -t 0 "$ps0" >/dev/null
-say "$ps0 killed with SIGKILL (exit 137) after a checkpoint; starting its replacement on the same volume"
-started=$SECONDS
-start_pod "$ps0"
-wait_startup "$ps0"
-check_probes "$ps0"
-podman logs "$(ctr "$ps0")" 2>&1 | grep -q 'restored [1-9][0-9]* table(s) from' ||
-  fail_pod "$ps0" "no 'restored N table(s)' in the replacement's log"
-say "$ps0 restored ($(podman logs "$(ctr "$ps0")" 2>&1 | grep -o 'restored [0-9]* table(s)' | head -n 1)), /readyz 200 after $((SECONDS - started)) s"
-state >"$work/after" 2>&1 || { cat "$work/after" >&2; fail_pod "$ps0" "onlineps_ps_cli info/pull after the restore"; }
-if ! diff -u "$work/before" "$work/after" >"$work/diff"; then
-  head -n 40 "$work/diff" >&2
-  fail_pod "$ps0" "tables differ from those checkpointed before the kill"
+
+if [ "$overlay" = base ]; then
+  # --- SIGKILL a shard; the StatefulSet's replacement restores it from its volume ------------
+  podman exec "$(ctr "$ps0")" /usr/local/bin/onlineps_ps_cli checkpoint >"$work/out" 2>&1 ||
+    { cat "$work/out" >&2; fail_pod "$ps0" "onlineps_ps_cli checkpoint (kubectl exec in the README)"; }
+  state >"$work/before" 2>&1 || { cat "$work/before" >&2; fail_pod "$ps1" "onlineps_ps_cli info/pull"; }
+  grep -q 'rows=[1-9]' "$work/before" || { cat "$work/before" >&2; die "text/embed has no rows after learning"; }
+  podman kill -s KILL "$(ctr "$ps0")" >/dev/null
+  podman wait "$(ctr "$ps0")" >/dev/null || true
+  code=$(podman inspect -f '{{.State.ExitCode}}' "$(ctr "$ps0")")
+  [ "$code" = 137 ] || fail_pod "$ps0" "SIGKILL: exit code $code, expected 137"
+  podman pod rm -f -t 0 "$ps0" >/dev/null
+  say "$ps0 killed with SIGKILL (exit 137) after a checkpoint; starting its replacement on the same volume"
+  started=$SECONDS
+  start_pod "$ps0"
+  wait_startup "$ps0"
+  check_probes "$ps0"
+  podman logs "$(ctr "$ps0")" 2>&1 | grep -q 'restored [1-9][0-9]* table(s) from' ||
+    fail_pod "$ps0" "no 'restored N table(s)' in the replacement's log"
+  say "$ps0 restored ($(podman logs "$(ctr "$ps0")" 2>&1 | grep -o 'restored [0-9]* table(s)' | head -n 1)), /readyz 200 after $((SECONDS - started)) s"
+  state >"$work/after" 2>&1 || { cat "$work/after" >&2; fail_pod "$ps0" "onlineps_ps_cli info/pull after the restore"; }
+  if ! diff -u "$work/before" "$work/after" >"$work/diff"; then
+    head -n 40 "$work/diff" >&2
+    fail_pod "$ps0" "tables differ from those checkpointed before the kill"
+  fi
+  say "tables after the restore are those checkpointed before the kill ($(wc -l <"$work/before") lines of info text/embed, pull text/out.*)"
+  deadline=$((SECONDS + 60))  # workers reconnect to the new pod; the bridge retries once
+  until [ "$(infer_label good 2>/dev/null)" = positive ]; do
+    [ "$SECONDS" -lt "$deadline" ] || fail_pod "$ps0" "infer 'good' after the restore is not positive"
+    sleep 2
+  done
+  learn_all || fail_pod "$ps0" "learn after the restore (tables missing on the shard?)"
+  say "infer after the restore still gives the learned label; learn works again"
 fi
-say "tables after the restore are those checkpointed before the kill ($(wc -l <"$work/before") lines of info text/embed, pull text/out.*)"
-deadline=$((SECONDS + 60))  # workers reconnect to the new pod; the bridge retries once
-until [ "$(infer_label good 2>/dev/null)" = positive ]; do
-  [ "$SECONDS" -lt "$deadline" ] || fail_pod "$ps0" "infer 'good' after the restore is not positive"
-  sleep 2
-done
-learn_all || fail_pod "$ps0" "learn after the restore (tables missing on the shard?)"
-say "infer after the restore still gives the learned label; learn works again"
+
+if [ "$overlay" = replicated ]; then
+  # --- replicated shards: elections in etcd, SIGKILL of a primary, rejoin ----------------------
+  metric() {  # POD SERIES: the value of SERIES on the pod's /metrics (empty if not there)
+    local ip
+    spec "$1"
+    ip=$(pod_ip "$1" 2>/dev/null) && [ -n "$ip" ] || return 0
+    curl -s -m 2 "http://$ip:$admin_port/metrics" 2>/dev/null |
+      awk -v s="$2" 'substr($0, 1, length(s) + 1) == s " " { print $2 + 0; exit }' || true
+  }
+  m_primary='onlineps_ps_replica{field="primary"}' m_isr='onlineps_ps_replica{field="isr_size"}'
+  m_insync='onlineps_ps_replica{field="in_sync_backups"}' m_lsn='onlineps_ps_replica{field="lsn"}'
+  now_ms() { date +%s%3N; }
+  shard_primary() {  # SHARD: the one replica of the shard that reports itself primary
+    local i pod found=""
+    for ((i = 0; i < R; i++)); do
+      pod=${ps_pods[$1 * R + i]}
+      if [ "$(metric "$pod" "$m_primary")" = 1 ]; then
+        [ -z "$found" ] || return 1
+        found=$pod
+      fi
+    done
+    [ -n "$found" ] && echo "$found"
+  }
+  wait_in_sync() {  # SHARD SECONDS: one primary, every replica in its ISR; prints the primary
+    local p deadline=$((SECONDS + $2))
+    until p=$(shard_primary "$1") && [ "$(metric "$p" "$m_isr")" = "$R" ] &&
+      [ "$(metric "$p" "$m_insync")" = "$((R - 1))" ]; do
+      [ "$SECONDS" -lt "$deadline" ] || return 1
+      sleep 0.5
+    done
+    echo "$p"
+  }
+  shards=$((${#ps_pods[@]} / R))
+  for ((s = 0; s < shards; s++)); do
+    p=$(wait_in_sync "$s" 60) || { for q in "${ps_pods[@]:s*R:R}"; do show_logs "$q" 15; done
+      die "shard $s: no primary with all $R replicas in sync within 60 s"; }
+    say "shard $s: primary $p, isr_size $R (in_sync_backups $((R - 1))) on its /metrics"
+  done
+  etcd_pod=$(grep ' etcd$' "$work/pods/pods" | head -n 1 | cut -d' ' -f1)
+  prefix=$(sed -n 's/^ONLINEPS_ETCD_PREFIX=//p' "$work/pods/$ps0/env")
+  # etcdctl in the etcd pod, as the README's `kubectl exec onlineps-etcd-0 -- etcdctl ...`
+  if keys=$(podman exec -e ETCDCTL_API=3 "$(ctr "$etcd_pod")" /usr/local/bin/etcdctl get --prefix --keys-only "$prefix" 2>&1); then
+    say "etcd keys under $prefix: $(grep -c . <<<"$keys") ($(grep -v '^$' <<<"$keys" | sed "s|^$prefix/||" | tr '\n' ' '))"
+  else
+    echo "$keys" >&2
+    die "etcdctl get --prefix $prefix on $etcd_pod"
+  fi
+
+  state >"$work/before" 2>&1 || { cat "$work/before" >&2; fail_pod "$cli_pod" "onlineps_ps_cli info/pull"; }
+  grep -q 'rows=[1-9]' "$work/before" || { cat "$work/before" >&2; die "text/embed has no rows after learning"; }
+  old=$(shard_primary 0) || die "shard 0 has no single primary"
+  for q in "${ps_pods[@]:0:R}"; do [ "$q" = "$old" ] || backup=$q; done
+  podman kill -s KILL "$(ctr "$old")" >/dev/null
+  killed_ms=$(now_ms)
+  podman wait "$(ctr "$old")" >/dev/null || true
+  code=$(podman inspect -f '{{.State.ExitCode}}' "$(ctr "$old")")
+  [ "$code" = 137 ] || fail_pod "$old" "SIGKILL: exit code $code, expected 137"
+  until [ "$(metric "$backup" "$m_primary")" = 1 ]; do
+    [ $(($(now_ms) - killed_ms)) -lt 30000 ] || fail_pod "$backup" "not primary 30 s after $old was SIGKILLed"
+    sleep 0.1
+  done
+  took_over=$(($(now_ms) - killed_ms))
+  until [ "$(infer_label good 2>/dev/null)" = positive ]; do
+    [ $(($(now_ms) - killed_ms)) -lt 60000 ] || fail_pod "$backup" "infer 'good' is not positive 60 s after the failover"
+    sleep 0.2
+  done
+  served=$(($(now_ms) - killed_ms))
+  say "$old (shard 0's primary) SIGKILLed (exit 137): $backup primary on its /metrics after" \
+    "$((took_over / 1000)).$(printf '%03d' $((took_over % 1000))) s (lease $(sed -n 's/^ONLINEPS_REPLICA_LEASE_MS=//p' "$work/pods/$ps0/env") ms," \
+    "metrics refreshed every 1 s); MCP infer gives the learned label after $((served / 1000)).$(printf '%03d' $((served % 1000))) s"
+  state >"$work/after" 2>&1 || { cat "$work/after" >&2; fail_pod "$backup" "onlineps_ps_cli info/pull after the failover"; }
+  # Every acknowledged push was on the backup (sync replication, both in the ISR): no
+  # version or row count may go back; nothing was pushed in between, so expect the same.
+  paste -d' ' <(grep -oE '(rows|version)=[0-9]+' "$work/before") <(grep -oE '(rows|version)=[0-9]+' "$work/after") |
+    awk -F'[= ]' '$1 != $3 || $4 < $2 { bad = 1; print "  " $0 } END { exit bad }' >"$work/diff" ||
+    { cat "$work/diff" >&2; fail_pod "$backup" "text/embed went back after the failover (before -> after)"; }
+  if diff -u "$work/before" "$work/after" >"$work/diff"; then
+    say "tables after the failover are those before the kill (versions, rows, text/out.* values)"
+  else
+    say "tables after the failover moved on, none went back: $(grep -c '^+[^+]' "$work/diff") line(s) differ"
+  fi
+  learn_all || fail_pod "$backup" "learn after the failover"
+  if [ "$(infer_label good)" != positive ] || [ "$(infer_label awful)" != negative ]; then
+    fail_pod "$backup" "infer after learning on the new primary"
+  fi
+  say "learn through MCP works on the new primary; infer: good -> positive, awful -> negative"
+
+  # The StatefulSet's replacement of the killed pod, on its volume: it must come back as a
+  # backup of the new primary and be taken back into the ISR.
+  podman pod rm -f -t 0 "$old" >/dev/null
+  started_ms=$(now_ms)
+  start_pod "$old"
+  wait_startup "$old"
+  check_probes "$old"
+  p=$(wait_in_sync 0 60) || { show_logs "$old"; show_logs "$backup"; die "$old did not rejoin shard 0's ISR within 60 s"; }
+  [ "$p" = "$backup" ] || fail_pod "$old" "primary of shard 0 is $p after the rejoin, expected $backup to stay"
+  rejoined=$(($(now_ms) - started_ms))
+  learn_all || fail_pod "$backup" "learn after the rejoin"
+  deadline=$((SECONDS + 15))
+  until [ "$(metric "$old" "$m_lsn")" = "$(metric "$backup" "$m_lsn")" ]; do
+    [ "$SECONDS" -lt "$deadline" ] || fail_pod "$old" "log position $(metric "$old" "$m_lsn") not the primary's $(metric "$backup" "$m_lsn") 15 s after learning"
+    sleep 0.5
+  done
+  say "$old restarted on its volume: backup (primary 0), isr_size $R and in_sync_backups $((R - 1)) on $backup" \
+    "$((rejoined / 1000)).$(printf '%03d' $((rejoined % 1000))) s after its start; after 6 more learn calls its lsn is the primary's ($(metric "$old" "$m_lsn"))"
+fi
 
 # --- SIGTERM: preStop, then SIGTERM through tini, as the kubelet stops a pod ------------------
 stop_pod() {  # POD: preStop hook, SIGTERM, then SIGKILL after the grace period
@@ -324,7 +493,9 @@ stop_pod() {  # POD: preStop hook, SIGTERM, then SIGKILL after the grace period
   code=$(podman inspect -f '{{.State.ExitCode}}' "$(ctr "$pod")")
   [ "$code" = 0 ] || fail_pod "$pod" "exit code $code after SIGTERM (expected 0: drained)"
 }
-for line in "${pod_lines[@]}"; do
+# etcd last: a SIGTERMed primary hands its shard over through etcd.
+mapfile -t stop_lines < <(grep -v ' etcd$' "$work/pods/pods"; grep ' etcd$' "$work/pods/pods" || true)
+for line in "${stop_lines[@]}"; do
   pod=${line%% *}
   started=$SECONDS
   stop_pod "$pod"
@@ -334,8 +505,10 @@ for line in "${pod_lines[@]}"; do
       fail_pod "$pod" "no final checkpoint logged after 'signal 15: draining'"
     grep -q 'shard [0-9]*/[0-9]* stopped' <<<"$logs" || fail_pod "$pod" "no 'shard i/N stopped' after the drain"
     say "$pod: SIGTERM -> drained, final checkpoint written, exit 0 ($((SECONDS - started)) s with preStop)"
+  elif [ "${line#* }" = etcd ]; then
+    say "$pod: SIGTERM -> exit 0 ($((SECONDS - started)) s)"
   else
     say "$pod: SIGTERM -> exit 0 ($((SECONDS - started)) s with preStop)"
   fi
 done
-say "PASS (${SECONDS} s)"
+say "PASS ($overlay, ${SECONDS} s)"
