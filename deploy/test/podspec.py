@@ -158,7 +158,7 @@ def pod_spec(w, c, pod, services):
         elif v is not None and "secret" in v:
             for item in v["secret"].get("items", []):
                 if item["path"] != item["key"]:
-                    fail(f"pod {pod['name']}: Secret item {item} (path other than its key) not handled")
+                    fail(f"pod {pod['name']}: Secret item {item} (a path other than its key)")
             secret_mounts.append(f"{v['secret']['secretName']}:{m['mountPath']}")
         else:
             fail(f"pod {pod['name']}: volume {m['name']} is neither a claim, an emptyDir nor a Secret")

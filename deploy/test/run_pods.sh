@@ -471,6 +471,7 @@ if [ "$overlay" = replicated ]; then
   start_pod "$old"
   wait_startup "$old"
   check_probes "$old"
+  ready=$(($(now_ms) - started_ms))
   p=$(wait_in_sync 0 60) || { show_logs "$old"; show_logs "$backup"; die "$old did not rejoin shard 0's ISR within 60 s"; }
   [ "$p" = "$backup" ] || fail_pod "$old" "primary of shard 0 is $p after the rejoin, expected $backup to stay"
   rejoined=$(($(now_ms) - started_ms))
@@ -481,7 +482,7 @@ if [ "$overlay" = replicated ]; then
     sleep 0.5
   done
   say "$old restarted on its volume: backup (primary 0), isr_size $R and in_sync_backups $((R - 1)) on $backup" \
-    "$((rejoined / 1000)).$(printf '%03d' $((rejoined % 1000))) s after its start; after 6 more learn calls its lsn is the primary's ($(metric "$old" "$m_lsn"))"
+    "$((rejoined / 1000)).$(printf '%03d' $((rejoined % 1000))) s after its start (/readyz 200 after $((ready / 1000)).$(printf '%03d' $((ready % 1000))) s); after 6 more learn calls its lsn is the primary's ($(metric "$old" "$m_lsn"))"
 fi
 
 # --- SIGTERM: preStop, then SIGTERM through tini, as the kubelet stops a pod ------------------
