@@ -1,23 +1,23 @@
 # gnuplot script written by experiments/run.py; run: gnuplot e2_relative_updates.gp
 $r0 << EOD
-# sgd: s relative sd
+# sgd: s relative ci95
 0 1 0
-2 1.11746 0.149476
-4 1.44921 0.370583
-8 1.71111 0.544324
-16 3.36667 0.22872
+2 1.11746 0.37135
+4 1.44921 0.920654
+8 1.71111 1.35229
+16 3.36667 0.568218
 EOD
 $r1 << EOD
-# adam: s relative sd
+# adam: s relative ci95
 0 1 0
-2 1.86667 0.340343
-4 3.63333 0.202073
-8 6.06667 0.791096
-16 13.4333 1.83394
+2 1.86667 0.845527
+4 3.63333 0.502017
+8 6.06667 1.96535
+16 13.4333 4.55613
 EOD
 set terminal pngcairo noenhanced size 1100,500 font ',10'
 set output 'e2_relative_updates.png'
-set multiplot layout 1,1 title 'E2: updates to reach the target, relative to s = 0 (points missing: target not reached)'
+set multiplot layout 1,1 title 'E2: updates to reach the target, relative to s = 0 (points missing: target not reached); mean over seeds, error bars: 95% CI of the mean over 3 seeds (t)'
 set grid
 set xlabel 'staleness s (fixed)'
 set ylabel 'updates(s) / updates(0)'
@@ -29,7 +29,7 @@ unset multiplot
 set output
 set terminal svg noenhanced size 1100,500 font ',10'
 set output 'e2_relative_updates.svg'
-set multiplot layout 1,1 title 'E2: updates to reach the target, relative to s = 0 (points missing: target not reached)'
+set multiplot layout 1,1 title 'E2: updates to reach the target, relative to s = 0 (points missing: target not reached); mean over seeds, error bars: 95% CI of the mean over 3 seeds (t)'
 set grid
 set xlabel 'staleness s (fixed)'
 set ylabel 'updates(s) / updates(0)'
