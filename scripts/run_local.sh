@@ -65,17 +65,29 @@ etcd_pid=""
 started() {
   pids+=("$!") names+=("$1") logs+=("$2")
 }
-# Every process started so far still runs; else name the first that exited, show the
-# end of its log (the cause, e.g. "Address already in use"), and stop the cluster.
+# fail WHAT LOG: says WHAT happened, shows the end of LOG (the process's own words), and
+# stops the cluster.
+fail() {
+  echo "run_local: $1; the last lines of $2:" >&2
+  tail -n 15 "$2" | sed 's/^/    /' >&2
+  exit 1
+}
+# Every process started so far still runs; else name the first that exited (the cause,
+# e.g. "Address already in use", is at the end of its log).
 check_alive() {
   local k
   for k in "${!pids[@]}"; do
-    if ! kill -0 "${pids[$k]}" 2>/dev/null; then
-      echo "run_local: ${names[$k]} exited; the last lines of ${logs[$k]}:" >&2
-      tail -n 15 "${logs[$k]}" | sed 's/^/    /' >&2
-      exit 1
-    fi
+    kill -0 "${pids[$k]}" 2>/dev/null || fail "${names[$k]} exited" "${logs[$k]}"
   done
+}
+# wait_listening K: process K prints LISTENING once bound, within 10 s.
+wait_listening() {
+  for _ in $(seq 100); do
+    grep -q '^LISTENING' "${logs[$1]}" 2>/dev/null && return 0
+    check_alive
+    sleep 0.1
+  done
+  fail "${names[$1]} did not start listening in 10 s" "${logs[$1]}"
 }
 cleanup() {
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
@@ -100,11 +112,8 @@ if [ "$replicas" -gt 1 ]; then
     curl -sf -X POST "$etcd_url/v3/kv/range" -d '{"key":"AA=="}' >/dev/null 2>&1 && break
     sleep 0.1
   done
-  if ! curl -sf -X POST "$etcd_url/v3/kv/range" -d '{"key":"AA=="}' >/dev/null 2>&1; then
-    echo "run_local: etcd did not start on $etcd_url:" >&2
-    tail -5 "$data/etcd.out" >&2
-    exit 1
-  fi
+  curl -sf -X POST "$etcd_url/v3/kv/range" -d '{"key":"AA=="}' >/dev/null 2>&1 ||
+    fail "etcd did not start on $etcd_url" "$data/etcd.out"
   echo "run_local: etcd on $etcd_url (replica membership and elections)"
   replica_flags=(--etcd "$etcd_url" --replica-lease-ms 2000)
 fi
@@ -129,18 +138,7 @@ for ((i = 0; i < shards; i++)); do
 done
 # Each shard prints LISTENING once bound: a taken port or a bad checkpoint shows here,
 # with the shard's own words, not later as a worker that cannot reach it.
-for k in "${!pids[@]}"; do
-  for _ in $(seq 100); do
-    grep -q '^LISTENING' "${logs[$k]}" 2>/dev/null && break
-    check_alive
-    sleep 0.1
-  done
-  if ! grep -q '^LISTENING' "${logs[$k]}" 2>/dev/null; then
-    echo "run_local: ${names[$k]} did not start listening in 10 s; the last lines of ${logs[$k]}:" >&2
-    tail -n 15 "${logs[$k]}" | sed 's/^/    /' >&2
-    exit 1
-  fi
-done
+for k in "${!pids[@]}"; do wait_listening "$k"; done
 list=$(IFS=,; echo "${endpoints[*]}")
 echo "run_local: $shards shard(s) x $replicas replica(s) on $list"
 for ((i = 0; i < shards; i++)); do
@@ -163,23 +161,14 @@ for j in "${!workers_list[@]}"; do
     check_alive
     sleep 0.2
   done
-  if [ "$ok" = 0 ]; then
-    echo "run_local: worker $j did not answer in 20 s; the last lines of $data/worker-$j.out:" >&2
-    tail -n 15 "$data/worker-$j.out" | sed 's/^/    /' >&2
-    exit 1
-  fi
+  [ "$ok" = 1 ] || fail "worker $j did not answer in 20 s" "$data/worker-$j.out"
 done
 echo "run_local: $workers worker(s) ($model model, $optimizer, $staleness) on ${workers_list[*]}"
 "$bin/onlineps_mcp_bridge" --workers "$(IFS=,; echo "${workers_list[*]}")" --port "$mcp_port" \
   --admin-port $((base_port + 401)) --log-level warn >"$data/bridge.out" 2>&1 &
 started "the MCP bridge (port $mcp_port)" "$data/bridge.out"
 mcp_url="http://127.0.0.1:$mcp_port/mcp"
-for _ in $(seq 100); do
-  grep -q '^LISTENING' "$data/bridge.out" 2>/dev/null && break
-  check_alive
-  sleep 0.1
-done
-grep -q '^LISTENING' "$data/bridge.out" || { echo "run_local: the bridge did not start:" >&2; cat "$data/bridge.out" >&2; exit 1; }
+wait_listening $((${#pids[@]} - 1))
 echo "run_local: MCP bridge on $mcp_url (metrics http://127.0.0.1:$((base_port + 401))/metrics)"
 if [ "$model" = text ]; then
   "$root/scripts/mcp_demo.sh" "$mcp_url"
