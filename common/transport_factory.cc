@@ -81,7 +81,7 @@ Status CheckEndpoint(const std::string& endpoint) {
 
 std::unique_ptr<ServerTransport> NewServerTransport(const std::string& endpoint,
                                                     const TransportOptions& options) {
-  if (Status st = CheckTcpPort(endpoint); !st.ok()) {
+  if (Status st = CheckEndpoint(endpoint); !st.ok()) {
     return std::make_unique<InvalidServerTransport>(st);
   }
   switch (FamilyOf(endpoint)) {
@@ -89,7 +89,7 @@ std::unique_ptr<ServerTransport> NewServerTransport(const std::string& endpoint,
       return std::make_unique<ZmqServerTransport>(options);
     case Family::kMem:
       return std::make_unique<MemServerTransport>(options);
-    case Family::kUnknown:
+    case Family::kUnknown:  // refused by CheckEndpoint
       break;
   }
   return std::make_unique<InvalidServerTransport>(BadScheme(endpoint));
@@ -104,10 +104,7 @@ std::unique_ptr<ClientTransport> NewClientTransport(const std::vector<std::strin
   }
   const Family family = FamilyOf(endpoints[0]);
   for (const std::string& endpoint : endpoints) {
-    if (FamilyOf(endpoint) == Family::kUnknown) {
-      return std::make_unique<InvalidClientTransport>(BadScheme(endpoint));
-    }
-    if (Status st = CheckTcpPort(endpoint); !st.ok()) {
+    if (Status st = CheckEndpoint(endpoint); !st.ok()) {
       return std::make_unique<InvalidClientTransport>(st);
     }
     if (FamilyOf(endpoint) != family) {
