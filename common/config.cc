@@ -15,7 +15,6 @@
 namespace onlineps {
 namespace {
 
-constexpr char kEnvPrefix[] = "ONLINEPS_";
 constexpr char kConfigFlag[] = "--config";
 constexpr char kPrintConfigFlag[] = "--print-config";
 
@@ -225,10 +224,12 @@ void AddBuiltinOptions(CLI::App& app) {
 }
 
 // Also captures defaults from bound variables so --help and EffectiveConfig show them.
-void PrepareOptions(CLI::App& app) {
+void PrepareOptions(CLI::App& app, const std::string& env_prefix) {
   for (CLI::Option* opt : app.get_options()) {
     if (IsBuiltin(app, opt) || opt->get_lnames().empty()) continue;
-    if (opt->get_envname().empty()) opt->envname(EnvNameForFlag(opt->get_lnames()[0]));
+    if (opt->get_envname().empty()) {
+      opt->envname(EnvNameForFlag(opt->get_lnames()[0], env_prefix));
+    }
     if (opt->get_default_str().empty()) opt->capture_default_str();
   }
 }
@@ -290,8 +291,8 @@ std::string EffectiveValue(const CLI::Option& opt) {
 
 }  // namespace
 
-std::string EnvNameForFlag(const std::string& long_name) {
-  std::string env = kEnvPrefix;
+std::string EnvNameForFlag(const std::string& long_name, const std::string& env_prefix) {
+  std::string env = env_prefix;
   for (unsigned char c : long_name) env += c == '-' ? '_' : static_cast<char>(std::toupper(c));
   return env;
 }
@@ -345,12 +346,12 @@ std::string UnknownArgument(CLI::App& app, int argc, const char* const* argv) {
 }  // namespace
 
 StatusOr<ParseResult> ParseFlags(CLI::App& app, int argc, const char* const* argv,
-                                 std::ostream& out) {
+                                 std::ostream& out, const std::string& env_prefix) {
   ParseResult result;
   Status file_status;
   try {
     AddBuiltinOptions(app);
-    PrepareOptions(app);
+    PrepareOptions(app, env_prefix);
     result.config_file = FindConfigPath(argc, argv);
     if (!result.config_file.empty()) file_status = ApplyConfigFile(app, result.config_file);
     app.parse(argc, argv);

@@ -25,13 +25,15 @@ struct ParseResult {
 
 // Parses argv into the options the caller already added to `app`.
 // Adds --config FILE and --print-config, names every long option's environment
-// variable (--num-shards -> ONLINEPS_NUM_SHARDS) unless it has one, loads the config
+// variable (--num-shards -> `env_prefix`NUM_SHARDS) unless it has one, loads the config
 // file as option defaults, then lets CLI11 apply env and argv. Help and
 // --print-config text goes to `out`. Never exits the process. Errors:
 // kInvalidArgument (bad flag, value or file line, naming it), kNotFound (no file).
 // Top-level options only; subcommand options get env names from CLI11 as usual.
+// --config keeps ONLINEPS_CONFIG whatever the prefix.
 StatusOr<ParseResult> ParseFlags(CLI::App& app, int argc, const char* const* argv,
-                                 std::ostream& out = std::cout);
+                                 std::ostream& out = std::cout,
+                                 const std::string& env_prefix = "ONLINEPS_");
 
 // The effective value of every long option after ParseFlags, one `key = value` per
 // line in config-file syntax (the output can be fed back with --config).
@@ -43,8 +45,9 @@ Status ParseNamedNumbers(const std::vector<std::string>& items, const std::strin
                          std::map<std::string, double>* out);
 
 // The environment variable ParseFlags gives a long option: "num-shards" ->
-// "ONLINEPS_NUM_SHARDS".
-std::string EnvNameForFlag(const std::string& long_name);
+// "ONLINEPS_NUM_SHARDS" (with the default prefix).
+std::string EnvNameForFlag(const std::string& long_name,
+                           const std::string& env_prefix = "ONLINEPS_");
 
 }  // namespace onlineps
 

@@ -291,12 +291,7 @@ int Main(int argc, char** argv) {
   AddLoggingFlags(app, &log);
   // Env names of its own, ONLINEPS_REPLAY_<FLAG>: a pod's ONLINEPS_PS (the live cluster)
   // or ONLINEPS_SHARDS (an endpoint list, not a count) must never steer an experiment.
-  for (CLI::Option* opt : app.get_options()) {
-    if (opt->get_lnames().empty() || opt->get_lnames()[0] == "help") continue;
-    std::string env = EnvNameForFlag(opt->get_lnames()[0]);
-    opt->envname("ONLINEPS_REPLAY_" + env.substr(std::string("ONLINEPS_").size()));
-  }
-  auto parsed = ParseFlags(app, argc, argv);
+  auto parsed = ParseFlags(app, argc, argv, std::cout, "ONLINEPS_REPLAY_");
   if (!parsed.ok()) {
     std::fprintf(stderr, "onlineps_replay: %s\n", parsed.status().message().c_str());
     return 2;
