@@ -1,5 +1,8 @@
 #include "replay/user_data.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -9,8 +12,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 
@@ -358,91 +363,231 @@ StatusOr<Dataset> LoadCsv(const std::string& name, const std::string& path,
 }
 
 // ---- npz:PATH: a NumPy archive (np.savez / np.savez_compressed) of x, y[, x_test, y_test]
+//
+// Streamed: the zip directory is read from the end of the file, then each array member is
+// read (stored) or inflated (np.savez_compressed) in 64 KiB pieces and converted straight
+// into the float32 rows of its split, so memory holds the dataset's floats and labels, not
+// the archive, its members or a copy in doubles. Zip64 (members or archives over 4 GiB,
+// which NumPy writes for large arrays) is read too.
 
+uint64_t LeN(const unsigned char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
 uint32_t Le32(const std::string& s, size_t at) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data()) + at;
-  return uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24);
+  return static_cast<uint32_t>(LeN(reinterpret_cast<const unsigned char*>(s.data()) + at, 4));
 }
 uint16_t Le16(const std::string& s, size_t at) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data()) + at;
-  return static_cast<uint16_t>(p[0] | (p[1] << 8));
+  return static_cast<uint16_t>(LeN(reinterpret_cast<const unsigned char*>(s.data()) + at, 2));
+}
+uint64_t Le64(const std::string& s, size_t at) {
+  return LeN(reinterpret_cast<const unsigned char*>(s.data()) + at, 8);
 }
 
-// The members of a zip archive by name (stored or deflated), from its central directory.
-StatusOr<std::map<std::string, std::string>> ZipMembers(const std::string& zip,
-                                                        const std::string& path) {
-  if (zip.size() < 22) return DataLoss(path + ": not a zip archive (too short)");
-  size_t eocd = std::string::npos;
-  for (size_t i = zip.size() - 22; i + 1 > 0 && zip.size() - i <= 22 + 65535; --i) {
-    if (Le32(zip, i) == 0x06054b50) {
-      eocd = i;
-      break;
-    }
-    if (i == 0) break;
-  }
-  if (eocd == std::string::npos) return DataLoss(path + ": not a zip archive (no directory)");
-  const size_t entries = Le16(zip, eocd + 10);
-  size_t at = Le32(zip, eocd + 16);
-  std::map<std::string, std::string> out;
-  for (size_t e = 0; e < entries; ++e) {
-    if (at + 46 > zip.size() || Le32(zip, at) != 0x02014b50) {
-      return DataLoss(path + ": zip directory entry " + std::to_string(e) + " is damaged");
-    }
-    const uint16_t method = Le16(zip, at + 10);
-    const uint32_t csize = Le32(zip, at + 20), usize = Le32(zip, at + 24);
-    const size_t name_len = Le16(zip, at + 28), extra = Le16(zip, at + 30),
-                 comment = Le16(zip, at + 32);
-    const size_t local = Le32(zip, at + 42);
-    if (csize == 0xffffffffu || usize == 0xffffffffu || local == 0xffffffffu) {
-      return DataLoss(path + ": zip64 members (over 4 GiB) are not supported");
-    }
-    const std::string name = zip.substr(at + 46, name_len);
-    at += 46 + name_len + extra + comment;
-    if (local + 30 > zip.size() || Le32(zip, local) != 0x04034b50) {
-      return DataLoss(path + ": member " + name + " is damaged");
-    }
-    const size_t data = local + 30 + Le16(zip, local + 26) + Le16(zip, local + 28);
-    if (data + csize > zip.size()) return DataLoss(path + ": member " + name + " is truncated");
-    std::string bytes;
-    if (method == 0) {
-      bytes = zip.substr(data, csize);
-    } else if (method == 8) {
-      bytes.resize(usize);
-      z_stream zs{};
-      if (inflateInit2(&zs, -MAX_WBITS) != Z_OK) return Internal("inflateInit2 failed");
-      zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(zip.data() + data));
-      zs.avail_in = csize;
-      zs.next_out = reinterpret_cast<Bytef*>(bytes.data());
-      zs.avail_out = usize;
-      const int rc = inflate(&zs, Z_FINISH);
-      inflateEnd(&zs);
-      if (rc != Z_STREAM_END || zs.total_out != usize) {
-        return DataLoss(path + ": member " + name + " does not inflate to its size");
-      }
-    } else {
-      return DataLoss(path + ": member " + name + " uses zip method " + std::to_string(method) +
-                      " (np.savez writes 0, np.savez_compressed 8)");
-    }
-    out[name] = std::move(bytes);
+// `n` bytes at `offset` of the file, or DataLoss naming `what` when the file ends first.
+StatusOr<std::string> ReadAt(int fd, uint64_t offset, size_t n, const std::string& what) {
+  std::string out(n, '\0');
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, out.data() + got, n - got, static_cast<off_t>(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return DataLoss(what + ": " + std::strerror(errno));
+    if (r == 0) return DataLoss(what + " is truncated");
+    got += static_cast<size_t>(r);
   }
   return out;
 }
 
-// One .npy array as doubles with its shape. Little-endian f4/f8/i1-i8/u1-u8/b1, C order.
-struct Array {
-  std::vector<size_t> shape;
-  std::vector<double> values;
+struct ZipMember {
+  uint16_t method = 0;  // 0 stored, 8 deflated
+  uint64_t data = 0;    // offset of its bytes in the file
+  uint64_t csize = 0, usize = 0;
 };
 
-StatusOr<Array> ParseNpy(const std::string& npy, const std::string& where) {
-  if (npy.size() < 10 || npy.compare(0, 6, "\x93NUMPY") != 0) {
-    return DataLoss(where + ": not a .npy array");
+// The members of a zip archive by name, from its central directory (zip64 fields read).
+StatusOr<std::map<std::string, ZipMember>> ZipDirectory(int fd, uint64_t size,
+                                                        const std::string& path) {
+  if (size < 22) return DataLoss(path + ": not a zip archive (too short)");
+  const uint64_t tail_at = size - std::min<uint64_t>(size, 22 + 65535 + 20);
+  ONLINEPS_ASSIGN_OR_RETURN(std::string tail, ReadAt(fd, tail_at, size - tail_at, path));
+  size_t eocd = std::string::npos;
+  for (size_t i = tail.size() - 22; i + 1 > 0; --i) {
+    if (Le32(tail, i) == 0x06054b50) {
+      eocd = i;
+      break;
+    }
   }
-  const int major = static_cast<unsigned char>(npy[6]);
-  const size_t len = major == 1 ? Le16(npy, 8) : Le32(npy, 8);
-  const size_t start = (major == 1 ? 10 : 12) + len;
-  if (start > npy.size()) return DataLoss(where + ": truncated .npy header");
-  const std::string header = npy.substr(major == 1 ? 10 : 12, len);
+  if (eocd == std::string::npos) return DataLoss(path + ": not a zip archive (no directory)");
+  uint64_t entries = Le16(tail, eocd + 10), dir_size = Le32(tail, eocd + 12),
+           dir_at = Le32(tail, eocd + 16);
+  if (eocd >= 20 && Le32(tail, eocd - 20) == 0x07064b50) {  // zip64 end-of-directory locator
+    const uint64_t at64 = Le64(tail, eocd - 20 + 8);
+    ONLINEPS_ASSIGN_OR_RETURN(std::string end64, ReadAt(fd, at64, 56, path + ": zip64 directory"));
+    if (Le32(end64, 0) != 0x06064b50) return DataLoss(path + ": zip64 directory is damaged");
+    entries = Le64(end64, 32);
+    dir_size = Le64(end64, 40);
+    dir_at = Le64(end64, 48);
+  }
+  if (dir_at + dir_size > size || entries > dir_size / 46) {
+    return DataLoss(path + ": zip directory is damaged");
+  }
+  ONLINEPS_ASSIGN_OR_RETURN(std::string dir, ReadAt(fd, dir_at, dir_size, path));
+  std::map<std::string, ZipMember> out;
+  size_t at = 0;
+  for (uint64_t e = 0; e < entries; ++e) {
+    if (at + 46 > dir.size() || Le32(dir, at) != 0x02014b50) {
+      return DataLoss(path + ": zip directory entry " + std::to_string(e) + " is damaged");
+    }
+    ZipMember m;
+    m.method = Le16(dir, at + 10);
+    m.csize = Le32(dir, at + 20);
+    m.usize = Le32(dir, at + 24);
+    const size_t name_len = Le16(dir, at + 28), extra_len = Le16(dir, at + 30),
+                 comment = Le16(dir, at + 32);
+    uint64_t local = Le32(dir, at + 42);
+    if (at + 46 + name_len + extra_len > dir.size()) {
+      return DataLoss(path + ": zip directory entry " + std::to_string(e) + " is damaged");
+    }
+    const std::string name = dir.substr(at + 46, name_len);
+    // Zip64: each field saturated at 0xFFFFFFFF is in the 0x0001 extra field, in this order.
+    for (size_t x = at + 46 + name_len; x + 4 <= at + 46 + name_len + extra_len;) {
+      const size_t id = Le16(dir, x), len = Le16(dir, x + 2);
+      if (id == 0x0001) {
+        size_t f = x + 4;
+        for (uint64_t* field : {&m.usize, &m.csize, &local}) {
+          if (*field != 0xFFFFFFFF) continue;
+          if (f + 8 > x + 4 + len) return DataLoss(path + ": member " + name + ": bad zip64 field");
+          *field = Le64(dir, f);
+          f += 8;
+        }
+      }
+      x += 4 + len;
+    }
+    ONLINEPS_ASSIGN_OR_RETURN(std::string head, ReadAt(fd, local, 30, path + ": member " + name));
+    if (Le32(head, 0) != 0x04034b50) return DataLoss(path + ": member " + name + " is damaged");
+    m.data = local + 30 + Le16(head, 26) + Le16(head, 28);
+    if (m.data + m.csize > size) return DataLoss(path + ": member " + name + " is truncated");
+    if (m.method != 0 && m.method != 8) {
+      return DataLoss(path + ": member " + name + " uses zip method " + std::to_string(m.method) +
+                      " (stored and deflated are read)");
+    }
+    out[name] = m;
+    at += 46 + name_len + extra_len + comment;
+  }
+  return out;
+}
+
+// A member's bytes in order, read from the file (stored) or inflated as they are read.
+class MemberReader {
+ public:
+  MemberReader(int fd, const ZipMember& m, std::string where)
+      : fd_(fd), m_(m), where_(std::move(where)) {}
+  ~MemberReader() {
+    if (inflating_) inflateEnd(&zs_);
+  }
+  MemberReader(const MemberReader&) = delete;  // zlib's state points back at zs_
+  MemberReader& operator=(const MemberReader&) = delete;
+
+  uint64_t left() const { return m_.usize - out_; }
+
+  // Exactly n bytes into `out`; DataLoss if the member ends or does not inflate first.
+  Status Read(void* out, size_t n) {
+    if (n > left()) return DataLoss(where_ + " is truncated");
+    if (m_.method == 0) {
+      ONLINEPS_ASSIGN_OR_RETURN(std::string bytes, ReadAt(fd_, m_.data + out_, n, where_));
+      std::memcpy(out, bytes.data(), n);
+      out_ += n;
+      return Status::Ok();
+    }
+    if (!inflating_) {
+      if (inflateInit2(&zs_, -MAX_WBITS) != Z_OK) return Internal("inflateInit2 failed");
+      inflating_ = true;
+      in_.resize(64 << 10);
+    }
+    zs_.next_out = static_cast<Bytef*>(out);
+    zs_.avail_out = static_cast<uInt>(n);
+    while (zs_.avail_out > 0) {
+      if (zs_.avail_in == 0) {
+        const uint64_t take = std::min<uint64_t>(in_.size(), m_.csize - in_read_);
+        if (take == 0) return DataLoss(where_ + " does not inflate to its size");
+        ONLINEPS_ASSIGN_OR_RETURN(std::string bytes, ReadAt(fd_, m_.data + in_read_, take, where_));
+        std::memcpy(in_.data(), bytes.data(), take);
+        in_read_ += take;
+        zs_.next_in = reinterpret_cast<Bytef*>(in_.data());
+        zs_.avail_in = static_cast<uInt>(take);
+      }
+      const int rc = inflate(&zs_, Z_NO_FLUSH);
+      if (rc != Z_OK && !(rc == Z_STREAM_END && zs_.avail_out == 0)) {
+        return DataLoss(where_ + " does not inflate to its size");
+      }
+    }
+    out_ += n;
+    return Status::Ok();
+  }
+
+ private:
+  const int fd_;
+  const ZipMember m_;
+  const std::string where_;
+  uint64_t out_ = 0, in_read_ = 0;
+  bool inflating_ = false;
+  z_stream zs_{};
+  std::vector<char> in_;
+};
+
+// An opened .npy member: its shape and dtype, the reader at the first value.
+struct NpyArray {
+  std::vector<size_t> shape;
+  char kind = 'f';  // f, i, u, b
+  size_t width = 4;
+  uint64_t count = 1;
+  std::unique_ptr<MemberReader> reader;
+  std::string where;  // "path:name"
+
+  // The next `n` values as doubles (REQUIRES: n <= 8192 and values remain).
+  Status Next(size_t n, double* out) {
+    char raw[8192 * 8];
+    ONLINEPS_RETURN_IF_ERROR(reader->Read(raw, n * width));
+    const char* p = raw;
+    for (size_t i = 0; i < n; ++i, p += width) {
+      double v = 0;
+      if (kind == 'f' && width == 4) {
+        float f;
+        std::memcpy(&f, p, 4);
+        v = f;
+      } else if (kind == 'f') {
+        std::memcpy(&v, p, 8);
+      } else {
+        uint64_t u = 0;
+        std::memcpy(&u, p, width);  // little-endian host (x86-64, arm64)
+        if (kind == 'i' && width < 8 && (u >> (8 * width - 1)) & 1)
+          u |= ~uint64_t{0} << (8 * width);
+        v = kind == 'i' ? static_cast<double>(static_cast<int64_t>(u)) : static_cast<double>(u);
+      }
+      out[i] = v;
+    }
+    return Status::Ok();
+  }
+};
+
+// Opens member `name`.npy: reads and checks its header (little-endian f4/f8/i1-i8/u1-u8/b1,
+// C order, as many data bytes as the shape says).
+StatusOr<NpyArray> OpenNpy(int fd, const ZipMember& m, const std::string& where) {
+  NpyArray a;
+  a.where = where;
+  a.reader = std::make_unique<MemberReader>(fd, m, where);
+  char magic[12];
+  if (m.usize < 10) return DataLoss(where + ": not a .npy array");
+  ONLINEPS_RETURN_IF_ERROR(a.reader->Read(magic, 10));
+  if (std::memcmp(magic, "\x93NUMPY", 6) != 0) return DataLoss(where + ": not a .npy array");
+  const int major = static_cast<unsigned char>(magic[6]);
+  if (major != 1) ONLINEPS_RETURN_IF_ERROR(a.reader->Read(magic + 10, 2));
+  const std::string fixed(magic, major == 1 ? 10 : 12);
+  const size_t len = major == 1 ? Le16(fixed, 8) : Le32(fixed, 8);
+  if (len > a.reader->left() || len > (1 << 20)) return DataLoss(where + ": truncated .npy header");
+  std::string header(len, '\0');
+  ONLINEPS_RETURN_IF_ERROR(a.reader->Read(header.data(), len));
   auto field = [&](const std::string& key) {
     const size_t k = header.find("'" + key + "'");
     if (k == std::string::npos) return std::string();
@@ -458,120 +603,165 @@ StatusOr<Array> ParseNpy(const std::string& npy, const std::string& where) {
   if (order.find("True") != std::string::npos) {
     return DataLoss(where + ": Fortran-order arrays are not supported (save np.ascontiguousarray)");
   }
-  Array a;
-  size_t count = 1;
   for (size_t i = 0; i < shape.size();) {
     while (i < shape.size() && (shape[i] == ' ' || shape[i] == ',')) ++i;
     if (i >= shape.size()) break;
     a.shape.push_back(std::strtoull(shape.c_str() + i, nullptr, 10));
-    count *= a.shape.back();
+    a.count *= a.shape.back();
     while (i < shape.size() && shape[i] != ',') ++i;
   }
   if (descr.size() < 3 || (descr[0] != '<' && descr[0] != '|')) {
     return DataLoss(where + ": dtype '" + descr + "' (need little-endian numbers)");
   }
-  const char kind = descr[1];
-  const size_t width = std::strtoull(descr.c_str() + 2, nullptr, 10);
-  if (!((kind == 'f' && (width == 4 || width == 8)) ||
-        ((kind == 'i' || kind == 'u') && (width == 1 || width == 2 || width == 4 || width == 8)) ||
-        (kind == 'b' && width == 1))) {
+  a.kind = descr[1];
+  a.width = std::strtoull(descr.c_str() + 2, nullptr, 10);
+  if (!((a.kind == 'f' && (a.width == 4 || a.width == 8)) ||
+        ((a.kind == 'i' || a.kind == 'u') &&
+         (a.width == 1 || a.width == 2 || a.width == 4 || a.width == 8)) ||
+        (a.kind == 'b' && a.width == 1))) {
     return DataLoss(where + ": dtype '" + descr + "' is not a supported number type");
   }
-  if (npy.size() - start != count * width) {
-    return DataLoss(where + ": " + std::to_string(npy.size() - start) + " data bytes for " +
-                    std::to_string(count) + " values of " + std::to_string(width) + " bytes");
-  }
-  a.values.resize(count);
-  const char* p = npy.data() + start;
-  for (size_t i = 0; i < count; ++i, p += width) {
-    double v = 0;
-    if (kind == 'f' && width == 4) {
-      float f;
-      std::memcpy(&f, p, 4);
-      v = f;
-    } else if (kind == 'f') {
-      std::memcpy(&v, p, 8);
-    } else {
-      uint64_t u = 0;
-      std::memcpy(&u, p, width);  // little-endian host (x86-64, arm64)
-      if (kind == 'i' && width < 8 && (u >> (8 * width - 1)) & 1) u |= ~uint64_t{0} << (8 * width);
-      v = kind == 'i' ? static_cast<double>(static_cast<int64_t>(u)) : static_cast<double>(u);
-    }
-    a.values[i] = v;
+  if (a.reader->left() != a.count * a.width) {
+    return DataLoss(where + ": " + std::to_string(a.reader->left()) + " data bytes for " +
+                    std::to_string(a.count) + " values of " + std::to_string(a.width) + " bytes");
   }
   return a;
 }
 
-// x [n, ...] (flattened per row) and y [n] of one split, checked.
-Status NpzSplit(const std::map<std::string, std::string>& members, const std::string& path,
-                const std::string& xname, const std::string& yname, size_t* dim,
-                std::vector<float>* x, std::vector<int64_t>* y) {
+// Where each source row of a split goes: row `row` of train (split 0) or test (1), or
+// nowhere (split -1: beyond --max-train / --max-test).
+struct RowTarget {
+  int split = -1;
+  size_t row = 0;
+};
+
+// One split's arrays x [n, ...] (flattened per row) and y [n], streamed: y is read and
+// checked, then `place(n)` says where each row goes, then x is read row by row into
+// xs[split] / ys[split] (already sized by `place`).
+Status ReadNpzSplit(int fd, const std::map<std::string, ZipMember>& members,
+                    const std::string& path, const std::string& xname, const std::string& yname,
+                    size_t* dim,
+                    const std::function<std::vector<RowTarget>(const std::vector<int64_t>&)>& place,
+                    std::vector<float>* const xs[2], std::vector<int64_t>* const ys[2]) {
   auto xm = members.find(xname + ".npy"), ym = members.find(yname + ".npy");
   if (xm == members.end() || ym == members.end()) {
     return DataLoss(path + ": no array '" + (xm == members.end() ? xname : yname) +
                     "' (np.savez(path, x=..., y=...))");
   }
-  ONLINEPS_ASSIGN_OR_RETURN(Array xa, ParseNpy(xm->second, path + ":" + xname));
-  ONLINEPS_ASSIGN_OR_RETURN(Array ya, ParseNpy(ym->second, path + ":" + yname));
+  ONLINEPS_ASSIGN_OR_RETURN(NpyArray xa, OpenNpy(fd, xm->second, path + ":" + xname));
+  ONLINEPS_ASSIGN_OR_RETURN(NpyArray ya, OpenNpy(fd, ym->second, path + ":" + yname));
   if (xa.shape.size() < 2) return DataLoss(path + ":" + xname + ": need shape [rows, features...]");
   if (ya.shape.size() != 1 || ya.shape[0] != xa.shape[0]) {
     return DataLoss(path + ":" + yname + ": need shape [" + std::to_string(xa.shape[0]) + "]");
   }
-  const size_t n = xa.shape[0], d = xa.values.size() / std::max<size_t>(n, 1);
+  const size_t n = xa.shape[0], d = n == 0 ? 0 : xa.count / n;
   if (*dim != 0 && d != *dim) {
     return DataLoss(path + ":" + xname + ": " + std::to_string(d) + " features per row, x has " +
                     std::to_string(*dim));
   }
+  if (n > 0 && d == 0) return DataLoss(path + ":" + xname + ": rows without features");
   *dim = d;
-  for (size_t i = 0; i < xa.values.size(); ++i) {
-    if (!std::isfinite(xa.values[i])) {
-      return DataLoss(path + ":" + xname + ": row " + std::to_string(i / d) + " feature " +
-                      std::to_string(i % d) + " is NaN or Inf");
+  std::vector<int64_t> labels(n);
+  double buf[8192];
+  for (size_t i = 0; i < n;) {
+    const size_t k = std::min<size_t>(8192, n - i);
+    ONLINEPS_RETURN_IF_ERROR(ya.Next(k, buf));
+    for (size_t j = 0; j < k; ++j, ++i) {
+      const double v = buf[j];
+      if (!(v >= 0 && v <= kMaxIntegerLabel && v == std::floor(v))) {
+        char label[32];
+        std::snprintf(label, sizeof label, "%g", v);
+        return DataLoss(path + ":" + yname + ": row " + std::to_string(i) + " label " + label +
+                        " is not a class in 0.." + std::to_string(kMaxIntegerLabel));
+      }
+      labels[i] = static_cast<int64_t>(v);
     }
-    x->push_back(static_cast<float>(xa.values[i]));
   }
+  const std::vector<RowTarget> targets = place(labels);
   for (size_t i = 0; i < n; ++i) {
-    const double v = ya.values[i];
-    if (!(v >= 0 && v <= kMaxIntegerLabel && v == std::floor(v))) {
-      char label[32];
-      std::snprintf(label, sizeof label, "%g", v);
-      return DataLoss(path + ":" + yname + ": row " + std::to_string(i) + " label " + label +
-                      " is not a class in 0.." + std::to_string(kMaxIntegerLabel));
+    if (targets[i].split >= 0) (*ys[targets[i].split])[targets[i].row] = labels[i];
+  }
+  for (uint64_t i = 0; i < xa.count;) {
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(8192, xa.count - i));
+    ONLINEPS_RETURN_IF_ERROR(xa.Next(k, buf));
+    for (size_t j = 0; j < k; ++j, ++i) {
+      const size_t row = i / d, col = i % d;
+      if (!std::isfinite(buf[j])) {
+        return DataLoss(path + ":" + xname + ": row " + std::to_string(row) + " feature " +
+                        std::to_string(col) + " is NaN or Inf");
+      }
+      const RowTarget& t = targets[row];
+      if (t.split >= 0) (*xs[t.split])[t.row * d + col] = static_cast<float>(buf[j]);
     }
-    y->push_back(static_cast<int64_t>(v));
   }
   return Status::Ok();
 }
 
 StatusOr<Dataset> LoadNpz(const std::string& name, const std::string& path,
                           const DatasetOptions& o) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path + ": " + std::strerror(errno));
-  const std::string zip((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (zip.empty()) return DataLoss(path + ": the file is empty");
-  ONLINEPS_ASSIGN_OR_RETURN(auto members, ZipMembers(zip, path));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NotFound(path + ": " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return DataLoss(path + ": " + std::strerror(errno));
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size == 0) return DataLoss(path + ": the file is empty");
+  ONLINEPS_ASSIGN_OR_RETURN(auto members, ZipDirectory(fd, size, path));
   Dataset ds;
   ds.name = name;
-  ds.files.push_back({path, Sha256Hex(zip.data(), zip.size()), zip.size()});
-  std::vector<float> x;
-  std::vector<int64_t> y;
-  ONLINEPS_RETURN_IF_ERROR(NpzSplit(members, path, "x", "y", &ds.dim, &x, &y));
-  if (y.empty()) return DataLoss(path + ": x has no rows");
+  ONLINEPS_ASSIGN_OR_RETURN(std::string sha, FileSha256(path));
+  ds.files.push_back({path, sha, size});
+  std::vector<float>* const xs[2] = {&ds.train_x, &ds.test_x};
+  std::vector<int64_t>* const ys[2] = {&ds.train_y, &ds.test_y};
   const bool has_test = members.count("x_test.npy") || members.count("y_test.npy");
-  if (has_test) {
-    ONLINEPS_RETURN_IF_ERROR(
-        NpzSplit(members, path, "x_test", "y_test", &ds.dim, &ds.test_x, &ds.test_y));
-    ds.train_x = std::move(x);
-    ds.train_y = std::move(y);
-  } else {
-    if (!(o.test_fraction > 0 && o.test_fraction < 1)) {
-      return InvalidArgument("test_fraction must be in (0, 1)");
+  if (!has_test && !(o.test_fraction > 0 && o.test_fraction < 1)) {
+    return InvalidArgument("test_fraction must be in (0, 1)");
+  }
+  // Row i of x goes to row k of one split: the first --max-train / --max-test rows of
+  // each file (x: train, x_test: test), or the seeded split's order.
+  auto in_order = [&](int split, size_t max) {
+    return [&, split, max](const std::vector<int64_t>& y) {
+      const size_t keep = max == 0 ? y.size() : std::min(max, y.size());
+      std::vector<RowTarget> t(y.size());
+      for (size_t i = 0; i < keep; ++i) t[i] = {split, i};
+      xs[split]->resize(keep * ds.dim);
+      ys[split]->resize(keep);
+      return t;
+    };
+  };
+  auto seeded = [&](const std::vector<int64_t>& y) {
+    const Split split = SeededSplit(y.size(), o);
+    std::vector<RowTarget> t(y.size());
+    for (int s = 0; s < 2; ++s) {
+      const std::vector<size_t>& rows = s == 0 ? split.train : split.test;
+      for (size_t k = 0; k < rows.size(); ++k) t[rows[k]] = {s, k};
+      xs[s]->resize(rows.size() * ds.dim);
+      ys[s]->resize(rows.size());
     }
+    return t;
+  };
+  size_t rows = 0;
+  auto count_rows = [&](auto inner) {
+    return [&, inner](const std::vector<int64_t>& y) {
+      rows = y.size();
+      return inner(y);
+    };
+  };
+  if (has_test) {
+    ONLINEPS_RETURN_IF_ERROR(ReadNpzSplit(fd, members, path, "x", "y", &ds.dim,
+                                          count_rows(in_order(0, o.max_train)), xs, ys));
+    if (rows == 0) return DataLoss(path + ": x has no rows");
+    ONLINEPS_RETURN_IF_ERROR(ReadNpzSplit(fd, members, path, "x_test", "y_test", &ds.dim,
+                                          in_order(1, o.max_test), xs, ys));
+  } else {
+    ONLINEPS_RETURN_IF_ERROR(
+        ReadNpzSplit(fd, members, path, "x", "y", &ds.dim, count_rows(seeded), xs, ys));
+    if (rows == 0) return DataLoss(path + ": x has no rows");
     ds.split_seed = o.split_seed;
     ds.test_fraction = o.test_fraction;
-    const Split split = SeededSplit(y.size(), o);
-    TakeRows(x, y, ds.dim, split.train, &ds.train_x, &ds.train_y);
-    TakeRows(x, y, ds.dim, split.test, &ds.test_x, &ds.test_y);
   }
   int64_t top = 0;
   for (int64_t v : ds.train_y) top = std::max(top, v);
@@ -583,10 +773,6 @@ StatusOr<Dataset> LoadNpz(const std::string& name, const std::string& path,
     }
   }
   for (int64_t c = 0; c <= top; ++c) ds.labels.push_back(std::to_string(c));
-  if (has_test) {  // a seeded split applied the limits itself
-    KeepFirst(o.max_train, ds.dim, &ds.train_x, &ds.train_y);
-    KeepFirst(o.max_test, ds.dim, &ds.test_x, &ds.test_y);
-  }
   Normalize(o.normalize, ds.dim, &ds.train_x, &ds.test_x);
   return ds;
 }

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -621,6 +622,155 @@ TEST(NpzDatasetTest, BadArchivesAreDataLossNamingTheArray) {
   EXPECT_EQ(LoadDataset("npz:" + junk, CsvOptions()).status().code(), StatusCode::kDataLoss);
   EXPECT_EQ(LoadDataset("npz:" + WriteTemp("empty.npz", ""), CsvOptions()).status().code(),
             StatusCode::kDataLoss);
+}
+
+// Peak resident memory of this process (kB) after `/proc/self/clear_refs` reset it to the
+// current RSS; -1 where the kernel has no reset (then the bound below is not checked).
+long ResetPeakKb() {
+  std::ofstream("/proc/self/clear_refs") << "5";
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::atol(line.c_str() + 6);
+  }
+  return -1;
+}
+long PeakKb() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::atol(line.c_str() + 6);
+  }
+  return -1;
+}
+
+// A 32 MiB float32 array: the archive is streamed into the split's rows, so the load's peak
+// memory is about the floats themselves (reading the archive whole, its member, a copy in
+// doubles and the split's copy took ~5x), and each row lands where the seeded split says.
+TEST(NpzDatasetTest, LargeArchivesStreamIntoTheirRowsWithoutCopies) {
+  constexpr size_t kRows = 131072, kDim = 64;  // x[i, j] = i + j, y = i % 3
+  for (bool compressed : {false, true}) {
+    SCOPED_TRACE(compressed ? "savez_compressed" : "savez");
+    const std::string path = WriteNpz(
+        compressed ? "big-c.npz" : "big.npz",
+        "x=(np.arange(" + std::to_string(kRows) + ", dtype=np.float32)[:, None] + np.arange(" +
+            std::to_string(kDim) + ", dtype=np.float32)[None, :]), y=np.arange(" +
+            std::to_string(kRows) + ") % 3",
+        compressed);
+    DatasetOptions o = CsvOptions();
+    o.test_fraction = 0.25;
+    const long before = ResetPeakKb();
+    auto ds = LoadDataset("npz:" + path, o);
+    const long peak = PeakKb();
+    ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+    ASSERT_EQ(ds->dim, kDim);
+    ASSERT_EQ(ds->train_size() + ds->test_size(), kRows);
+    EXPECT_EQ(ds->test_size(), kRows / 4);
+    const Split split = SeededSplit(kRows, o);
+    for (size_t r = 0; r < ds->train_size(); r += 997) {
+      const size_t i = split.train[r];
+      EXPECT_EQ(ds->train_y[r], static_cast<int64_t>(i % 3));
+      EXPECT_EQ(ds->train_x[r * kDim], static_cast<float>(i));
+      EXPECT_EQ(ds->train_x[r * kDim + kDim - 1], static_cast<float>(i + kDim - 1));
+    }
+    for (size_t r = 0; r < ds->test_size(); r += 991) {
+      EXPECT_EQ(ds->test_x[r * kDim + 1], static_cast<float>(split.test[r] + 1));
+    }
+    const long floats_kb = static_cast<long>(kRows * kDim * sizeof(float) / 1024);
+    if (before > 0 && peak > 0) {
+      EXPECT_LE(peak - before, floats_kb * 5 / 4 + 8 * 1024)
+          << "peak grew " << peak - before << " kB for " << floats_kb << " kB of floats";
+    }
+  }
+}
+
+// NumPy writes zip64 records for arrays over 4 GiB: an archive whose directory gives every
+// size and offset in zip64 fields (and a zip64 end record) loads the same as a plain one.
+void PutLe(std::string* out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+
+std::string Zip64Archive(const std::map<std::string, std::string>& members) {
+  std::string zip, dir;
+  for (const auto& [name, data] : members) {
+    const uint64_t local = zip.size();
+    const uint32_t crc = static_cast<uint32_t>(
+        crc32(0, reinterpret_cast<const Bytef*>(data.data()), static_cast<uInt>(data.size())));
+    for (uint64_t v : {0x04034b50ull, 45ull, 0ull, 0ull, 0ull, 0ull})
+      PutLe(&zip, v, v > 0xFFFF ? 4 : 2);
+    PutLe(&zip, crc, 4);
+    PutLe(&zip, data.size(), 4);
+    PutLe(&zip, data.size(), 4);
+    PutLe(&zip, name.size(), 2);
+    PutLe(&zip, 0, 2);
+    zip += name + data;
+    PutLe(&dir, 0x02014b50, 4);
+    for (int v : {45, 45, 0, 0, 0, 0})
+      PutLe(&dir, v, 2);  // made, needed, flags, method, time, date
+    PutLe(&dir, crc, 4);
+    PutLe(&dir, 0xFFFFFFFF, 4);  // compressed size: in the zip64 field
+    PutLe(&dir, 0xFFFFFFFF, 4);  // size: likewise
+    PutLe(&dir, name.size(), 2);
+    PutLe(&dir, 4 + 24, 2);                     // extra: the zip64 field
+    for (int v : {0, 0, 0}) PutLe(&dir, v, 2);  // comment, disk, internal attributes
+    PutLe(&dir, 0, 4);                          // external attributes
+    PutLe(&dir, 0xFFFFFFFF, 4);                 // local header offset: zip64
+    dir += name;
+    PutLe(&dir, 1, 2);
+    PutLe(&dir, 24, 2);
+    PutLe(&dir, data.size(), 8);
+    PutLe(&dir, data.size(), 8);
+    PutLe(&dir, local, 8);
+  }
+  const uint64_t dir_at = zip.size(), end64_at = dir_at + dir.size();
+  zip += dir;
+  PutLe(&zip, 0x06064b50, 4);
+  PutLe(&zip, 44, 8);
+  PutLe(&zip, 45, 2);
+  PutLe(&zip, 45, 2);
+  PutLe(&zip, 0, 4);
+  PutLe(&zip, 0, 4);
+  PutLe(&zip, members.size(), 8);
+  PutLe(&zip, members.size(), 8);
+  PutLe(&zip, dir.size(), 8);
+  PutLe(&zip, dir_at, 8);
+  PutLe(&zip, 0x07064b50, 4);  // the locator
+  PutLe(&zip, 0, 4);
+  PutLe(&zip, end64_at, 8);
+  PutLe(&zip, 1, 4);
+  PutLe(&zip, 0x06054b50, 4);  // the classic end record, every field saturated
+  for (int v : {0, 0, 0xFFFF, 0xFFFF}) PutLe(&zip, v, 2);
+  PutLe(&zip, 0xFFFFFFFF, 4);
+  PutLe(&zip, 0xFFFFFFFF, 4);
+  PutLe(&zip, 0, 2);
+  return zip;
+}
+
+TEST(NpzDatasetTest, Zip64DirectoryRecordsAreRead) {
+  std::map<std::string, std::string> members;
+  for (const char* array : {"x", "y"}) {
+    const std::string npy = WriteTemp(std::string(array) + "64.npy", "");
+    Shell(std::string("/usr/bin/python3 -c 'import numpy as np; np.save(\"") + npy + "\", " +
+          (array[0] == 'x' ? "np.arange(12, dtype=np.float64).reshape(6, 2)" : "np.arange(6) % 2") +
+          ")'");
+    std::ifstream in(npy, std::ios::binary);
+    members[std::string(array) + ".npy"] = std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string path = WriteTemp("zip64.npz", Zip64Archive(members));
+  // NumPy (Python's zipfile) reads the hand-made archive: it is a valid zip64 file.
+  EXPECT_EQ(Shell("/usr/bin/python3 -c 'import numpy as np; d = np.load(\"" + path +
+                  "\"); print(int(d[\"x\"].sum()), int(d[\"y\"].sum()))'"),
+            "66 3\n");
+  DatasetOptions o = CsvOptions();
+  o.test_fraction = 0.5;
+  auto ds = LoadDataset("npz:" + path, o);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  EXPECT_EQ(ds->dim, 2u);
+  double sum = 0;
+  for (float v : ds->train_x) sum += v;
+  for (float v : ds->test_x) sum += v;
+  EXPECT_EQ(sum, 66);
+  EXPECT_EQ(ds->train_size() + ds->test_size(), 6u);
 }
 
 // libsvm:PATH: sparse rows, labels in numeric order, qid and comments skipped.
