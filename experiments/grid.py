@@ -1,5 +1,6 @@
-"""A grid of onlineps_replay runs from an experiment description file (TOML), for
-`experiments/run.py FILE.toml` (experiments/README.md, "Your own grid"):
+"""A grid of onlineps_replay runs from an experiment description file (TOML, or YAML with
+the same keys), for `experiments/run.py FILE.toml|FILE.yaml` (experiments/README.md,
+"Your own grid"):
 
     name = "wine-staleness"          # names the outputs: NAME_results.csv, NAME_summary.md, ...
     seeds = [1, 2, 3]                # every configuration runs once per seed
@@ -27,6 +28,7 @@ NAME_<metric>.png/.svg (mean over seeds against x, one line per series, 95% CI b
 
 import itertools
 import math
+import re
 import subprocess
 import sys
 import tomllib
@@ -57,7 +59,7 @@ def absolute(key, value, base):
     every run works in its own folder."""
     if not isinstance(value, str):
         return value
-    for prefix in ("csv:", "npz:"):
+    for prefix in ("csv:", "npz:", "libsvm:"):
         if key == "dataset" and value.startswith(prefix):
             return prefix + str((base / value[len(prefix):]).resolve())
     if key in PATH_FLAGS and value:
@@ -80,11 +82,44 @@ def replay_flags(binary):
     return flags
 
 
+def is_description(path):
+    """Whether `path` names a description file (by its extension) rather than e1-e3."""
+    return path.endswith((".toml", ".yaml", ".yml"))
+
+
+def read_yaml(f, path):
+    """A YAML description: the same keys and values as the TOML form. Only true/false are
+    booleans (YAML 1.1 also reads yes/no/on/off as booleans, which would turn
+    `csv-header: no` into a missing flag)."""
+    try:
+        import yaml
+    except ImportError:
+        raise GridError(f"{path}: YAML descriptions need PyYAML (apt-get install python3-yaml), "
+                        "or write the description in TOML")
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    Loader.add_implicit_resolver("tag:yaml.org,2002:bool",
+                                 re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                 list("tTfF"))
+    try:
+        spec = yaml.load(f, Loader=Loader)
+    except yaml.YAMLError as e:
+        raise GridError(f"{path}: not valid YAML: {e}")
+    if not isinstance(spec, dict):
+        raise GridError(f"{path}: the description must be a mapping (name:, seeds:, fixed:, grid:)")
+    return spec
+
+
 def load(path, binary):
     """The parsed and checked description; GridError names what is wrong."""
     try:
         with open(path, "rb") as f:
-            spec = tomllib.load(f)
+            spec = tomllib.load(f) if path.endswith(".toml") else read_yaml(f, path)
     except OSError as e:
         raise GridError(f"{path}: {e.strerror}")
     except tomllib.TOMLDecodeError as e:

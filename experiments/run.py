@@ -12,7 +12,7 @@ manifest.json and curve.csv and writes, per experiment, under --out:
 
 Usage: experiments/run.py {e1,e2,e3,all} [--quick] [--out DIR] [--seeds 1,2,3]
                           [--runs-dir DIR] [--resume]
-       experiments/run.py FILE.toml [--out DIR] [--runs-dir DIR] [--resume]
+       experiments/run.py FILE.toml|FILE.yaml [--out DIR] [--runs-dir DIR] [--resume]
                           (a grid of your own runs: experiments/grid.py)
 The binary is <repo>/build/bin/onlineps_replay unless $ONLINEPS_REPLAY names another.
 Exit status: 0 when every run finished and every results row and plot is there with
@@ -761,7 +761,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("experiment",
-                    help="e1 | e2 | e3 | all, or an experiment description file FILE.toml "
+                    help="e1 | e2 | e3 | all, or an experiment description file FILE.toml or FILE.yaml "
                          "(a grid of your own: experiments/grid.py, experiments/README.md)")
     ap.add_argument("--quick", action="store_true",
                     help="tiny versions (digits / 320 SpamAssassin rows, one seed): a smoke test")
@@ -782,15 +782,15 @@ def main():
     if shutil.which("gnuplot") is None:
         print("run.py: gnuplot not found (apt-get install gnuplot-nox)", file=sys.stderr)
         return 1
-    if args.experiment.endswith(".toml"):
-        import grid  # experiments/grid.py, next to this file
+    import grid  # experiments/grid.py, next to this file
+    if grid.is_description(args.experiment):
         if args.quick or args.seeds:
             print("run.py: --quick and --seeds are for e1-e3; a grid file sets its own seeds",
                   file=sys.stderr)
             return 2
         return grid.main(args.experiment, args, binary, sys.modules[__name__])
     if args.experiment not in ("e1", "e2", "e3", "all"):
-        ap.error(f"experiment '{args.experiment}': expected e1, e2, e3, all or a .toml file")
+        ap.error(f"experiment '{args.experiment}': expected e1, e2, e3, all or a .toml / .yaml file")
     seeds = [int(s) for s in (args.seeds or ("1" if args.quick else "1,2,3")).split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

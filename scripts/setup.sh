@@ -7,7 +7,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake pkg-config git ca-certificates curl
   libtorch-dev python3-torch
-  python3-sklearn dataset-fashion-mnist zlib1g-dev
+  python3-sklearn python3-yaml dataset-fashion-mnist zlib1g-dev
   cppzmq-dev libzmq3-dev
   libmsgpack-cxx-dev
   libspdlog-dev libfmt-dev
