@@ -96,6 +96,15 @@ void AddModelFlags(CLI::App& app, Flags* f) {
       ->capture_default_str();
   app.add_flag("--bigrams", f->bigrams, "sparse-lr: add word-pair features");
   app.add_option("--model-file", f->model_file, "torchscript: the .pt file");
+  app.add_option("--trainable", f->trainable,
+                 "torchscript: globs of the parameters that learn (PS tables), comma separated, "
+                 "e.g. 'head.*,*.lora_*'; every other parameter is frozen (default: the file's "
+                 "requires_grad decides)")
+      ->delimiter(',');
+  app.add_option("--frozen", f->frozen,
+                 "torchscript: globs of the parameters to freeze (loaded from --model-file, "
+                 "never pushed), comma separated; every other parameter learns")
+      ->delimiter(',');
   app.add_option("--torch-threads", f->torch_threads, "Intra-op threads of libtorch models")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
@@ -348,6 +357,8 @@ StatusOr<std::unique_ptr<worker::Model>> MakeModel(const Flags& f, const Dataset
   o.embed_dim = f.embed_dim;
   o.torch_threads = f.torch_threads;
   o.model_file = f.model_file;
+  o.trainable = f.trainable;
+  o.frozen = f.frozen;
   o.bigrams = f.trace.empty() ? f.bigrams : true;
   o.labels = f.trace.empty() ? data.labels : steps.labels;
   o.input_dim = static_cast<uint32_t>(data.dim);

@@ -42,6 +42,7 @@ struct Flags {
   uint32_t buckets = 1u << 18;
   bool bigrams = false;
   std::string model_file;
+  std::vector<std::string> trainable, frozen;  // torchscript: worker::ModelOptions's globs
   int torch_threads = 1;
   double quad_h = 1.0;
   double quad_x0 = 1.0;

@@ -15,6 +15,7 @@
 #include "common/config.h"
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/sha256.h"
 #include "replay/batches.h"
 #include "replay/bridge_replay.h"
 #include "replay/models.h"
@@ -83,6 +84,29 @@ nlohmann::json ParamsJson(const worker::Model& m) {
     out.push_back({{"table", p.name},
                    {"kind", p.kind == worker::ParamKind::kDense ? "dense" : "sparse"},
                    {"shape", p.shape}});
+  }
+  return out;
+}
+
+// The manifest's model: kind and PS tables; for a model file also its path, SHA-256 and
+// size, the frozen parameters, the frozen part's base hash and whether it is unchanged
+// after the run (the replay must never write to a frozen backbone).
+StatusOr<nlohmann::json> ModelJson(const Flags& f, const worker::Model& m) {
+  nlohmann::json out = {{"kind", f.model}, {"params", ParamsJson(m)}};
+  if (!f.model_file.empty()) {
+    ONLINEPS_ASSIGN_OR_RETURN(std::string sha, FileSha256(f.model_file));
+    std::error_code ec;
+    out["file"] = {{"path", f.model_file},
+                   {"sha256", sha},
+                   {"bytes", std::filesystem::file_size(f.model_file, ec)}};
+  }
+  if (!m.frozen().empty()) {
+    nlohmann::json frozen = nlohmann::json::array();
+    for (const auto& p : m.frozen()) frozen.push_back({{"name", p.name}, {"shape", p.shape}});
+    out["frozen"] = frozen;
+    ONLINEPS_ASSIGN_OR_RETURN(std::string now, m.BaseNow());
+    out["base"] = m.base();
+    out["frozen_intact"] = now == m.base();
   }
   return out;
 }
@@ -371,12 +395,14 @@ int Main(int argc, char** argv) {
   if (!result.ok()) return Fail(result.status());
   if (events) static_cast<void>(events->Close());
 
+  auto model_json = ModelJson(f, **model);
+  if (!model_json.ok()) return Fail(model_json.status());
   nlohmann::json manifest = {{"tool", "onlineps_replay"},
                              {"commit", ONLINEPS_GIT_COMMIT},
                              {"argv", std::vector<std::string>(argv, argv + argc)},
                              {"config", EffectiveConfig(app)},
                              {"workload", workload->describe},
-                             {"model", {{"kind", f.model}, {"params", ParamsJson(**model)}}},
+                             {"model", *model_json},
                              {"libraries", LibraryVersions()},
                              {"seeds", {{"seed", f.seed}, {"split_seed", f.split_seed}}},
                              {"result", ResultJson(*result)}};

@@ -9,12 +9,18 @@
                 of each parses back to with the header's column count.
   libsvm        a libsvm file learnt by sparse-lr (its keys and values go to a sparse table);
                 any other model is refused, naming sparse-lr.
+  torchscript   a TorchScript module with a frozen backbone (worker/testdata/frozen_head.pt)
+                learns a CSV file and an npz archive: only its trainable parameters become
+                PS tables, the manifest records the file's SHA-256, the frozen parameters and
+                that they are unchanged; --trainable / --frozen choose other parameters; a
+                glob that matches nothing, or --trainable on a built-in model, is refused.
   resume        (given --experiments-dir, an `experiments/run.py all --quick` output) the
                 same grid again with --resume reuses every run, and each summary says so
                 instead of "N runs in 0 s".
 """
 import argparse
 import csv
+import hashlib
 import json
 import os
 import random
@@ -103,6 +109,73 @@ def libsvm():
     print(f"replay_cli_test: libsvm PASS (test accuracy {acc:.3f})")
 
 
+def torchscript():
+    work = tempfile.mkdtemp(prefix="replay-ts-")
+    model_file = os.path.join(ROOT, "worker", "testdata", "frozen_head.pt")  # 6 -> 8 -> 8 -> 3
+    rng = random.Random(5)
+    rows = []
+    for _ in range(300):
+        x = [rng.gauss(0, 1) for _ in range(6)]
+        rows.append(x + [0 if x[0] + x[1] < -0.5 else 1 if x[0] + x[1] < 0.5 else 2])
+    data = os.path.join(work, "data.csv")
+    with open(data, "w", newline="") as f:
+        csv.writer(f).writerows([f"{v:.4f}" for v in r[:6]] + [r[6]] for r in rows)
+    common = ["--model", "torchscript", "--model-file", model_file, "--workers", "4",
+              "--batch", "8", "--epochs", "4", "--lr", "0.5"]
+
+    def run(name, dataset, *extra):
+        out = os.path.join(work, name)
+        r = replay("--dataset", dataset, *common, *extra, "--out", out)
+        if r.returncode != 0:
+            fail(f"torchscript {name}: exit {r.returncode}: {r.stderr[-600:]}")
+        manifest = json.load(open(os.path.join(out, "manifest.json")))
+        with open(os.path.join(out, "curve.csv"), newline="") as f:
+            curve = list(csv.DictReader(f))
+        return manifest["model"], float(curve[0]["train_loss"]), float(curve[-1]["train_loss"])
+
+    model, first, last = run("default", f"csv:{data}")
+    tables = sorted(p["table"] for p in model["params"])
+    if tables != ["torchscript/head.bias", "torchscript/head.weight"]:
+        fail(f"tables of the file's own split: {tables}")
+    frozen = sorted(p["name"] for p in model.get("frozen", []))
+    if frozen != ["backbone.fc0.bias", "backbone.fc0.weight", "backbone.fc1.bias",
+                  "backbone.fc1.weight"]:
+        fail(f"frozen parameters in the manifest: {frozen}")
+    if model.get("frozen_intact") is not True or not model.get("base", "").startswith("sha256:"):
+        fail(f"frozen part not recorded as intact: {model}")
+    want_sha = hashlib.sha256(open(model_file, "rb").read()).hexdigest()
+    if model.get("file", {}).get("sha256") != want_sha:
+        fail(f"model file hash {model.get('file')}, want {want_sha}")
+    if not last < first:
+        fail(f"the head did not learn: train loss {first} -> {last}")
+    model, _, _ = run("trainable", f"csv:{data}", "--trainable", "backbone.fc1.*,head.*")
+    if len(model["params"]) != 4 or len(model.get("frozen", [])) != 2:
+        fail(f"--trainable backbone.fc1.*,head.*: {model}")
+    model, _, _ = run("frozen", f"csv:{data}", "--frozen", "head.*")
+    if len(model["params"]) != 4 or [p["name"] for p in model["frozen"]] != ["head.weight",
+                                                                             "head.bias"]:
+        fail(f"--frozen head.*: {model}")
+    npz = os.path.join(work, "data.npz")  # the same rows as a NumPy archive (Debian's numpy)
+    subprocess.run(["/usr/bin/python3", "-c", "import numpy as np, sys; r = np.loadtxt(sys.argv[1], "
+                    "delimiter=','); np.savez(sys.argv[2], x=r[:, :6], y=r[:, 6].astype(int))",
+                    data, npz], check=True)
+    model, first, last = run("npz", f"npz:{npz}")
+    if len(model["params"]) != 2 or not last < first:
+        fail(f"npz: {model['params']}, train loss {first} -> {last}")
+    missing = [a if a != model_file else os.path.join(work, "missing.pt") for a in common]
+    for args, want in ((common + ["--trainable", "nosuch.*"], "'nosuch.*' matches no parameter"),
+                       (missing, "missing.pt")):
+        r = replay("--dataset", f"csv:{data}", *args, "--out", work + "/bad")
+        if r.returncode == 0 or want not in r.stderr:
+            fail(f"{args[-2:]}: exit {r.returncode}, said {r.stderr[-300:]!r}, want {want!r}")
+    r = replay("--dataset", f"csv:{data}", "--model", "mlp", "--trainable", "x", "--out",
+               work + "/bad")
+    if r.returncode == 0 or "torchscript" not in r.stderr:
+        fail(f"--trainable with mlp: exit {r.returncode}, said {r.stderr[-300:]!r}")
+    print(f"replay_cli_test: torchscript PASS (head learnt {first:.3f} -> {last:.3f} on npz; "
+          "csv and npz, --trainable, --frozen, bad globs refused)")
+
+
 def resume(experiments_dir):
     env = dict(os.environ, ONLINEPS_REPLAY=REPLAY)
     r = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "run.py"), "all",
@@ -122,7 +195,8 @@ def resume(experiments_dir):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("check", choices=["none-dataset", "csv-quoting", "libsvm", "resume"])
+    ap.add_argument("check",
+                    choices=["none-dataset", "csv-quoting", "libsvm", "torchscript", "resume"])
     ap.add_argument("--experiments-dir", help="resume: an experiments/run.py all --quick output")
     args = ap.parse_args()
     if args.check == "none-dataset":
@@ -131,6 +205,8 @@ def main():
         csv_quoting()
     elif args.check == "libsvm":
         libsvm()
+    elif args.check == "torchscript":
+        torchscript()
     else:
         if not args.experiments_dir:
             ap.error("resume needs --experiments-dir")
