@@ -51,6 +51,10 @@ namespace {
 
 constexpr char kScheme[] = "mem://";
 
+// The peer whose request this thread is running inline (mem_run_on_sender), or null: its
+// reply is then delivered on this thread too, when that client's inbox is idle.
+thread_local const std::string* tl_inline_peer = nullptr;
+
 bool ParseName(const std::string& endpoint, std::string* name) {
   const std::string scheme(kScheme);
   if (endpoint.compare(0, scheme.size(), scheme) != 0 || endpoint.size() == scheme.size()) {
@@ -107,8 +111,27 @@ void MemServerCore::SetOpen(bool open) {
 void MemServerCore::Deliver(const std::string& peer, const std::shared_ptr<Inbox>& inbox,
                             size_t index, Frames&& frames) {
   RememberPeer(peer, inbox, index);
+  const size_t key = std::hash<std::string>{}(peer);
+  Incoming in{peer, std::move(frames), {}, nullptr};
+  if (options_.mem_run_on_sender) {
+    size_t bytes = 0;
+    for (const Frame& f : in.frames) bytes += f.size();
+    if (bytes <= options_.inline_max_bytes) {
+      // As on ZeroMQ's I/O thread: queued behind the inline run, so the peer's order holds.
+      in.requeue = [pool = pool_.get(), key](Incoming&& again) {
+        again.requeue = nullptr;
+        pool->Submit(key, std::move(again));
+      };
+      const std::string* outer = tl_inline_peer;
+      tl_inline_peer = &peer;
+      const bool ran = pool_->TryRunInline(key, in);
+      tl_inline_peer = outer;
+      if (ran) return;
+      in.requeue = nullptr;
+    }
+  }
   // After DrainPool, Submit refuses: the request is dropped, as by a stopped server.
-  pool_->Submit(std::hash<std::string>{}(peer), Incoming{peer, std::move(frames), {}, nullptr});
+  pool_->Submit(key, std::move(in));
 }
 
 void MemServerCore::RememberPeer(const std::string& peer, const std::shared_ptr<Inbox>& inbox,
@@ -136,7 +159,14 @@ Status MemServerCore::Reply(const std::string& peer, Frames&& frames) {
     inbox = it->second.inbox.lock();
     index = it->second.index;
   }
-  if (inbox) inbox->Submit(0, {index, std::move(frames)});  // full or closed: dropped
+  if (!inbox) return Status::Ok();
+  MemClientTransport::Delivery d{index, std::move(frames)};
+  // The reply to a request run on its sender's thread goes back on that thread when the
+  // client's inbox is idle (nothing queued before it), saving the delivery thread's wake-up.
+  if (tl_inline_peer != nullptr && *tl_inline_peer == peer && inbox->TryRunInline(0, d)) {
+    return Status::Ok();
+  }
+  inbox->Submit(0, std::move(d));  // full or closed: dropped
   return Status::Ok();
 }
 

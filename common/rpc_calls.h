@@ -83,6 +83,21 @@ class RpcCalls {
     return *id;
   }
 
+  // As Add, but in two steps: prepare(id, call) runs under the lock and returns what
+  // transmit(R&&) then sends without it. prepare copies out all transmit needs (the call
+  // may be taken and gone once the lock is released), so a reply that arrives on the
+  // sending thread itself (an in-process server run on the sender) can be taken, and a
+  // reply on another thread never waits for the send.
+  template <typename Prepare, typename Transmit>
+  StatusOr<uint32_t> AddThen(std::unique_ptr<Call>* call, Clock::time_point deadline,
+                             const Prepare& prepare, const Transmit& transmit) {
+    decltype(prepare(uint32_t{0}, **call)) out;
+    const StatusOr<uint32_t> id =
+        Add(call, deadline, [&](uint32_t i, Call& c) { out = prepare(i, c); });
+    if (id.ok()) transmit(std::move(out));
+    return id;
+  }
+
   // The call registered under `id` when `match` (if given) accepts it; null for a late,
   // unknown or foreign reply, or after Stop().
   std::unique_ptr<Call> Take(uint32_t id, const std::function<bool(const Call&)>& match = nullptr) {

@@ -49,6 +49,13 @@ struct TransportOptions {
   // their peer's handler lane is idle, saving two thread hand-offs per round trip;
   // larger ones always go to a handler thread. 0 disables inline handling.
   size_t inline_max_bytes = 256 * 1024;
+  // mem:// server: requests up to inline_max_bytes run on the sending client's thread
+  // when their peer's lane is idle (what the ZeroMQ server does on its I/O thread), with
+  // Incoming::requeue set, and their reply is handed to the client's Handler on that
+  // thread too when its inbox is idle. Only for servers whose clients call Send holding
+  // no lock that the server's Handler or their own Handler takes (PsClient does not; the
+  // replay's in-process shards use it); off by default.
+  bool mem_run_on_sender = false;
   // Client: how long Close() waits to flush unsent messages (ZMQ_LINGER).
   std::chrono::milliseconds linger{0};
   // CurveZMQ on ZeroMQ sockets (common/curve.h); off when curve.secret_key is empty.

@@ -273,17 +273,21 @@ void PsClientImpl::Send(std::unique_ptr<Pending> p) {
   p->attempts++;
   p->attempt_deadline =
       std::min(Clock::now() + p->held_for + options_.attempt_timeout, p->call_deadline);
-  const StatusOr<uint32_t> id =
-      calls_.Add(&p, p->attempt_deadline, [this](uint32_t id, Pending& q) {
+  const StatusOr<uint32_t> id = calls_.AddThen(
+      &p, p->attempt_deadline,
+      [this](uint32_t id, Pending& q) {
         q.header.request_id = id;
         q.target = groups_[q.shard][primary_[q.shard].load() % groups_[q.shard].size()];
         q.header.epoch = epoch_[q.shard].load();
-        Frames frames;
-        frames.reserve(1 + q.payload.size());
-        frames.push_back(Frame::FromString(EncodeHeader(q.header)));
-        for (const Frame& f : q.payload) frames.push_back(f);
-        Status st = transport_->Send(q.target, std::move(frames));
-        if (!st.ok()) spdlog::debug("send to {} failed: {}", endpoints_[q.target], st.ToString());
+        std::pair<size_t, Frames> out{q.target, {}};
+        out.second.reserve(1 + q.payload.size());
+        out.second.push_back(Frame::FromString(EncodeHeader(q.header)));
+        for (const Frame& f : q.payload) out.second.push_back(f);
+        return out;
+      },
+      [this](std::pair<size_t, Frames>&& out) {
+        Status st = transport_->Send(out.first, std::move(out.second));
+        if (!st.ok()) spdlog::debug("send to {} failed: {}", endpoints_[out.first], st.ToString());
       });
   if (!id.ok()) p->call->Complete(id.status());
 }

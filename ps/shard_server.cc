@@ -134,6 +134,9 @@ StatusOr<std::string> ShardServer::Start() {
   }
   TransportOptions topts;
   topts.handler_threads = options_.handler_threads;
+  topts.mem_run_on_sender = options_.run_on_sender;
+  // A sender that waits for its answer anyway may run requests of any size.
+  if (options_.run_on_sender) topts.inline_max_bytes = topts.max_message_bytes;
   topts.max_message_bytes = options_.max_message_bytes * 2;
   topts.curve = options_.curve;
   transport_ = NewServerTransport(options_.listen, topts);

@@ -33,6 +33,11 @@ struct ShardServerOptions {
   uint32_t num_shards = 1;
   std::string listen = "tcp://127.0.0.1:7000";
   int handler_threads = 2;
+  // mem:// listen only: requests (of any size) run on the sending client's thread when
+  // its lane is idle, their replies reach the client there too
+  // (TransportOptions::mem_run_on_sender); for in-process shards whose callers hold no
+  // shard-related locks and wait for each answer, such as the replay's.
+  bool run_on_sender = false;
   CurveOptions curve;  // CurveZMQ on the listening socket (common/curve.h); off by default
   // Soft limit: larger requests get TOO_LARGE. The transport disconnects at 2x.
   size_t max_message_bytes = size_t{256} << 20;

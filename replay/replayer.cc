@@ -112,6 +112,9 @@ class ReplayerImpl : public Replayer {
       o.listen = "mem://replay-" + std::to_string(::getpid()) + "-" + std::to_string(run) + "-" +
                  std::to_string(i);
       o.handler_threads = 1;
+      // The replayer's threads wait for each call and hold nothing the shard takes: a
+      // small call runs on the caller's thread instead of waking the shard's.
+      o.run_on_sender = true;
       auto server = std::make_unique<ps::ShardServer>(o, std::make_shared<prometheus::Registry>());
       auto ep = server->Start();
       if (!ep.ok()) return ep.status().WithContext("starting in-process shard");

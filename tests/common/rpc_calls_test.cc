@@ -56,6 +56,35 @@ uint32_t AddCall(RpcCalls<Call>& calls, int tag, milliseconds deadline) {
   return id.ok() ? *id : 0;
 }
 
+// AddThen sends without the table's lock: a reply that arrives on the sending thread
+// itself (an in-process server run on the sender) takes its call there. With Add the same
+// Take would wait for the lock its own thread holds.
+TEST(RpcCallsTest, AddThenTransmitsOutsideTheLockSoTheSenderCanTakeItsReply) {
+  RpcCalls<Call> calls(
+      16, [](std::unique_ptr<Call>) {}, nullptr);
+  calls.Start();
+  auto c = NewCall(7);
+  std::unique_ptr<Call> taken;
+  uint32_t sent_id = 0;
+  StatusOr<uint32_t> id = calls.AddThen(
+      &c, Clock::now() + milliseconds(60000),
+      [](uint32_t i, Call& call) {
+        call.id = i;
+        return std::make_pair(i, call.tag);
+      },
+      [&](std::pair<uint32_t, int>&& out) {
+        sent_id = out.first;
+        EXPECT_EQ(out.second, 7);
+        taken = calls.Take(out.first);  // the reply, on this thread, before AddThen returns
+      });
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  EXPECT_EQ(sent_id, *id);
+  ASSERT_NE(taken, nullptr);
+  EXPECT_EQ(taken->tag, 7);
+  EXPECT_EQ(taken->id, *id);
+  EXPECT_EQ(calls.in_flight(), 0u);
+}
+
 TEST(RpcCallsTest, ReplyTakesTheCallOnceAndLateRepliesMatchNothing) {
   Returned expired;
   RpcCalls<Call> calls(

@@ -460,6 +460,66 @@ TEST_P(TransportTest, OneFrameRoundTripLatency) {
   EXPECT_LT(p50, 1000.0);
 }
 
+// mem_run_on_sender: a small request runs on the sending thread (with requeue offered)
+// and its reply reaches the client's Handler on that thread before Send returns; a large
+// one, or any request without the option, goes to the server's handler thread.
+TEST(MemTransportTest, RunOnSenderHandlesAndRepliesOnTheSendingThread) {
+  for (bool on : {true, false}) {
+    SCOPED_TRACE(on ? "mem_run_on_sender" : "default");
+    static std::atomic<int> next{0};
+    const std::string endpoint = "mem://run-on-sender-" + std::to_string(next++);
+    TransportOptions options;
+    options.mem_run_on_sender = on;
+    options.inline_max_bytes = 64;
+    std::mutex mu;
+    std::vector<std::thread::id> handled, replied;
+    std::vector<bool> offered_requeue;
+    MemServerTransport server(options);
+    ASSERT_TRUE(server
+                    .Start(endpoint,
+                           [&](Incoming&& in) {
+                             {
+                               std::lock_guard<std::mutex> lock(mu);
+                               handled.push_back(std::this_thread::get_id());
+                               offered_requeue.push_back(static_cast<bool>(in.requeue));
+                             }
+                             EXPECT_TRUE(server.Send(in.peer, std::move(in.frames)).ok());
+                           })
+                    .ok());
+    MemClientTransport client(options);
+    ASSERT_TRUE(client
+                    .Connect({endpoint},
+                             [&](size_t, Frames&&) {
+                               std::lock_guard<std::mutex> lock(mu);
+                               replied.push_back(std::this_thread::get_id());
+                             })
+                    .ok());
+    ASSERT_TRUE(client.Send(0, {U64(1)}).ok());
+    if (on) {
+      std::lock_guard<std::mutex> lock(mu);
+      ASSERT_EQ(replied.size(), 1u) << "the reply came before Send returned";
+    }
+    ASSERT_TRUE(Eventually([&] {
+      std::lock_guard<std::mutex> lock(mu);
+      return replied.size() == 1;
+    }));
+    ASSERT_TRUE(client.Send(0, {F(std::string(100, 'x'))}).ok());  // over inline_max_bytes
+    ASSERT_TRUE(Eventually([&] {
+      std::lock_guard<std::mutex> lock(mu);
+      return replied.size() == 2;
+    }));
+    client.Close();
+    server.Stop();
+    const auto self = std::this_thread::get_id();
+    EXPECT_EQ(handled[0] == self, on);
+    EXPECT_EQ(replied[0] == self, on);
+    EXPECT_EQ(offered_requeue[0], on);
+    EXPECT_NE(handled[1], self) << "a large request runs on the handler thread";
+    EXPECT_NE(replied[1], self);
+    EXPECT_FALSE(offered_requeue[1]);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, TransportTest, ::testing::Values("zmq-tcp", "mem"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
