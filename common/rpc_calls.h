@@ -90,10 +90,11 @@ class RpcCalls {
   // reply on another thread never waits for the send.
   template <typename Prepare, typename Transmit>
   StatusOr<uint32_t> AddThen(std::unique_ptr<Call>* call, Clock::time_point deadline,
-                             const Prepare& prepare, const Transmit& transmit) {
+                             const Prepare& prepare, const Transmit& transmit,
+                             Clock::time_point wait_until = Clock::time_point::min()) {
     decltype(prepare(uint32_t{0}, **call)) out;
-    const StatusOr<uint32_t> id =
-        Add(call, deadline, [&](uint32_t i, Call& c) { out = prepare(i, c); });
+    const StatusOr<uint32_t> id = Add(
+        call, deadline, [&](uint32_t i, Call& c) { out = prepare(i, c); }, wait_until);
     if (id.ok()) transmit(std::move(out));
     return id;
   }

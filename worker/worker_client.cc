@@ -74,16 +74,18 @@ class WorkerClientImpl : public WorkerClient {
     Status sent;
     auto pending = std::make_unique<Pending>(Pending{waiter, op, timeout});
     // Bounded: callers past max_inflight wait for a free id until their deadline.
-    const StatusOr<uint32_t> id = calls_.Add(
+    // Sent after the call table's lock is released: the transport's thread taking other
+    // calls' replies never waits for this send.
+    const StatusOr<uint32_t> id = calls_.AddThen(
         &pending, deadline,
         [&](uint32_t id, Pending&) {
           Header h;
           h.op = op;
           h.request_id = id;
           frames[0] = Frame::FromString(EncodeHeader(h));
-          sent = transport_->Send(0, std::move(frames));
+          return true;
         },
-        deadline);
+        [&](bool&&) { sent = transport_->Send(0, std::move(frames)); }, deadline);
     if (!id.ok()) {
       if (id.status().code() != StatusCode::kResourceExhausted) return id.status();
       return DeadlineExceeded("too many calls in flight to the worker");
