@@ -30,6 +30,7 @@
 
 #include "ps/ps_client.h"
 #include "ps/shard_server.h"
+#include "tests/subprocess.h"
 #include "worker/model.h"
 #include "worker/worker_client.h"
 #include "worker/worker_server.h"
@@ -441,6 +442,23 @@ class ModelBench {
     const double learns = f.per_s * flags_.seconds;
     return {f.per_s, learns > 0 ? cpu / learns * 1e3 : 0};
   }
+  // The same against another worker (`client`, e.g. an onlineps_worker process): calls/s
+  // and the CPU of the processes `pids` (that worker and its shards) per learn, which is
+  // how the torch baseline counts its trainer and PS processes.
+  std::pair<double, double> LearnCpuOf(WorkerClient* client, int threads,
+                                       const std::vector<pid_t>& pids) {
+    auto cpu = [&pids] {
+      double s = 0;
+      for (pid_t p : pids) s += onlineps::testing::CpuSeconds(p);
+      return s;
+    };
+    const double cpu0 = cpu();
+    const Figure f =
+        Run(threads, flags_.seconds, WorkerCall(Op::kLearn, 1, threads, client), "learn cpu");
+    const double used = cpu() - cpu0;
+    const double learns = f.per_s * flags_.seconds;
+    return {f.per_s, learns > 0 ? used / learns * 1e3 : 0};
+  }
   // Worker infer b1 alone for `seconds` with `threads` callers: calls/s.
   double InferRate(int threads) {
     return Run(threads, flags_.seconds, WorkerCall(Op::kInfer, 1, threads), "infer").per_s;
@@ -461,15 +479,16 @@ class ModelBench {
 
  private:
   // Each caller cycles through 64 prepared batches; thread t starts at batch t.
-  Call WorkerCall(Op op, size_t batch, int threads) {
+  Call WorkerCall(Op op, size_t batch, int threads, WorkerClient* client = nullptr) {
     auto bodies = std::make_shared<std::vector<json>>();
     for (const auto& b : Batches(pool_, batch, 64)) {
       bodies->push_back(Body(b, model_->labels(), op == Op::kLearn));
     }
     auto next = std::make_shared<std::vector<size_t>>(threads);
-    return [this, op, bodies, next, threads](int t) {
+    WorkerClient* to = client != nullptr ? client : client_;
+    return [to, op, bodies, next, threads](int t) {
       const json& body = (*bodies)[((*next)[t]++ * threads + t) % bodies->size()];
-      return client_->Call(op, body).status();
+      return to->Call(op, body).status();
     };
   }
 
@@ -534,6 +553,8 @@ void PrintFloors(WorkerClient* client, ps::PsClient* ps, const Flags& flags) {
 
 // The torch.distributed.rpc baseline (bench/torch_rpc_baseline.py, Debian python3-torch),
 // measured now, beside this worker's infer and learn b1 at 1 and --threads callers.
+void ProcessLearnCpu(ModelBench* bench, const Flags& flags, const json& torch);
+
 void TorchComparison(ModelBench* bench, const Flags& flags) {
   const std::string cmd = "/usr/bin/python3 " ONLINEPS_SOURCE_DIR
                           "/bench/torch_rpc_baseline.py --json --seconds " +
@@ -572,6 +593,71 @@ void TorchComparison(ModelBench* bench, const Flags& flags) {
   std::printf(
       "(*) onlineps: the whole bench process (worker, shards and its own callers); torch: the "
       "trainer and PS processes; ratio = torch / onlineps\n");
+  ProcessLearnCpu(bench, flags, t);
+}
+
+// learn b1 against an onlineps_ps and an onlineps_worker started as processes (mlp
+// 64-32-10, default flags but --lr and --handler-threads), the callers here: calls/s and the
+// CPU of the two processes per learn, counted as the torch baseline counts its trainer and
+// PS processes (`torch`: that baseline's JSON).
+void ProcessLearnCpu(ModelBench* bench, const Flags& flags, const json& torch) {
+  using onlineps::testing::Subprocess;
+  const std::string bin = ONLINEPS_BIN_DIR;
+  Subprocess shard({bin + "/onlineps_ps", "--listen", "tcp://127.0.0.1:0", "--admin-port", "-1",
+                    "--log-level", "warn"});
+  const std::string ps = shard.WaitForLine("LISTENING ", std::chrono::seconds(30));
+  std::unique_ptr<Subprocess> worker;
+  std::string ep;
+  if (!ps.empty()) {
+    worker = std::make_unique<Subprocess>(
+        std::vector<std::string>{bin + "/onlineps_worker",
+                                 "--ps",
+                                 ps,
+                                 "--listen",
+                                 "tcp://127.0.0.1:0",
+                                 "--admin-port",
+                                 "-1",
+                                 "--log-level",
+                                 "warn",
+                                 "--model",
+                                 "mlp",
+                                 "--input-dim",
+                                 "64",
+                                 "--hidden",
+                                 "32",
+                                 "--labels",
+                                 "0,1,2,3,4,5,6,7,8,9",
+                                 "--lr",
+                                 std::to_string(kLr),
+                                 "--handler-threads",
+                                 std::to_string(flags.handler_threads)});
+    ep = worker->WaitForLine("LISTENING ", std::chrono::seconds(120));
+  }
+  WorkerClientOptions co;
+  co.endpoint = ep;
+  auto client = ep.empty() ? StatusOr<std::unique_ptr<WorkerClient>>(Unavailable("not started"))
+                           : WorkerClient::Connect(co);
+  if (!client.ok()) {
+    std::printf("worker + shard processes: not measured (%s/onlineps_ps, onlineps_worker: %s)\n",
+                bin.c_str(), client.status().ToString().c_str());
+    return;
+  }
+  (void)bench->LearnCpuOf(client->get(), flags.threads, {});  // warm-up: tables, caches
+  for (int c : {1, flags.threads}) {
+    const std::string k = "_c" + std::to_string(c);
+    const double tl = torch.value("learn_b1" + k + "_per_s", 0.0);
+    const double tcpu = torch.value("cpu_ms_per_learn" + k, 0.0);
+    const auto [rate, cpu_ms] = bench->LearnCpuOf(client->get(), c, {shard.pid(), worker->pid()});
+    const std::string callers = std::to_string(c) + " caller(s)";
+    std::printf("%-44s %12.1f %12.1f %7.2f\n", ("processes: learn b1 calls/s, " + callers).c_str(),
+                rate, tl, tl > 0 ? rate / tl : 0);
+    std::printf("%-44s %12.3f %12.3f %7.2f\n",
+                ("processes: CPU ms per learn (**), " + callers).c_str(), cpu_ms, tcpu,
+                cpu_ms > 0 ? tcpu / cpu_ms : 0);
+  }
+  std::printf(
+      "(**) onlineps_worker and onlineps_ps started as processes, the callers in this bench: "
+      "their CPU per learn, as torch's trainer and PS\n");
 }
 
 // Serves `options` through a WorkerService + WorkerServer on tcp loopback, then measures.
