@@ -179,19 +179,8 @@ Result RunOne(const Flags& flags, const std::string& model, int workers, const s
   std::vector<std::string> worker_eps;
   std::vector<std::unique_ptr<onlineps::worker::WorkerClient>> clients;
   for (int w = 0; w < workers; ++w) {
-    std::vector<std::string> argv = {b + "/onlineps_worker",
-                                     "--ps",
-                                     ps,
-                                     "--listen",
-                                     "tcp://127.0.0.1:0",
-                                     "--admin-port",
-                                     "-1",
-                                     "--log-level",
-                                     "warn",
-                                     "--model",
-                                     model,
-                                     "--lr",
-                                     "0.05"};
+    std::vector<std::string> argv =
+        onlineps::testing::WorkerArgv(b, ps, {"--model", model, "--lr", "0.05"});
     if (model == "mlp") {
       for (const char* a :
            {"--input-dim", "64", "--hidden", "32", "--labels", "0,1,2,3,4,5,6,7,8,9"}) {

@@ -609,28 +609,10 @@ void ProcessLearnCpu(ModelBench* bench, const Flags& flags, const json& torch) {
   std::unique_ptr<Subprocess> worker;
   std::string ep;
   if (!ps.empty()) {
-    worker = std::make_unique<Subprocess>(
-        std::vector<std::string>{bin + "/onlineps_worker",
-                                 "--ps",
-                                 ps,
-                                 "--listen",
-                                 "tcp://127.0.0.1:0",
-                                 "--admin-port",
-                                 "-1",
-                                 "--log-level",
-                                 "warn",
-                                 "--model",
-                                 "mlp",
-                                 "--input-dim",
-                                 "64",
-                                 "--hidden",
-                                 "32",
-                                 "--labels",
-                                 "0,1,2,3,4,5,6,7,8,9",
-                                 "--lr",
-                                 std::to_string(kLr),
-                                 "--handler-threads",
-                                 std::to_string(flags.handler_threads)});
+    worker = std::make_unique<Subprocess>(onlineps::testing::WorkerArgv(
+        bin, ps,
+        {"--model", "mlp", "--input-dim", "64", "--hidden", "32", "--labels", "0,1,2,3,4,5,6,7,8,9",
+         "--lr", std::to_string(kLr), "--handler-threads", std::to_string(flags.handler_threads)}));
     ep = worker->WaitForLine("LISTENING ", std::chrono::seconds(120));
   }
   WorkerClientOptions co;

@@ -6,6 +6,8 @@
 #include <iterator>
 #include <unordered_map>
 
+#include "common/inline_request.h"
+
 namespace onlineps {
 
 using Inbox = HandlerPool<MemClientTransport::Delivery>;
@@ -114,21 +116,11 @@ void MemServerCore::Deliver(const std::string& peer, const std::shared_ptr<Inbox
   const size_t key = std::hash<std::string>{}(peer);
   Incoming in{peer, std::move(frames), {}, nullptr};
   if (options_.mem_run_on_sender) {
-    size_t bytes = 0;
-    for (const Frame& f : in.frames) bytes += f.size();
-    if (bytes <= options_.inline_max_bytes) {
-      // As on ZeroMQ's I/O thread: queued behind the inline run, so the peer's order holds.
-      in.requeue = [pool = pool_.get(), key](Incoming&& again) {
-        again.requeue = nullptr;
-        pool->Submit(key, std::move(again));
-      };
-      const std::string* outer = tl_inline_peer;
-      tl_inline_peer = &peer;
-      const bool ran = pool_->TryRunInline(key, in);
-      tl_inline_peer = outer;
-      if (ran) return;
-      in.requeue = nullptr;
-    }
+    const std::string* outer = tl_inline_peer;
+    tl_inline_peer = &peer;  // its reply may come back on this thread (Reply)
+    const bool ran = RunInlineIfIdle(pool_.get(), key, options_.inline_max_bytes, in);
+    tl_inline_peer = outer;
+    if (ran) return;
   }
   // After DrainPool, Submit refuses: the request is dropped, as by a stopped server.
   pool_->Submit(key, std::move(in));

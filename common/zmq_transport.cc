@@ -16,6 +16,8 @@
 #include <set>
 #include <utility>
 
+#include "common/inline_request.h"
+
 namespace onlineps {
 Status FromZmqError(const std::string& what, const zmq::error_t& e) {
   std::string message = what + ": " + e.what();
@@ -427,17 +429,7 @@ void ZmqServerTransport::DispatchRequests() {
     in.frames.reserve(parts.size() - 1);
     for (size_t j = 1; j < parts.size(); ++j) in.frames.push_back(ToFrame(std::move(parts[j])));
     const size_t key = std::hash<std::string>{}(in.peer);
-    size_t bytes = 0;
-    for (const Frame& f : in.frames) bytes += f.size();
-    if (bytes <= options_.inline_max_bytes) {
-      // Queued behind the inline run on the same lane, so the peer's order holds.
-      in.requeue = [pool = pool_.get(), key](Incoming&& again) {
-        again.requeue = nullptr;
-        pool->Submit(key, std::move(again));
-      };
-      if (pool_->TryRunInline(key, in)) continue;
-      in.requeue = nullptr;
-    }
+    if (RunInlineIfIdle(pool_.get(), key, options_.inline_max_bytes, in)) continue;
     pool_->Submit(key, std::move(in));  // when full, dropped and counted by the pool
   }
 }

@@ -21,6 +21,23 @@
 
 namespace onlineps::testing {
 
+// The argv of an onlineps_worker in `bin_dir` against the shards `ps` (comma separated) on an
+// ephemeral tcp port, without an admin port, logging warnings only; `extra` flags appended.
+inline std::vector<std::string> WorkerArgv(const std::string& bin_dir, const std::string& ps,
+                                           const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> argv = {bin_dir + "/onlineps_worker",
+                                   "--ps",
+                                   ps,
+                                   "--listen",
+                                   "tcp://127.0.0.1:0",
+                                   "--admin-port",
+                                   "-1",
+                                   "--log-level",
+                                   "warn"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
 // A loopback TCP port that was free a moment ago (for a child that must be told its
 // port before it starts), or -1.
 inline int FreePort() {

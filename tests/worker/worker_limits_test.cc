@@ -84,17 +84,8 @@ class WorkerLimitsTest : public ::testing::Test {
 
   // Starts a worker with default limits and `flags`; connects a client.
   void StartWorker(const std::vector<std::string>& flags) {
-    std::vector<std::string> argv = {ONLINEPS_BIN_DIR "/onlineps_worker",
-                                     "--ps",
-                                     shard_endpoint_,
-                                     "--listen",
-                                     "tcp://127.0.0.1:0",
-                                     "--admin-port",
-                                     "-1",
-                                     "--log-level",
-                                     "warn"};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    worker_ = std::make_unique<Subprocess>(argv);
+    worker_ =
+        std::make_unique<Subprocess>(testing::WorkerArgv(ONLINEPS_BIN_DIR, shard_endpoint_, flags));
     const std::string ep = worker_->WaitForLine("LISTENING ", kStartTimeout);
     ASSERT_FALSE(ep.empty()) << "worker did not start";
     WorkerClientOptions o;

@@ -62,17 +62,7 @@ class Cluster {
   std::string StartWorker(const std::vector<std::string>& flags) {
     std::string ps;
     for (const std::string& ep : shard_endpoints_) ps += (ps.empty() ? "" : ",") + ep;
-    std::vector<std::string> argv = {ONLINEPS_BIN_DIR "/onlineps_worker",
-                                     "--ps",
-                                     ps,
-                                     "--listen",
-                                     "tcp://127.0.0.1:0",
-                                     "--admin-port",
-                                     "-1",
-                                     "--log-level",
-                                     "warn"};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    auto p = std::make_unique<Subprocess>(argv);
+    auto p = std::make_unique<Subprocess>(testing::WorkerArgv(ONLINEPS_BIN_DIR, ps, flags));
     const std::string ep = p->WaitForLine("LISTENING ", kStartTimeout);
     workers_.push_back(std::move(p));
     return ep;
