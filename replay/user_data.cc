@@ -13,7 +13,6 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
@@ -385,17 +384,23 @@ uint64_t Le64(const std::string& s, size_t at) {
   return LeN(reinterpret_cast<const unsigned char*>(s.data()) + at, 8);
 }
 
-// `n` bytes at `offset` of the file, or DataLoss naming `what` when the file ends first.
-StatusOr<std::string> ReadAt(int fd, uint64_t offset, size_t n, const std::string& what) {
-  std::string out(n, '\0');
+// `n` bytes at `offset` of the file into `out`, or DataLoss naming `what` when the file
+// ends first.
+Status ReadInto(int fd, uint64_t offset, void* out, size_t n, const std::string& what) {
   size_t got = 0;
   while (got < n) {
-    const ssize_t r = ::pread(fd, out.data() + got, n - got, static_cast<off_t>(offset + got));
+    const ssize_t r =
+        ::pread(fd, static_cast<char*>(out) + got, n - got, static_cast<off_t>(offset + got));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return DataLoss(what + ": " + std::strerror(errno));
     if (r == 0) return DataLoss(what + " is truncated");
     got += static_cast<size_t>(r);
   }
+  return Status::Ok();
+}
+StatusOr<std::string> ReadAt(int fd, uint64_t offset, size_t n, const std::string& what) {
+  std::string out(n, '\0');
+  ONLINEPS_RETURN_IF_ERROR(ReadInto(fd, offset, out.data(), n, what));
   return out;
 }
 
@@ -495,8 +500,7 @@ class MemberReader {
   Status Read(void* out, size_t n) {
     if (n > left()) return DataLoss(where_ + " is truncated");
     if (m_.method == 0) {
-      ONLINEPS_ASSIGN_OR_RETURN(std::string bytes, ReadAt(fd_, m_.data + out_, n, where_));
-      std::memcpy(out, bytes.data(), n);
+      ONLINEPS_RETURN_IF_ERROR(ReadInto(fd_, m_.data + out_, out, n, where_));
       out_ += n;
       return Status::Ok();
     }
@@ -511,8 +515,7 @@ class MemberReader {
       if (zs_.avail_in == 0) {
         const uint64_t take = std::min<uint64_t>(in_.size(), m_.csize - in_read_);
         if (take == 0) return DataLoss(where_ + " does not inflate to its size");
-        ONLINEPS_ASSIGN_OR_RETURN(std::string bytes, ReadAt(fd_, m_.data + in_read_, take, where_));
-        std::memcpy(in_.data(), bytes.data(), take);
+        ONLINEPS_RETURN_IF_ERROR(ReadInto(fd_, m_.data + in_read_, in_.data(), take, where_));
         in_read_ += take;
         zs_.next_in = reinterpret_cast<Bytef*>(in_.data());
         zs_.avail_in = static_cast<uInt>(take);
@@ -543,7 +546,6 @@ struct NpyArray {
   size_t width = 4;
   uint64_t count = 1;
   std::unique_ptr<MemberReader> reader;
-  std::string where;  // "path:name"
 
   // The next `n` values as doubles (REQUIRES: n <= 8192 and values remain).
   Status Next(size_t n, double* out) {
@@ -575,7 +577,6 @@ struct NpyArray {
 // C order, as many data bytes as the shape says).
 StatusOr<NpyArray> OpenNpy(int fd, const ZipMember& m, const std::string& where) {
   NpyArray a;
-  a.where = where;
   a.reader = std::make_unique<MemberReader>(fd, m, where);
   char magic[12];
   if (m.usize < 10) return DataLoss(where + ": not a .npy array");
@@ -634,15 +635,16 @@ struct RowTarget {
   int split = -1;
   size_t row = 0;
 };
+// Given a split's labels, where each of its rows goes (and the splits sized to hold them).
+using RowPlacer = std::function<std::vector<RowTarget>(const std::vector<int64_t>&)>;
 
 // One split's arrays x [n, ...] (flattened per row) and y [n], streamed: y is read and
-// checked, then `place(n)` says where each row goes, then x is read row by row into
-// xs[split] / ys[split] (already sized by `place`).
-Status ReadNpzSplit(int fd, const std::map<std::string, ZipMember>& members,
-                    const std::string& path, const std::string& xname, const std::string& yname,
-                    size_t* dim,
-                    const std::function<std::vector<RowTarget>(const std::vector<int64_t>&)>& place,
-                    std::vector<float>* const xs[2], std::vector<int64_t>* const ys[2]) {
+// checked, then `place(labels)` says where each row goes, then x is read row by row into
+// xs[split] / ys[split] (already sized by `place`). Returns n.
+StatusOr<size_t> ReadNpzSplit(int fd, const std::map<std::string, ZipMember>& members,
+                              const std::string& path, const std::string& xname,
+                              const std::string& yname, size_t* dim, const RowPlacer& place,
+                              std::vector<float>* const xs[2], std::vector<int64_t>* const ys[2]) {
   auto xm = members.find(xname + ".npy"), ym = members.find(yname + ".npy");
   if (xm == members.end() || ym == members.end()) {
     return DataLoss(path + ": no array '" + (xm == members.end() ? xname : yname) +
@@ -681,20 +683,24 @@ Status ReadNpzSplit(int fd, const std::map<std::string, ZipMember>& members,
   for (size_t i = 0; i < n; ++i) {
     if (targets[i].split >= 0) (*ys[targets[i].split])[targets[i].row] = labels[i];
   }
+  size_t row = 0, col = 0;  // of value i
   for (uint64_t i = 0; i < xa.count;) {
     const size_t k = static_cast<size_t>(std::min<uint64_t>(8192, xa.count - i));
     ONLINEPS_RETURN_IF_ERROR(xa.Next(k, buf));
     for (size_t j = 0; j < k; ++j, ++i) {
-      const size_t row = i / d, col = i % d;
       if (!std::isfinite(buf[j])) {
         return DataLoss(path + ":" + xname + ": row " + std::to_string(row) + " feature " +
                         std::to_string(col) + " is NaN or Inf");
       }
       const RowTarget& t = targets[row];
       if (t.split >= 0) (*xs[t.split])[t.row * d + col] = static_cast<float>(buf[j]);
+      if (++col == d) {
+        col = 0;
+        ++row;
+      }
     }
   }
-  return Status::Ok();
+  return n;
 }
 
 StatusOr<Dataset> LoadNpz(const std::string& name, const std::string& path,
@@ -743,23 +749,16 @@ StatusOr<Dataset> LoadNpz(const std::string& name, const std::string& path,
     }
     return t;
   };
-  size_t rows = 0;
-  auto count_rows = [&](auto inner) {
-    return [&, inner](const std::vector<int64_t>& y) {
-      rows = y.size();
-      return inner(y);
-    };
-  };
+  ONLINEPS_ASSIGN_OR_RETURN(
+      const size_t rows,
+      ReadNpzSplit(fd, members, path, "x", "y", &ds.dim,
+                   has_test ? RowPlacer(in_order(0, o.max_train)) : RowPlacer(seeded), xs, ys));
+  if (rows == 0) return DataLoss(path + ": x has no rows");
   if (has_test) {
-    ONLINEPS_RETURN_IF_ERROR(ReadNpzSplit(fd, members, path, "x", "y", &ds.dim,
-                                          count_rows(in_order(0, o.max_train)), xs, ys));
-    if (rows == 0) return DataLoss(path + ": x has no rows");
     ONLINEPS_RETURN_IF_ERROR(ReadNpzSplit(fd, members, path, "x_test", "y_test", &ds.dim,
-                                          in_order(1, o.max_test), xs, ys));
+                                          in_order(1, o.max_test), xs, ys)
+                                 .status());
   } else {
-    ONLINEPS_RETURN_IF_ERROR(
-        ReadNpzSplit(fd, members, path, "x", "y", &ds.dim, count_rows(seeded), xs, ys));
-    if (rows == 0) return DataLoss(path + ": x has no rows");
     ds.split_seed = o.split_seed;
     ds.test_fraction = o.test_fraction;
   }

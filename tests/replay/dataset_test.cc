@@ -624,17 +624,8 @@ TEST(NpzDatasetTest, BadArchivesAreDataLossNamingTheArray) {
             StatusCode::kDataLoss);
 }
 
-// Peak resident memory of this process (kB) after `/proc/self/clear_refs` reset it to the
-// current RSS; -1 where the kernel has no reset (then the bound below is not checked).
-long ResetPeakKb() {
-  std::ofstream("/proc/self/clear_refs") << "5";
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::atol(line.c_str() + 6);
-  }
-  return -1;
-}
+// Peak resident memory of this process (kB); -1 where /proc has no VmHWM (then the bound
+// below is not checked).
 long PeakKb() {
   std::ifstream status("/proc/self/status");
   std::string line;
@@ -642,6 +633,11 @@ long PeakKb() {
     if (line.rfind("VmHWM:", 0) == 0) return std::atol(line.c_str() + 6);
   }
   return -1;
+}
+// The peak after `/proc/self/clear_refs` reset it to the current RSS.
+long ResetPeakKb() {
+  std::ofstream("/proc/self/clear_refs") << "5";
+  return PeakKb();
 }
 
 // A 32 MiB float32 array: the archive is streamed into the split's rows, so the load's peak
