@@ -436,28 +436,18 @@ class ModelBench {
   // Worker learn b1 alone for `seconds` with `threads` callers: calls/s and the process's
   // CPU per learn (worker, shards and this bench's callers: all share the process).
   std::pair<double, double> LearnCpu(int threads) {
-    const double cpu0 = ProcessCpuSeconds();
-    const Figure f = Run(threads, flags_.seconds, WorkerCall(Op::kLearn, 1, threads), "learn cpu");
-    const double cpu = ProcessCpuSeconds() - cpu0;
-    const double learns = f.per_s * flags_.seconds;
-    return {f.per_s, learns > 0 ? cpu / learns * 1e3 : 0};
+    return LearnCpuWith(client_, threads, ProcessCpuSeconds);
   }
   // The same against another worker (`client`, e.g. an onlineps_worker process): calls/s
   // and the CPU of the processes `pids` (that worker and its shards) per learn, which is
   // how the torch baseline counts its trainer and PS processes.
   std::pair<double, double> LearnCpuOf(WorkerClient* client, int threads,
                                        const std::vector<pid_t>& pids) {
-    auto cpu = [&pids] {
+    return LearnCpuWith(client, threads, [&pids] {
       double s = 0;
       for (pid_t p : pids) s += onlineps::testing::CpuSeconds(p);
       return s;
-    };
-    const double cpu0 = cpu();
-    const Figure f =
-        Run(threads, flags_.seconds, WorkerCall(Op::kLearn, 1, threads, client), "learn cpu");
-    const double used = cpu() - cpu0;
-    const double learns = f.per_s * flags_.seconds;
-    return {f.per_s, learns > 0 ? used / learns * 1e3 : 0};
+    });
   }
   // Worker infer b1 alone for `seconds` with `threads` callers: calls/s.
   double InferRate(int threads) {
@@ -478,6 +468,18 @@ class ModelBench {
   }
 
  private:
+  // learn b1 on `client` for `seconds` with `threads` callers: calls/s and the CPU seconds
+  // `cpu` counts, per learn, in ms.
+  std::pair<double, double> LearnCpuWith(WorkerClient* client, int threads,
+                                         const std::function<double()>& cpu) {
+    const double cpu0 = cpu();
+    const Figure f =
+        Run(threads, flags_.seconds, WorkerCall(Op::kLearn, 1, threads, client), "learn cpu");
+    const double used = cpu() - cpu0;
+    const double learns = f.per_s * flags_.seconds;
+    return {f.per_s, learns > 0 ? used / learns * 1e3 : 0};
+  }
+
   // Each caller cycles through 64 prepared batches; thread t starts at batch t.
   Call WorkerCall(Op op, size_t batch, int threads, WorkerClient* client = nullptr) {
     auto bodies = std::make_shared<std::vector<json>>();

@@ -83,9 +83,9 @@ class WorkerClientImpl : public WorkerClient {
           h.op = op;
           h.request_id = id;
           frames[0] = Frame::FromString(EncodeHeader(h));
-          return true;
+          return std::move(frames);
         },
-        [&](bool&&) { sent = transport_->Send(0, std::move(frames)); }, deadline);
+        [&](Frames&& out) { sent = transport_->Send(0, std::move(out)); }, deadline);
     if (!id.ok()) {
       if (id.status().code() != StatusCode::kResourceExhausted) return id.status();
       return DeadlineExceeded("too many calls in flight to the worker");
