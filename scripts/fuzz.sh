@@ -63,8 +63,9 @@ cmake --build "$build" -j "$jobs" --target $targets >"$work/build.log" 2>&1 || {
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 limits=(-rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10)
-failed=0
-for t in $targets; do
+# One target per job: each fuzzer is single-threaded.
+fuzz_target() {
+  local t=$1 bin regressions dict log stats a
   bin="$build/$t"
   mkdir -p "$work/$t/corpus" "$work/$t/artifacts"
   regressions=()
@@ -76,8 +77,7 @@ for t in $targets; do
     if ! "$bin" "${limits[@]}" "${regressions[@]}" >"$work/$t/regressions.log" 2>&1; then
       echo "fuzz: $t FAILED on a regression input (log: $work/$t/regressions.log)" >&2
       grep -E '^Running: ' "$work/$t/regressions.log" | tail -n 1 >&2 || true
-      failed=1
-      continue
+      return 1
     fi
   fi
   cp -r "$root/fuzz/corpus/$t/." "$work/$t/corpus/"
@@ -89,7 +89,6 @@ for t in $targets; do
     stats=$(grep -E '^#[0-9]+' "$log" | tail -n 1)
     echo "fuzz: $t ok: ${seconds}s, ${regressions[*]:+${#regressions[@]} regressions, }$stats"
   else
-    failed=1
     echo "fuzz: $t FAILED (log: $log)" >&2
     grep -E 'ERROR: |SUMMARY: |_fuzz: ' "$log" | head -n 5 >&2 || true
     for a in "$work/$t/artifacts"/*; do
@@ -99,8 +98,20 @@ for t in $targets; do
       echo "fuzz:   minimize: $bin -minimize_crash=1 -runs=10000 $a; then add it to" \
         "fuzz/regressions/$t/" >&2
     done
+    return 1
   fi
+}
+failed=0
+running=0
+for t in $targets; do
+  if ((running >= jobs)); then
+    wait -n || failed=1
+    running=$((running - 1))
+  fi
+  fuzz_target "$t" &
+  running=$((running + 1))
 done
+for ((; running > 0; running--)); do wait -n || failed=1; done
 if ((failed)); then
   echo "fuzz: FAILED (work dir kept: $work)" >&2
   exit 1
