@@ -44,6 +44,8 @@ constexpr char kUsage[] =
     "  --inflight N   calls each caller keeps outstanding (default 1)\n"
     "  --csv FILE     also write figure,p50_us,p99_us,per_s,baseline_per_s,ratio rows\n"
     "                 (per_s: calls per second of all callers; ratio: per_s / baseline)\n"
+    "  --only TEXT    only the figures whose name contains TEXT (e.g. 'sparse push 10000',\n"
+    "                 'apply' for the per-row and apply-rate figures): to profile one\n"
     "  --bin-dir DIR  where onlineps_ps is, for --shards (default: " ONLINEPS_BIN_DIR
     ")\n"
     "  --help         this text\n";
@@ -52,7 +54,8 @@ struct Flags {
   int iters = 2000;
   bool mem = false;
   int shards = 1, clients = 1, inflight = 1;
-  std::string csv, bin_dir = ONLINEPS_BIN_DIR;
+  std::string csv, only, bin_dir = ONLINEPS_BIN_DIR;
+  bool Wants(const std::string& figure) const { return figure.find(only) != std::string::npos; }
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -88,8 +91,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       ok = count(i, "--clients", &f->clients);
     } else if (a == "--inflight") {
       ok = count(i, "--inflight", &f->inflight);
-    } else if ((a == "--csv" || a == "--bin-dir") && i + 1 < argc) {
-      (a == "--csv" ? f->csv : f->bin_dir) = argv[++i];
+    } else if ((a == "--csv" || a == "--bin-dir" || a == "--only") && i + 1 < argc) {
+      (a == "--csv" ? f->csv : a == "--only" ? f->only : f->bin_dir) = argv[++i];
     } else {
       std::fprintf(stderr, "ps_bench: unknown flag or missing value: %s\n%s", a.c_str(), kUsage);
       return false;
@@ -243,6 +246,8 @@ class Bench {
   Stats Figure(const std::string& name, int iters, const std::function<Waiter(int, int)>& ps,
                const std::vector<std::pair<const void*, size_t>>& raw_frames,
                const std::string& extra_unit = "", double units_per_call = 0) {
+    if (!f_.Wants(name)) return {};
+    ++ran_;
     const Stats p = Load(f_.clients, f_.inflight, iters, ps);
     const Stats r = Load(f_.clients, f_.inflight, iters, [&](int c, int) -> Waiter {
       raw_callers_[c]->Send(raw_frames);
@@ -266,7 +271,8 @@ class Bench {
     return p;
   }
 
-  void Run() {
+  // The number of figures printed.
+  int Run() {
     std::printf("onlineps ps_bench: %s, %d caller(s), %d call(s) in flight each, %d iterations\n",
                 f_.mem ? "1 in-process shard on mem://"
                        : (std::to_string(f_.shards) + " shard(s) on tcp loopback").c_str(),
@@ -275,7 +281,11 @@ class Bench {
     SparseCase(1000, 16, f_.iters);
     SparseCase(10000, 64, std::max(20, f_.iters / 10));
     DenseCase(1 << 20, std::max(20, f_.iters / 20));
-    if (f_.mem) ApplyCost(10000, 64);
+    if (f_.mem && f_.Wants("apply cost")) {
+      ApplyCost(10000, 64);
+      ++ran_;
+    }
+    return ran_;
   }
 
  private:
@@ -343,8 +353,10 @@ class Bench {
           Figure("sparse push " + shape + " same keys", iters, push(true),
                  {{header.data(), 64}, {keys[0].data(), nkeys * 8}, {vals.data(), vals.size() * 4}},
                  "M keys/s", nkeys / 1e6);
-      std::printf("  %d callers on the same keys: %.2f of disjoint keys' calls/s\n", f_.clients,
-                  same.per_s / one.per_s);
+      if (same.per_s > 0 && one.per_s > 0) {
+        std::printf("  %d callers on the same keys: %.2f of disjoint keys' calls/s\n", f_.clients,
+                    same.per_s / one.per_s);
+      }
     }
   }
 
@@ -380,6 +392,7 @@ class Bench {
   RawEcho raw_;
   std::vector<std::unique_ptr<RawEcho::Caller>> raw_callers_;
   std::FILE* csv_ = nullptr;
+  int ran_ = 0;
 };
 
 void Bench::ApplyCost(size_t nkeys, uint32_t dim) {
@@ -517,12 +530,20 @@ int Main(int argc, char** argv) {
   d.shape = {1 << 20};
   (void)clients[0]->CreateTable(d);
   for (auto& c : clients) (void)c->OpenTable("dense");
+  int ran = 0;
   {
     Bench bench(f, std::move(clients));
-    bench.Run();
+    ran = bench.Run();
   }
-  if (f.clients == 1 && f.inflight == 1) ApplyRates(std::max(10, f.iters / 50));
+  if (f.clients == 1 && f.inflight == 1 && f.Wants("apply rates")) {
+    ApplyRates(std::max(10, f.iters / 50));
+    ++ran;
+  }
   if (server) server->Stop();
+  if (ran == 0) {
+    std::fprintf(stderr, "ps_bench: --only '%s' matches no figure of this run\n", f.only.c_str());
+    return 2;
+  }
   return 0;
 }
 

@@ -4,6 +4,8 @@
 #include <cfloat>
 #include <cmath>
 
+#include "ps/cpu_clones.h"
+
 namespace onlineps::ps {
 
 using internal::ForEachBlock;
@@ -15,15 +17,24 @@ using internal::SqrtBlock;
 // Per-call constants are computed in double once and narrowed to float, so the inner
 // loops are pure float arithmetic.
 
-void Sgd::Apply(float* w, float* const* /*state*/, const float* g, size_t n,
-                const ApplyArgs& args) const {
-  const float step = static_cast<float>(options_.lr * args.lr_scale);
+namespace {
+
+// The plain step on its own, so it can have an AVX2 copy (a virtual function cannot).
+__attribute__((flatten)) ONLINEPS_AVX2_CLONES void SgdStep(float* w, const float* g, size_t n,
+                                                           float step) {
   ForEachBlock(
       n,
       [step](float* __restrict wb, const float* __restrict gb) {
         for (size_t j = 0; j < kBlock; ++j) wb[j] -= step * gb[j];
       },
       w, g);
+}
+
+}  // namespace
+
+void Sgd::Apply(float* w, float* const* /*state*/, const float* g, size_t n,
+                const ApplyArgs& args) const {
+  SgdStep(w, g, n, static_cast<float>(options_.lr * args.lr_scale));
 }
 
 float Adagrad::InitialState(int slot) const {

@@ -210,7 +210,10 @@ void RowStore::PrefetchRecord(uint64_t key) const {
       const uint64_t e = b->e[i];
       if (e == kEmpty) break;
       if (static_cast<uint32_t>(e >> 32) == tag) {
-        __builtin_prefetch(Record(static_cast<uint32_t>(e)));
+        // Every line of the record: a 64-float row spans five, and the apply reads and
+        // writes them all.
+        const char* r = Record(static_cast<uint32_t>(e));
+        for (size_t off = 0; off < record_bytes_; off += 64) __builtin_prefetch(r + off, 1);
         return;
       }
     }

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/partition.h"
+#include "ps/cpu_clones.h"
 
 namespace onlineps::ps {
 
@@ -62,7 +63,7 @@ const float* ClipToNorm(const float* v, size_t n, double max_norm, std::vector<f
   return scratch->data();
 }
 
-bool AllFinite(const float* v, size_t n) {
+ONLINEPS_AVX2_CLONES bool AllFinite(const float* v, size_t n) {
   // Inf and NaN are the floats whose exponent bits are all ones, so that with the sign
   // cleared, adding one to the exponent carries into bit 31. Or-ing those sums keeps the
   // loop to an and, an add and an or per lane with no compare or max in the dependency

@@ -182,11 +182,6 @@ SparseTable::SparseTable(const TableSpec& spec, RuleSet rules)
 
 SparseTable::~SparseTable() = default;
 
-SparseTable::Stripe& SparseTable::StripeOf(uint64_t key) const {
-  // Low bits: the shard choice uses the high bits of the same mix.
-  return *stripes_[Mix64(key) % num_stripes_];
-}
-
 bool SparseTable::TryLockStripes(const bool* touched) const NO_THREAD_SAFETY_ANALYSIS {
   for (size_t si = 0; si < num_stripes_; ++si) {
     if (!touched[si] || stripes_[si]->mu.TryLock()) continue;
@@ -229,7 +224,7 @@ bool SparseTable::ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn, bool
   order.resize(n);
   size_t start[kMaxStripes + 1] = {};
   for (size_t i = 0; i < n; ++i) {
-    stripe_of[i] = static_cast<uint8_t>(Mix64(keys[i]) % num_stripes_);
+    stripe_of[i] = static_cast<uint8_t>(StripeIndex(keys[i]));
     ++start[stripe_of[i] + 1];
   }
   bool touched[kMaxStripes] = {};

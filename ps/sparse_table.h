@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/hash.h"
 #include "common/lru_map.h"
 #include "common/mutex.h"
 #include "ps/row_store.h"
@@ -60,7 +61,14 @@ class SparseTable : public Table {
     size_t operator()(const BackupKey& k) const;
   };
 
-  Stripe& StripeOf(uint64_t key) const;
+  Stripe& StripeOf(uint64_t key) const { return *stripes_[StripeIndex(key)]; }
+  // Low bits of the key's mix (the shard choice uses the high bits of the same mix). A
+  // power-of-two count (the default 16) masks instead of dividing: the same stripe, but
+  // a 64-bit division per key was a seventh of a 10,000-key push.
+  size_t StripeIndex(uint64_t key) const {
+    const uint64_t h = Mix64(key);
+    return (num_stripes_ & (num_stripes_ - 1)) == 0 ? h & (num_stripes_ - 1) : h % num_stripes_;
+  }
   // Calls fn(stripe, i) for every key index i, with key i's stripe locked; each stripe
   // is locked once per call. With `no_wait`, every stripe the keys touch is try-locked
   // first: when one is taken, nothing is called and the result is false.
