@@ -260,7 +260,15 @@ def expect(args, code, pattern, within_s):
         fail(f"{' '.join(args)}: exit {r.returncode} (want {code}), output does not match "
              f"{pattern!r}:\n{out[-2000:]}")
     if took > within_s:
-        fail(f"{' '.join(args)} took {took:.1f} s (want < {within_s} s)")
+        # Right answer, too slow: once more before failing, since under a loaded 2-core
+        # CI run a process start alone can lose seconds; a path that really waits (a
+        # connect timeout, a 30 s wait for shards) is slow both times.
+        print(f"ops_cli_test: {' '.join(args)} took {took:.1f} s (want < {within_s} s); again")
+        r, took = run(args, timeout=max(60, within_s * 3))
+        out = r.stdout + r.stderr
+        if r.returncode != code or not re.search(pattern, out) or took > within_s:
+            fail(f"{' '.join(args)} took {took:.1f} s the second time too (want < {within_s} s; "
+                 f"exit {r.returncode}, want {code})")
     print(f"ops_cli_test: ok: {os.path.basename(args[0])} {' '.join(args[1:])} -> exit {code} "
           f"in {took:.1f} s: {re.search(pattern, out).group(0)!r}")
 
