@@ -65,8 +65,8 @@ def torch_pch(i, key):
                         "-o", header + ".pch"], cwd=build, capture_output=True, text=True)
     return header + ".pch" if p.returncode == 0 else None
 
-def check(e, pch):
-    cxx, f = flags(e)
+def check(e, key, pch):
+    cxx, f = key
     extra = ["-include-pch", pch] if pch else []
     p = subprocess.run([cxx, *f, *extra, "-fsyntax-only", e["file"]], cwd=e["directory"],
                        capture_output=True, text=True)
@@ -78,8 +78,8 @@ with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
              if len(v) > 1 and any(a.startswith("-DUSE_DISTRIBUTED") for a in k[1])]
     pchs = dict(zip(torch, pool.map(lambda ik: torch_pch(*ik), enumerate(torch))))
     # The longest units first, so that no long one starts last.
-    work = [(e, pchs.get(k)) for k, v in sorted(groups.items(), key=lambda kv: kv[0] not in pchs)
-            for e in v]
+    work = [(e, k, pchs.get(k))
+            for k, v in sorted(groups.items(), key=lambda kv: kv[0] not in pchs) for e in v]
     for path, rc, err in pool.map(lambda w: check(*w), work):
         if rc != 0:
             failed += 1
