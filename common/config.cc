@@ -136,6 +136,59 @@ bool IsBuiltin(const CLI::App& app, const CLI::Option* opt) {
          opt->check_name(kConfigFlag) || opt->check_name(kPrintConfigFlag);
 }
 
+// A negated flag (`!--no-x`: giving it sets x = false). CLI11 2.1 inverts the value of
+// such a flag on the command line (--no-x=true sets x = false) but not from env or a
+// default: ONLINEPS_NO_X=true would set x = true. Their env and file values, and what
+// --print-config prints for them, go through the flag's own inversion here.
+bool IsNegatedFlag(const CLI::Option& opt) {
+  return !opt.get_lnames().empty() && opt.get_expected_max() == 0 &&
+         opt.get_flag_value(opt.get_lnames()[0], "") == "false";
+}
+
+// `value` as the option's value (for a negated flag: the value of the flag itself).
+std::string OptionValue(const CLI::Option& opt, const std::string& value) {
+  return IsNegatedFlag(opt) ? opt.get_flag_value(opt.get_lnames()[0], value) : value;
+}
+
+// Installs `value` as the option's default, below env and argv in precedence.
+void SetDefault(CLI::Option* opt, const std::string& value) {
+  opt->default_val(OptionValue(*opt, value));
+  // Options without a bound variable only see a default through a forced callback;
+  // a value from the file or env satisfies `required`.
+  if (!opt->get_run_callback_for_default()) opt->force_callback();
+  opt->required(false);
+}
+
+// While alive: negated flags read from env by SetDefault, with CLI11's own env reading
+// of them off (restored after, so --help still names their variables).
+class NegatedFlagEnv {
+ public:
+  explicit NegatedFlagEnv(CLI::App& app) {
+    for (CLI::Option* opt : app.get_options()) {
+      if (!IsNegatedFlag(*opt) || opt->get_envname().empty()) continue;
+      const std::string name = opt->get_envname();
+      saved_.emplace_back(opt, name);
+      opt->envname("");
+      const char* v = std::getenv(name.c_str());
+      if (v == nullptr || *v == '\0') continue;  // empty counts as unset, as in CLI11
+      try {
+        SetDefault(opt, v);
+      } catch (const CLI::Error& e) {
+        error_ = InvalidArgument("environment variable " + name + "='" + v + "' for --" +
+                                 opt->get_lnames()[0] + ": " + e.what());
+      }
+    }
+  }
+  ~NegatedFlagEnv() {
+    for (auto& [opt, name] : saved_) opt->envname(name);
+  }
+  const Status& error() const { return error_; }
+
+ private:
+  std::vector<std::pair<CLI::Option*, std::string>> saved_;
+  Status error_;
+};
+
 // Long options are usually kebab-case but may be snake_case; accept either spelling.
 CLI::Option* FindFileOption(CLI::App& app, const std::string& key) {
   for (const std::string& name : {Replace(key, '_', '-'), Replace(key, '-', '_')}) {
@@ -186,14 +239,10 @@ Status ApplyEntry(CLI::App& app, const FileEntry& entry, const std::string& path
                            Suggestion(app, entry.key));
   }
   try {
-    opt->default_val(entry.value);
+    SetDefault(opt, entry.value);
   } catch (const CLI::Error& e) {
     return InvalidArgument(where + ": bad value for '" + entry.key + "': " + e.what());
   }
-  // Options without a bound variable only see a default through a forced callback;
-  // a value from the file satisfies `required`.
-  if (!opt->get_run_callback_for_default()) opt->force_callback();
-  opt->required(false);
   return Status::Ok();
 }
 
@@ -280,10 +329,10 @@ std::string QuoteIfNeeded(const std::string& v) {
 std::string EffectiveValue(const CLI::Option& opt) {
   if (opt.count() == 0) {
     std::string def = opt.get_default_str();
-    return def.empty() && opt.get_expected_max() == 0 ? "false" : def;
+    return def.empty() && opt.get_expected_max() == 0 ? "false" : OptionValue(opt, def);
   }
   CLI::results_t results = opt.reduced_results();
-  if (results.size() == 1) return results[0];
+  if (results.size() == 1) return OptionValue(opt, results[0]);
   std::string joined;
   for (const std::string& r : results) joined += (joined.empty() ? "" : ",") + r;
   return "[" + joined + "]";
@@ -354,6 +403,8 @@ StatusOr<ParseResult> ParseFlags(CLI::App& app, int argc, const char* const* arg
     PrepareOptions(app, env_prefix);
     result.config_file = FindConfigPath(argc, argv);
     if (!result.config_file.empty()) file_status = ApplyConfigFile(app, result.config_file);
+    NegatedFlagEnv negated(app);  // after the file: env wins over it
+    if (!negated.error().ok()) return negated.error();
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // help wins over every error, as in any CLI
     out << SuccessText(app, e);

@@ -224,6 +224,69 @@ TEST_F(ConfigTest, PrintedConfigReadsBack) {
   EXPECT_EQ(flags.peers, (std::vector<std::string>{"a", "b"}));
 }
 
+// `!--no-cache` (giving it turns caching off) means the same from every source: CLI11 2.1
+// alone would take ONLINEPS_NO_CACHE=true, or `no-cache = true` in a file, as cache = true.
+TEST_F(ConfigTest, NegatedFlagMeansTheSameFromArgvEnvAndFile) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* env;  // ONLINEPS_NO_CACHE, or null
+    const char* file;
+    bool cache;
+  };
+  const std::vector<Case> cases = {
+      {{}, nullptr, nullptr, true},
+      {{"--no-cache"}, nullptr, nullptr, false},
+      {{}, "true", nullptr, false},
+      {{}, "1", nullptr, false},
+      {{}, "false", nullptr, true},
+      {{}, nullptr, "no-cache = true\n", false},
+      {{}, nullptr, "no-cache = false\n", true},
+      {{}, "false", "no-cache = true\n", true},   // env beats the file
+      {{"--no-cache"}, "false", nullptr, false},  // argv beats env
+  };
+  for (const Case& c : cases) {
+    const std::string what = std::string("env ") + (c.env ? c.env : "unset") + ", file " +
+                             (c.file ? c.file : "none") + ", args " + std::to_string(c.args.size());
+    c.env ? setenv("ONLINEPS_NO_CACHE", c.env, 1) : unsetenv("ONLINEPS_NO_CACHE");
+    std::vector<std::string> args = c.args;
+    if (c.file) args.insert(args.begin(), {"--config", WriteFile(c.file)});
+    args.insert(args.begin(), "prog");
+    std::vector<const char*> argv;
+    for (const std::string& a : args) argv.push_back(a.c_str());
+    CLI::App app("negated");
+    bool cache = true;
+    app.add_flag("!--no-cache", cache, "Do not cache");
+    StatusOr<ParseResult> r = ParseFlags(app, static_cast<int>(argv.size()), argv.data(), out_);
+    ASSERT_TRUE(r.ok()) << what << ": " << r.status().ToString();
+    EXPECT_EQ(cache, c.cache) << what;
+    // What --print-config says reads back to the same value.
+    const std::string printed = EffectiveConfig(app);
+    EXPECT_NE(printed.find(c.cache ? "no-cache = false" : "no-cache = true"), std::string::npos)
+        << what << ": " << printed;
+    unsetenv("ONLINEPS_NO_CACHE");
+    CLI::App again("again");
+    bool cache2 = !c.cache;
+    again.add_flag("!--no-cache", cache2, "Do not cache");
+    const std::string path = WriteFile(printed);
+    const char* argv2[] = {"prog", "--config", path.c_str()};
+    ASSERT_TRUE(ParseFlags(again, 3, argv2, out_).ok()) << what;
+    EXPECT_EQ(cache2, c.cache) << what << ": printed config read back";
+    // --help still names the variable.
+    EXPECT_NE(app.help().find("ONLINEPS_NO_CACHE"), std::string::npos);
+  }
+  setenv("ONLINEPS_NO_CACHE", "maybe", 1);
+  CLI::App app("negated");
+  bool cache = true;
+  app.add_flag("!--no-cache", cache, "Do not cache");
+  const char* argv[] = {"prog"};
+  StatusOr<ParseResult> r = ParseFlags(app, 1, argv, out_);
+  unsetenv("ONLINEPS_NO_CACHE");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("ONLINEPS_NO_CACHE='maybe'"), std::string::npos)
+      << r.status().ToString();
+}
+
 TEST_F(ConfigTest, HelpIsReportedNotExited) {
   StatusOr<ParseResult> r = Parse({"--help"});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
