@@ -8,6 +8,7 @@
 // same mlp 64-32-10 b1) and prints our figures over its. Not a test.
 //   worker_bench [--seconds S] [--threads N] [--shards N] [--quick] [--no-read-own-writes]
 //                [--no-torch] [--no-infer-batching] [--handler-threads N] [--infer-passes N]
+//                [--processes-only]
 #include <prometheus/registry.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
@@ -54,6 +55,9 @@ struct Flags {
   bool batch_infer = true;      // --no-infer-batching: one forward pass per infer call
   int handler_threads = WorkerServerOptions{}.handler_threads;  // --handler-threads
   int infer_passes = 0;  // --infer-passes (WorkerServiceOptions::infer_passes)
+  // --processes-only: only learn b1 against worker and shard processes (and the torch
+  // baseline beside it), for A/B runs of the learn path.
+  bool processes_only = false;
 };
 
 struct Figure {
@@ -672,6 +676,15 @@ int BenchModel(const std::string& name, const ModelOptions& options, ps::PsClien
   auto client = WorkerClient::Connect(co);
   if (!client.ok()) return 1;
   ModelBench bench(name, model->get(), ps, client->get(), std::move(pool), flags);
+  if (flags.processes_only) {
+    if (flags.torch) {
+      TorchComparison(&bench, flags);
+    } else {
+      ProcessLearnCpu(&bench, flags, json::object());
+    }
+    server.Stop();
+    return service.Stop().ok() ? 0 : 1;
+  }
   for (Row& r : bench.RunAll()) rows->push_back(std::move(r));
   {
     // Dynamic batching: infer b1 from --threads callers, beside the model in-process at the
@@ -712,7 +725,7 @@ int Main(int argc, char** argv) {
   const char* usage =
       "usage: worker_bench [--seconds S] [--threads N] [--shards N] [--quick] "
       "[--no-read-own-writes] [--no-torch] [--no-infer-batching] [--handler-threads N]\n"
-      "                    [--infer-passes N]\n";
+      "                    [--infer-passes N] [--processes-only]\n";
   for (int i = 1; i < argc; ++i) {
     const bool has_value = i + 1 < argc;
     if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
@@ -725,6 +738,8 @@ int Main(int argc, char** argv) {
       flags.read_own_writes = false;
     } else if (!std::strcmp(argv[i], "--no-torch")) {
       flags.torch = false;
+    } else if (!std::strcmp(argv[i], "--processes-only")) {
+      flags.processes_only = true;
     } else if (!std::strcmp(argv[i], "--no-infer-batching")) {
       flags.batch_infer = false;
     } else if (!std::strcmp(argv[i], "--infer-passes") && has_value) {
@@ -776,6 +791,10 @@ int Main(int argc, char** argv) {
   mlp.labels = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"};
   mlp.table_prefix = "bench_mlp/";
   int rc = BenchModel("mlp 64-32-10", mlp, ps->get(), DigitExamples(), flags, &rows);
+  if (flags.processes_only) {
+    for (auto& s : shards) s->Stop();
+    return rc;
+  }
   ModelOptions fashion = mlp;
   fashion.input_dim = 784;
   fashion.hidden = {128};

@@ -55,6 +55,8 @@ std::string_view OpName(Op op) {
       return "watch";
     case Op::kModelInfo:
       return "model_info";
+    case Op::kPushBatch:
+      return "push_batch";
   }
   return "unknown";
 }

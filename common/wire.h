@@ -51,9 +51,14 @@ enum class Op : uint8_t {
   // Worker RPC: the model's parameters (trainable tables and frozen ones), its frozen
   // base, and the bytes a learn pushes; body {"verify": true} rehashes the frozen part.
   kModelInfo = 22,
+  // Several pushes in one message (docs/protocol.md, "23 · push_batch"): shape = frame
+  // count of each sub-push; frames: each sub-push's [header, payload...] in turn. Each is
+  // applied as the push it holds (own seq, version, staleness); the reply carries one
+  // [header, values...] per sub-push, counted the same way in its shape.
+  kPushBatch = 23,
 };
 
-inline constexpr Op kLastOp = Op::kModelInfo;
+inline constexpr Op kLastOp = Op::kPushBatch;
 // True for the ops a worker serves (a PS shard answers them with UNKNOWN_OP).
 inline bool IsWorkerOp(Op op) {
   return (op >= Op::kInfer && op <= Op::kWorkerStats) || op == Op::kModelInfo;

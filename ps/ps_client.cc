@@ -136,6 +136,7 @@ class PsClientImpl : public PsClient {
                     Callback done) override;
   Ticket PushSparse(const std::string& table, Frame keys, Frame values, const VersionVector& base,
                     PushReply* reply, PushOptions opts, Callback done) override;
+  Ticket PushDenseBatch(std::vector<DensePush> pushes, Callback done) override;
   Ticket Watch(size_t shard, const std::map<std::string, uint64_t>& known,
                std::chrono::milliseconds wait, WatchReply* reply, Callback done) override;
 
@@ -249,6 +250,10 @@ std::unique_ptr<Pending> PsClientImpl::NewPart(const std::shared_ptr<Ticket::Sta
   return p;
 }
 
+uint32_t PushFlags(const PushOptions& opts) {
+  return (opts.delta ? kFlagDelta : 0) | (opts.updated ? kFlagReturnValues : 0);
+}
+
 std::unique_ptr<Pending> PsClientImpl::NewPushPart(const std::shared_ptr<Ticket::State>& call,
                                                    size_t shard, Op op, const std::string& table,
                                                    const VersionVector& base,
@@ -261,7 +266,7 @@ std::unique_ptr<Pending> PsClientImpl::NewPushPart(const std::shared_ptr<Ticket:
     p->header.seq = ++seq_[shard];
   }
   p->header.base_version = shard < base.size() ? base[shard] : 0;
-  p->header.flags = (opts.delta ? kFlagDelta : 0) | (opts.updated ? kFlagReturnValues : 0);
+  p->header.flags = PushFlags(opts);
   return p;
 }
 
@@ -558,41 +563,49 @@ Ticket PsClientImpl::PushDense(const std::string& table, const float* values,
   return PushDense(table, std::move(copy), base, reply, opts, std::move(done));
 }
 
+// The checks every dense push makes before anything is sent.
+Status CheckDensePush(const TableMeta& m, const std::string& table, const Frame& values) {
+  if (m.spec.kind != TableKind::kDense) {
+    return InvalidArgument("table '" + table + "' is sparse");
+  }
+  if (values.size() != m.spec.size() * sizeof(float)) {
+    return ShapeMismatch("table '" + table + "' has " + std::to_string(m.spec.size()) +
+                         " elements, the push carries " +
+                         std::to_string(values.size() / sizeof(float)));
+  }
+  return Status::Ok();
+}
+
+// Shard `s`'s slices of a dense tensor, in tensor order: a zero-copy slice of `values`
+// when they form one range, else a gathered copy.
+Frame ShardSlices(const TableMeta& m, uint32_t s, const Frame& values) {
+  const auto& slices = m.layout->SlicesOf(s);
+  if (slices.empty()) return Frame();
+  if (m.contiguous[s]) {
+    return Slice(values, slices[0].offset * sizeof(float), m.layout->ElemsOf(s) * sizeof(float));
+  }
+  const float* base_ptr = values.As<float>();
+  std::vector<float> gathered;
+  gathered.reserve(m.layout->ElemsOf(s));
+  for (const DenseSlice& sl : slices) {
+    gathered.insert(gathered.end(), base_ptr + sl.offset, base_ptr + sl.offset + sl.length);
+  }
+  return Frame::FromVector(std::move(gathered));
+}
+
 Ticket PsClientImpl::PushDense(const std::string& table, Frame values, const VersionVector& base,
                                PushReply* reply, PushOptions opts, Callback done) {
   auto meta = Meta(table);
   if (!meta.ok()) return Failed(meta.status(), std::move(done));
   const auto& m = **meta;
-  if (m.spec.kind != TableKind::kDense) {
-    return Failed(InvalidArgument("table '" + table + "' is sparse"), std::move(done));
-  }
-  if (values.size() != m.spec.size() * sizeof(float)) {
-    return Failed(ShapeMismatch("table '" + table + "' has " + std::to_string(m.spec.size()) +
-                                " elements, the push carries " +
-                                std::to_string(values.size() / sizeof(float))),
-                  std::move(done));
-  }
-  const float* base_ptr = values.As<float>();
+  if (Status st = CheckDensePush(m, table, values); !st.ok()) return Failed(st, std::move(done));
   const uint32_t n = static_cast<uint32_t>(num_shards());
   if (reply) *reply = PushReply{std::vector<uint64_t>(n), std::vector<uint64_t>(n)};
   auto call = NewCall(static_cast<int>(n), std::move(done));
   for (uint32_t s = 0; s < n; ++s) {
     auto p = NewPushPart(call, s, Op::kPushDense, table, base, opts);
     p->header.shape = {m.layout->ElemsOf(s)};
-    const auto& slices = m.layout->SlicesOf(s);
-    if (slices.empty()) {
-      p->payload.push_back(Frame());
-    } else if (m.contiguous[s]) {  // zero copy: the shard's part is one range
-      p->payload.push_back(
-          Slice(values, slices[0].offset * sizeof(float), m.layout->ElemsOf(s) * sizeof(float)));
-    } else {
-      std::vector<float> gathered;
-      gathered.reserve(m.layout->ElemsOf(s));
-      for (const DenseSlice& sl : slices) {
-        gathered.insert(gathered.end(), base_ptr + sl.offset, base_ptr + sl.offset + sl.length);
-      }
-      p->payload.push_back(Frame::FromVector(std::move(gathered)));
-    }
+    p->payload.push_back(ShardSlices(m, s, values));
     std::function<Status(const Header&, const Frames&)> values;
     if (opts.updated) {
       values = [m = *meta, s, out = opts.updated](const Header&, const Frames& f) {
@@ -600,6 +613,71 @@ Ticket PsClientImpl::PushDense(const std::string& table, Frame values, const Ver
       };
     }
     SendPush(std::move(p), reply, std::move(values));
+  }
+  return Ticket(call);
+}
+
+Ticket PsClientImpl::PushDenseBatch(std::vector<DensePush> pushes, Callback done) {
+  if (pushes.empty()) return Failed(Status::Ok(), std::move(done));
+  const uint32_t n = static_cast<uint32_t>(num_shards());
+  auto metas = std::make_shared<std::vector<std::shared_ptr<const TableMeta>>>();
+  for (DensePush& p : pushes) {
+    auto meta = Meta(p.table);
+    if (!meta.ok()) return Failed(meta.status(), std::move(done));
+    const TableSpec& spec = (*meta)->spec;
+    Status st = CheckDensePush(**meta, p.table, p.values);
+    if (st.ok() && spec.bound_mode == BoundMode::kBlock && spec.max_staleness >= 0) {
+      st = InvalidArgument("table '" + p.table +
+                           "' holds replies (block bound mode): push it with PushDense");
+    } else if (st.ok() && (p.opts.sender != 0 || p.opts.seq != 0)) {
+      st = InvalidArgument("push to '" + p.table + "' with a fixed (sender, seq) goes alone");
+    }
+    if (!st.ok()) return Failed(st, std::move(done));
+    metas->push_back(*std::move(meta));
+    if (p.reply) *p.reply = PushReply{std::vector<uint64_t>(n), std::vector<uint64_t>(n)};
+  }
+  auto batch = std::make_shared<const std::vector<DensePush>>(std::move(pushes));
+  auto call = NewCall(static_cast<int>(n), std::move(done));
+  for (uint32_t s = 0; s < n; ++s) {
+    auto part = NewPart(call, s, Op::kPushBatch, "");
+    for (size_t i = 0; i < batch->size(); ++i) {
+      const DensePush& p = (*batch)[i];
+      const TableMeta& m = *(*metas)[i];
+      Header sub = NewHeader(Op::kPushDense, p.table);
+      sub.seq = ++seq_[s];  // fixed now: a resend of the message carries the same seqs
+      sub.base_version = s < p.base.size() ? p.base[s] : 0;
+      sub.flags = PushFlags(p.opts);
+      sub.shape = {m.layout->ElemsOf(s)};
+      part->header.shape.push_back(2);
+      part->payload.push_back(Frame::FromString(EncodeHeader(sub)));
+      part->payload.push_back(ShardSlices(m, s, p.values));
+    }
+    part->on_reply = [this, batch, metas, s](const Header& h, const Frames& f) -> Status {
+      if (h.shape.size() != batch->size()) {
+        return Malformed("push_batch reply answers " + std::to_string(h.shape.size()) +
+                         " sub-pushes, " + std::to_string(batch->size()) + " were sent");
+      }
+      Status first;
+      size_t at = 1;
+      for (size_t i = 0; i < batch->size(); ++i) {
+        const uint64_t k = h.shape[i];
+        if (k == 0 || at + k > f.size()) return Malformed("push_batch reply: frames miscounted");
+        const Frames sub(f.begin() + static_cast<ptrdiff_t>(at),
+                         f.begin() + static_cast<ptrdiff_t>(at + k));
+        at += k;
+        const DensePush& p = (*batch)[i];
+        auto sh = DecodeHeader(sub[0].data(), sub[0].size());
+        Status st = sh.ok() ? ReplyStatus(*sh) : sh.status();
+        if (st.ok() && p.opts.updated) st = ScatterDense(*(*metas)[i], s, sub, p.opts.updated);
+        if (st.ok()) {
+          FillPushReply(p.reply, s, *sh);
+        } else if (first.ok()) {
+          first = st.WithContext("push_dense '" + p.table + "'");
+        }
+      }
+      return first;
+    };
+    Send(std::move(part));
   }
   return Ticket(call);
 }

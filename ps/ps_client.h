@@ -65,6 +65,15 @@ struct PushOptions {
   float* updated = nullptr;
 };
 
+// One table's part of PsClient::PushDenseBatch.
+struct DensePush {
+  std::string table;
+  Frame values;  // spec.size() floats, shared (zero copy) like PushDense's Frame overload
+  VersionVector base;
+  PushReply* reply = nullptr;  // optional; filled as PushDense fills it
+  PushOptions opts;            // delta and updated; a fixed (sender, seq) goes alone
+};
+
 // A shard's answer to a watch (docs/protocol.md, "21 · watch").
 struct WatchReply {
   std::map<std::string, uint64_t> versions;  // each table watched: its version there now
@@ -134,6 +143,13 @@ class PsClient {
   virtual Ticket PushSparse(const std::string& table, Frame keys, Frame values,
                             const VersionVector& base, PushReply* reply, PushOptions opts = {},
                             Callback done = nullptr) = 0;
+  // Pushes several dense tables with one push_batch message per shard, where PushDense
+  // sends one message per table and shard. Each table's push is still a push of its own,
+  // applied exactly once (own seq, version and staleness, in its reply). Not for tables
+  // in block bound mode, whose replies are held (INVALID_ARGUMENT: push them alone). The
+  // Ticket fails when some table's push failed on some shard, with the first error
+  // naming the table; the other tables' pushes may have been applied.
+  virtual Ticket PushDenseBatch(std::vector<DensePush> pushes, Callback done = nullptr) = 0;
   // Waits at shard `shard` (its primary, when replicated) until a table of `known`
   // (name -> version held) has another version there, or `wait` passes; `reply` gets
   // the answer. The call's deadline is `wait` plus the client timeout.

@@ -41,6 +41,7 @@ bool NeedsHandlerThread(Op op, bool replicated) {
     case Op::kPullSparse:
     case Op::kPushDense:
     case Op::kPushSparse:
+    case Op::kPushBatch:
       return replicated;  // logged in order under order_mu_
     default:
       return false;
@@ -436,6 +437,8 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
       ONLINEPS_RETURN_IF_ERROR(ckpt_queue_->Add(std::string(peer), h));
       *held = true;
       return Status::Ok();
+    case Op::kPushBatch:
+      return DispatchBatch(h, frames, reply, out, peer, commit_lsn);
     case Op::kReply:
       return UnknownOp("a shard does not accept replies");
     default:
@@ -495,6 +498,72 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
     default:
       return UnknownOp("op not served by a shard");
   }
+}
+
+Status ShardServer::DispatchBatch(const Header& h, const Frames& frames, Header* reply, Frames* out,
+                                  std::string_view peer, uint64_t* commit_lsn) {
+  if (h.shape.empty() || h.shape.size() > kMaxBatchPushes) {
+    return Malformed("push_batch: shape must count the frames of 1 to " +
+                     std::to_string(kMaxBatchPushes) + " sub-pushes, it has " +
+                     std::to_string(h.shape.size()) + " entries");
+  }
+  uint64_t total = 0;
+  for (uint64_t k : h.shape) {
+    if (k == 0 || k > 3)
+      return Malformed("push_batch: a sub-push has 1 to 3 frames, not " + std::to_string(k));
+    total += k;
+  }
+  if (total + 1 != frames.size()) {
+    return Malformed("push_batch: shape counts " + std::to_string(total) +
+                     " frames after the header, the message has " +
+                     std::to_string(frames.size() - 1));
+  }
+  size_t at = 1;
+  for (uint64_t k : h.shape) {
+    const Frames sub(frames.begin() + static_cast<ptrdiff_t>(at),
+                     frames.begin() + static_cast<ptrdiff_t>(at + k));
+    at += k;
+    Header sub_reply;
+    Frames sub_out;
+    Status st;
+    auto decoded = DecodeHeader(sub[0].data(), sub[0].size());
+    if (!decoded.ok()) {
+      st = decoded.status().WithContext("push_batch sub-push header");
+    } else if (decoded->op != Op::kPushDense && decoded->op != Op::kPushSparse) {
+      st = InvalidArgument("push_batch holds push_dense and push_sparse only, not " +
+                           std::string(OpName(decoded->op)));
+    } else if (auto t = FindTable(decoded->table); t != nullptr &&
+                                                   t->spec().bound_mode == BoundMode::kBlock &&
+                                                   t->spec().max_staleness >= 0) {
+      // A held reply answers one request; a batch's answer cannot wait for one part.
+      st = InvalidArgument("table '" + decoded->table +
+                           "' holds replies (block bound mode): push it on its own, not in "
+                           "push_batch");
+    } else {
+      decoded->epoch = h.epoch;  // the client fences the whole message
+      bool held = false;
+      uint64_t lsn = 0;
+      st = Dispatch(*decoded, sub, &sub_reply, &sub_out, peer, &held, &lsn);
+      // Handed to a handler thread: the whole message goes; what was applied already
+      // is answered there as a duplicate.
+      if (t_would_block) return st;
+      // Retryable: the client resends the whole message (applied parts are duplicates).
+      if (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kNotPrimary) {
+        reply->primary = sub_reply.primary;
+        return st;
+      }
+      *commit_lsn = std::max(*commit_lsn, lsn);
+      metrics_->CountRequest(decoded->op, st.code());
+    }
+    if (!st.ok()) {
+      sub_reply = MakeReply(decoded.ok() ? *decoded : Header{}, st);
+      sub_out.clear();
+    }
+    reply->shape.push_back(1 + sub_out.size());
+    out->push_back(Frame::FromString(EncodeHeader(sub_reply)));
+    for (Frame& f : sub_out) out->push_back(std::move(f));
+  }
+  return Status::Ok();
 }
 
 StatusOr<ShardServer::Created> ShardServer::CreateTable(const Header& h, Header* reply) {

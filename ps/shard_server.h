@@ -94,6 +94,10 @@ class ShardServer {
   // `commit_lsn`: set when the reply must wait for replication of that log entry.
   Status Dispatch(const Header& h, const Frames& frames, Header* reply, Frames* out,
                   std::string_view peer, bool* held, uint64_t* commit_lsn);
+  // push_batch: each sub-push through Dispatch, its reply appended to `out`.
+  static constexpr size_t kMaxBatchPushes = 1024;
+  Status DispatchBatch(const Header& h, const Frames& frames, Header* reply, Frames* out,
+                       std::string_view peer, uint64_t* commit_lsn);
   // Whether CreateTable made the table or found an equal one (the reply's "created" or
   // "exists", docs/protocol.md).
   enum class Created { kNew, kExisted };

@@ -11,23 +11,32 @@
 
 namespace onlineps::worker {
 
+void WorkerService::ReservePushes(size_t n, uint64_t bytes) {
+  // Bounded: a learn waits here rather than queue pushes without limit (a batch larger
+  // than the bound goes once nothing else is in flight).
+  MutexLock lock(&mu_);
+  inflight_cv_.Wait(&mu_, [&]() REQUIRES(mu_) {
+    return inflight_ == 0 || inflight_ + n <= options_.max_inflight_pushes;
+  });
+  inflight_ += n;
+  stats_.push_bytes += bytes;
+}
+
+std::function<void(const ps::PushReply&)> WorkerService::OnceForget(
+    std::function<void(const ps::PushReply&)> forget) const {
+  if (!options_.read_own_writes) return [](const ps::PushReply&) {};
+  // Run once: by the push's callback or by FinishPushes, whichever comes first; the other
+  // waits for it to finish (the learn's reply must follow the install), then skips it.
+  return [once = std::make_shared<std::once_flag>(),
+          f = std::move(forget)](const ps::PushReply& r) { std::call_once(*once, f, r); };
+}
+
 void WorkerService::StartPush(
     const std::string& table, uint64_t bytes, Pushes* pushes,
     std::function<void(const ps::PushReply&)> forget,
     const std::function<ps::Ticket(ps::PushReply*, ps::PsClient::Callback)>& send) {
-  {
-    // Bounded: a learn waits here rather than queue pushes without limit.
-    MutexLock lock(&mu_);
-    inflight_cv_.Wait(&mu_,
-                      [&]() REQUIRES(mu_) { return inflight_ < options_.max_inflight_pushes; });
-    ++inflight_;
-    stats_.push_bytes += bytes;
-  }
-  if (!options_.read_own_writes) forget = [](const ps::PushReply&) {};
-  // Run once: by the push's callback or by FinishPushes, whichever comes first; the other
-  // waits for it to finish (the learn's reply must follow the install), then skips it.
-  forget = [once = std::make_shared<std::once_flag>(),
-            f = std::move(forget)](const ps::PushReply& r) { std::call_once(*once, f, r); };
+  ReservePushes(1, bytes);
+  forget = OnceForget(std::move(forget));
   auto reply = std::make_shared<ps::PushReply>();
   // The callback owns the reply too: in queued mode nobody else waits for it.
   ps::Ticket t = send(reply.get(), [this, table, reply, forget](const Status& st) {
@@ -36,13 +45,55 @@ void WorkerService::StartPush(
   pushes->items.push_back({table, std::move(t), std::move(reply), std::move(forget)});
 }
 
+void WorkerService::SendDense(Pushes* pushes) {
+  const ps::TableSpec& tmpl = options_.table_template;
+  const bool holds = tmpl.bound_mode == ps::BoundMode::kBlock && tmpl.max_staleness >= 0;
+  if (!options_.batch_pushes || holds || pushes->dense.size() < 2) {
+    for (Pushes::Dense& d : pushes->dense) {
+      StartPush(d.push.table, d.push.values.size(), pushes, std::move(d.forget),
+                [&](ps::PushReply* r, ps::PsClient::Callback done) {
+                  return client_->PushDense(d.push.table, std::move(d.push.values), d.push.base, r,
+                                            d.push.opts, std::move(done));
+                });
+    }
+    pushes->dense.clear();
+    return;
+  }
+  struct Part {
+    std::string table;
+    std::shared_ptr<ps::PushReply> reply;
+    std::function<void(const ps::PushReply&)> forget;
+  };
+  auto parts = std::make_shared<std::vector<Part>>();
+  std::vector<ps::DensePush> batch;
+  uint64_t bytes = 0;
+  for (Pushes::Dense& d : pushes->dense) {
+    bytes += d.push.values.size();
+    parts->push_back(
+        {d.push.table, std::make_shared<ps::PushReply>(), OnceForget(std::move(d.forget))});
+    d.push.reply = parts->back().reply.get();
+    batch.push_back(std::move(d.push));
+  }
+  pushes->dense.clear();
+  ReservePushes(parts->size(), bytes);
+  // The callback owns the replies: in queued mode nobody else waits for them.
+  ps::Ticket t = client_->PushDenseBatch(std::move(batch), [this, parts](const Status& st) {
+    bool warn = true;
+    for (const Part& p : *parts) {
+      OnPushDone(p.table, *p.reply, st, p.forget, warn);
+      warn = false;
+    }
+  });
+  for (const Part& p : *parts) pushes->items.push_back({p.table, t, p.reply, p.forget, true});
+}
+
 void WorkerService::OnPushDone(const std::string& table, const ps::PushReply& reply,
                                const Status& st,
-                               const std::function<void(const ps::PushReply&)>& forget) {
+                               const std::function<void(const ps::PushReply&)>& forget, bool warn) {
   if (st.ok()) {
     if (ObservesOwnPushes()) cache_.ObserveVersions(table, reply.versions);
     forget(reply);
-  } else {
+  } else if (warn) {
     spdlog::warn("push to table '{}' failed: {}", table, st.ToString());
   }
   {
@@ -102,35 +153,36 @@ void WorkerService::PushSparse(const std::vector<ps::VersionVector>& base, const
 void WorkerService::PushDense(size_t param, Accumulator::Batch batch, Pushes* pushes) {
   const std::string& table = model_->params()[param].name;
   pushes->dense_tables.push_back(table);
-  ps::PushOptions opts;
-  std::function<void(const ps::PushReply&)> forget = ForgetDense(table);
+  Pushes::Dense d;
+  d.push.table = table;
+  d.push.base = std::move(batch.base);
+  d.forget = ForgetDense(table);
   if (InstallsPushedValues()) {
     auto updated = std::make_shared<std::vector<float>>(batch.sum.size());
-    opts.updated = updated->data();
-    forget = [this, table, updated, sent = static_cast<int64_t>(NowMs())](const ps::PushReply& r) {
+    d.push.opts.updated = updated->data();
+    d.forget = [this, table, updated,
+                sent = static_cast<int64_t>(NowMs())](const ps::PushReply& r) {
       cache_.InstallDense(table, std::move(*updated), r.versions, sent);  // runs once
     };
   }
-  const uint64_t bytes = batch.sum.size() * sizeof(float);
-  StartPush(table, bytes, pushes, forget, [&](ps::PushReply* r, ps::PsClient::Callback done) {
-    return client_->PushDense(table, Frame::FromVector(std::move(batch.sum)), batch.base, r, opts,
-                              std::move(done));
-  });
+  d.push.values = Frame::FromVector(std::move(batch.sum));
+  pushes->dense.push_back(std::move(d));
 }
 
 void WorkerService::PushDelta(size_t param, std::vector<float> delta, Pushes* pushes) {
   const std::string& table = model_->params()[param].name;
   pushes->dense_tables.push_back(table);
-  ps::PushOptions opts;
-  opts.delta = true;
-  StartPush(table, delta.size() * sizeof(float), pushes, ForgetDense(table),
-            [&](ps::PushReply* r, ps::PsClient::Callback done) {
-              return client_->PushDense(table, Frame::FromVector(std::move(delta)),
-                                        local_->anchor_versions(param), r, opts, std::move(done));
-            });
+  Pushes::Dense d;
+  d.push.table = table;
+  d.push.values = Frame::FromVector(std::move(delta));
+  d.push.base = local_->anchor_versions(param);
+  d.forget = ForgetDense(table);
+  d.push.opts.delta = true;
+  pushes->dense.push_back(std::move(d));
 }
 
 Status WorkerService::FinishPushes(Pushes& pushes, ReplyWhen when, LearnReply* out) {
+  SendDense(&pushes);
   if (pushes.items.empty()) return Status::Ok();
   if (when == ReplyWhen::kQueued) {
     out->outcome = LearnOutcome::kQueued;
@@ -141,7 +193,10 @@ Status WorkerService::FinishPushes(Pushes& pushes, ReplyWhen when, LearnReply* o
     Status st = p.ticket.Wait();
     if (!st.ok()) {
       if (first.ok()) {
-        first = Status(st.code(), "push to table '" + p.table + "' failed: " + st.message());
+        // A batch's error names its table already.
+        first = p.batched
+                    ? st
+                    : Status(st.code(), "push to table '" + p.table + "' failed: " + st.message());
       }
       continue;
     }

@@ -62,6 +62,9 @@ struct WorkerServiceOptions {
   // anything proportional to the request is allocated.
   RequestLimits limits;
   size_t max_inflight_pushes = 256;  // queued mode: pushes not yet acknowledged
+  // The dense tables a learn (or flush) pushes go to each shard as one push_batch
+  // message instead of one push_dense per table (tables in block bound mode go alone).
+  bool batch_pushes = true;
   // Dynamic batching of infer: calls that arrive while the model is busy (from other
   // handler threads) wait, and the next forward pass serves all of them at once, up to
   // limits.max_batch examples. Calls with a session context run alone (the context is
@@ -194,8 +197,15 @@ class WorkerService {
       std::shared_ptr<ps::PushReply> reply;
       // After the push is acknowledged: makes our cached copy show it (read-your-writes).
       std::function<void(const ps::PushReply&)> forget;
+      bool batched = false;  // shares its ticket with the other tables of a push_batch
     };
     std::vector<One> items;
+    // Dense pushes not sent yet: FinishPushes sends them, batched when it may.
+    struct Dense {
+      ps::DensePush push;
+      std::function<void(const ps::PushReply&)> forget;
+    };
+    std::vector<Dense> dense;
     std::vector<std::string> dense_tables;
   };
   // Pushes each dense param's `initial` values into its table, once across all workers,
@@ -211,6 +221,14 @@ class WorkerService {
   void StartPush(const std::string& table, uint64_t bytes, Pushes* pushes,
                  std::function<void(const ps::PushReply&)> forget,
                  const std::function<ps::Ticket(ps::PushReply*, ps::PsClient::Callback)>& send);
+  // Sends pushes->dense: one push_batch per shard, or one push per table.
+  void SendDense(Pushes* pushes);
+  // Waits until `n` more pushes may be in flight (max_inflight_pushes), then counts them.
+  void ReservePushes(size_t n, uint64_t bytes);
+  // `forget` as it runs after an acknowledged push: once, and not at all without
+  // read-your-writes.
+  std::function<void(const ps::PushReply&)> OnceForget(
+      std::function<void(const ps::PushReply&)> forget) const;
   std::function<void(const ps::PushReply&)> ForgetDense(const std::string& table);
   // Read-your-writes through the push reply (PushOptions::updated) rather than dropping
   // the copy and pulling it back: not for DC-ASGD tables, whose shards must record what
@@ -220,8 +238,9 @@ class WorkerService {
   // read-your-writes where notices flow: the copy then serves until another worker's
   // push is announced (with the age bound alone, a version bound still counts them).
   bool ObservesOwnPushes() const;
+  // `warn`: log a failure (once per message, not per table of a batch).
   void OnPushDone(const std::string& table, const ps::PushReply& reply, const Status& st,
-                  const std::function<void(const ps::PushReply&)>& forget);
+                  const std::function<void(const ps::PushReply&)>& forget, bool warn = true);
   // Waits for the pushes (kApplied) or leaves them in flight (kQueued) and fills `out`.
   Status FinishPushes(Pushes& pushes, ReplyWhen when, LearnReply* out);
   Status FlushDue(bool force);

@@ -358,6 +358,63 @@ TEST_F(ReplicationTest, DelayCompensatedTableFailsOverToTheSameWeights) {
   EXPECT_EQ(before, after) << "the backup's weights drifted from the primary's";
 }
 
+// Issue 20: a learn's dense tables go to a shard as one push_batch. kill -9 of the
+// primary while batches flow: every table holds every acknowledged batch exactly once
+// (each sub-push was logged as a push of its own and deduplicated on the new primary).
+TEST_F(ReplicationTest, BatchedDensePushesSurviveKill9OfThePrimaryExactlyOnce) {
+  Up(1, 2);
+  auto client = PsClient::Connect(Options());
+  ASSERT_TRUE(client.ok());
+  const std::vector<std::pair<std::string, uint64_t>> tables = {{"w", 64}, {"b", 3}};
+  for (const auto& [name, n] : tables) {
+    TableSpec spec;
+    spec.name = name;
+    spec.shape = {n};
+    spec.optimizer_params = {{"lr", 1.0}};
+    ASSERT_TRUE((*client)->CreateTable(spec).ok());
+  }
+  ASSERT_TRUE(
+      WaitFor([&] { return Readyz(0, 0) == 200 && Readyz(0, 1) == 200; }, milliseconds(10000)));
+  std::atomic<bool> stop{false};
+  std::atomic<int> acked{0}, failed{0};
+  std::thread pusher([&] {
+    while (!stop.load()) {
+      std::vector<DensePush> batch;
+      for (const auto& [name, n] : tables) {
+        DensePush p;
+        p.table = name;
+        p.values = Frame::FromVector(std::vector<float>(n, -1.0f));  // lr 1: +1 per batch
+        batch.push_back(std::move(p));
+      }
+      Status st = (*client)->PushDenseBatch(std::move(batch)).Wait();
+      (st.ok() ? acked : failed)++;
+      if (!st.ok()) std::fprintf(stderr, "batch failed: %s\n", st.ToString().c_str());
+    }
+  });
+  ASSERT_TRUE(WaitFor([&] { return acked.load() >= 50; }, milliseconds(10000)));
+  const int p = Primary(0);
+  ASSERT_GE(p, 0);
+  Signal(0, p, SIGKILL);
+  ASSERT_TRUE(WaitFor([&] { return Primary(0) == 1 - p; }, milliseconds(10000)));
+  const int at_kill = acked.load();
+  EXPECT_TRUE(WaitFor([&] { return acked.load() >= at_kill + 50; }, milliseconds(15000)))
+      << "batches stopped after the failover";
+  stop = true;
+  pusher.join();
+  EXPECT_EQ(failed.load(), 0);
+  for (const auto& [name, n] : tables) {
+    std::vector<float> w(n);
+    VersionVector v;
+    ASSERT_TRUE((*client)->PullDense(name, w.data(), &v).Wait().ok());
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(w[i], static_cast<float>(acked.load())) << name << "[" << i << "]";
+    }
+    EXPECT_EQ(v[0], static_cast<uint64_t>(acked.load())) << name;
+  }
+  std::printf("batches acknowledged: %d (%d after kill -9 of the primary)\n", acked.load(),
+              acked.load() - at_kill);
+}
+
 // etcd down for a while under traffic: the primary stops acknowledging once it cannot
 // renew its lease (it cannot know it still leads), nothing acknowledged is lost, and
 // service resumes when etcd is back (keys and leases survive an etcd restart).

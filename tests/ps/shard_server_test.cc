@@ -783,6 +783,130 @@ TEST_P(ShardServerTest, BadWatchIsInvalidArgumentAndTheShardKeepsServing) {
   ExpectStillServing();
 }
 
+// A push_batch request of `subs`, each sub-push's frames in turn.
+Frames BatchOf(std::vector<Frames> subs, uint64_t sender = 1) {
+  Header h = Request(Op::kPushBatch, "");
+  h.sender = sender;
+  Frames f{Frame()};
+  for (Frames& sub : subs) {
+    h.shape.push_back(sub.size());
+    for (Frame& x : sub) f.push_back(std::move(x));
+  }
+  f[0] = HeaderFrame(h);
+  return f;
+}
+
+// A push_batch reply split into its sub-replies (decoded header, frames).
+std::vector<std::pair<Header, Frames>> SubReplies(const Header& h, const Frames& f) {
+  std::vector<std::pair<Header, Frames>> out;
+  size_t at = 1;
+  for (uint64_t k : h.shape) {
+    if (k == 0 || at + k > f.size()) {
+      ADD_FAILURE() << "reply shape does not count its frames";
+      return out;
+    }
+    auto sh = DecodeHeader(f[at].data(), f[at].size());
+    if (!sh.ok()) {
+      ADD_FAILURE() << "undecodable sub-reply: " << sh.status().ToString();
+      return out;
+    }
+    out.emplace_back(*sh, Frames(f.begin() + static_cast<ptrdiff_t>(at),
+                                 f.begin() + static_cast<ptrdiff_t>(at + k)));
+    at += k;
+  }
+  EXPECT_EQ(at, f.size()) << "frames beyond the reply's shape";
+  return out;
+}
+
+TEST_P(ShardServerTest, PushBatchAppliesEachSubPushOnceAndAnswersEachOnItsOwn) {
+  const std::vector<float> g = {1, 1, 1, 1, 1, 1};
+  auto batch = [&]() {
+    return BatchOf(
+        {{HeaderFrame(PushHeader(Op::kPushDense, "d", 9, 1)), Floats(g)},
+         {HeaderFrame(PushHeader(Op::kPushSparse, "s", 9, 2)), Keys({7}), Floats({5, 6})},
+         {HeaderFrame(PushHeader(Op::kPushDense, "nope", 9, 3)), Floats(g)},
+         {HeaderFrame(PushHeader(Op::kPushDense, "d", 9, 4)),
+          Floats({1, 2, std::numeric_limits<float>::quiet_NaN(), 4, 5, 6})}},
+        9);
+  };
+  for (int round = 0; round < 2; ++round) {  // the second is a resend: duplicates
+    auto r = raw_->Call(batch());
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+    auto subs = SubReplies(r->first, r->second);
+    ASSERT_EQ(subs.size(), 4u);
+    EXPECT_EQ(subs[0].first.code, StatusCode::kOk) << subs[0].first.message;
+    EXPECT_EQ(subs[0].first.version, 2u);
+    EXPECT_EQ(subs[1].first.code, StatusCode::kOk) << subs[1].first.message;
+    EXPECT_EQ(subs[1].first.version, 2u);
+    if (round == 0) {
+      EXPECT_EQ(subs[0].first.message, "");
+    } else {
+      EXPECT_THAT(subs[0].first.message, StartsWith("duplicate"));
+      EXPECT_THAT(subs[1].first.message, StartsWith("duplicate"));
+    }
+    EXPECT_EQ(subs[2].first.code, StatusCode::kNotFound);
+    EXPECT_THAT(subs[2].first.message, HasSubstr("nope"));
+    EXPECT_EQ(subs[3].first.code, StatusCode::kNonFinite);
+  }
+  auto r = raw_->Call({HeaderFrame(Request(Op::kPullDense, "d"))});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.version, 2u) << "the dense sub-push once, the NaN one never";
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(r->second[1].As<float>()[i], -kDenseG0[i] - 1) << i;
+  r = raw_->Call({HeaderFrame(Request(Op::kPullSparse, "s")), Keys({7})});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->second[1].As<float>()[0], -1.0f - 5.0f);
+  EXPECT_EQ(MetricValue(*registry_, "onlineps_ps_requests_total",
+                        {"op=\"push_dense\"", "code=\"NON_FINITE\""}),
+            2);
+  // The NaN push was refused, not applied: its seq may be sent again with good values.
+  r = raw_->Call(BatchOf({{HeaderFrame(PushHeader(Op::kPushDense, "d", 9, 4)), Floats(g)}}, 9));
+  ASSERT_TRUE(r.has_value());
+  auto subs = SubReplies(r->first, r->second);
+  ASSERT_EQ(subs.size(), 1u);
+  EXPECT_EQ(subs[0].first.code, StatusCode::kOk) << subs[0].first.message;
+  EXPECT_EQ(subs[0].first.version, 3u);
+}
+
+TEST_P(ShardServerTest, BadPushBatchIsRefusedAndTheShardKeepsServing) {
+  Header h = Request(Op::kPushBatch, "");
+  ExpectError({HeaderFrame(h)}, StatusCode::kMalformed, "1 to 1024 sub-pushes");
+  h.shape = {2, 2};
+  ExpectError(
+      {HeaderFrame(h), HeaderFrame(PushHeader(Op::kPushDense, "d", 9, 1)), Floats(kDenseG0)},
+      StatusCode::kMalformed, "shape counts 4 frames after the header, the message has 2");
+  h.shape = {0};
+  ExpectError({HeaderFrame(h)}, StatusCode::kMalformed, "1 to 3 frames");
+  // Sub-pushes that are not pushes, or whose header is garbage, fail on their own.
+  auto r = raw_->Call(BatchOf({{HeaderFrame(Request(Op::kPing, ""))},
+                               {Bytes("not msgpack")},
+                               {HeaderFrame(PushHeader(Op::kPushDense, "d", 9, 1)), Floats({1})}}));
+  ASSERT_TRUE(r.has_value());
+  ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  auto subs = SubReplies(r->first, r->second);
+  ASSERT_EQ(subs.size(), 3u);
+  EXPECT_EQ(subs[0].first.code, StatusCode::kInvalidArgument);
+  EXPECT_THAT(subs[0].first.message, HasSubstr("not ping"));
+  EXPECT_EQ(subs[1].first.code, StatusCode::kMalformed);
+  EXPECT_EQ(subs[2].first.code, StatusCode::kShapeMismatch);
+  // A table whose replies may be held cannot be in a batch.
+  TableSpec block = DenseSpec();
+  block.name = "blk";
+  block.max_staleness = 1;
+  block.bound_mode = BoundMode::kBlock;
+  Header c = Request(Op::kCreateTable, "blk");
+  c.spec = EncodeSpec(block);
+  ASSERT_EQ(raw_->Call({HeaderFrame(c)})->first.code, StatusCode::kOk);
+  r = raw_->Call(
+      BatchOf({{HeaderFrame(PushHeader(Op::kPushDense, "blk", 9, 2)), Floats(kDenseG0)}}));
+  ASSERT_TRUE(r.has_value());
+  subs = SubReplies(r->first, r->second);
+  ASSERT_EQ(subs.size(), 1u);
+  EXPECT_EQ(subs[0].first.code, StatusCode::kInvalidArgument);
+  EXPECT_THAT(subs[0].first.message, HasSubstr("block bound mode"));
+  ExpectStillServing();
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, ShardServerTest, ::testing::Values("mem", "tcp"),
                          [](const auto& info) { return info.param; });
 
@@ -1122,6 +1246,83 @@ TEST_P(ShardServerClientTest, PushRepliesCarryTheValuesTheyWroteWhenAsked) {
   ASSERT_TRUE(a->PullSparse("s", keys.data(), 4, want.data(), nullptr).Wait().ok());
   EXPECT_EQ(got, want);
   EXPECT_EQ(got[0], -5.0f) << "key 5 pushed twice: 1 + 4";
+  s0->Stop();
+  s1->Stop();
+}
+
+TEST_P(ShardServerClientTest, PushDenseBatchMatchesOnePushPerTableAcrossShards) {
+  std::string e0, e1;
+  ShardServerOptions o;
+  o.num_shards = 2;
+  o.listen = ListenEndpoint(GetParam(), "batch0");
+  auto s0 = StartServer(o, std::make_shared<prometheus::Registry>(), &e0);
+  o.shard = 1;
+  o.listen = ListenEndpoint(GetParam(), "batch1");
+  auto s1 = StartServer(o, std::make_shared<prometheus::Registry>(), &e1);
+  ASSERT_NE(s0, nullptr);
+  ASSERT_NE(s1, nullptr);
+  auto a = ConnectClient({e0, e1});
+  ASSERT_NE(a, nullptr);
+  // Three tables: spread over both shards in slices, one range each, and one too small
+  // to reach the second shard. Each pushed twice in batches ("b/") and one by one ("p/").
+  const std::vector<std::pair<std::string, uint64_t>> shapes = {
+      {"big", 1000}, {"mid", 64}, {"tiny", 1}};
+  for (const char* prefix : {"b/", "p/"}) {
+    for (const auto& [name, n] : shapes) {
+      TableSpec spec = DenseSpec();
+      spec.name = prefix + name;
+      spec.shape = {n};
+      ASSERT_TRUE(a->CreateTable(spec).ok());
+    }
+  }
+  auto grad = [](uint64_t n, int round) {
+    std::vector<float> g(n);
+    for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>((i * 3 + round) % 11);
+    return g;
+  };
+  for (int round = 0; round < 2; ++round) {
+    std::vector<DensePush> batch;
+    std::vector<PushReply> replies(shapes.size());
+    std::vector<std::vector<float>> updated;
+    for (const auto& [name, n] : shapes) updated.emplace_back(n, 99.0f);
+    for (size_t t = 0; t < shapes.size(); ++t) {
+      DensePush p;
+      p.table = "b/" + shapes[t].first;
+      p.values = Frame::FromVector(grad(shapes[t].second, round));
+      p.reply = &replies[t];
+      p.opts.updated = updated[t].data();
+      batch.push_back(std::move(p));
+      const auto g = grad(shapes[t].second, round);
+      ASSERT_TRUE(a->PushDense("p/" + shapes[t].first, g.data(), {}, nullptr).Wait().ok());
+    }
+    Status st = a->PushDenseBatch(std::move(batch)).Wait();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    for (size_t t = 0; t < shapes.size(); ++t) {
+      const uint64_t n = shapes[t].second;
+      std::vector<float> b(n), p(n);
+      VersionVector vb, vp;
+      ASSERT_TRUE(a->PullDense("b/" + shapes[t].first, b.data(), &vb).Wait().ok());
+      ASSERT_TRUE(a->PullDense("p/" + shapes[t].first, p.data(), &vp).Wait().ok());
+      EXPECT_EQ(b, p) << shapes[t].first;
+      EXPECT_EQ(vb, vp) << shapes[t].first;
+      EXPECT_EQ(replies[t].versions, vb) << shapes[t].first;
+      EXPECT_EQ(updated[t], b) << shapes[t].first << ": the reply's values are the pull's";
+      EXPECT_EQ(replies[t].max_version, static_cast<uint64_t>(round + 1));
+    }
+  }
+  // A bad table fails the call before anything is sent, naming it.
+  std::vector<DensePush> bad(2);
+  bad[0].table = "b/big";
+  bad[0].values = Frame::FromVector(grad(1000, 0));
+  bad[1].table = "b/mid";
+  bad[1].values = Frame::FromVector(grad(63, 0));
+  Status st = a->PushDenseBatch(std::move(bad)).Wait();
+  EXPECT_EQ(st.code(), StatusCode::kShapeMismatch) << st.ToString();
+  EXPECT_THAT(st.message(), HasSubstr("b/mid"));
+  std::vector<float> w(1000);
+  VersionVector v;
+  ASSERT_TRUE(a->PullDense("b/big", w.data(), &v).Wait().ok());
+  EXPECT_EQ(v, (VersionVector{2, 2})) << "nothing of the refused batch was applied";
   s0->Stop();
   s1->Stop();
 }

@@ -439,9 +439,9 @@ TEST_F(WorkerServiceTest, ALearnIsOnePushRoundTripAndStillReadsItsOwnWrites) {
     }
   }
   std::map<Op, int> after = OpsSent(taps_);
-  const int dense_tables = static_cast<int>(model_->params().size());
-  EXPECT_EQ(after[Op::kPushDense] - before[Op::kPushDense], 10 * dense_tables * 2)
-      << "one push per dense table and shard per learn";
+  EXPECT_EQ(after[Op::kPushBatch] - before[Op::kPushBatch], 10 * 2)
+      << "one push_batch per shard per learn, for all its dense tables";
+  EXPECT_EQ(after[Op::kPushDense] - before[Op::kPushDense], 0);
   EXPECT_EQ(after[Op::kPullDense] - before[Op::kPullDense], 0)
       << "the pushes' replies carry the new values: nothing is pulled back";
   // The copy the worker installed is what the shards hold.
@@ -453,6 +453,27 @@ TEST_F(WorkerServiceTest, ALearnIsOnePushRoundTripAndStillReadsItsOwnWrites) {
     ASSERT_TRUE(cached.ok());
     EXPECT_EQ((*cached)->values, pulled) << p.name;
   }
+}
+
+TEST_F(WorkerServiceTest, WithoutBatchPushesEachDenseTableIsAMessageOfItsOwn) {
+  WorkerServiceOptions o;
+  o.cache.dense.max_age_ms = 60000;
+  o.batch_pushes = false;
+  StartWorker(Mlp(), o, /*tap=*/true);
+  ASSERT_TRUE(service_->Learn("", Feats({{1, 0, 0, 1}}, {1})).ok());
+  std::map<Op, int> before = OpsSent(taps_);
+  uint64_t last_version = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto l = service_->Learn("", Feats({{1, 0, 0, 1}}, {1}));
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    EXPECT_GT(l->version, last_version);
+    last_version = l->version;
+  }
+  std::map<Op, int> after = OpsSent(taps_);
+  const int dense_tables = static_cast<int>(model_->params().size());
+  EXPECT_EQ(after[Op::kPushDense] - before[Op::kPushDense], 5 * dense_tables * 2)
+      << "one push per dense table and shard per learn";
+  EXPECT_EQ(after[Op::kPushBatch] - before[Op::kPushBatch], 0);
 }
 
 TEST_F(WorkerServiceTest, WithoutReadOwnWritesTheCachedCopyServesUntilItsBound) {
