@@ -1,7 +1,9 @@
 #include "common/zmq_transport.h"
 
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -17,6 +19,33 @@
 #include <utility>
 
 #include "common/inline_request.h"
+
+// libzmq calls getpid() each time a socket's thread and a ZeroMQ I/O thread signal each
+// other (a check for use after fork), several times per message, and glibc (since 2.25)
+// makes every call a system call. On this project's paravirtualized machines that was 4%
+// of a learn's CPU in the worker and shard processes (perf, 2026-12-06). Every program
+// that links this file defines getpid itself, so libzmq and all other callers in the
+// process get it from a cache, which the child of a fork() refreshes before returning
+// (pthread_atfork). A child made by vfork or clone shares or bypasses it and must exec
+// (or _exit) without asking, as posix_spawn's does.
+namespace {
+std::atomic<pid_t> g_cached_pid{0};
+
+pid_t PidFromKernel() { return static_cast<pid_t>(::syscall(SYS_getpid)); }
+
+void RefreshCachedPid() { g_cached_pid.store(PidFromKernel(), std::memory_order_relaxed); }
+
+// Before main (and before any thread): the cache, and its refresh in fork children.
+const bool g_pid_cache_ready = [] {
+  RefreshCachedPid();
+  return ::pthread_atfork(nullptr, nullptr, &RefreshCachedPid) == 0;
+}();
+}  // namespace
+
+extern "C" pid_t getpid(void) noexcept {
+  const pid_t pid = g_cached_pid.load(std::memory_order_relaxed);
+  return pid != 0 && g_pid_cache_ready ? pid : PidFromKernel();
+}
 
 namespace onlineps {
 Status FromZmqError(const std::string& what, const zmq::error_t& e) {

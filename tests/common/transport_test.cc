@@ -2,9 +2,12 @@
 #include "common/transport.h"
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -463,6 +466,36 @@ TEST_P(TransportTest, OneFrameRoundTripLatency) {
 // mem_run_on_sender: a small request runs on the sending thread (with requeue offered)
 // and its reply reaches the client's Handler on that thread before Send returns; a large
 // one, or any request without the option, goes to the server's handler thread.
+// common/zmq_transport.cc answers getpid() from a cache (libzmq asks it on every signal
+// between its threads): the program's own definition wins over libc's, and it is right
+// in the parent, in a fork child (refreshed before fork returns) and after the child's
+// transports start.
+TEST(PidCacheTest, GetpidIsCachedAndRightAfterFork) {
+  Dl_info info{};
+  ASSERT_NE(dladdr(reinterpret_cast<void*>(&getpid), &info), 0);
+  EXPECT_EQ(std::string(info.dli_fname).find("libc."), std::string::npos)
+      << "getpid resolves to " << info.dli_fname << ", not this program's cached copy";
+  const pid_t parent = getpid();
+  EXPECT_EQ(parent, static_cast<pid_t>(syscall(SYS_getpid)));
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const pid_t mine = static_cast<pid_t>(syscall(SYS_getpid));
+    bool ok = getpid() == mine && mine != parent;
+    // The child's own ZeroMQ context and sockets work (they look at getpid too).
+    ZmqServerTransport server({});
+    auto ep = server.Start("tcp://127.0.0.1:0", [](Incoming&&) {});
+    ok = ok && ep.ok();
+    server.Stop();
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the fork child saw a wrong pid or could not serve";
+  EXPECT_EQ(getpid(), parent);
+}
+
 TEST(MemTransportTest, RunOnSenderHandlesAndRepliesOnTheSendingThread) {
   for (bool on : {true, false}) {
     SCOPED_TRACE(on ? "mem_run_on_sender" : "default");

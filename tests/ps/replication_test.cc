@@ -391,16 +391,24 @@ TEST_F(ReplicationTest, BatchedDensePushesSurviveKill9OfThePrimaryExactlyOnce) {
       if (!st.ok()) std::fprintf(stderr, "batch failed: %s\n", st.ToString().c_str());
     }
   });
+  // Stops the pusher however this test ends (a failed ASSERT returns early).
+  auto join = [&] {
+    stop = true;
+    if (pusher.joinable()) pusher.join();
+  };
+  struct Joiner {
+    std::function<void()> f;
+    ~Joiner() { f(); }
+  } joiner{join};
   ASSERT_TRUE(WaitFor([&] { return acked.load() >= 50; }, milliseconds(10000)));
+  ASSERT_TRUE(WaitFor([&] { return Primary(0) >= 0; }, milliseconds(5000)));
   const int p = Primary(0);
-  ASSERT_GE(p, 0);
   Signal(0, p, SIGKILL);
   ASSERT_TRUE(WaitFor([&] { return Primary(0) == 1 - p; }, milliseconds(10000)));
   const int at_kill = acked.load();
   EXPECT_TRUE(WaitFor([&] { return acked.load() >= at_kill + 50; }, milliseconds(15000)))
       << "batches stopped after the failover";
-  stop = true;
-  pusher.join();
+  join();
   EXPECT_EQ(failed.load(), 0);
   for (const auto& [name, n] : tables) {
     std::vector<float> w(n);
