@@ -553,6 +553,9 @@ Status ShardServer::DispatchBatch(const Header& h, const Frames& frames, Header*
         return st;
       }
       *commit_lsn = std::max(*commit_lsn, lsn);
+    }
+    // Sub-pushes count under their own op (the message under push_batch), refused or not.
+    if (decoded.ok() && (decoded->op == Op::kPushDense || decoded->op == Op::kPushSparse)) {
       metrics_->CountRequest(decoded->op, st.code());
     }
     if (!st.ok()) {

@@ -904,6 +904,13 @@ TEST_P(ShardServerTest, BadPushBatchIsRefusedAndTheShardKeepsServing) {
   ASSERT_EQ(subs.size(), 1u);
   EXPECT_EQ(subs[0].first.code, StatusCode::kInvalidArgument);
   EXPECT_THAT(subs[0].first.message, HasSubstr("block bound mode"));
+  // Refused sub-pushes count under their own op like any refused push.
+  EXPECT_EQ(MetricValue(*registry_, "onlineps_ps_requests_total",
+                        {"op=\"push_dense\"", "code=\"INVALID_ARGUMENT\""}),
+            1);
+  EXPECT_EQ(MetricValue(*registry_, "onlineps_ps_requests_total",
+                        {"op=\"push_dense\"", "code=\"SHAPE_MISMATCH\""}),
+            1);
   ExpectStillServing();
 }
 
