@@ -1214,19 +1214,37 @@ TEST(ShardServerLateStartTest, TimedOutPushIsNotSentLaterFromReusedBuffer) {
   std::filesystem::remove_all(dir, ec);
 }
 
-TEST_P(ShardServerClientTest, PushRepliesCarryTheValuesTheyWroteWhenAsked) {
+// Two shards of one table set and a client of both; the shards stop when it goes.
+struct TwoShards {
+  std::unique_ptr<ShardServer> s0, s1;
+  std::unique_ptr<PsClient> client;  // null when a shard did not start
+  TwoShards() = default;
+  TwoShards(TwoShards&&) = default;
+  ~TwoShards() {
+    client.reset();
+    if (s0) s0->Stop();
+    if (s1) s1->Stop();
+  }
+};
+
+TwoShards StartTwoShards(const std::string& scheme, const std::string& prefix) {
+  TwoShards two;
   std::string e0, e1;
   ShardServerOptions o;
   o.num_shards = 2;
-  o.listen = ListenEndpoint(GetParam(), "retvals0");
-  auto s0 = StartServer(o, std::make_shared<prometheus::Registry>(), &e0);
+  o.listen = ListenEndpoint(scheme, prefix + "0");
+  two.s0 = StartServer(o, std::make_shared<prometheus::Registry>(), &e0);
   o.shard = 1;
-  o.listen = ListenEndpoint(GetParam(), "retvals1");
-  auto s1 = StartServer(o, std::make_shared<prometheus::Registry>(), &e1);
-  ASSERT_NE(s0, nullptr);
-  ASSERT_NE(s1, nullptr);
-  auto a = ConnectClient({e0, e1});
-  ASSERT_NE(a, nullptr);
+  o.listen = ListenEndpoint(scheme, prefix + "1");
+  two.s1 = StartServer(o, std::make_shared<prometheus::Registry>(), &e1);
+  if (two.s0 != nullptr && two.s1 != nullptr) two.client = ConnectClient({e0, e1});
+  return two;
+}
+
+TEST_P(ShardServerClientTest, PushRepliesCarryTheValuesTheyWroteWhenAsked) {
+  TwoShards two = StartTwoShards(GetParam(), "retvals");
+  ASSERT_NE(two.client, nullptr);
+  PsClient* a = two.client.get();
   TableSpec dense = DenseSpec();
   dense.shape = {1000};  // spread over both shards in several slices
   ASSERT_TRUE(a->CreateTable(dense).ok());
@@ -1253,23 +1271,12 @@ TEST_P(ShardServerClientTest, PushRepliesCarryTheValuesTheyWroteWhenAsked) {
   ASSERT_TRUE(a->PullSparse("s", keys.data(), 4, want.data(), nullptr).Wait().ok());
   EXPECT_EQ(got, want);
   EXPECT_EQ(got[0], -5.0f) << "key 5 pushed twice: 1 + 4";
-  s0->Stop();
-  s1->Stop();
 }
 
 TEST_P(ShardServerClientTest, PushDenseBatchMatchesOnePushPerTableAcrossShards) {
-  std::string e0, e1;
-  ShardServerOptions o;
-  o.num_shards = 2;
-  o.listen = ListenEndpoint(GetParam(), "batch0");
-  auto s0 = StartServer(o, std::make_shared<prometheus::Registry>(), &e0);
-  o.shard = 1;
-  o.listen = ListenEndpoint(GetParam(), "batch1");
-  auto s1 = StartServer(o, std::make_shared<prometheus::Registry>(), &e1);
-  ASSERT_NE(s0, nullptr);
-  ASSERT_NE(s1, nullptr);
-  auto a = ConnectClient({e0, e1});
-  ASSERT_NE(a, nullptr);
+  TwoShards two = StartTwoShards(GetParam(), "batch");
+  ASSERT_NE(two.client, nullptr);
+  PsClient* a = two.client.get();
   // Three tables: spread over both shards in slices, one range each, and one too small
   // to reach the second shard. Each pushed twice in batches ("b/") and one by one ("p/").
   const std::vector<std::pair<std::string, uint64_t>> shapes = {
@@ -1330,8 +1337,6 @@ TEST_P(ShardServerClientTest, PushDenseBatchMatchesOnePushPerTableAcrossShards) 
   VersionVector v;
   ASSERT_TRUE(a->PullDense("b/big", w.data(), &v).Wait().ok());
   EXPECT_EQ(v, (VersionVector{2, 2})) << "nothing of the refused batch was applied";
-  s0->Stop();
-  s1->Stop();
 }
 
 TEST_P(ShardServerClientTest, WatchThroughTheClientReportsVersionsAndKeys) {
