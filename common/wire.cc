@@ -301,4 +301,26 @@ std::optional<uint64_t> ParseSpecU64(const std::string& s) {
   return v;
 }
 
+StatusOr<std::vector<Frames>> SplitFrameGroups(const std::vector<uint64_t>& counts,
+                                               const Frames& frames) {
+  uint64_t total = 0;
+  for (uint64_t k : counts) {
+    if (k == 0) return Malformed("shape counts a group of 0 frames");
+    total += k;
+  }
+  if (frames.empty() || total != frames.size() - 1) {
+    return Malformed("shape counts " + std::to_string(total) +
+                     " frames after the header, the message has " +
+                     std::to_string(frames.empty() ? 0 : frames.size() - 1));
+  }
+  std::vector<Frames> groups;
+  groups.reserve(counts.size());
+  auto at = frames.begin() + 1;
+  for (uint64_t k : counts) {
+    groups.emplace_back(at, at + static_cast<ptrdiff_t>(k));
+    at += static_cast<ptrdiff_t>(k);
+  }
+  return groups;
+}
+
 }  // namespace onlineps

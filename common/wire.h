@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/frame.h"
 #include "common/status.h"
 
 namespace onlineps {
@@ -112,6 +113,12 @@ Header MakeReply(const Header& req, const Status& st);
 
 // Status carried by a reply header.
 Status ReplyStatus(const Header& reply);
+
+// push_batch's layout: the frames after the header (frames[0]) split into consecutive
+// groups of counts[i] frames. kMalformed when a count is 0 or the counts do not add up to
+// frames.size() - 1. The frames are shared, not copied.
+StatusOr<std::vector<Frames>> SplitFrameGroups(const std::vector<uint64_t>& counts,
+                                               const Frames& frames);
 
 // A `spec` value holding an unsigned decimal (digits only, at most 2^64 - 1); nullopt
 // for anything else.

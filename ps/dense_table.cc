@@ -28,7 +28,7 @@ DenseTable::DenseTable(const TableSpec& spec, RuleSet rules, uint32_t shard, uin
   pol_slots_ = Slots(pol_state_, rules_.policy_slots());
   if (spec_.polyak) avg_ = w_;
   if (spec_.accumulate > 1) acc_.assign(n_, 0.0f);
-  if (spec_.max_staleness >= 0 && spec_.bound_mode == BoundMode::kBlock) {
+  if (HoldsReplies(spec_)) {
     ssp_.emplace(static_cast<uint64_t>(spec_.max_staleness), spec_.block_timeout_ms);
   }
 }

@@ -624,9 +624,8 @@ Ticket PsClientImpl::PushDenseBatch(std::vector<DensePush> pushes, Callback done
   for (DensePush& p : pushes) {
     auto meta = Meta(p.table);
     if (!meta.ok()) return Failed(meta.status(), std::move(done));
-    const TableSpec& spec = (*meta)->spec;
     Status st = CheckDensePush(**meta, p.table, p.values);
-    if (st.ok() && spec.bound_mode == BoundMode::kBlock && spec.max_staleness >= 0) {
+    if (st.ok() && HoldsReplies((*meta)->spec)) {
       st = InvalidArgument("table '" + p.table +
                            "' holds replies (block bound mode): push it with PushDense");
     } else if (st.ok() && (p.opts.sender != 0 || p.opts.seq != 0)) {
@@ -657,14 +656,11 @@ Ticket PsClientImpl::PushDenseBatch(std::vector<DensePush> pushes, Callback done
         return Malformed("push_batch reply answers " + std::to_string(h.shape.size()) +
                          " sub-pushes, " + std::to_string(batch->size()) + " were sent");
       }
+      StatusOr<std::vector<Frames>> subs = SplitFrameGroups(h.shape, f);
+      if (!subs.ok()) return subs.status().WithContext("push_batch reply");
       Status first;
-      size_t at = 1;
       for (size_t i = 0; i < batch->size(); ++i) {
-        const uint64_t k = h.shape[i];
-        if (k == 0 || at + k > f.size()) return Malformed("push_batch reply: frames miscounted");
-        const Frames sub(f.begin() + static_cast<ptrdiff_t>(at),
-                         f.begin() + static_cast<ptrdiff_t>(at + k));
-        at += k;
+        const Frames& sub = (*subs)[i];
         const DensePush& p = (*batch)[i];
         auto sh = DecodeHeader(sub[0].data(), sub[0].size());
         Status st = sh.ok() ? ReplyStatus(*sh) : sh.status();

@@ -507,22 +507,13 @@ Status ShardServer::DispatchBatch(const Header& h, const Frames& frames, Header*
                      std::to_string(kMaxBatchPushes) + " sub-pushes, it has " +
                      std::to_string(h.shape.size()) + " entries");
   }
-  uint64_t total = 0;
   for (uint64_t k : h.shape) {
     if (k == 0 || k > 3)
       return Malformed("push_batch: a sub-push has 1 to 3 frames, not " + std::to_string(k));
-    total += k;
   }
-  if (total + 1 != frames.size()) {
-    return Malformed("push_batch: shape counts " + std::to_string(total) +
-                     " frames after the header, the message has " +
-                     std::to_string(frames.size() - 1));
-  }
-  size_t at = 1;
-  for (uint64_t k : h.shape) {
-    const Frames sub(frames.begin() + static_cast<ptrdiff_t>(at),
-                     frames.begin() + static_cast<ptrdiff_t>(at + k));
-    at += k;
+  StatusOr<std::vector<Frames>> subs = SplitFrameGroups(h.shape, frames);
+  if (!subs.ok()) return subs.status().WithContext("push_batch");
+  for (const Frames& sub : *subs) {
     Header sub_reply;
     Frames sub_out;
     Status st;
@@ -532,9 +523,7 @@ Status ShardServer::DispatchBatch(const Header& h, const Frames& frames, Header*
     } else if (decoded->op != Op::kPushDense && decoded->op != Op::kPushSparse) {
       st = InvalidArgument("push_batch holds push_dense and push_sparse only, not " +
                            std::string(OpName(decoded->op)));
-    } else if (auto t = FindTable(decoded->table); t != nullptr &&
-                                                   t->spec().bound_mode == BoundMode::kBlock &&
-                                                   t->spec().max_staleness >= 0) {
+    } else if (auto t = FindTable(decoded->table); t != nullptr && HoldsReplies(t->spec())) {
       // A held reply answers one request; a batch's answer cannot wait for one part.
       st = InvalidArgument("table '" + decoded->table +
                            "' holds replies (block bound mode): push it on its own, not in "

@@ -175,7 +175,7 @@ SparseTable::SparseTable(const TableSpec& spec, RuleSet rules)
     stripes_.push_back(std::make_unique<Stripe>(layout_, row_floats_, i, backups,
                                                 kMaxAdmissionCandidates / num_stripes_));
   }
-  if (spec_.max_staleness >= 0 && spec_.bound_mode == BoundMode::kBlock) {
+  if (HoldsReplies(spec_)) {
     ssp_.emplace(static_cast<uint64_t>(spec_.max_staleness), spec_.block_timeout_ms);
   }
 }

@@ -63,6 +63,12 @@ struct TableSpec {
   bool operator==(const TableSpec& o) const;
 };
 
+// Block bound mode with a bound: the SSP clock may hold a push's reply until slower
+// senders catch up, so such a push is answered on its own (never inside push_batch).
+inline bool HoldsReplies(const TableSpec& s) {
+  return s.max_staleness >= 0 && s.bound_mode == BoundMode::kBlock;
+}
+
 // The caps of a sparse table (admit_after, ttl_ms, max_rows) bound its memory; they do
 // not change what a row means. create_table of an existing table succeeds when only its
 // caps differ: the table keeps its own (they are fixed at creation).

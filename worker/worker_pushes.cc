@@ -46,9 +46,8 @@ void WorkerService::StartPush(
 }
 
 void WorkerService::SendDense(Pushes* pushes) {
-  const ps::TableSpec& tmpl = options_.table_template;
-  const bool holds = tmpl.bound_mode == ps::BoundMode::kBlock && tmpl.max_staleness >= 0;
-  if (!options_.batch_pushes || holds || pushes->dense.size() < 2) {
+  if (!options_.batch_pushes || ps::HoldsReplies(options_.table_template) ||
+      pushes->dense.size() < 2) {
     for (Pushes::Dense& d : pushes->dense) {
       StartPush(d.push.table, d.push.values.size(), pushes, std::move(d.forget),
                 [&](ps::PushReply* r, ps::PsClient::Callback done) {
@@ -152,7 +151,6 @@ void WorkerService::PushSparse(const std::vector<ps::VersionVector>& base, const
 
 void WorkerService::PushDense(size_t param, Accumulator::Batch batch, Pushes* pushes) {
   const std::string& table = model_->params()[param].name;
-  pushes->dense_tables.push_back(table);
   Pushes::Dense d;
   d.push.table = table;
   d.push.base = std::move(batch.base);
@@ -171,7 +169,6 @@ void WorkerService::PushDense(size_t param, Accumulator::Batch batch, Pushes* pu
 
 void WorkerService::PushDelta(size_t param, std::vector<float> delta, Pushes* pushes) {
   const std::string& table = model_->params()[param].name;
-  pushes->dense_tables.push_back(table);
   Pushes::Dense d;
   d.push.table = table;
   d.push.values = Frame::FromVector(std::move(delta));

@@ -464,7 +464,7 @@ StatusOr<LearnReply> WorkerService::Learn(const std::string& session,
     if (ready) PushDense(i, std::move(*ready), &pushes);
     kept |= !ready.has_value();
   }
-  reply.dense_pushed = !pushes.dense_tables.empty();
+  reply.dense_pushed = !pushes.dense.empty();  // sent by FinishPushes
   ONLINEPS_RETURN_IF_ERROR(FinishPushes(pushes, options_.reply_when, &reply));
   if (local_ && reply.dense_pushed) local_->Reset();
   if (kept && reply.outcome == LearnOutcome::kApplied) reply.outcome = LearnOutcome::kAccumulated;

@@ -206,7 +206,6 @@ class WorkerService {
       std::function<void(const ps::PushReply&)> forget;
     };
     std::vector<Dense> dense;
-    std::vector<std::string> dense_tables;
   };
   // Pushes each dense param's `initial` values into its table, once across all workers,
   // if no update was applied to it yet.

@@ -161,5 +161,29 @@ TEST(PartitionTest, DenseSlicesCoverTensorExactlyOnceAndUseEveryShard) {
   }
 }
 
+TEST(WireTest, SplitFrameGroupsSharesFramesInTheCountedGroups) {
+  Frames f;
+  for (const char* x : {"hdr", "a1", "a2", "b1", "c1", "c2", "c3"})
+    f.push_back(Frame::FromString(x));
+  auto groups = SplitFrameGroups({2, 1, 3}, f);
+  ASSERT_TRUE(groups.ok()) << groups.status().ToString();
+  ASSERT_EQ(groups->size(), 3u);
+  EXPECT_EQ((*groups)[0].size(), 2u);
+  EXPECT_EQ((*groups)[1].size(), 1u);
+  EXPECT_EQ((*groups)[2].size(), 3u);
+  EXPECT_EQ((*groups)[1][0].data(), f[3].data()) << "the frames are shared, not copied";
+  EXPECT_EQ((*groups)[2][2].data(), f[6].data());
+  auto zero = SplitFrameGroups({2, 0, 4}, f);
+  EXPECT_EQ(zero.status().code(), StatusCode::kMalformed);
+  EXPECT_NE(zero.status().message().find("group of 0"), std::string::npos);
+  auto short_by_one = SplitFrameGroups({2, 1, 4}, f);
+  EXPECT_EQ(short_by_one.status().code(), StatusCode::kMalformed);
+  EXPECT_NE(
+      short_by_one.status().message().find("counts 7 frames after the header, the message has 6"),
+      std::string::npos)
+      << short_by_one.status().ToString();
+  EXPECT_FALSE(SplitFrameGroups({1}, Frames{}).ok());
+}
+
 }  // namespace
 }  // namespace onlineps
