@@ -55,6 +55,7 @@ struct Figure {
   std::vector<double> us;
   double seconds = 0;
   double server_cpu = 0;  // CPU seconds of the target's server processes
+  double client_cpu = 0;  // CPU seconds of this process (the load generator's threads)
   uint64_t errors = 0;
   std::string first_error;
   double Quantile(double q) {
@@ -134,6 +135,7 @@ void Run(const Target& target, int threads, double seconds, Figure* fig) {
   }
   double cpu_before = 0;
   for (pid_t p : target.servers) cpu_before += CpuSeconds(p);
+  const double client_before = CpuSeconds(getpid());
   start = Clock::now();
   stop = start + warm +
          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
@@ -143,6 +145,7 @@ void Run(const Target& target, int threads, double seconds, Figure* fig) {
   for (pid_t p : target.servers) cpu_after += CpuSeconds(p);
   // The warm-up's calls are not counted; charge its CPU pro rata.
   fig->server_cpu += (cpu_after - cpu_before) * seconds / (seconds + 0.2);
+  fig->client_cpu += (CpuSeconds(getpid()) - client_before) * seconds / (seconds + 0.2);
   fig->seconds += seconds;
   for (int t = 0; t < threads; ++t) {
     fig->us.insert(fig->us.end(), lat[t].begin(), lat[t].end());
@@ -357,8 +360,8 @@ int main(int argc, char** argv) {
       "bridge_bench: 1 PS shard, 1 text-model worker, bridge (HTTP, JSON replies), %u "
       "cores; %.1f s per figure in %d alternating rounds\n",
       std::thread::hardware_concurrency(), f.seconds, f.rounds);
-  std::printf("%-36s %8s %10s %10s %10s %14s %7s\n", "target", "sessions", "p50 us", "p99 us",
-              "calls/s", "server CPU/call", "errors");
+  std::printf("%-36s %8s %10s %10s %10s %14s %7s %14s\n", "target", "sessions", "p50 us", "p99 us",
+              "calls/s", "server CPU/call", "errors", "client CPU/call");
   for (int sessions : f.sessions) {
     std::vector<Figure> figs(targets.size());
     for (int r = 0; r < f.rounds; ++r) {
@@ -369,12 +372,16 @@ int main(int argc, char** argv) {
     auto cpu_per_call = [](const Figure& g) {
       return g.us.empty() ? 0.0 : g.server_cpu * 1e6 / static_cast<double>(g.us.size());
     };
+    auto client_per_call = [](const Figure& g) {
+      return g.us.empty() ? 0.0 : g.client_cpu * 1e6 / static_cast<double>(g.us.size());
+    };
     for (size_t i = 0; i < targets.size(); ++i) {
       Figure& g = figs[i];
       const double cpu_us = cpu_per_call(g);
-      std::printf("%-36s %8d %10.1f %10.1f %10.0f %12.1f us %7llu\n", targets[i].name.c_str(),
-                  sessions, g.Quantile(0.5), g.Quantile(0.99), g.PerSecond(), cpu_us,
-                  static_cast<unsigned long long>(g.errors));
+      std::printf("%-36s %8d %10.1f %10.1f %10.0f %12.1f us %7llu %12.1f us\n",
+                  targets[i].name.c_str(), sessions, g.Quantile(0.5), g.Quantile(0.99),
+                  g.PerSecond(), cpu_us, static_cast<unsigned long long>(g.errors),
+                  client_per_call(g));
       if (g.errors) std::printf("    first error: %s\n", g.first_error.c_str());
     }
     std::printf(

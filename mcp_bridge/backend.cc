@@ -2,6 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <optional>
+
+#include "common/await.h"
+
 namespace onlineps::bridge {
 
 using nlohmann::json;
@@ -14,17 +18,24 @@ std::chrono::milliseconds Backend::TimeoutOf(Op op) const {
 }
 
 Status Backend::EnsureContext(const std::string& session, const std::string& worker) {
+  return Await<Status>([&](std::function<void(Status)> then) {
+    EnsureContextAsync(session, worker, std::move(then));
+  });
+}
+
+void Backend::EnsureContextAsync(const std::string& session, const std::string& worker,
+                                 std::function<void(Status)> then) {
   std::optional<Context> ctx = contexts_->Get(session);
   const uint64_t incarnation = pool_->Incarnation(worker);
   const auto now = std::chrono::steady_clock::now();
   {
     MutexLock lock(&mu_);
     auto it = copies_.find(session);
-    if (!ctx && it == copies_.end()) return Status::Ok();  // nothing here, nothing there
+    if (!ctx && it == copies_.end()) return then(Status::Ok());  // nothing here, nothing there
     if (ctx && it != copies_.end() && it->second.worker == worker &&
         it->second.incarnation == incarnation && it->second.revision == ctx->revision &&
         now - it->second.at < options_.context_resync) {
-      return Status::Ok();
+      return then(Status::Ok());
     }
   }
   json body = {{"session", session}};
@@ -34,19 +45,26 @@ Status Backend::EnsureContext(const std::string& session, const std::string& wor
     body["items"] = ctx->items;
     body["features"] = ctx->features;
   }
-  auto r = pool_->Call(worker, op, body, options_.infer_timeout);
-  if (!r.ok()) {
-    // Nothing of the call itself was sent: say so with a code that means "not done".
-    return Unavailable("sending the session's context to " + worker + " failed (" +
-                       r.status().ToString() + "); the call was not sent");
-  }
-  MutexLock lock(&mu_);
-  if (ctx) {
-    copies_[session] = Copy{worker, incarnation, ctx->revision, now};
-  } else {
-    copies_.erase(session);
-  }
-  return Status::Ok();
+  const std::optional<uint64_t> revision =
+      ctx ? std::optional<uint64_t>(ctx->revision) : std::nullopt;
+  pool_->CallAsync(
+      worker, op, body, options_.infer_timeout,
+      [this, session, worker, incarnation, revision, now, then](StatusOr<json> r) {
+        if (!r.ok()) {
+          // Nothing of the call itself was sent: say so with a code that means "not done".
+          return then(Unavailable("sending the session's context to " + worker + " failed (" +
+                                  r.status().ToString() + "); the call was not sent"));
+        }
+        {
+          MutexLock lock(&mu_);
+          if (revision) {
+            copies_[session] = Copy{worker, incarnation, *revision, now};
+          } else {
+            copies_.erase(session);
+          }
+        }
+        then(Status::Ok());
+      });
 }
 
 std::string Backend::AnyWorker() {
@@ -55,37 +73,63 @@ std::string Backend::AnyWorker() {
   return workers[next_any_.fetch_add(1, std::memory_order_relaxed) % workers.size()];
 }
 
-StatusOr<Routed> Backend::Attempt(const std::string& session, Op op, const json& body) {
+void Backend::Attempt(const std::string& session, Op op, std::shared_ptr<const json> body,
+                      RoutedDone done) {
   std::string worker;
   if (session.empty()) {
     worker = AnyWorker();
-    if (worker.empty()) return Unavailable("no healthy worker");
+    if (worker.empty()) return done(Unavailable("no healthy worker"));
   } else {
-    ONLINEPS_ASSIGN_OR_RETURN(worker, router_->Route(session));
+    StatusOr<std::string> owner = router_->Route(session);
+    if (!owner.ok()) return done(owner.status());
+    worker = std::move(*owner);
   }
-  Status s = session.empty() ? Status::Ok() : EnsureContext(session, worker);
-  StatusOr<json> reply = s.ok() ? pool_->Call(worker, op, body, TimeoutOf(op)) : StatusOr<json>(s);
-  if (!reply.ok()) {
-    const StatusCode c = reply.status().code();
-    if (c == StatusCode::kDeadlineExceeded || c == StatusCode::kUnavailable) {
-      pool_->ReportFailure(worker);
+  // A call that got no reply (or could not be sent) has the worker probed first, so the
+  // retry finds the ring without it when it is gone. `done` is shared by the paths below.
+  auto finish = std::make_shared<RoutedDone>(std::move(done));
+  auto failed = [this, worker, finish](const Status& s) {
+    const StatusCode c = s.code();
+    if (c != StatusCode::kDeadlineExceeded && c != StatusCode::kUnavailable) {
+      return (*finish)(s.WithContext("worker " + worker));
     }
-    return reply.status().WithContext("worker " + worker);
-  }
-  return Routed{std::move(*reply), worker, 1};
+    pool_->ReportFailureAsync(
+        worker, [s, worker, finish](bool) { (*finish)(s.WithContext("worker " + worker)); });
+  };
+  auto send = [this, worker, op, body = std::move(body), finish, failed](const Status& context) {
+    if (!context.ok()) return failed(context);
+    pool_->CallAsync(worker, op, *body, TimeoutOf(op),
+                     [worker, finish, failed](StatusOr<json> reply) {
+                       if (!reply.ok()) return failed(reply.status());
+                       (*finish)(Routed{std::move(*reply), worker, 1});
+                     });
+  };
+  if (session.empty()) return send(Status::Ok());
+  EnsureContextAsync(session, worker, std::move(send));
 }
 
 StatusOr<Routed> Backend::Call(const std::string& session, Op op, json body) {
+  return Await<StatusOr<Routed>>(
+      [&](RoutedDone done) { CallAsync(session, op, std::move(body), std::move(done)); });
+}
+
+void Backend::CallAsync(const std::string& session, Op op, json body, RoutedDone done) {
   if (!session.empty()) body["session"] = session;
-  StatusOr<Routed> r = Attempt(session, op, body);
-  if (r.ok() || op == Op::kLearn) return r;
-  const StatusCode c = r.status().code();
-  if (c != StatusCode::kDeadlineExceeded && c != StatusCode::kUnavailable) return r;
-  spdlog::info("backend: {} for a session failed ({}); retrying once", OpName(op),
-               r.status().ToString());
-  StatusOr<Routed> again = Attempt(session, op, body);
-  if (again.ok()) again->attempts = 2;
-  return again;
+  auto shared = std::make_shared<const json>(std::move(body));
+  Attempt(session, op, shared,
+          [this, session, op, shared, done = std::move(done)](StatusOr<Routed> r) mutable {
+            // Idempotent ops are retried once on the session's (new) owner; a learn never is.
+            const StatusCode c = r.status().code();
+            if (r.ok() || op == Op::kLearn ||
+                (c != StatusCode::kDeadlineExceeded && c != StatusCode::kUnavailable)) {
+              return done(std::move(r));
+            }
+            spdlog::info("backend: {} for a session failed ({}); retrying once", OpName(op),
+                         r.status().ToString());
+            Attempt(session, op, shared, [done = std::move(done)](StatusOr<Routed> again) {
+              if (again.ok()) again->attempts = 2;
+              done(std::move(again));
+            });
+          });
 }
 
 Status Backend::SyncContext(const std::string& session) {

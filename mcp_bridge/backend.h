@@ -10,6 +10,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_map>
@@ -47,6 +49,11 @@ class Backend {
   // worker's, kUnavailable (no healthy worker), kDeadlineExceeded (no reply: for a learn
   // the outcome is unknown, the caller must say so).
   StatusOr<Routed> Call(const std::string& session, Op op, nlohmann::json body);
+  // The same without waiting (the context sent, the failure probe and the retry too):
+  // `done` gets the outcome once, on a worker client's thread or the caller's. It must
+  // not block.
+  using RoutedDone = std::function<void(StatusOr<Routed>)>;
+  void CallAsync(const std::string& session, Op op, nlohmann::json body, RoutedDone done);
   // The session ended: forgets its placement and drops the worker's copy of its context.
   void EndSession(const std::string& session);
   // Forgets the worker copies of sessions the router released (idle): their next call
@@ -61,8 +68,12 @@ class Backend {
     uint64_t incarnation = 0, revision = 0;
     std::chrono::steady_clock::time_point at;
   };
-  StatusOr<Routed> Attempt(const std::string& session, Op op, const nlohmann::json& body);
+  void Attempt(const std::string& session, Op op, std::shared_ptr<const nlohmann::json> body,
+               RoutedDone done);
   Status EnsureContext(const std::string& session, const std::string& worker);
+  // Makes sure `worker` holds the session's current context, then `then(status)`.
+  void EnsureContextAsync(const std::string& session, const std::string& worker,
+                          std::function<void(Status)> then);
   std::chrono::milliseconds TimeoutOf(Op op) const;
   std::string AnyWorker();  // round robin, for calls without a session
 

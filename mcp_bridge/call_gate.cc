@@ -2,25 +2,42 @@
 
 #include <utility>
 
+#include "common/await.h"
+
 namespace onlineps::bridge {
 
-CallGate::Ticket::Ticket(CallGate* gate, std::string key) : gate_(gate), key_(std::move(key)) {
-  MutexLock lock(&gate_->mu_);
-  Queue& q = gate_->queues_[key_];
-  ++q.users;
-  const uint64_t ticket = q.next++;
-  // `q` stays valid while waiting: the entry is erased only when its users reach 0.
-  gate_->cv_.Wait(&gate_->mu_, [&]() REQUIRES(gate_->mu_) { return q.serving == ticket; });
+void CallGate::EnterAndWait(const std::string& key) {
+  Await<bool>([&](std::function<void(bool)> ready) {
+    Enter(key, [ready = std::move(ready)] { ready(true); });
+  });
 }
 
-CallGate::Ticket::~Ticket() {
+void CallGate::Enter(const std::string& key, std::function<void()> turn) {
   {
-    MutexLock lock(&gate_->mu_);
-    Queue& q = gate_->queues_[key_];
-    ++q.serving;
-    if (--q.users == 0) gate_->queues_.erase(key_);
+    MutexLock lock(&mu_);
+    auto [it, first] = queues_.try_emplace(key);
+    if (!first) {
+      it->second.waiting.push_back(std::move(turn));
+      return;
+    }
   }
-  gate_->cv_.SignalAll();
+  turn();  // nothing ran or waited: the entry just made marks this call as running
+}
+
+void CallGate::Leave(const std::string& key) {
+  std::function<void()> next;
+  {
+    MutexLock lock(&mu_);
+    auto it = queues_.find(key);
+    if (it == queues_.end()) return;  // a Leave without its Enter: nothing to hand on
+    if (it->second.waiting.empty()) {
+      queues_.erase(it);
+      return;
+    }
+    next = std::move(it->second.waiting.front());
+    it->second.waiting.pop_front();
+  }
+  next();
 }
 
 size_t CallGate::keys() const {

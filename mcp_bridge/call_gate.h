@@ -1,11 +1,13 @@
 // CallGate: runs the calls of one key (an MCP session) one at a time, in the order they
-// arrived. A Ticket waits for its turn on construction (blocking) and hands the turn on
-// when destroyed, whatever the call did. Keys with no waiting call hold no memory.
-// Thread-safe; the gate must outlive its tickets.
+// arrived. A call enters with the continuation that runs it once its turn comes (or
+// waits for its turn, blocking), and leaves when it is done, which hands the turn to the
+// next. Keys with no running or waiting call hold no memory. Thread-safe; the gate must
+// outlive its calls.
 #ifndef ONLINEPS_MCP_BRIDGE_CALL_GATE_H_
 #define ONLINEPS_MCP_BRIDGE_CALL_GATE_H_
 
-#include <cstdint>
+#include <deque>
+#include <functional>
 #include <string>
 #include <unordered_map>
 
@@ -15,28 +17,22 @@ namespace onlineps::bridge {
 
 class CallGate {
  public:
-  class Ticket {
-   public:
-    Ticket(CallGate* gate, std::string key);  // blocks until this call's turn
-    ~Ticket();
-    Ticket(const Ticket&) = delete;
-    Ticket& operator=(const Ticket&) = delete;
-
-   private:
-    CallGate* const gate_;
-    const std::string key_;
-  };
+  // Runs `turn` when the key's earlier calls are done: at once on this thread when none
+  // is running or waiting, else on the thread whose Leave hands it the turn. The call
+  // must Leave(key) exactly once after its turn came.
+  void Enter(const std::string& key, std::function<void()> turn);
+  // As Enter, blocking this thread until the call's turn; the call must Leave(key).
+  void EnterAndWait(const std::string& key);
+  void Leave(const std::string& key);
 
   size_t keys() const;  // keys with a call running or waiting
 
  private:
-  struct Queue {  // FIFO order of one key's calls
-    uint64_t next = 0, serving = 0;
-    int users = 0;
+  struct Queue {  // one key's waiting calls, in arrival order, behind the running one
+    std::deque<std::function<void()>> waiting;
   };
 
   mutable Mutex mu_;
-  CondVar cv_;
   std::unordered_map<std::string, Queue> queues_ GUARDED_BY(mu_);  // erased when unused
 };
 

@@ -80,8 +80,10 @@ struct Answer {
   std::string body;
 };
 
-// Set while an I/O thread runs a request itself (HttpTransport::Impl::Dispatch).
+// Set while an I/O thread runs a request itself (HttpTransport::Impl::Dispatch); and
+// whether that request may block it (another I/O thread is free to serve the sockets).
 thread_local bool t_inline = false;
+thread_local bool t_may_block = false;
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -565,12 +567,12 @@ void HttpTransport::Impl::OnAccept(beast::error_code ec, tcp::socket socket) {
 
 void HttpTransport::Impl::Dispatch(std::shared_ptr<Connection> conn, HttpRequest req) {
   answering_.fetch_add(1, std::memory_order_acq_rel);
-  bool answered = false;
-  if (inline_running_.fetch_add(1) < options_.io_threads - 1) {
-    t_inline = true;
-    answered = Serve(conn, req);
-    t_inline = false;
-  }
+  // Requests that cannot block (a tool call with an asynchronous form) run here always;
+  // the others only while another I/O thread is free to serve the sockets.
+  t_may_block = inline_running_.fetch_add(1) < options_.io_threads - 1;
+  t_inline = true;
+  const bool answered = Serve(conn, req);
+  t_inline = t_may_block = false;
   inline_running_.fetch_sub(1);
   if (answered) return;
   {
@@ -596,6 +598,8 @@ void HttpTransport::Impl::RunRequests() {
 }
 
 bool HttpTransport::Impl::Serve(const std::shared_ptr<Connection>& conn, const HttpRequest& req) {
+  // DELETE ends a session, which talks to its worker.
+  if (t_inline && !t_may_block && req.method() != http::verb::post) return false;
   const bool keep_alive = req.keep_alive();
   Answer res;
   try {
@@ -605,8 +609,8 @@ bool HttpTransport::Impl::Serve(const std::shared_ptr<Connection>& conn, const H
       SendError(res, 404, kServerError, "no such path: MCP is served on the configured --path");
     } else if (req.method() == http::verb::post) {
       Post(req, res, conn, keep_alive);
-      if (res.status == 0) return true;  // streamed
-      if (res.status < 0) return false;  // to stream: not on an I/O thread
+      if (res.status == 0) return true;  // answered (streamed, or when the server is done)
+      if (res.status < 0) return false;  // to stream or to block: not on an I/O thread
     } else if (req.method() == http::verb::delete_) {
       Delete(req, res);
     } else {
@@ -779,8 +783,19 @@ void HttpTransport::Impl::Post(const HttpRequest& req, Answer& res,
   const bool stream =
       mcp_->WantsStream(m) && (r.stateless || mcp_->HasSession(r.session_id, r.principal));
   if (!stream) {
+    if (t_inline && !t_may_block && mcp_->Blocks(m)) {
+      res.status = -1;  // a request thread runs it (Dispatch queues it)
+      return;
+    }
     r.message = std::move(m);
-    Respond(res, mcp_->Handle(r));
+    const unsigned version = req.version();
+    mcp_->HandleAsync(std::move(r), [this, conn, version, keep_alive](Reply reply) {
+      Answer a;
+      Respond(a, reply);
+      Responded(a.status);
+      conn->Finish(Frame(a, version, keep_alive), !keep_alive);
+    });
+    res.status = 0;  // answered, or will be
     return;
   }
   if (t_inline) {

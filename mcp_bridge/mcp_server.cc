@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/await.h"
 #include "mcp_bridge/tool_call_adapter.h"
 
 namespace onlineps::bridge {
@@ -92,7 +93,11 @@ McpServer::McpServer(McpServerOptions options, Tools* tools, Recorder* recorder,
   RegisterMethod("server/discover", Revisions::kStateless,
                  std::bind(&McpServer::Discover, this, _1, _2));
   RegisterMethod("tools/list", Revisions::kBoth, std::bind(&McpServer::ListTools, this, _1, _2));
-  RegisterMethod("tools/call", Revisions::kBoth, std::bind(&McpServer::CallTool, this, _1, _2));
+  methods_["tools/call"] =
+      Method{Revisions::kBoth, nullptr,
+             [this](const json& params, const CallContext& ctx, Respond respond) {
+               CallTool(params, ctx, std::move(respond));
+             }};
   if (tools) {
     adapter_ = std::make_unique<ToolCallAdapter>(
         ToolCallAdapterOptions{options_.rate_limit, options_.rate_burst, options_.max_sessions},
@@ -109,7 +114,7 @@ void McpServer::RegisterTool(ToolDefinition tool) {
 }
 
 void McpServer::RegisterMethod(const std::string& method, Revisions revisions, Handler handler) {
-  methods_[method] = Method{revisions, std::move(handler)};
+  methods_[method] = Method{revisions, std::move(handler), nullptr};
 }
 
 void McpServer::AddCapabilities(const json& capabilities) {
@@ -149,76 +154,105 @@ void McpServer::EndKeys(const std::vector<std::string>& keys) {
 }
 
 Reply McpServer::Handle(const Request& req) {
+  return Await<Reply>([&](ReplyDone done) { HandleAsync(req, std::move(done)); });
+}
+
+void McpServer::HandleAsync(Request req, ReplyDone done) {
+  auto r = std::make_shared<const Request>(std::move(req));
+  // Exactly once, whichever thread finishes, even when a continuation throws after it.
+  auto answered = std::make_shared<std::atomic<bool>>(false);
+  ReplyDone once = [answered, done = std::move(done)](Reply reply) {
+    if (!answered->exchange(true)) done(std::move(reply));
+  };
   // The barrier for everything below: no exception reaches a transport's thread.
   try {
-    return HandleMessage(req);
+    HandleMessage(r, once);
   } catch (const std::exception& e) {
     spdlog::error("mcp: internal error handling a message: {}", e.what());
-    const json id = req.message.is_object() ? req.message.value("id", json()) : json();
-    return Error(500, id.is_string() || id.is_number_integer() ? id : json(), kInternalError,
-                 std::string("internal error: ") + e.what());
+    const json id = r->message.is_object() ? r->message.value("id", json()) : json();
+    once(Error(500, id.is_string() || id.is_number_integer() ? id : json(), kInternalError,
+               std::string("internal error: ") + e.what()));
   } catch (...) {
-    return Error(500, nullptr, kInternalError, "internal error");
+    once(Error(500, nullptr, kInternalError, "internal error"));
   }
 }
 
-Reply McpServer::HandleMessage(const Request& req) {
+bool McpServer::Blocks(const json& m) const {
+  if (!m.is_object()) return false;  // refused at once
+  auto method = m.find("method");
+  if (method == m.end()) return m.contains("id");               // a response: the handler's
+  if (!method->is_string() || !m.contains("id")) return false;  // refused, or a notification
+  const std::string& name = method->get_ref<const std::string&>();
+  if (name == "ping" || name == "tools/list" || name == "server/discover") return false;
+  if (name != "tools/call") return true;  // initialize ends expired sessions, ...
+  const json& params = ParamsOf(m);
+  auto tool = params.find("name");
+  if (tool == params.end() || !tool->is_string()) return false;
+  auto t = tool_index_.find(tool->get<std::string>());
+  return t != tool_index_.end() && tools_[t->second].blocks;
+}
+
+void McpServer::HandleMessage(const RequestPtr& r, const ReplyDone& done) {
+  const Request& req = *r;
   const json& m = req.message;
   if (m.is_array()) {
-    return Error(400, nullptr, kInvalidRequest,
-                 "JSON-RPC batches are not supported (removed in MCP 2025-06-18): send one message "
-                 "per request");
+    return done(Error(400, nullptr, kInvalidRequest,
+                      "JSON-RPC batches are not supported (removed in MCP 2025-06-18): send one "
+                      "message per request"));
   }
   if (!m.is_object())
-    return Error(400, nullptr, kInvalidRequest, "a message must be a JSON object");
+    return done(Error(400, nullptr, kInvalidRequest, "a message must be a JSON object"));
   json id = m.contains("id") ? m["id"] : json();
   if (m.contains("id") && !id.is_string() && !id.is_number_integer()) {
-    return Error(400, nullptr, kInvalidRequest, "id must be a string or an integer");
+    return done(Error(400, nullptr, kInvalidRequest, "id must be a string or an integer"));
   }
   if (m.value("jsonrpc", json()) != "2.0") {
-    return Error(400, id, kInvalidRequest, "jsonrpc must be \"2.0\"");
+    return done(Error(400, id, kInvalidRequest, "jsonrpc must be \"2.0\""));
   }
   if (!m.contains("method")) {
     if (m.contains("id") && (m.contains("result") || m.contains("error"))) {
       if (response_handler_) response_handler_(m, req.session_id);
-      return Accepted();
+      return done(Accepted());
     }
-    return Error(400, id, kInvalidRequest, "a request needs a method");
+    return done(Error(400, id, kInvalidRequest, "a request needs a method"));
   }
-  if (!m["method"].is_string()) return Error(400, id, kInvalidRequest, "method must be a string");
+  if (!m["method"].is_string())
+    return done(Error(400, id, kInvalidRequest, "method must be a string"));
   if (m.contains("params") && !m["params"].is_object()) {
-    return Error(400, id, kInvalidParams, "params must be an object");
+    return done(Error(400, id, kInvalidParams, "params must be an object"));
   }
-  if (req.stateless) return Stateless(req);
-  if (m["method"] == "initialize") return m.contains("id") ? Initialize(req) : Accepted();
-  return Stateful(req);
+  if (req.stateless) return Stateless(r, done);
+  if (m["method"] == "initialize") return done(m.contains("id") ? Initialize(req) : Accepted());
+  Stateful(r, done);
 }
 
-Reply McpServer::Stateful(const Request& req) {
+void McpServer::Stateful(const RequestPtr& r, const ReplyDone& done) {
+  const Request& req = *r;
   const json& m = req.message;
   const json id = m.contains("id") ? m["id"] : json();
   if (req.session_id.empty()) {
-    return Error(400, id, kServerError,
-                 "Bad Request: Mcp-Session-Id header is required (send initialize first)");
+    return done(Error(400, id, kServerError,
+                      "Bad Request: Mcp-Session-Id header is required (send initialize first)"));
   }
   std::optional<SessionView> session = sessions_.Use(req.session_id, req.principal);
-  if (!session)
-    return Error(404, id, kSessionNotFound, "Session not found: initialize a new session");
+  if (!session) {
+    return done(Error(404, id, kSessionNotFound, "Session not found: initialize a new session"));
+  }
   if (!req.header_version.empty() && !IsLegacyVersion(req.header_version)) {
-    return Error(400, id, kServerError,
-                 "Bad Request: unsupported MCP-Protocol-Version: " + req.header_version +
-                     " (this session speaks " + session->version + ")");
+    return done(Error(400, id, kServerError,
+                      "Bad Request: unsupported MCP-Protocol-Version: " + req.header_version +
+                          " (this session speaks " + session->version + ")"));
   }
   if (!m.contains("id")) {
     Notification(req);
-    return Accepted();
+    return done(Accepted());
   }
   CallContext ctx;
   ctx.request = &req;
   ctx.session_key = SessionTable::KeyOf(req.principal, req.session_id);
   ctx.client_capabilities = session->client_capabilities;
   ctx.session = std::move(*session);
-  return Dispatch(req, std::move(ctx));
+  Dispatch(r, std::move(ctx), done);
 }
 
 Reply McpServer::Initialize(const Request& req) {
@@ -262,52 +296,61 @@ void McpServer::Notification(const Request& req) {
   if (params.contains("requestId")) sessions_.Cancel(req.session_id, params["requestId"].dump());
 }
 
-Reply McpServer::Stateless(const Request& req) {
+void McpServer::Stateless(const RequestPtr& r, const ReplyDone& done) {
+  const Request& req = *r;
   const json& m = req.message;
-  if (!m.contains("id")) return Accepted();
+  if (!m.contains("id")) return done(Accepted());
   const json& id = m["id"];
   const json meta = ParamsOf(m).value("_meta", json::object());
   if (!meta.is_object() || !meta.contains(kMetaProtocolVersion) ||
       !meta[kMetaProtocolVersion].is_string()) {
-    return Error(400, id, kInvalidParams,
-                 std::string("params._meta[\"") + kMetaProtocolVersion +
-                     "\"] is required in revision " + kModernVersion);
+    return done(Error(400, id, kInvalidParams,
+                      std::string("params._meta[\"") + kMetaProtocolVersion +
+                          "\"] is required in revision " + kModernVersion));
   }
   const std::string v = meta[kMetaProtocolVersion];
   if (v != kModernVersion) {
-    return Error(400, id, kUnsupportedVersion, "Unsupported protocol version: " + v,
-                 {{"supported", SupportedVersions()}, {"requested", v}});
+    return done(Error(400, id, kUnsupportedVersion, "Unsupported protocol version: " + v,
+                      {{"supported", SupportedVersions()}, {"requested", v}}));
   }
   if (!meta.contains(kMetaClientCapabilities) || !meta[kMetaClientCapabilities].is_object()) {
-    return Error(400, id, kInvalidParams,
-                 std::string("params._meta[\"") + kMetaClientCapabilities + "\"] is required");
+    return done(
+        Error(400, id, kInvalidParams,
+              std::string("params._meta[\"") + kMetaClientCapabilities + "\"] is required"));
   }
   CallContext ctx;
   ctx.request = &req;
   ctx.client_capabilities = meta[kMetaClientCapabilities];
-  return Dispatch(req, std::move(ctx));
+  Dispatch(r, std::move(ctx), done);
 }
 
 // The one method table of both eras; what differs by era is in the handlers and here:
 // a missing method is a 404 in 2026-07-28, whose results carry resultType and serverInfo.
-Reply McpServer::Dispatch(const Request& req, CallContext ctx) {
+void McpServer::Dispatch(const RequestPtr& r, CallContext ctx, const ReplyDone& done) {
+  const Request& req = *r;
   const json& id = req.message["id"];
   const std::string method = req.message["method"];
   const json& params = ParamsOf(req.message);
   auto it = methods_.find(method);
   if (it == methods_.end() || !Serves(it->second.revisions, req.stateless)) {
-    return Error(req.stateless ? 404 : 200, id, kMethodNotFound, "Method not found: " + method);
+    return done(
+        Error(req.stateless ? 404 : 200, id, kMethodNotFound, "Method not found: " + method));
   }
   ctx.progress_token = MetaOf(params).value("progressToken", json());
-  Outcome o = it->second.handler(params, ctx);
-  if (o.error_code != 0) {
-    return Error(o.http_status, id, o.error_code, o.error_message, o.error_data);
-  }
-  if (req.stateless && o.result.is_object()) {
-    o.result["resultType"] = "complete";
-    if (!o.result.contains("_meta")) o.result["_meta"] = {{kMetaServerInfo, ServerInfo()}};
-  }
-  return Result(id, std::move(o.result));
+  // Holds the request (and so ctx.request) until the handler responds.
+  Respond respond = [this, r, done](Outcome o) {
+    const json& id = r->message["id"];
+    if (o.error_code != 0) {
+      return done(Error(o.http_status, id, o.error_code, o.error_message, o.error_data));
+    }
+    if (r->stateless && o.result.is_object()) {
+      o.result["resultType"] = "complete";
+      if (!o.result.contains("_meta")) o.result["_meta"] = {{kMetaServerInfo, ServerInfo()}};
+    }
+    done(Result(id, std::move(o.result)));
+  };
+  if (it->second.async) return it->second.async(params, ctx, std::move(respond));
+  respond(it->second.handler(params, ctx));
 }
 
 Outcome McpServer::Ping(const json&, const CallContext&) { return Outcome::Ok(json::object()); }
@@ -327,35 +370,42 @@ Outcome McpServer::ListTools(const json& params, const CallContext& ctx) {
   return Outcome::Ok(std::move(result));
 }
 
-Outcome McpServer::CallTool(const json& params, const CallContext& ctx) {
+void McpServer::CallTool(const json& params, const CallContext& ctx, Respond respond) {
   const Request& req = *ctx.request;
   std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
   const std::string rid = req.message["id"].dump();
   if (!req.stateless) {
     auto begun = sessions_.BeginCall(req.session_id, rid);
     if (!begun.ok()) {
-      return begun.status().code() == StatusCode::kNotFound
-                 ? Outcome::Error(kSessionNotFound, "Session not found", nullptr, 404)
-                 : Outcome::Error(kServerError, begun.status().message(), nullptr, 429);
+      return respond(begun.status().code() == StatusCode::kNotFound
+                         ? Outcome::Error(kSessionNotFound, "Session not found", nullptr, 404)
+                         : Outcome::Error(kServerError, begun.status().message(), nullptr, 429));
     }
     cancelled = *begun;
   }
-  Outcome o;
+  Respond end = [this, &req, rid, cancelled, respond = std::move(respond)](Outcome o) {
+    if (!req.stateless) sessions_.EndCall(req.session_id, rid);
+    // A cancelled request gets no response: the transports drop this error.
+    if (cancelled->load()) return respond(Outcome::Error(kRequestCancelled, "request cancelled"));
+    respond(std::move(o));
+  };
   if (!params.contains("name") || !params["name"].is_string()) {
-    o = Outcome::Error(kInvalidParams, "tools/call needs params.name (a string)");
-  } else if (auto t = tool_index_.find(params["name"].get<std::string>()); t == tool_index_.end()) {
-    o = Outcome::Error(kInvalidParams, "Unknown tool: " + params["name"].get<std::string>());
-  } else if (params.contains("arguments") && !params["arguments"].is_object()) {
-    o = Outcome::Error(kInvalidParams, "params.arguments must be an object");
-  } else {
-    CallContext call = ctx;
-    call.cancelled = cancelled.get();
-    o = tools_[t->second].handler(params.value("arguments", json::object()), call);
+    return end(Outcome::Error(kInvalidParams, "tools/call needs params.name (a string)"));
   }
-  if (!req.stateless) sessions_.EndCall(req.session_id, rid);
-  // A cancelled request gets no response: the transports drop this error.
-  if (cancelled->load()) return Outcome::Error(kRequestCancelled, "request cancelled");
-  return o;
+  auto t = tool_index_.find(params["name"].get<std::string>());
+  if (t == tool_index_.end()) {
+    return end(
+        Outcome::Error(kInvalidParams, "Unknown tool: " + params["name"].get<std::string>()));
+  }
+  if (params.contains("arguments") && !params["arguments"].is_object()) {
+    return end(Outcome::Error(kInvalidParams, "params.arguments must be an object"));
+  }
+  CallContext call = ctx;
+  call.cancelled = cancelled.get();
+  const ToolDefinition& tool = tools_[t->second];
+  const json arguments = params.value("arguments", json::object());
+  if (tool.async_handler) return tool.async_handler(arguments, call, std::move(end));
+  end(tool.handler(arguments, call));
 }
 
 Outcome McpServer::SetLogLevel(const json& params, const CallContext& ctx) {

@@ -87,12 +87,23 @@ struct CallContext {
 };
 
 using Handler = std::function<Outcome(const nlohmann::json& params, const CallContext& ctx)>;
+// A handler that answers later: `respond` exactly once, from any thread. `params` and
+// `ctx` are valid during the call only, but what ctx.request and ctx.cancelled point to
+// stays valid until `respond`. It must not block (it may run on a transport's I/O
+// thread, and its continuation on a worker client's thread).
+using Respond = std::function<void(Outcome)>;
+using AsyncHandler =
+    std::function<void(const nlohmann::json& params, const CallContext& ctx, Respond respond)>;
 
 // A tool: its tools/list entry and its handler, declared together.
 struct ToolDefinition {
   nlohmann::json declaration;  // name, title?, description, inputSchema, outputSchema?, ...
   // Runs a call: `params` are the arguments (an object); the result a CallToolResult.
+  // One of the two; async_handler when set.
   Handler handler;
+  AsyncHandler async_handler;
+  // Whether a call may block its thread (McpServer::Blocks).
+  bool blocks = true;
   // Whether a tools/call (its params) needs a streamed (SSE) response: it sends progress
   // or other messages before its result. Null: never.
   std::function<bool(const nlohmann::json& params)> streams;
@@ -126,6 +137,14 @@ class McpServer {
 
   // Never throws: an unexpected exception becomes a -32603 reply (HTTP 500).
   Reply Handle(const Request& req);
+  // The same without waiting: `done` gets the reply exactly once, on this thread or on
+  // the thread that finished the work (a worker client's). Blocks its thread only for a
+  // message Blocks() says so of.
+  using ReplyDone = std::function<void(Reply)>;
+  void HandleAsync(Request req, ReplyDone done);
+  // Whether handling `message` may block the thread (a worker call made synchronously,
+  // or a method that writes files): such messages belong on a thread that may wait.
+  bool Blocks(const nlohmann::json& message) const;
   // DELETE: ends a session. Returns false when there is no such session (404).
   bool EndSession(const std::string& session_id, const std::string& principal);
   // Whether a request should get a streamed (SSE) response (ToolDefinition::streams).
@@ -139,14 +158,16 @@ class McpServer {
  private:
   struct Method {
     Revisions revisions;
-    Handler handler;
+    Handler handler;     // or
+    AsyncHandler async;  // when set
   };
+  using RequestPtr = std::shared_ptr<const Request>;
 
-  Reply HandleMessage(const Request& req);
+  void HandleMessage(const RequestPtr& req, const ReplyDone& done);
   Reply Initialize(const Request& req);
-  Reply Stateful(const Request& req);
-  Reply Stateless(const Request& req);
-  Reply Dispatch(const Request& req, CallContext ctx);
+  void Stateful(const RequestPtr& req, const ReplyDone& done);
+  void Stateless(const RequestPtr& req, const ReplyDone& done);
+  void Dispatch(const RequestPtr& req, CallContext ctx, const ReplyDone& done);
   void Notification(const Request& req);
   nlohmann::json Capabilities(bool stateless) const;
   nlohmann::json ServerInfo() const;
@@ -154,7 +175,7 @@ class McpServer {
   // The core methods.
   Outcome Ping(const nlohmann::json& params, const CallContext& ctx);
   Outcome ListTools(const nlohmann::json& params, const CallContext& ctx);
-  Outcome CallTool(const nlohmann::json& params, const CallContext& ctx);
+  void CallTool(const nlohmann::json& params, const CallContext& ctx, Respond respond);
   Outcome SetLogLevel(const nlohmann::json& params, const CallContext& ctx);
   Outcome Discover(const nlohmann::json& params, const CallContext& ctx);
 

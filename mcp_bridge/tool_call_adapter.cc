@@ -38,9 +38,10 @@ std::vector<ToolDefinition> ToolCallAdapter::Definitions() {
     const std::string name = declaration["name"];
     ToolDefinition d;
     d.declaration = declaration;
-    d.handler = [this, name](const json& arguments, const CallContext& ctx) {
-      return Call(name, arguments, ctx);
+    d.async_handler = [this, name](const json& arguments, const CallContext& ctx, Respond respond) {
+      Call(name, arguments, ctx, std::move(respond));
     };
+    d.blocks = tools_->Blocks(name);
     d.streams = [this, name](const json& params) {
       const json meta = params.value("_meta", json::object());
       if (!meta.is_object() || !meta.contains("progressToken")) return false;
@@ -52,38 +53,37 @@ std::vector<ToolDefinition> ToolCallAdapter::Definitions() {
   return out;
 }
 
-Outcome ToolCallAdapter::Call(const std::string& name, const json& arguments,
-                              const CallContext& ctx) {
+void ToolCallAdapter::Call(const std::string& name, const json& arguments, const CallContext& ctx,
+                           Respond respond) {
   const auto start = Clock::now();
-  auto admitted = start, released = start;  // the span the call held its session
-  const Request& req = *ctx.request;
-  ToolCall call;
-  call.name = name;
-  call.arguments = arguments;
-  ToolResult result;
-  bool bad_session = false;
+  const Request& req = *ctx.request;  // valid until `respond`
+  auto call = std::make_shared<ToolCall>();
+  call->name = name;
+  call->arguments = arguments;
+  ToolResult bad;
   if (auto s = arguments.find("session"); s != arguments.end()) {
     std::string problem = s->is_string() ? CheckSessionName(*s) : "session must be a string";
     if (!problem.empty()) {
-      result.is_error = bad_session = true;
-      result.error = problem;
+      bad.is_error = true;
+      bad.error = problem;
     } else {
-      call.session = SessionTable::PrefixOf(req.principal) + "s:" + s->get<std::string>();
+      call->session = SessionTable::PrefixOf(req.principal) + "s:" + s->get<std::string>();
     }
   } else {
-    call.session = ctx.session_key;  // "" when stateless: no session
+    call->session = ctx.session_key;  // "" when stateless: no session
   }
   // Stateless handles are chosen by the client: a new one per call must not dodge the
   // limit, so stateless calls are limited per identity.
   if (!Allow(req.stateless ? "identity|" + req.principal : "session|" + req.session_id)) {
-    return Outcome::Error(kServerError,
-                          "rate limit: more than " + std::to_string(options_.rate_limit) +
-                              " calls/s on this session (--rate-limit); slow down and retry",
-                          nullptr, 429);
+    return respond(
+        Outcome::Error(kServerError,
+                       "rate limit: more than " + std::to_string(options_.rate_limit) +
+                           " calls/s on this session (--rate-limit); slow down and retry",
+                       nullptr, 429));
   }
   const json token = ctx.progress_token;
   if (req.notify && (token.is_string() || token.is_number_integer())) {
-    call.progress = [&req, token](double p, double total, const std::string& msg) {
+    call->progress = [&req, token](double p, double total, const std::string& msg) {
       req.notify(
           {{"jsonrpc", "2.0"},
            {"method", "notifications/progress"},
@@ -91,32 +91,50 @@ Outcome ToolCallAdapter::Call(const std::string& name, const json& arguments,
             {{"progressToken", token}, {"progress", p}, {"total", total}, {"message", msg}}}});
     };
   }
-  call.cancelled = ctx.cancelled;
-  if (!bad_session) {
-    // Calls of one session that reach a worker run one at a time, in the order they
-    // arrived. Calls without a session share nothing, and the tools the bridge answers
-    // alone (get_context, model_info) never queue behind a worker call: no gate.
-    std::optional<CallGate::Ticket> turn;
-    if (!call.session.empty() && tools_->Ordered(call.name)) turn.emplace(&gate_, call.session);
-    admitted = Clock::now();
-    result = Run(call);
-    released = Clock::now();
+  call->cancelled = ctx.cancelled;
+  if (bad.is_error) {
+    Trace(*call, bad, start, start, start);
+    return respond(Outcome::Ok(CallToolResult(bad)));
   }
-  Trace(call, result, start, admitted, released);
-  return Outcome::Ok(CallToolResult(result));
+  // Calls of one session that reach a worker run one at a time, in the order they
+  // arrived. Calls without a session share nothing, and the tools the bridge answers
+  // alone (get_context, model_info) never queue behind a worker call: no gate.
+  const bool gated = !call->session.empty() && tools_->Ordered(call->name);
+  auto run = [this, call, start, gated, respond = std::move(respond)]() mutable {
+    const auto admitted = Clock::now();
+    Run(*call,
+        [this, call, start, admitted, gated, respond = std::move(respond)](ToolResult result) {
+          const auto released = Clock::now();
+          if (gated) gate_.Leave(call->session);
+          Trace(*call, result, start, admitted, released);
+          respond(Outcome::Ok(CallToolResult(result)));
+        });
+  };
+  if (!gated) return run();
+  if (tools_->Blocks(call->name)) {
+    // Its turn is waited for here: this thread may block (the tool will anyway), and a
+    // blocking call must never run on the thread that hands it the turn.
+    gate_.EnterAndWait(call->session);
+    return run();
+  }
+  gate_.Enter(call->session, std::move(run));
 }
 
-ToolResult ToolCallAdapter::Run(const ToolCall& call) {
+void ToolCallAdapter::Run(const ToolCall& call, Tools::ToolDone done) {
+  auto ran = std::make_shared<std::atomic<bool>>(false);
+  Tools::ToolDone once = [ran, done = std::move(done)](ToolResult result) {
+    if (!ran->exchange(true)) done(std::move(result));
+  };
   ToolResult result;
   try {
-    return tools_->Call(call);
+    return tools_->CallAsync(call, once);
   } catch (const std::exception& e) {  // nothing may escape into the transport's threads
     result.error = std::string("internal error: ") + e.what();
   } catch (...) {
     result.error = "internal error";
   }
   result.is_error = true;
-  return result;
+  once(std::move(result));
 }
 
 void ToolCallAdapter::Trace(const ToolCall& call, const ToolResult& result, Clock::time_point start,

@@ -3,12 +3,15 @@
 // per-session rate limit (per identity when stateless), per-session order (CallGate),
 // progress notifications, the exception barrier, the CallToolResult (structured content
 // plus its text, or isError) and the trace record. `tools` and `recorder` (may be null)
-// outlive the adapter. Thread-safe; a call blocks while its session runs another.
+// outlive the adapter. Thread-safe. Tools with an asynchronous form (Tools::Blocks false)
+// wait for their session's turn without a thread, and answer from the thread that
+// finished them; the others block their thread while their session runs another call.
 #ifndef ONLINEPS_MCP_BRIDGE_TOOL_CALL_ADAPTER_H_
 #define ONLINEPS_MCP_BRIDGE_TOOL_CALL_ADAPTER_H_
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_map>
@@ -45,8 +48,10 @@ class ToolCallAdapter {
     std::chrono::steady_clock::time_point at;
   };
 
-  Outcome Call(const std::string& name, const nlohmann::json& arguments, const CallContext& ctx);
-  ToolResult Run(const ToolCall& call);  // Tools::Call behind the exception barrier
+  void Call(const std::string& name, const nlohmann::json& arguments, const CallContext& ctx,
+            Respond respond);
+  // Tools::CallAsync behind the exception barrier; `done` runs once.
+  void Run(const ToolCall& call, Tools::ToolDone done);
   bool Allow(const std::string& key);
   void Trace(const ToolCall& call, const ToolResult& result,
              std::chrono::steady_clock::time_point start,

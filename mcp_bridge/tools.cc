@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
-#include <tuple>
 
+#include "common/await.h"
 #include "mcp_bridge/tool_schemas.h"
 #include "worker/examples.h"
 #include "worker/request_limits.h"
@@ -128,87 +128,22 @@ json ContextJson(const Context& c, bool found) {
   return {{"found", found}, {"items", c.items}, {"features", c.features}};
 }
 
-}  // namespace
-
-std::string CheckSessionName(const std::string& s) {
-  if (s.empty()) return "session must not be empty";
-  if (s.size() > 128) return "session is longer than 128 characters";
-  for (unsigned char ch : s) {
-    if (!std::isalnum(ch) && ch != '.' && ch != '_' && ch != ':' && ch != '@' && ch != '-') {
-      return "session may hold only letters, digits and . _ : @ -";
-    }
-  }
-  return "";
-}
-
-Tools::Tools(ToolsOptions options, Backend* backend, ContextStore* contexts, WorkerPool* pool,
-             Router* router)
-    : options_(options),
-      backend_(backend),
-      contexts_(contexts),
-      pool_(pool),
-      router_(router),
-      tau_hist_(1025, 0) {
-  // Each tool once: its declaration, its handler, and whether it reaches a worker (and
-  // so runs in the session's order) or the bridge answers it alone. The arguments it
-  // takes come from its inputSchema.
-  const std::tuple<json, ToolResult (Tools::*)(const ToolCall&), bool> table[] = {
-      {InferTool(), &Tools::Infer, true},
-      {LearnTool(), &Tools::Learn, true},
-      {SetContextTool(), &Tools::SetContext, true},
-      {AppendContextTool(), &Tools::AppendContext, true},
-      {ClearContextTool(), &Tools::ClearContext, true},
-      {GetContextTool(), &Tools::GetContext, false},
-      {ModelInfoTool(), &Tools::ModelInfo, false},
-  };
-  list_ = json::array();
-  for (const auto& [declaration, run, ordered] : table) {
-    Entry e{declaration, run, {}, ordered};
-    const json properties = declaration["inputSchema"].value("properties", json::object());
-    for (const auto& [name, schema] : properties.items()) e.arguments.insert(name);
-    entries_.push_back(std::move(e));
-    list_.push_back(declaration);
+// Builds a result behind the exception barrier of an asynchronous continuation (which
+// runs on a worker client's thread, where nothing may escape).
+template <typename Make>
+ToolResult Guarded(const Make& make) {
+  try {
+    return make();
+  } catch (const std::exception& e) {
+    return Error(std::string("internal error: ") + e.what());
+  } catch (...) {
+    return Error("internal error");
   }
 }
 
-const Tools::Entry* Tools::Find(const std::string& name) const {
-  for (const Entry& e : entries_) {
-    if (e.declaration["name"] == name) return &e;
-  }
-  return nullptr;
-}
-
-bool Tools::Has(const std::string& name) const { return Find(name) != nullptr; }
-
-bool Tools::Ordered(const std::string& name) const {
-  const Entry* e = Find(name);
-  return e == nullptr || e->ordered;
-}
-
-bool Tools::SendsProgress(const std::string& name, const json& arguments) const {
-  if (name != "learn") return false;
-  auto it = arguments.find("examples");
-  return it != arguments.end() && it->is_array() && it->size() > 1;
-}
-
-ToolResult Tools::Call(const ToolCall& c) {
-  if (!c.arguments.is_object()) return Error("arguments must be an object");
-  const Entry* e = Find(c.name);
-  if (!e) return Error("unknown tool '" + c.name + "'");
-  if (auto m = CheckKeys(c.arguments, e->arguments, c.name); !m.empty()) return Error(m);
-  return (this->*e->run)(c);
-}
-
-ToolResult Tools::Infer(const ToolCall& c) {
-  auto examples = ExamplesOf(c.arguments, false, LimitsOf(options_));
-  if (!examples.ok()) return Error(examples.status().message());
-  // An infer is one worker call.
-  if (Status st = CheckWords(*examples, examples->size(), LimitsOf(options_)); !st.ok()) {
-    return Error(st.message());
-  }
-  auto r = backend_->Call(c.session, Op::kInfer, {{"examples", *examples}});
+ToolResult InferResult(const StatusOr<Routed>& r, WorkerPool* pool) {
   if (!r.ok()) return Error("infer failed: " + WorkerError(r.status()));
-  auto labels_ptr = pool_->Labels(r->worker);
+  auto labels_ptr = pool->Labels(r->worker);
   static const std::vector<std::string> kNone;
   const std::vector<std::string>& labels = labels_ptr ? *labels_ptr : kNone;
   json predictions = json::array();
@@ -237,6 +172,102 @@ ToolResult Tools::Infer(const ToolCall& c) {
   return out;
 }
 
+}  // namespace
+
+std::string CheckSessionName(const std::string& s) {
+  if (s.empty()) return "session must not be empty";
+  if (s.size() > 128) return "session is longer than 128 characters";
+  for (unsigned char ch : s) {
+    if (!std::isalnum(ch) && ch != '.' && ch != '_' && ch != ':' && ch != '@' && ch != '-') {
+      return "session may hold only letters, digits and . _ : @ -";
+    }
+  }
+  return "";
+}
+
+Tools::Tools(ToolsOptions options, Backend* backend, ContextStore* contexts, WorkerPool* pool,
+             Router* router)
+    : options_(options),
+      backend_(backend),
+      contexts_(contexts),
+      pool_(pool),
+      router_(router),
+      tau_hist_(1025, 0) {
+  // Each tool once: its declaration, its handler, and whether it reaches a worker (and
+  // so runs in the session's order) or the bridge answers it alone. The arguments it
+  // takes come from its inputSchema.
+  // Infer and learn, the calls that carry the traffic, have only an asynchronous form.
+  const Entry table[] = {
+      {InferTool(), nullptr, &Tools::Infer, {}, true},
+      {LearnTool(), nullptr, &Tools::Learn, {}, true},
+      {SetContextTool(), &Tools::SetContext, nullptr, {}, true},
+      {AppendContextTool(), &Tools::AppendContext, nullptr, {}, true},
+      {ClearContextTool(), &Tools::ClearContext, nullptr, {}, true},
+      {GetContextTool(), &Tools::GetContext, nullptr, {}, false},
+      {ModelInfoTool(), &Tools::ModelInfo, nullptr, {}, false},
+  };
+  list_ = json::array();
+  for (const Entry& t : table) {
+    const json& declaration = t.declaration;
+    Entry e = t;
+    const json properties = declaration["inputSchema"].value("properties", json::object());
+    for (const auto& [name, schema] : properties.items()) e.arguments.insert(name);
+    entries_.push_back(std::move(e));
+    list_.push_back(declaration);
+  }
+}
+
+const Tools::Entry* Tools::Find(const std::string& name) const {
+  for (const Entry& e : entries_) {
+    if (e.declaration["name"] == name) return &e;
+  }
+  return nullptr;
+}
+
+bool Tools::Has(const std::string& name) const { return Find(name) != nullptr; }
+
+bool Tools::Ordered(const std::string& name) const {
+  const Entry* e = Find(name);
+  return e == nullptr || e->ordered;
+}
+
+bool Tools::SendsProgress(const std::string& name, const json& arguments) const {
+  if (name != "learn") return false;
+  auto it = arguments.find("examples");
+  return it != arguments.end() && it->is_array() && it->size() > 1;
+}
+
+bool Tools::Blocks(const std::string& name) const {
+  const Entry* e = Find(name);
+  return e != nullptr && e->ordered && e->run_async == nullptr;
+}
+
+ToolResult Tools::Call(const ToolCall& c) {
+  return Await<ToolResult>([&](ToolDone done) { CallAsync(c, std::move(done)); });
+}
+
+void Tools::CallAsync(const ToolCall& c, ToolDone done) {
+  if (!c.arguments.is_object()) return done(Error("arguments must be an object"));
+  const Entry* e = Find(c.name);
+  if (!e) return done(Error("unknown tool '" + c.name + "'"));
+  if (auto m = CheckKeys(c.arguments, e->arguments, c.name); !m.empty()) return done(Error(m));
+  if (e->run_async) return (this->*e->run_async)(c, std::move(done));
+  done((this->*e->run)(c));
+}
+
+void Tools::Infer(const ToolCall& c, ToolDone done) {
+  auto examples = ExamplesOf(c.arguments, false, LimitsOf(options_));
+  if (!examples.ok()) return done(Error(examples.status().message()));
+  // An infer is one worker call.
+  if (Status st = CheckWords(*examples, examples->size(), LimitsOf(options_)); !st.ok()) {
+    return done(Error(st.message()));
+  }
+  backend_->CallAsync(c.session, Op::kInfer, {{"examples", std::move(*examples)}},
+                      [this, done = std::move(done)](StatusOr<Routed> r) {
+                        done(Guarded([&] { return InferResult(r, pool_); }));
+                      });
+}
+
 void Tools::NoteLearn(int64_t version, int64_t tau) {
   MutexLock lock(&mu_);
   max_version_ = std::max(max_version_, version);
@@ -248,67 +279,98 @@ void Tools::NoteLearn(int64_t version, int64_t tau) {
   tau_max_ = std::max(tau_max_, t);
 }
 
-ToolResult Tools::Learn(const ToolCall& c) {
-  auto examples = ExamplesOf(c.arguments, true, LimitsOf(options_));
-  if (!examples.ok()) return Error(examples.status().message());
-  const size_t total = examples->size(), chunk = std::max<size_t>(1, options_.learn_chunk);
-  if (Status st = CheckWords(*examples, chunk, LimitsOf(options_)); !st.ok()) {
-    return Error(st.message());
-  }
-  size_t done = 0, chunks = 0;
+// One learn call in progress: what its chunks have given so far.
+struct Tools::LearnRun {
+  json examples;
+  size_t total = 0, chunk = 1, done = 0, chunks = 0;
   double loss_sum = 0;
   int64_t version = 0, tau = 0;
   std::set<std::string> outcomes;
-  std::string worker;
-  while (done < total) {
-    if (c.cancelled && c.cancelled->load()) {
-      return Error("cancelled after " + std::to_string(done) + " of " + std::to_string(total) +
-                   " examples (those were learned)");
-    }
-    const size_t n = std::min(chunk, total - done);
-    json part(examples->begin() + static_cast<ptrdiff_t>(done),
-              examples->begin() + static_cast<ptrdiff_t>(done + n));
-    auto r = backend_->Call(c.session, Op::kLearn, {{"examples", part}});
-    if (!r.ok()) {
-      const bool unknown = r.status().code() == StatusCode::kDeadlineExceeded;
-      std::string m = "learn failed on examples " + std::to_string(done) + ".." +
-                      std::to_string(done + n - 1) + ": " + WorkerError(r.status());
-      m += unknown ? ". Their outcome is unknown: the worker did not answer, so they may or "
-                     "may not have been applied."
-                   : ". They were not applied.";
-      if (done > 0) m += " Examples 0.." + std::to_string(done - 1) + " were learned.";
-      ToolResult e = Error(m);
-      e.worker = worker;
-      return e;
-    }
-    worker = r->worker;
-    loss_sum += Number(r->reply, "loss", 0.0) * static_cast<double>(n);
-    version = std::max(version, Integer(r->reply, "version", 0));
-    tau = std::max(tau, Integer(r->reply, "tau", 0));
-    outcomes.insert(Text(r->reply, "outcome", "applied"));
-    NoteLearn(Integer(r->reply, "version", 0), Integer(r->reply, "tau", 0));
-    done += n;
-    ++chunks;
-    if (c.progress) {
-      c.progress(static_cast<double>(done), static_cast<double>(total),
-                 "learned " + std::to_string(done) + "/" + std::to_string(total) + " examples");
-    }
+  std::string worker, session;
+  std::function<void(double, double, const std::string&)> progress;
+  const std::atomic<bool>* cancelled = nullptr;
+  ToolDone finish;
+};
+
+void Tools::Learn(const ToolCall& c, ToolDone done) {
+  auto examples = ExamplesOf(c.arguments, true, LimitsOf(options_));
+  if (!examples.ok()) return done(Error(examples.status().message()));
+  const size_t chunk = std::max<size_t>(1, options_.learn_chunk);
+  if (Status st = CheckWords(*examples, chunk, LimitsOf(options_)); !st.ok()) {
+    return done(Error(st.message()));
   }
-  ToolResult out;
-  out.worker = worker;
-  out.version = version;
-  out.tau = tau;
-  const std::string outcome = outcomes.size() == 1 ? *outcomes.begin() : "mixed";
-  out.structured = {{"examples", total},
-                    {"applied_examples", outcome == "applied" ? total : 0},
-                    {"loss", loss_sum / static_cast<double>(total)},
-                    {"outcome", outcome},
-                    {"model_version", version},
-                    {"staleness", tau},
-                    {"chunks", chunks},
-                    {"worker", worker}};
-  out.summary = outcome;
-  return out;
+  auto run = std::make_shared<LearnRun>();
+  run->total = examples->size();
+  run->examples = std::move(*examples);
+  run->chunk = chunk;
+  run->session = c.session;
+  run->progress = c.progress;
+  run->cancelled = c.cancelled;
+  run->finish = std::move(done);
+  LearnNext(std::move(run));
+}
+
+// Sends the next chunk, or ends the call; each chunk's reply sends the one after.
+void Tools::LearnNext(std::shared_ptr<LearnRun> run) {
+  LearnRun& l = *run;
+  if (l.done == l.total) {
+    ToolResult out;
+    out.worker = l.worker;
+    out.version = l.version;
+    out.tau = l.tau;
+    const std::string outcome = l.outcomes.size() == 1 ? *l.outcomes.begin() : "mixed";
+    out.structured = {{"examples", l.total},
+                      {"applied_examples", outcome == "applied" ? l.total : 0},
+                      {"loss", l.loss_sum / static_cast<double>(l.total)},
+                      {"outcome", outcome},
+                      {"model_version", l.version},
+                      {"staleness", l.tau},
+                      {"chunks", l.chunks},
+                      {"worker", l.worker}};
+    out.summary = outcome;
+    return l.finish(std::move(out));
+  }
+  if (l.cancelled && l.cancelled->load()) {
+    return l.finish(Error("cancelled after " + std::to_string(l.done) + " of " +
+                          std::to_string(l.total) + " examples (those were learned)"));
+  }
+  const size_t n = std::min(l.chunk, l.total - l.done);
+  json part(l.examples.begin() + static_cast<ptrdiff_t>(l.done),
+            l.examples.begin() + static_cast<ptrdiff_t>(l.done + n));
+  backend_->CallAsync(
+      l.session, Op::kLearn, {{"examples", std::move(part)}}, [this, run, n](StatusOr<Routed> r) {
+        LearnRun& l = *run;
+        ToolResult failed = Guarded([&] {
+          if (r.ok()) return ToolResult();
+          const bool unknown = r.status().code() == StatusCode::kDeadlineExceeded;
+          std::string m = "learn failed on examples " + std::to_string(l.done) + ".." +
+                          std::to_string(l.done + n - 1) + ": " + WorkerError(r.status());
+          m += unknown ? ". Their outcome is unknown: the worker did not "
+                         "answer, so they may or may not have been applied."
+                       : ". They were not applied.";
+          if (l.done > 0) {
+            m += " Examples 0.." + std::to_string(l.done - 1) + " were learned.";
+          }
+          ToolResult e = Error(m);
+          e.worker = l.worker;
+          return e;
+        });
+        if (failed.is_error) return l.finish(std::move(failed));
+        l.worker = r->worker;
+        l.loss_sum += Number(r->reply, "loss", 0.0) * static_cast<double>(n);
+        l.version = std::max(l.version, Integer(r->reply, "version", 0));
+        l.tau = std::max(l.tau, Integer(r->reply, "tau", 0));
+        l.outcomes.insert(Text(r->reply, "outcome", "applied"));
+        NoteLearn(Integer(r->reply, "version", 0), Integer(r->reply, "tau", 0));
+        l.done += n;
+        ++l.chunks;
+        if (l.progress) {
+          l.progress(
+              static_cast<double>(l.done), static_cast<double>(l.total),
+              "learned " + std::to_string(l.done) + "/" + std::to_string(l.total) + " examples");
+        }
+        LearnNext(run);
+      });
 }
 
 ToolResult Tools::SetContext(const ToolCall& c) { return StoreContext(c, false); }

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -72,7 +73,16 @@ class Tools {
   // reach a worker. get_context and model_info, which the bridge answers alone, never
   // wait behind a session's worker call. Unknown names: true.
   bool Ordered(const std::string& name) const;
+  // Whether a call of `name` may block its thread (on a worker call): the tools that
+  // reach a worker and have no asynchronous form. Unknown names: false (refused at once).
+  bool Blocks(const std::string& name) const;
   ToolResult Call(const ToolCall& call);
+  // The same without waiting where the tool has an asynchronous form (infer, learn):
+  // `done` gets the result once, on a worker client's thread or the caller's; `call`
+  // may go once CallAsync returns, but what its `progress`, `log` and `cancelled` point
+  // to must live until `done`. Other tools run here and then call `done`.
+  using ToolDone = std::function<void(ToolResult)>;
+  void CallAsync(const ToolCall& call, ToolDone done);
   // Whether a call of `name` with `arguments` sends progress (a learn of several
   // examples), so wants a streamed response when the client asked for progress.
   bool SendsProgress(const std::string& name, const nlohmann::json& arguments) const;
@@ -80,14 +90,17 @@ class Tools {
  private:
   struct Entry {
     nlohmann::json declaration;
-    ToolResult (Tools::*run)(const ToolCall&);
+    ToolResult (Tools::*run)(const ToolCall&);            // or null, then:
+    void (Tools::*run_async)(const ToolCall&, ToolDone);  // or null
     std::set<std::string> arguments;  // the names inputSchema.properties declares
     bool ordered = true;              // see Ordered()
   };
+  struct LearnRun;  // a learn's chunks, one worker call after the other
 
   const Entry* Find(const std::string& name) const;
-  ToolResult Infer(const ToolCall& c);
-  ToolResult Learn(const ToolCall& c);
+  void Infer(const ToolCall& c, ToolDone done);
+  void Learn(const ToolCall& c, ToolDone done);
+  void LearnNext(std::shared_ptr<LearnRun> run);
   ToolResult SetContext(const ToolCall& c);
   ToolResult AppendContext(const ToolCall& c);
   ToolResult StoreContext(const ToolCall& c, bool append);

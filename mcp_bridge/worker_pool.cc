@@ -9,6 +9,8 @@
 #include <future>
 #include <set>
 
+#include "common/await.h"
+
 namespace onlineps::bridge {
 
 using nlohmann::json;
@@ -76,7 +78,18 @@ Status WorkerPool::Start() {
   return Status::Ok();
 }
 
-void WorkerPool::Stop() { health_.Stop(); }
+void WorkerPool::Stop() {
+  health_.Stop();
+  stopping_.store(true, std::memory_order_release);
+  std::vector<std::shared_ptr<worker::WorkerClient>> clients;
+  {
+    MutexLock lock(&mu_);
+    for (auto& [e, entry] : workers_) {
+      if (entry.client) clients.push_back(entry.client);
+    }
+  }
+  for (auto& c : clients) c->FailInFlight("the bridge is stopping");
+}
 
 Status WorkerPool::Resolve() {
   ONLINEPS_ASSIGN_OR_RETURN(std::vector<std::string> found, ResolveWorkers(options_.dns));
@@ -125,50 +138,70 @@ StatusOr<json> WorkerPool::Call(const std::string& endpoint, Op op, const json& 
   return client->Call(op, body, timeout);
 }
 
-void WorkerPool::Apply(const std::string& endpoint, const StatusOr<json>& reply) {
-  // Held across the state change and the router call, so that two probes of one worker
-  // (the loop's and a failed call's) cannot leave the ring and the health flag apart.
-  MutexLock membership(&membership_mu_);
-  bool healthy = false;
-  {
-    MutexLock lock(&mu_);
-    auto it = workers_.find(endpoint);
-    if (it == workers_.end()) return;
-    Entry& e = it->second;
-    if (reply.ok()) {
-      const json& id = reply->value("instance", json());
-      const std::string instance = id.is_string() ? id.get<std::string>() : std::string();
-      if (!e.info.healthy || instance != e.info.instance) {
-        e.info.incarnation = next_incarnation_++;  // a new process or back from down
-      }
-      e.info.healthy = true;
-      e.info.instance = instance;
-      e.info.stats = *reply;
-      const json& labels = reply->value("labels", json::array());
-      std::vector<std::string> v;
-      if (labels.is_array()) {
-        for (const json& l : labels) {
-          v.push_back(l.is_string() ? l.get<std::string>()
-                                    : l.dump(-1, ' ', false, json::error_handler_t::replace));
-        }
-      }
-      if (!e.labels || *e.labels != v) {
-        e.labels = std::make_shared<const std::vector<std::string>>(std::move(v));
-      }
-      e.info.last_error.clear();
-      e.failures = 0;
-    } else {
-      e.info.last_error = reply.status().ToString();
-      if (++e.failures >= options_.failures_to_down) e.info.healthy = false;
-    }
-    healthy = e.info.healthy;
+void WorkerPool::CallAsync(const std::string& endpoint, Op op, const json& body,
+                           std::chrono::milliseconds timeout, worker::WorkerClient::Done done) {
+  if (stopping_.load(std::memory_order_acquire)) {
+    return done(Unavailable("the bridge is stopping; the call to " + endpoint + " was not sent"));
   }
-  // Reconciled on every probe: the ring holds exactly the healthy workers.
-  if (healthy && router_->AddWorker(endpoint)) spdlog::info("worker pool: {} is healthy", endpoint);
-  if (!healthy && router_->RemoveWorker(endpoint)) {
+  auto client = ClientOf(endpoint);
+  if (!client) {
+    done(Unavailable("worker " + endpoint + " is not connected"));
+    return;
+  }
+  client->CallAsync(op, body, timeout, std::move(done));
+}
+
+void WorkerPool::Apply(const std::string& endpoint, const StatusOr<json>& reply) {
+  bool left = false;
+  {
+    // Held across the state change and the router call, so that two probes of one worker
+    // (the loop's and a failed call's) cannot leave the ring and the health flag apart.
+    MutexLock membership(&membership_mu_);
+    bool healthy = false;
+    {
+      MutexLock lock(&mu_);
+      auto it = workers_.find(endpoint);
+      if (it == workers_.end()) return;
+      Entry& e = it->second;
+      if (reply.ok()) {
+        const json& id = reply->value("instance", json());
+        const std::string instance = id.is_string() ? id.get<std::string>() : std::string();
+        if (!e.info.healthy || instance != e.info.instance) {
+          e.info.incarnation = next_incarnation_++;  // a new process or back from down
+        }
+        e.info.healthy = true;
+        e.info.instance = instance;
+        e.info.stats = *reply;
+        const json& labels = reply->value("labels", json::array());
+        std::vector<std::string> v;
+        if (labels.is_array()) {
+          for (const json& l : labels) {
+            v.push_back(l.is_string() ? l.get<std::string>()
+                                      : l.dump(-1, ' ', false, json::error_handler_t::replace));
+          }
+        }
+        if (!e.labels || *e.labels != v) {
+          e.labels = std::make_shared<const std::vector<std::string>>(std::move(v));
+        }
+        e.info.last_error.clear();
+        e.failures = 0;
+      } else {
+        e.info.last_error = reply.status().ToString();
+        if (++e.failures >= options_.failures_to_down) e.info.healthy = false;
+      }
+      healthy = e.info.healthy;
+    }
+    // Reconciled on every probe: the ring holds exactly the healthy workers.
+    if (healthy && router_->AddWorker(endpoint)) {
+      spdlog::info("worker pool: {} is healthy", endpoint);
+    }
+    left = !healthy && router_->RemoveWorker(endpoint);
+  }
+  if (left) {
     spdlog::warn("worker pool: {} is down ({}); its sessions moved", endpoint,
                  reply.status().ToString());
-    // Nothing it was sent will be answered in time: end those calls now.
+    // Nothing it was sent will be answered in time: end those calls now, outside the
+    // locks (their callbacks may route and call again).
     if (auto client = ClientOf(endpoint)) {
       client->FailInFlight("the worker left the ring (" + reply.status().ToString() + ")");
     }
@@ -198,19 +231,25 @@ void WorkerPool::ProbeAll() {
 }
 
 bool WorkerPool::ReportFailure(const std::string& endpoint) {
-  auto client = ClientOf(endpoint);
-  StatusOr<json> reply =
-      client ? client->Call(Op::kWorkerStats, json::object(), options_.health_timeout)
-             : StatusOr<json>(Unavailable("not connected"));
-  if (!reply.ok()) {
-    // The call already failed once: one failed probe is enough to leave the ring.
-    MutexLock lock(&mu_);
-    if (auto it = workers_.find(endpoint); it != workers_.end()) {
-      it->second.failures = std::max(it->second.failures, options_.failures_to_down - 1);
-    }
-  }
-  Apply(endpoint, reply);
-  return reply.ok();
+  return Await<bool>(
+      [&](std::function<void(bool)> done) { ReportFailureAsync(endpoint, std::move(done)); });
+}
+
+void WorkerPool::ReportFailureAsync(const std::string& endpoint, std::function<void(bool)> done) {
+  if (stopping_.load(std::memory_order_acquire)) return done(false);  // no probe, no change
+  CallAsync(endpoint, Op::kWorkerStats, json::object(), options_.health_timeout,
+            [this, endpoint, done = std::move(done)](StatusOr<json> reply) {
+              if (!reply.ok()) {
+                // The call already failed once: one failed probe is enough to leave the ring.
+                MutexLock lock(&mu_);
+                if (auto it = workers_.find(endpoint); it != workers_.end()) {
+                  it->second.failures =
+                      std::max(it->second.failures, options_.failures_to_down - 1);
+                }
+              }
+              Apply(endpoint, reply);
+              done(reply.ok());
+            });
 }
 
 void WorkerPool::HealthTick() {

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -52,14 +53,21 @@ class WorkerPool {
   // Resolves, connects and runs one probe round before returning, so a healthy worker
   // is routable at once. kInvalidArgument for a bad endpoint or DNS name.
   Status Start();
+  // Stops probing, and ends every call in flight (kDeadlineExceeded) and every later one
+  // (kUnavailable) at once, so that no call's callback outlives what it uses.
   void Stop();
 
   // One call to `endpoint`. kUnavailable for a worker the pool does not know.
   StatusOr<nlohmann::json> Call(const std::string& endpoint, Op op, const nlohmann::json& body,
                                 std::chrono::milliseconds timeout);
+  // The same without waiting: `done` as WorkerClient::CallAsync's.
+  void CallAsync(const std::string& endpoint, Op op, const nlohmann::json& body,
+                 std::chrono::milliseconds timeout, worker::WorkerClient::Done done);
   // A call to `endpoint` got no reply: probe it now and take it out of the ring if the
   // probe fails too. Returns whether it is still healthy.
   bool ReportFailure(const std::string& endpoint);
+  // The same without waiting: `done(healthy)` once the probe is answered (or failed).
+  void ReportFailureAsync(const std::string& endpoint, std::function<void(bool)> done);
 
   uint64_t Incarnation(const std::string& endpoint) const;
   // The model's labels as the worker reported them (empty until its first probe). Cheap:
@@ -87,6 +95,7 @@ class WorkerPool {
   const WorkerPoolOptions options_;
   Router* const router_;
 
+  std::atomic<bool> stopping_{false};
   Mutex membership_mu_;  // serializes health transitions with their router calls
   mutable Mutex mu_;     // taken after membership_mu_, never before
   std::map<std::string, Entry> workers_ GUARDED_BY(mu_);

@@ -4,7 +4,7 @@
 #include <memory>
 #include <utility>
 
-#include "common/mutex.h"
+#include "common/await.h"
 #include "common/rpc_calls.h"
 
 namespace onlineps::worker {
@@ -12,29 +12,9 @@ namespace {
 
 using nlohmann::json;
 
-// One call waiting for its reply: filled by the reply (transport thread) or by the
-// deadline (RpcCalls' timer thread), read by the caller.
-struct Waiter {
-  Mutex mu;
-  CondVar cv;
-  bool done GUARDED_BY(mu) = false;
-  Status status GUARDED_BY(mu);
-  json body GUARDED_BY(mu);
-
-  void Finish(Status st, json b) {
-    {
-      MutexLock lock(&mu);
-      status = std::move(st);
-      body = std::move(b);
-      done = true;
-    }
-    cv.SignalAll();
-  }
-};
-
 // What RpcCalls holds for a call in flight.
 struct Pending {
-  std::shared_ptr<Waiter> waiter;
+  WorkerClient::Done done;
   Op op;
   std::chrono::milliseconds timeout;
 };
@@ -47,7 +27,7 @@ class WorkerClientImpl : public WorkerClient {
             static_cast<uint32_t>(std::min<size_t>(options_.max_inflight, 1 << 16)),
             [this](std::unique_ptr<Pending> p) { Expired(std::move(p)); }, nullptr) {}
   ~WorkerClientImpl() override {
-    for (auto& p : calls_.Stop()) p->waiter->Finish(Cancelled("client shut down"), json());
+    for (auto& p : calls_.Stop()) p->done(Cancelled("client shut down"));
     if (transport_) transport_->Close();
   }
 
@@ -68,35 +48,12 @@ class WorkerClientImpl : public WorkerClient {
   StatusOr<json> Call(Op op, const json& body) override { return Call(op, body, options_.timeout); }
 
   StatusOr<json> Call(Op op, const json& body, std::chrono::milliseconds timeout) override {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    auto waiter = std::make_shared<Waiter>();
-    Frames frames{Frame(), Frame::FromVector(json::to_msgpack(body))};
-    Status sent;
-    auto pending = std::make_unique<Pending>(Pending{waiter, op, timeout});
-    // Bounded: callers past max_inflight wait for a free id until their deadline.
-    // Sent after the call table's lock is released: the transport's thread taking other
-    // calls' replies never waits for this send.
-    const StatusOr<uint32_t> id = calls_.AddThen(
-        &pending, deadline,
-        [&](uint32_t id, Pending&) {
-          Header h;
-          h.op = op;
-          h.request_id = id;
-          frames[0] = Frame::FromString(EncodeHeader(h));
-          return std::move(frames);
-        },
-        [&](Frames&& out) { sent = transport_->Send(0, std::move(out)); }, deadline);
-    if (!id.ok()) {
-      if (id.status().code() != StatusCode::kResourceExhausted) return id.status();
-      return DeadlineExceeded("too many calls in flight to the worker");
-    }
-    if (!sent.ok()) {
-      if (calls_.Take(*id)) return sent;  // else the reply or the deadline got there first
-    }
-    MutexLock lock(&waiter->mu);
-    waiter->cv.Wait(&waiter->mu, [&]() REQUIRES(waiter->mu) { return waiter->done; });
-    if (!waiter->status.ok()) return waiter->status;
-    return std::move(waiter->body);
+    return Await<StatusOr<json>>(
+        [&](Done done) { Send(op, body, timeout, std::move(done), /*wait_for_id=*/true); });
+  }
+
+  void CallAsync(Op op, const json& body, std::chrono::milliseconds timeout, Done done) override {
+    Send(op, body, timeout, std::move(done), /*wait_for_id=*/false);
   }
 
   void FailInFlight(const std::string& why) override {
@@ -111,9 +68,41 @@ class WorkerClientImpl : public WorkerClient {
 
   // Ends a call without its reply: kDeadlineExceeded, its outcome unknown.
   void Fail(const Pending& p, const std::string& why) {
-    p.waiter->Finish(
-        DeadlineExceeded(std::string(OpName(p.op)) + " to " + options_.endpoint + ": " + why),
-        json());
+    p.done(DeadlineExceeded(std::string(OpName(p.op)) + " to " + options_.endpoint + ": " + why));
+  }
+
+  // Registers the call and sends it. Callers past max_inflight wait for a free id until
+  // the deadline when `wait_for_id` (a blocking Call), else fail at once.
+  void Send(Op op, const json& body, std::chrono::milliseconds timeout, Done done,
+            bool wait_for_id) {
+    const auto now = std::chrono::steady_clock::now();
+    const auto deadline = now + timeout;
+    Frames frames{Frame(), Frame::FromVector(json::to_msgpack(body))};
+    Status sent;
+    auto pending = std::make_unique<Pending>(Pending{std::move(done), op, timeout});
+    // Sent after the call table's lock is released: the transport's thread taking other
+    // calls' replies never waits for this send.
+    const StatusOr<uint32_t> id = calls_.AddThen(
+        &pending, deadline,
+        [&](uint32_t id, Pending&) {
+          Header h;
+          h.op = op;
+          h.request_id = id;
+          frames[0] = Frame::FromString(EncodeHeader(h));
+          return std::move(frames);
+        },
+        [&](Frames&& out) { sent = transport_->Send(0, std::move(out)); },
+        wait_for_id ? deadline : now);
+    if (!id.ok()) {  // `pending` is still ours
+      pending->done(id.status().code() == StatusCode::kResourceExhausted
+                        ? DeadlineExceeded("too many calls in flight to the worker")
+                        : id.status());
+      return;
+    }
+    if (!sent.ok()) {
+      // Else the reply or the deadline got there first and answered the call.
+      if (std::unique_ptr<Pending> p = calls_.Take(*id)) p->done(sent);
+    }
   }
 
   // On the transport's I/O thread: match the reply to its caller and wake it.
@@ -130,7 +119,11 @@ class WorkerClientImpl : public WorkerClient {
       body = json::from_msgpack(b, b + frames[1].size(), true, false);
       if (body.is_discarded()) st = Malformed("reply body is not msgpack");
     }
-    p->waiter->Finish(std::move(st), std::move(body));
+    if (st.ok()) {
+      p->done(std::move(body));
+    } else {
+      p->done(std::move(st));
+    }
   }
 
   const WorkerClientOptions options_;

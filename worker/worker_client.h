@@ -5,6 +5,7 @@
 #define ONLINEPS_WORKER_WORKER_CLIENT_H_
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -32,6 +33,13 @@ class WorkerClient {
   virtual StatusOr<nlohmann::json> Call(Op op, const nlohmann::json& body) = 0;
   virtual StatusOr<nlohmann::json> Call(Op op, const nlohmann::json& body,
                                         std::chrono::milliseconds timeout) = 0;
+  // The same without waiting: `done` gets the outcome exactly once, on the thread that
+  // receives the reply, the deadline's timer thread, or (for a call that could not be
+  // sent, or past max_inflight calls in flight) the caller's before CallAsync returns.
+  // `done` must not block: other calls' replies wait for it.
+  using Done = std::function<void(StatusOr<nlohmann::json>)>;
+  virtual void CallAsync(Op op, const nlohmann::json& body, std::chrono::milliseconds timeout,
+                         Done done) = 0;
   // Ends every call in flight at once with kDeadlineExceeded saying `why` (their outcome
   // is unknown: the worker may have applied them). Done by the client itself when the
   // connection to the worker drops; the bridge also does it when a worker leaves the ring.

@@ -478,16 +478,25 @@ TEST_F(BridgeHttpTest, CallsOfOneSessionRunOneAtATime) {
   McpHttp first(port);
   const std::string sid = first.Initialize();
   ASSERT_FALSE(sid.empty());
-  // Six connections send into the same session at once.
+  // Six connections send into the same session at once: learns and infers (which wait
+  // for their turn without a thread) and append_context (which blocks a thread).
   std::vector<std::thread> threads;
   for (int t = 0; t < 6; ++t) {
     threads.emplace_back([port, sid, t] {
       McpHttp c(port);
       c.set_session(sid);
       for (int k = 0; k < 5; ++k) {
-        c.Call("learn", {{"examples",
-                          {{{"text", "fun " + std::to_string(t)}, {"label", "positive"}},
-                           {{"text", "dull " + std::to_string(k)}, {"label", "negative"}}}}});
+        json r;
+        if (t % 3 == 0) {
+          r = c.Call("learn", {{"examples",
+                                {{{"text", "fun " + std::to_string(t)}, {"label", "positive"}},
+                                 {{"text", "dull " + std::to_string(k)}, {"label", "negative"}}}}});
+        } else if (t % 3 == 1) {
+          r = c.Call("infer", {{"text", "fun " + std::to_string(k)}});
+        } else {
+          r = c.Call("append_context", {{"text", "note " + std::to_string(k)}});
+        }
+        EXPECT_EQ(r.value("isError", true), false) << r.dump();
       }
     });
   }

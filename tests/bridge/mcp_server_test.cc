@@ -4,7 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mcp_bridge/protocol.h"
@@ -68,6 +72,88 @@ TEST(McpServerTest, RegisteredToolsMethodsAndCapabilitiesAreServed) {
   EXPECT_EQ(listed.body["result"]["resultType"], "complete") << listed.body.dump();
   const Reply discover = Send(&server, "", "server/discover", params, true);
   EXPECT_TRUE(discover.body["result"]["capabilities"]["things"].is_object());
+}
+
+// A tool with an asynchronous handler holds no thread: HandleAsync returns before the
+// tool answers, answers may come in any order from another thread, and each request gets
+// its own reply once (Blocks says such a call may run on an I/O thread).
+TEST(McpServerTest, AsyncToolsAnswerLaterFromAnotherThreadEachOnce) {
+  McpServer server({}, nullptr, nullptr, nullptr);
+  std::mutex mu;  // guards pending and args_seen
+  std::vector<Respond> pending;
+  std::vector<std::string> args_seen;
+  ToolDefinition later;
+  later.declaration = {{"name", "later"}, {"inputSchema", {{"type", "object"}}}};
+  later.async_handler = [&](const json& args, const CallContext& ctx, Respond respond) {
+    std::lock_guard<std::mutex> lock(mu);
+    args_seen.push_back(args.dump());
+    EXPECT_NE(ctx.cancelled, nullptr);
+    pending.push_back(std::move(respond));
+  };
+  later.blocks = false;
+  server.RegisterTool(std::move(later));
+  ToolDefinition sync;
+  sync.declaration = {{"name", "sync"}, {"inputSchema", {{"type", "object"}}}};
+  sync.handler = [](const json&, const CallContext&) { return Outcome::Ok(json::object()); };
+  server.RegisterTool(std::move(sync));
+
+  const std::string sid =
+      Send(&server, "", "initialize", {{"protocolVersion", "2025-11-25"}}).new_session_id;
+  ASSERT_FALSE(sid.empty());
+  auto call = [&](const std::string& tool, int id) {
+    json m = {{"jsonrpc", "2.0"},
+              {"id", id},
+              {"method", "tools/call"},
+              {"params", {{"name", tool}, {"arguments", {{"n", id}}}}}};
+    return m;
+  };
+  EXPECT_FALSE(server.Blocks(call("later", 1)));
+  EXPECT_TRUE(server.Blocks(call("sync", 1)));   // a handler without an async form may block
+  EXPECT_FALSE(server.Blocks(call("nope", 1)));  // refused at once
+  EXPECT_TRUE(server.Blocks({{"jsonrpc", "2.0"}, {"id", 1}, {"method", "initialize"}}));
+  EXPECT_FALSE(server.Blocks({{"jsonrpc", "2.0"}, {"id", 1}, {"method", "tools/list"}}));
+
+  std::vector<std::optional<Reply>> replies(3);
+  std::vector<int> answers(3, 0);
+  for (int i = 0; i < 3; ++i) {
+    Request req;
+    req.message = call("later", i);
+    req.session_id = sid;
+    server.HandleAsync(std::move(req), [&, i](Reply r) {
+      replies[i] = std::move(r);
+      ++answers[i];
+    });
+  }
+  ASSERT_EQ(pending.size(), 3u);  // all three running at once, none answered yet
+  EXPECT_EQ(args_seen[2], "{\"n\":2}");
+  for (const auto& r : replies) EXPECT_FALSE(r.has_value());
+  // Answered out of order, from another thread; an error outcome becomes a JSON-RPC error.
+  std::thread([&] {
+    pending[2](Outcome::Ok({{"content", json::array()}, {"v", 2}}));
+    pending[0](Outcome::Error(kInvalidParams, "bad zero"));
+    pending[1](Outcome::Ok({{"content", json::array()}, {"v", 1}}));
+  }).join();
+  EXPECT_EQ(answers, (std::vector<int>{1, 1, 1}));
+  EXPECT_EQ(replies[2]->body["id"], 2);
+  EXPECT_EQ(replies[2]->body["result"]["v"], 2);
+  EXPECT_EQ(replies[1]->body["result"]["v"], 1);
+  EXPECT_EQ(replies[0]->body["error"]["code"], kInvalidParams);
+  EXPECT_EQ(replies[0]->body["error"]["message"], "bad zero");
+  // The synchronous form waits for the same kind of answer.
+  std::thread answer([&] {
+    Respond fourth;
+    for (int i = 0; i < 5000 && !fourth; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::lock_guard<std::mutex> lock(mu);
+      if (pending.size() == 4) fourth = pending[3];
+    }
+    if (!fourth) return ADD_FAILURE() << "the synchronous call never reached the tool";
+    fourth(Outcome::Ok({{"content", json::array()}, {"v", 3}}));
+  });
+  const Reply r =
+      Send(&server, sid, "tools/call", {{"name", "later"}, {"arguments", json::object()}});
+  answer.join();
+  EXPECT_EQ(r.body["result"]["v"], 3) << r.body.dump();
 }
 
 TEST(McpServerTest, ClientResponsesGoToTheResponseHandler) {
