@@ -25,6 +25,10 @@ void CallGate::Enter(const std::string& key, std::function<void()> turn) {
 }
 
 void CallGate::Leave(const std::string& key) {
+  // The turns handed on from this thread while it runs one: a turn whose call ends at
+  // once (a refusal) leaves from inside the Leave that started it, and a long queue of
+  // those must not grow the stack, so the outermost Leave runs them one after the other.
+  thread_local std::deque<std::function<void()>>* t_handed = nullptr;
   std::function<void()> next;
   {
     MutexLock lock(&mu_);
@@ -37,7 +41,19 @@ void CallGate::Leave(const std::string& key) {
     next = std::move(it->second.waiting.front());
     it->second.waiting.pop_front();
   }
-  next();
+  if (t_handed) {
+    t_handed->push_back(std::move(next));
+    return;
+  }
+  std::deque<std::function<void()>> handed;
+  handed.push_back(std::move(next));
+  t_handed = &handed;
+  while (!handed.empty()) {
+    std::function<void()> turn = std::move(handed.front());
+    handed.pop_front();
+    turn();
+  }
+  t_handed = nullptr;
 }
 
 size_t CallGate::keys() const {

@@ -132,7 +132,8 @@ class McpServer {
   // Loads the sessions saved in `dir` and saves every new one there (SessionTable::
   // Persist). Returns how many were loaded. Call before serving.
   size_t Persist(StateDir* dir);
-  // Called after every call of the bridge's tools (metrics). Call before serving.
+  // Called after every call of the bridge's tools (metrics), with the call's trace record
+  // (its arguments only when a recorder is set). Call before serving.
   void SetCallObserver(std::function<void(const TraceRecord&)> observer);
 
   // Never throws: an unexpected exception becomes a -32603 reply (HTTP 500).

@@ -16,14 +16,14 @@ int64_t Micros(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
 }
 
-json CallToolResult(const ToolResult& result) {
+json CallToolResult(ToolResult&& result) {
   if (result.is_error) {
     return {{"content", {{{"type", "text"}, {"text", result.error}}}}, {"isError", true}};
   }
   return {{"content",
            {{{"type", "text"},
              {"text", result.structured.dump(-1, ' ', false, json::error_handler_t::replace)}}}},
-          {"structuredContent", result.structured},
+          {"structuredContent", std::move(result.structured)},
           {"isError", false}};
 }
 
@@ -94,7 +94,7 @@ void ToolCallAdapter::Call(const std::string& name, const json& arguments, const
   call->cancelled = ctx.cancelled;
   if (bad.is_error) {
     Trace(*call, bad, start, start, start);
-    return respond(Outcome::Ok(CallToolResult(bad)));
+    return respond(Outcome::Ok(CallToolResult(std::move(bad))));
   }
   // Calls of one session that reach a worker run one at a time, in the order they
   // arrived. Calls without a session share nothing, and the tools the bridge answers
@@ -107,7 +107,7 @@ void ToolCallAdapter::Call(const std::string& name, const json& arguments, const
           const auto released = Clock::now();
           if (gated) gate_.Leave(call->session);
           Trace(*call, result, start, admitted, released);
-          respond(Outcome::Ok(CallToolResult(result)));
+          respond(Outcome::Ok(CallToolResult(std::move(result))));
         });
   };
   if (!gated) return run();
@@ -144,7 +144,7 @@ void ToolCallAdapter::Trace(const ToolCall& call, const ToolResult& result, Cloc
   TraceRecord rec;
   rec.session = call.session;
   rec.tool = call.name;
-  rec.arguments = call.arguments;
+  if (recorder_) rec.arguments = call.arguments;  // the metrics observer does not read them
   rec.is_error = result.is_error;
   rec.summary = result.is_error ? result.error : result.summary;
   rec.worker = result.worker;

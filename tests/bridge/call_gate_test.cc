@@ -33,6 +33,25 @@ TEST(CallGateTest, CallsOfAKeyRunInArrivalOrderOneAtATime) {
   EXPECT_EQ(gate.keys(), 0u);
 }
 
+// Calls that end as soon as they run (refused at once) leave from inside the Leave that
+// ran them: a long queue of those runs in order without growing the stack.
+TEST(CallGateTest, AQueueOfCallsThatEndAtOnceRunsInOrderWithoutRecursion) {
+  CallGate gate;
+  constexpr int kCalls = 200000;
+  std::vector<int> order;
+  gate.Enter("k", [] {});
+  for (int i = 0; i < kCalls; ++i) {
+    gate.Enter("k", [&gate, &order, i] {
+      order.push_back(i);
+      gate.Leave("k");
+    });
+  }
+  gate.Leave("k");
+  ASSERT_EQ(order.size(), static_cast<size_t>(kCalls));
+  for (int i = 0; i < kCalls; ++i) ASSERT_EQ(order[i], i);
+  EXPECT_EQ(gate.keys(), 0u);
+}
+
 TEST(CallGateTest, ABlockingCallWaitsForItsTurnAndKeepsItUntilItLeaves) {
   CallGate gate;
   std::atomic<int> stage{0};
