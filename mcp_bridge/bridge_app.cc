@@ -82,14 +82,16 @@ void AddFlags(CLI::App& app, Flags* f) {
   app.add_option("--max-request-bytes", f->http.max_request_bytes, "Largest request body")
       ->capture_default_str();
   app.add_option("--http-threads", f->http.threads,
-                 "MCP requests run at once (a tool call holds one thread until its answer; "
-                 "idle connections hold none)")
+                 "MCP requests that may block run at once (context tools, initialize, "
+                 "DELETE, SSE streams: one thread each until its answer); infer and learn "
+                 "calls and idle connections hold none")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   app.add_option("--http-io-threads", f->http.io_threads,
-                 "Threads reading and writing every HTTP connection; with 2 or more, a "
-                 "request runs on the thread that read it while another is free (1: every "
-                 "request goes to --http-threads)")
+                 "Threads reading and writing every HTTP connection and starting the calls "
+                 "that cannot block (infer, learn); with 2 or more, a request that may "
+                 "block runs on the thread that read it while another is free (1: each "
+                 "goes to --http-threads)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   app.add_option("--keep-alive-s", f->http.keep_alive_s,

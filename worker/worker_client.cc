@@ -94,9 +94,14 @@ class WorkerClientImpl : public WorkerClient {
         [&](Frames&& out) { sent = transport_->Send(0, std::move(out)); },
         wait_for_id ? deadline : now);
     if (!id.ok()) {  // `pending` is still ours
-      pending->done(id.status().code() == StatusCode::kResourceExhausted
+      if (id.status().code() != StatusCode::kResourceExhausted) return pending->done(id.status());
+      // Not sent: a blocking caller waited out its deadline for a free id; an asynchronous
+      // one is told at once, with a code that says "busy", not "worker gone".
+      pending->done(wait_for_id
                         ? DeadlineExceeded("too many calls in flight to the worker")
-                        : id.status());
+                        : ResourceExhausted("more than " + std::to_string(options_.max_inflight) +
+                                            " calls in flight to " + options_.endpoint +
+                                            "; the call was not sent"));
       return;
     }
     if (!sent.ok()) {

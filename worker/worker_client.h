@@ -35,7 +35,8 @@ class WorkerClient {
                                         std::chrono::milliseconds timeout) = 0;
   // The same without waiting: `done` gets the outcome exactly once, on the thread that
   // receives the reply, the deadline's timer thread, or (for a call that could not be
-  // sent, or past max_inflight calls in flight) the caller's before CallAsync returns.
+  // sent, or past max_inflight calls in flight: kResourceExhausted, not sent) the
+  // caller's before CallAsync returns.
   // `done` must not block: other calls' replies wait for it.
   using Done = std::function<void(StatusOr<nlohmann::json>)>;
   virtual void CallAsync(Op op, const nlohmann::json& body, std::chrono::milliseconds timeout,
