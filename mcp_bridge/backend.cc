@@ -28,16 +28,18 @@ void Backend::EnsureContextAsync(const std::string& session, const std::string& 
   std::optional<Context> ctx = contexts_->Get(session);
   const uint64_t incarnation = pool_->Incarnation(worker);
   const auto now = std::chrono::steady_clock::now();
+  bool current = false;
   {
     MutexLock lock(&mu_);
     auto it = copies_.find(session);
-    if (!ctx && it == copies_.end()) return then(Status::Ok());  // nothing here, nothing there
-    if (ctx && it != copies_.end() && it->second.worker == worker &&
-        it->second.incarnation == incarnation && it->second.revision == ctx->revision &&
-        now - it->second.at < options_.context_resync) {
-      return then(Status::Ok());
-    }
+    current = (!ctx && it == copies_.end()) ||  // nothing here, nothing there
+              (ctx && it != copies_.end() && it->second.worker == worker &&
+               it->second.incarnation == incarnation && it->second.revision == ctx->revision &&
+               now - it->second.at < options_.context_resync);
   }
+  // Outside the lock: `then` sends the call, and its answer (or a refusal) may run the
+  // session's next call on this very thread, which comes back here.
+  if (current) return then(Status::Ok());
   json body = {{"session", session}};
   Op op = Op::kContextClear;
   if (ctx) {
@@ -52,8 +54,12 @@ void Backend::EnsureContextAsync(const std::string& session, const std::string& 
       [this, session, worker, incarnation, revision, now, then](StatusOr<json> r) {
         if (!r.ok()) {
           // Nothing of the call itself was sent: say so with a code that means "not done".
-          return then(Unavailable("sending the session's context to " + worker + " failed (" +
-                                  r.status().ToString() + "); the call was not sent"));
+          // A worker too busy to take the context (calls in flight at the cap) is not a
+          // worker gone: that stays "busy", so nothing probes it or moves its sessions.
+          const std::string why = "sending the session's context to " + worker + " failed (" +
+                                  r.status().ToString() + "); the call was not sent";
+          return then(r.status().code() == StatusCode::kResourceExhausted ? ResourceExhausted(why)
+                                                                          : Unavailable(why));
         }
         {
           MutexLock lock(&mu_);

@@ -1,5 +1,8 @@
 #include "mcp_bridge/call_gate.h"
 
+#include <spdlog/spdlog.h>
+
+#include <exception>
 #include <utility>
 
 #include "common/await.h"
@@ -51,7 +54,11 @@ void CallGate::Leave(const std::string& key) {
   while (!handed.empty()) {
     std::function<void()> turn = std::move(handed.front());
     handed.pop_front();
-    turn();
+    try {
+      turn();
+    } catch (const std::exception& e) {  // the turns after it still run
+      spdlog::error("call gate: a call's turn threw: {}", e.what());
+    }
   }
   t_handed = nullptr;
 }

@@ -80,28 +80,54 @@ Status WorkerPool::Start() {
 
 void WorkerPool::Stop() {
   health_.Stop();
-  stopping_.store(true, std::memory_order_release);
   std::vector<std::shared_ptr<worker::WorkerClient>> clients;
   {
-    MutexLock lock(&mu_);
+    MutexLock lock(&mu_);  // with ClientOf's check: no client is made after this
+    stopping_.store(true, std::memory_order_release);
     for (auto& [e, entry] : workers_) {
       if (entry.client) clients.push_back(entry.client);
     }
   }
-  for (auto& c : clients) c->FailInFlight("the bridge is stopping");
+  // A callback that ran before this may have started another call on a client: Shutdown
+  // ends those too, refuses the rest, and joins the threads that run callbacks.
+  for (auto& c : clients) c->Shutdown("the bridge is stopping");
+  DropRetired(/*all=*/true);
+}
+
+void WorkerPool::DropRetired(bool all) {
+  std::vector<std::shared_ptr<worker::WorkerClient>> done;
+  {
+    MutexLock lock(&mu_);
+    for (auto it = retired_.begin(); it != retired_.end();) {
+      if (all || it->use_count() == 1) {
+        done.push_back(std::move(*it));
+        it = retired_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& c : done) c->Shutdown("the worker left DNS");
 }
 
 Status WorkerPool::Resolve() {
   ONLINEPS_ASSIGN_OR_RETURN(std::vector<std::string> found, ResolveWorkers(options_.dns));
   MutexLock membership(&membership_mu_);
   std::vector<std::string> gone;
+  std::vector<std::shared_ptr<worker::WorkerClient>> clients;
   {
     MutexLock lock(&mu_);
     for (const std::string& e : found) workers_[e].info.endpoint = e;
     for (const std::string& e : dns_members_) {
       const bool listed = std::count(options_.endpoints.begin(), options_.endpoints.end(), e) > 0;
       if (!listed && std::find(found.begin(), found.end(), e) == found.end()) {
-        workers_.erase(e);
+        if (auto it = workers_.find(e); it != workers_.end()) {
+          if (it->second.client) {
+            clients.push_back(it->second.client);
+            retired_.push_back(std::move(it->second.client));
+          }
+          workers_.erase(it);
+        }
         gone.push_back(e);
       }
     }
@@ -110,11 +136,14 @@ Status WorkerPool::Resolve() {
   for (const std::string& e : gone) {
     if (router_->RemoveWorker(e)) spdlog::info("worker pool: {} left DNS; sessions moved", e);
   }
+  // Outside the locks: the calls' callbacks may route and call again.
+  for (auto& c : clients) c->FailInFlight("the worker left DNS");
   return Status::Ok();
 }
 
 std::shared_ptr<worker::WorkerClient> WorkerPool::ClientOf(const std::string& endpoint) {
   MutexLock lock(&mu_);
+  if (stopping_.load(std::memory_order_acquire)) return nullptr;  // Stop took them all
   auto it = workers_.find(endpoint);
   if (it == workers_.end()) return nullptr;
   if (!it->second.client) {
@@ -151,7 +180,12 @@ void WorkerPool::CallAsync(const std::string& endpoint, Op op, const json& body,
   client->CallAsync(op, body, timeout, std::move(done));
 }
 
-void WorkerPool::Apply(const std::string& endpoint, const StatusOr<json>& reply) {
+void WorkerPool::Apply(const std::string& endpoint, const StatusOr<json>& probe) {
+  // A reply that decodes but is not worker_stats' map is a failed probe, not a throw
+  // (this runs in callbacks, where nothing would catch it).
+  const StatusOr<json> reply = probe.ok() && !probe->is_object()
+                                   ? StatusOr<json>(Malformed("worker_stats reply is not a map"))
+                                   : probe;
   bool left = false;
   {
     // Held across the state change and the router call, so that two probes of one worker
@@ -239,6 +273,10 @@ void WorkerPool::ReportFailureAsync(const std::string& endpoint, std::function<v
   if (stopping_.load(std::memory_order_acquire)) return done(false);  // no probe, no change
   CallAsync(endpoint, Op::kWorkerStats, json::object(), options_.health_timeout,
             [this, endpoint, done = std::move(done)](StatusOr<json> reply) {
+              if (reply.status().code() == StatusCode::kResourceExhausted) {
+                // The probe was not sent: calls in flight at the cap. Busy, not gone.
+                return done(true);
+              }
               if (!reply.ok()) {
                 // The call already failed once: one failed probe is enough to leave the ring.
                 MutexLock lock(&mu_);
@@ -258,6 +296,7 @@ void WorkerPool::HealthTick() {
     next_dns_ = std::chrono::steady_clock::now() + options_.dns_interval;
   }
   ProbeAll();
+  DropRetired(/*all=*/false);
 }
 
 uint64_t WorkerPool::Incarnation(const std::string& endpoint) const {

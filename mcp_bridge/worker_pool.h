@@ -54,7 +54,8 @@ class WorkerPool {
   // is routable at once. kInvalidArgument for a bad endpoint or DNS name.
   Status Start();
   // Stops probing, and ends every call in flight (kDeadlineExceeded) and every later one
-  // (kUnavailable) at once, so that no call's callback outlives what it uses.
+  // (kUnavailable or kCancelled) at once, and joins the clients' threads: once it returns
+  // no call's callback runs any more, so none outlives what it uses.
   void Stop();
 
   // One call to `endpoint`. kUnavailable for a worker the pool does not know.
@@ -81,16 +82,21 @@ class WorkerPool {
  private:
   struct Entry {
     WorkerInfo info;
-    std::shared_ptr<worker::WorkerClient> client;  // shared: a call in flight keeps it alive
+    // Shared: a caller may still hold it while DNS drops the worker (it then waits in
+    // retired_ until no one else does).
+    std::shared_ptr<worker::WorkerClient> client;
     std::shared_ptr<const std::vector<std::string>> labels;
     int failures = 0;
   };
   Status Resolve();  // adds and drops DNS workers
   void ProbeAll();
   bool Probe(const std::string& endpoint);  // returns healthy
-  void Apply(const std::string& endpoint, const StatusOr<nlohmann::json>& reply);
+  void Apply(const std::string& endpoint, const StatusOr<nlohmann::json>& probe);
   void HealthTick();  // on health_: DNS when due, then a probe of every worker
   std::shared_ptr<worker::WorkerClient> ClientOf(const std::string& endpoint);
+  // Shuts down (outside every lock) the retired clients no one else holds any more; all
+  // of them when `all`.
+  void DropRetired(bool all);
 
   const WorkerPoolOptions options_;
   Router* const router_;
@@ -100,6 +106,10 @@ class WorkerPool {
   mutable Mutex mu_;     // taken after membership_mu_, never before
   std::map<std::string, Entry> workers_ GUARDED_BY(mu_);
   std::vector<std::string> dns_members_ GUARDED_BY(mu_);
+  // Clients of workers that left DNS: their calls were ended, but a caller may still hold
+  // one; it is shut down once only this list holds it (never under a lock, never on a
+  // thread of its own).
+  std::vector<std::shared_ptr<worker::WorkerClient>> retired_ GUARDED_BY(mu_);
   uint64_t next_incarnation_ GUARDED_BY(mu_) = 1;
 
   std::chrono::steady_clock::time_point next_dns_;  // set by Start; then health_'s only

@@ -26,10 +26,7 @@ class WorkerClientImpl : public WorkerClient {
         calls_(
             static_cast<uint32_t>(std::min<size_t>(options_.max_inflight, 1 << 16)),
             [this](std::unique_ptr<Pending> p) { Expired(std::move(p)); }, nullptr) {}
-  ~WorkerClientImpl() override {
-    for (auto& p : calls_.Stop()) p->done(Cancelled("client shut down"));
-    if (transport_) transport_->Close();
-  }
+  ~WorkerClientImpl() override { Shutdown("client shut down"); }
 
   Status Connect() {
     TransportOptions transport = options_.transport;
@@ -60,6 +57,11 @@ class WorkerClientImpl : public WorkerClient {
     for (auto& p : calls_.TakeAll()) Fail(*p, why);
   }
 
+  void Shutdown(const std::string& why) override {
+    for (auto& p : calls_.Stop()) Fail(*p, why);  // later calls: kCancelled, not sent
+    if (transport_) transport_->Close();          // joins the thread that runs replies
+  }
+
  private:
   // On the timer thread: no reply by the call's deadline.
   void Expired(std::unique_ptr<Pending> p) {
@@ -77,6 +79,7 @@ class WorkerClientImpl : public WorkerClient {
             bool wait_for_id) {
     const auto now = std::chrono::steady_clock::now();
     const auto deadline = now + timeout;
+    if (!wait_for_id && calls_.in_flight() >= async_limit_) return done(Busy());
     Frames frames{Frame(), Frame::FromVector(json::to_msgpack(body))};
     Status sent;
     auto pending = std::make_unique<Pending>(Pending{std::move(done), op, timeout});
@@ -97,17 +100,19 @@ class WorkerClientImpl : public WorkerClient {
       if (id.status().code() != StatusCode::kResourceExhausted) return pending->done(id.status());
       // Not sent: a blocking caller waited out its deadline for a free id; an asynchronous
       // one is told at once, with a code that says "busy", not "worker gone".
-      pending->done(wait_for_id
-                        ? DeadlineExceeded("too many calls in flight to the worker")
-                        : ResourceExhausted("more than " + std::to_string(options_.max_inflight) +
-                                            " calls in flight to " + options_.endpoint +
-                                            "; the call was not sent"));
+      pending->done(wait_for_id ? DeadlineExceeded("too many calls in flight to the worker")
+                                : Busy());
       return;
     }
     if (!sent.ok()) {
       // Else the reply or the deadline got there first and answered the call.
       if (std::unique_ptr<Pending> p = calls_.Take(*id)) p->done(sent);
     }
+  }
+
+  Status Busy() const {
+    return ResourceExhausted(std::to_string(async_limit_) + " calls in flight to " +
+                             options_.endpoint + " (its limit); the call was not sent");
   }
 
   // On the transport's I/O thread: match the reply to its caller and wake it.
@@ -132,6 +137,10 @@ class WorkerClientImpl : public WorkerClient {
   }
 
   const WorkerClientOptions options_;
+  // CallAsync is refused from this many calls in flight on (the rest are for Call).
+  const size_t async_limit_ =
+      std::max<size_t>(1, options_.max_inflight -
+                              std::min(options_.reserved_for_blocking, options_.max_inflight / 4));
   std::unique_ptr<ClientTransport> transport_;
   RpcCalls<Pending> calls_;
 };

@@ -19,7 +19,11 @@ namespace onlineps::worker {
 struct WorkerClientOptions {
   std::string endpoint;
   std::chrono::milliseconds timeout{10000};  // per call
-  size_t max_inflight = 4096;                // calls in flight; more wait
+  // Calls in flight. A blocking Call past it waits for one to end; CallAsync is refused
+  // from max_inflight - reserved_for_blocking on, so that blocking calls (health probes,
+  // context tools) still get through while asynchronous ones fill the client.
+  size_t max_inflight = 4096;
+  size_t reserved_for_blocking = 64;  // capped at max_inflight / 4
   TransportOptions transport;
 };
 
@@ -35,7 +39,8 @@ class WorkerClient {
                                         std::chrono::milliseconds timeout) = 0;
   // The same without waiting: `done` gets the outcome exactly once, on the thread that
   // receives the reply, the deadline's timer thread, or (for a call that could not be
-  // sent, or past max_inflight calls in flight: kResourceExhausted, not sent) the
+  // sent, or with max_inflight - reserved_for_blocking calls in flight:
+  // kResourceExhausted, not sent) the
   // caller's before CallAsync returns.
   // `done` must not block: other calls' replies wait for it.
   using Done = std::function<void(StatusOr<nlohmann::json>)>;
@@ -45,6 +50,11 @@ class WorkerClient {
   // is unknown: the worker may have applied them). Done by the client itself when the
   // connection to the worker drops; the bridge also does it when a worker leaves the ring.
   virtual void FailInFlight(const std::string& why) = 0;
+  // Ends the client for good: calls in flight end as by FailInFlight, later calls are
+  // refused at once (kCancelled, not sent), and its threads are joined, so once this
+  // returns no `done` of this client runs any more. Not from a `done` of this client.
+  // Idempotent; the destructor does it too.
+  virtual void Shutdown(const std::string& why) = 0;
 };
 
 }  // namespace onlineps::worker

@@ -149,6 +149,49 @@ TEST(WorkerClientTest, PastMaxInflightAnAsyncCallIsRefusedAtOnceAndNotSent) {
   EXPECT_EQ(answered.load(), 1);
 }
 
+TEST(WorkerClientTest, AsyncCallsLeaveRoomForBlockingOnes) {
+  HeldServer server;
+  std::atomic<int> busy{0};
+  auto client = Connect(server.endpoint(), 8);  // 8 / 4 = 2 ids kept for blocking calls
+  for (int i = 0; i < 7; ++i) {
+    client->CallAsync(Op::kInfer, json::object(), 5000ms, [&](StatusOr<json> r) {
+      if (r.status().code() == StatusCode::kResourceExhausted) ++busy;
+    });
+  }
+  EXPECT_EQ(busy.load(), 1);  // the 7th: 6 in flight is the asynchronous limit
+  ASSERT_TRUE(server.WaitFor(6));
+  std::thread answer([&] {
+    server.WaitFor(7);
+    server.Answer(6);
+  });
+  StatusOr<json> r = client->Call(Op::kWorkerStats, json::object(), 5000ms);  // a probe
+  answer.join();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)["n"], 6);
+}
+
+TEST(WorkerClientTest, AfterShutdownNoCallbackRunsAndCallsAreRefused) {
+  HeldServer server;
+  std::atomic<int> ended{0};
+  Status later;
+  auto client = Connect(server.endpoint(), 16);
+  for (int i = 0; i < 3; ++i) {
+    client->CallAsync(Op::kLearn, json::object(), 60000ms, [&](StatusOr<json> r) {
+      if (r.status().code() == StatusCode::kDeadlineExceeded) ++ended;
+    });
+  }
+  ASSERT_TRUE(server.WaitFor(3));
+  client->Shutdown("test");
+  EXPECT_EQ(ended.load(), 3);  // ended, outcome unknown
+  client->CallAsync(Op::kInfer, json::object(), 1000ms,
+                    [&](StatusOr<json> r) { later = r.status(); });
+  EXPECT_EQ(later.code(), StatusCode::kCancelled) << later.ToString();
+  server.Answer(0);  // a late reply finds no one
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(ended.load(), 3);
+  EXPECT_EQ(server.received(), 3u);
+}
+
 TEST(WorkerClientTest, AnUnansweredAsyncCallEndsAtItsDeadline) {
   HeldServer server;
   std::atomic<bool> done{false};

@@ -1,0 +1,168 @@
+// Backend + WorkerPool + WorkerClient over a real ZeroMQ server that stands in for a
+// worker: it answers worker_stats at once (with a body the test picks) and holds every
+// other request. Covers the asynchronous call path's failure cases: a call that fails at
+// once and is retried (runs its whole chain on the caller's thread), a worker at its
+// in-flight cap (busy, not down), and a worker_stats reply that is not a map.
+#include "mcp_bridge/backend.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/transport.h"
+#include "common/wire.h"
+#include "mcp_bridge/context_store.h"
+#include "mcp_bridge/router.h"
+#include "mcp_bridge/worker_pool.h"
+
+namespace onlineps::bridge {
+namespace {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+class StandInWorker {
+ public:
+  explicit StandInWorker(json stats) : stats_(std::move(stats)) {
+    server_ = NewServerTransport("tcp://127.0.0.1:0");
+    auto ep = server_->Start("tcp://127.0.0.1:0", [this](Incoming&& in) { OnRequest(in); });
+    EXPECT_TRUE(ep.ok()) << ep.status().ToString();
+    endpoint_ = ep.ok() ? *ep : "";
+  }
+  ~StandInWorker() { server_->Stop(); }
+  const std::string& endpoint() const { return endpoint_; }
+  size_t held() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_;
+  }
+  bool WaitHeld(size_t n) {
+    for (int i = 0; i < 10000 && held() < n; ++i) std::this_thread::sleep_for(1ms);
+    return held() >= n;
+  }
+
+ private:
+  void OnRequest(const Incoming& in) {
+    auto h = DecodeHeader(in.frames[0].data(), in.frames[0].size());
+    if (!h.ok()) return;
+    if (h->op != Op::kWorkerStats) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++held_;  // never answered
+      return;
+    }
+    (void)server_->Send(in.peer, {Frame::FromString(EncodeHeader(MakeReply(*h, Status::Ok()))),
+                                  Frame::FromVector(json::to_msgpack(stats_))});
+  }
+
+  const json stats_;
+  std::unique_ptr<ServerTransport> server_;
+  std::string endpoint_;
+  std::mutex mu_;
+  size_t held_ = 0;
+};
+
+// The parts of a bridge below the MCP layer. Heap-allocated and never freed when a test
+// fails by timing out, so a thread stuck inside them touches no freed memory.
+struct Parts {
+  explicit Parts(std::vector<std::string> endpoints, BackendOptions b = {})
+      : router(RouterOptions{}), contexts(ContextStoreOptions{}) {
+    WorkerPoolOptions o;
+    o.endpoints = std::move(endpoints);
+    o.health_interval = std::chrono::hours(1);  // probes only when a call fails
+    pool = std::make_unique<WorkerPool>(o, &router);
+    backend = std::make_unique<Backend>(b, &router, pool.get(), &contexts);
+  }
+  Router router;
+  ContextStore contexts;
+  std::unique_ptr<WorkerPool> pool;
+  std::unique_ptr<Backend> backend;
+};
+
+// Runs backend.Call on a thread of its own; the status, or nullopt when it did not come
+// back within `limit` (the thread is then left behind, with `parts`).
+std::optional<Status> CallWithin(Parts* parts, const std::string& session, Op op,
+                                 std::chrono::milliseconds limit) {
+  auto result = std::make_shared<std::promise<Status>>();
+  std::future<Status> f = result->get_future();
+  std::thread([parts, session, op, result] {
+    result->set_value(parts->backend->Call(session, op, json::object()).status());
+  }).detach();
+  if (f.wait_for(limit) != std::future_status::ready) return std::nullopt;
+  return f.get();
+}
+
+TEST(BackendTest, AnInferThatFailsAtOnceIsRetriedWithoutDeadlock) {
+  // The ring names a worker the pool cannot reach: the call, its probe and its retry all
+  // fail on the caller's thread, inside one another's callbacks.
+  auto* parts = new Parts({});
+  parts->router.AddWorker("tcp://127.0.0.1:9");
+  std::optional<Status> st = CallWithin(parts, "s", Op::kInfer, 5000ms);
+  ASSERT_TRUE(st.has_value()) << "the call never came back (deadlock)";
+  EXPECT_EQ(st->code(), StatusCode::kUnavailable) << st->ToString();
+  // And with a context to send first (the other path into the call).
+  ASSERT_TRUE(parts->contexts.Set("c", {"some context"}, {}).ok());
+  st = CallWithin(parts, "c", Op::kInfer, 5000ms);
+  ASSERT_TRUE(st.has_value()) << "the call with a context never came back (deadlock)";
+  EXPECT_EQ(st->code(), StatusCode::kUnavailable) << st->ToString();
+  delete parts;
+}
+
+TEST(BackendTest, AWorkerAtItsInflightCapIsBusyNotDown) {
+  StandInWorker worker({{"instance", "stand-in"}, {"labels", json::array()}});
+  auto* parts = new Parts({worker.endpoint()});
+  ASSERT_TRUE(parts->pool->Start().ok());
+  ASSERT_EQ(parts->pool->healthy(), 1u);
+  // Fill the client's asynchronous share (its default limit) with calls the worker holds.
+  const size_t limit = worker::WorkerClientOptions{}.max_inflight -
+                       worker::WorkerClientOptions{}.reserved_for_blocking;
+  std::atomic<size_t> ended{0};
+  for (size_t i = 0; i < limit; ++i) {
+    parts->pool->CallAsync(worker.endpoint(), Op::kInfer, json::object(), 60000ms,
+                           [&](StatusOr<json>) { ++ended; });
+  }
+  ASSERT_TRUE(worker.WaitHeld(limit));
+  ASSERT_EQ(ended.load(), 0u);
+  // A call with a context to send, and one without: both refused as busy, at once.
+  ASSERT_TRUE(parts->contexts.Set("with-context", {"some context"}, {}).ok());
+  for (const char* session : {"with-context", "plain"}) {
+    std::optional<Status> st = CallWithin(parts, session, Op::kInfer, 5000ms);
+    ASSERT_TRUE(st.has_value()) << session;
+    EXPECT_EQ(st->code(), StatusCode::kResourceExhausted) << session << ": " << st->ToString();
+  }
+  // Nothing probed it down, and the calls it holds are still in flight.
+  EXPECT_EQ(parts->pool->healthy(), 1u);
+  EXPECT_EQ(ended.load(), 0u);
+  // A health probe still gets through (the blocking share).
+  EXPECT_TRUE(parts->pool->ReportFailure(worker.endpoint()));
+  parts->pool->Stop();  // ends the held calls: no callback after this
+  EXPECT_EQ(ended.load(), limit);
+  delete parts;
+}
+
+TEST(BackendTest, AWorkerStatsReplyThatIsNotAMapIsAFailedProbeNotALostCall) {
+  StandInWorker worker(json::array({1}));
+  BackendOptions b;
+  b.infer_timeout = 300ms;
+  auto* parts = new Parts({worker.endpoint()}, b);
+  ASSERT_TRUE(parts->pool->Start().ok());
+  EXPECT_EQ(parts->pool->healthy(), 0u);
+  const auto workers = parts->pool->Workers();
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_NE(workers[0].last_error.find("not a map"), std::string::npos) << workers[0].last_error;
+  // Routed there anyway: the infer is held, times out, and its probe gets the bad reply.
+  parts->router.AddWorker(worker.endpoint());
+  std::optional<Status> st = CallWithin(parts, "s", Op::kInfer, 5000ms);
+  ASSERT_TRUE(st.has_value()) << "the call never came back";
+  EXPECT_FALSE(st->ok());
+  parts->pool->Stop();
+  delete parts;
+}
+
+}  // namespace
+}  // namespace onlineps::bridge
