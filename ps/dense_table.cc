@@ -1,6 +1,7 @@
 #include "ps/dense_table.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "common/partition.h"
 
@@ -85,6 +86,10 @@ StatusOr<PushResult> DenseTable::Push(const PushRequest& req) {
     return res;
   }
   const Status applied = ApplyPushLocked(req, values, &res);
+  if (applied.ok() && req.values_after != nullptr) {
+    std::memcpy(req.values_after, w_.data(), n_ * sizeof(float));
+    res.values_read = true;
+  }
   mu_.Unlock();
   if (clipped) clipped_pushes_.fetch_add(1);
   ONLINEPS_RETURN_IF_ERROR(applied);

@@ -468,15 +468,26 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
                                (dense ? "sparse; use push_sparse" : "dense; use push_dense"));
       }
       bool hold = false, applied = false, evicted = false;
+      // RETURN_VALUES: read while the push holds its locks, so no other lock is waited for.
+      std::vector<float> after;
+      std::vector<float>* values_after = (h.flags & kFlagReturnValues) ? &after : nullptr;
       if (replica_) {
-        ONLINEPS_RETURN_IF_ERROR(ApplyLogged(h, frames, t, reply, &hold, commit_lsn, &evicted));
+        ONLINEPS_RETURN_IF_ERROR(
+            ApplyLogged(h, frames, t, reply, &hold, commit_lsn, &evicted, values_after));
       } else {
-        ONLINEPS_RETURN_IF_ERROR(Push(h, frames, t, reply, &hold, &applied, &evicted));
+        ONLINEPS_RETURN_IF_ERROR(
+            Push(h, frames, t, reply, &hold, &applied, &evicted, values_after));
       }
       // The pusher learns the new version from this reply; other watchers get a notice.
       // Rows the push evicted are news to the pusher too: its watch is answered as well.
       watchers_->Changed(h.table, evicted ? std::string_view() : peer);
-      if (h.flags & kFlagReturnValues) ONLINEPS_RETURN_IF_ERROR(AppendValues(h, frames, *t, out));
+      if (values_after != nullptr) {
+        if (!after.empty()) {
+          out->push_back(Frame::FromVector(std::move(after)));
+        } else {
+          ONLINEPS_RETURN_IF_ERROR(AppendValues(h, frames, *t, out));
+        }
+      }
       if (hold) {
         *held = true;
         if (replica_) reply->epoch = replica_->epoch();
@@ -633,10 +644,12 @@ Status ShardServer::Pull(const Header& h, const Frames& frames, Table& t, Header
 }
 
 Status ShardServer::ApplyLogged(const Header& h, const Frames& frames, std::shared_ptr<Table> t,
-                                Header* reply, bool* hold, uint64_t* commit_lsn, bool* evicted) {
+                                Header* reply, bool* hold, uint64_t* commit_lsn, bool* evicted,
+                                std::vector<float>* values_after) {
   MutexLock order(&order_mu_);
   bool applied = false;
-  ONLINEPS_RETURN_IF_ERROR(Push(h, frames, std::move(t), reply, hold, &applied, evicted));
+  ONLINEPS_RETURN_IF_ERROR(
+      Push(h, frames, std::move(t), reply, hold, &applied, evicted, values_after));
   // A duplicate waits for everything logged so far, which includes its original.
   *commit_lsn = applied ? replica_->Append(frames) : replica_->last_lsn();
   return Status::Ok();
@@ -698,7 +711,8 @@ Status ShardServer::LoadSnapshot(const std::string& bytes) {
 }
 
 Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<Table> t,
-                         Header* reply, bool* hold, bool* applied, bool* evicted) {
+                         Header* reply, bool* hold, bool* applied, bool* evicted,
+                         std::vector<float>* values_after) {
   PushRequest req;
   req.sender = h.sender;
   req.base_version = h.base_version;
@@ -713,18 +727,25 @@ Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<
   }
   if (!dense) ONLINEPS_RETURN_IF_ERROR(CheckKeysOwned(h.table, req.keys, req.num_keys));
   req.no_wait = t_no_wait;
+  if (values_after != nullptr) {
+    values_after->resize(req.num_values);  // the shape the table checks: as many as pushed
+    req.values_after = values_after->data();
+  }
   if (req.no_wait) {
     if (!apply_gate_.TryReaderLock()) return WouldBlock();  // a snapshot is being cut
   } else {
     apply_gate_.ReaderLock();
   }
-  const Status st = PushGated(h, std::move(t), req, reply, hold, applied, evicted);
+  bool values_read = false;
+  const Status st = PushGated(h, std::move(t), req, reply, hold, applied, evicted, &values_read);
   apply_gate_.ReaderUnlock();
+  if (values_after != nullptr && !values_read) values_after->clear();
   return st;
 }
 
 Status ShardServer::PushGated(const Header& h, std::shared_ptr<Table> t, const PushRequest& req,
-                              Header* reply, bool* hold, bool* applied, bool* evicted) {
+                              Header* reply, bool* hold, bool* applied, bool* evicted,
+                              bool* values_read) {
   const bool dense = h.op == Op::kPushDense;
   switch (dedup_.Begin(h.sender, h.seq)) {
     case Dedup::Verdict::kDuplicate:
@@ -758,6 +779,7 @@ Status ShardServer::PushGated(const Header& h, std::shared_ptr<Table> t, const P
   }
   dedup_.Commit(h.sender, h.seq);
   *applied = true;
+  *values_read = res->values_read;
   if (evicted != nullptr) *evicted = !res->evicted.empty();
   metrics_->ObserveStaleness(h.table, res->tau);
   reply->version = res->version;
@@ -773,11 +795,16 @@ Status ShardServer::AppendValues(const Header& h, const Frames& frames, Table& t
   req.sender = h.sender;
   req.record_backup = false;  // a DC-ASGD pusher that computes on these values must pull
   req.now_ms = NowMs();
+  // Reached only when the push did not read them itself (a duplicate, an accumulated
+  // sparse push); on the I/O thread a taken lock sends the request to its handler thread,
+  // where the duplicate is answered again (exactly once: nothing is applied twice).
+  req.no_wait = t_no_wait;
   if (h.op == Op::kPushSparse) {
     req.keys = frames[1].As<uint64_t>();
     req.num_keys = static_cast<size_t>(frames[1].CountOf<uint64_t>());
   }
   ONLINEPS_ASSIGN_OR_RETURN(PullResult res, t.Pull(req));
+  if (res.would_block) return WouldBlock();
   out->push_back(Frame::FromVector(std::move(res.values)));
   return Status::Ok();
 }

@@ -108,7 +108,8 @@ class ShardServer {
   bool ReplicationAllowed(const std::string& client_key) const;
   // Replicated shards: applies a client update in log order and logs it.
   Status ApplyLogged(const Header& h, const Frames& frames, std::shared_ptr<Table> t, Header* reply,
-                     bool* hold, uint64_t* commit_lsn, bool* evicted);
+                     bool* hold, uint64_t* commit_lsn, bool* evicted,
+                     std::vector<float>* values_after);
   // Replica hooks: a backup applies a logged update; snapshots save / load all state.
   Status ApplyReplicated(const Header& h, const Frames& frames);
   StatusOr<std::string> Snapshot(uint64_t* lsn);
@@ -123,11 +124,17 @@ class ShardServer {
   Status AppendValues(const Header& h, const Frames& frames, Table& t, Frames* out);
   // `applied`: the push was new and applied (not a duplicate, not refused).
   // `evicted` (optional): set when the push evicted rows to stay under max_rows.
+  // `values_after` (optional, RETURN_VALUES): the parameters as the push left them, read
+  // under the locks it applied under; left empty when they were not read that way (a
+  // duplicate, a sparse push only accumulated): AppendValues reads them then.
   Status Push(const Header& h, const Frames& frames, std::shared_ptr<Table> t, Header* reply,
-              bool* hold, bool* applied, bool* evicted = nullptr);
+              bool* hold, bool* applied, bool* evicted = nullptr,
+              std::vector<float>* values_after = nullptr);
   // Push under the apply gate: exactly-once check, apply, staleness (`evicted` optional).
+  // `values_read`: req.values_after was filled.
   Status PushGated(const Header& h, std::shared_ptr<Table> t, const PushRequest& req, Header* reply,
-                   bool* hold, bool* applied, bool* evicted) REQUIRES_SHARED(apply_gate_);
+                   bool* hold, bool* applied, bool* evicted, bool* values_read)
+      REQUIRES_SHARED(apply_gate_);
   Status Info(const Header& h, Header* reply);
   // A client with the shard list in the wrong order would write rows to the wrong shard.
   Status CheckKeysOwned(const std::string& table, const uint64_t* keys, size_t n) const;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 #include <optional>
+#include <type_traits>
 
 #include "common/clock.h"
 #include "common/partition.h"
@@ -199,12 +200,15 @@ void SparseTable::UnlockStripes(const bool* touched) const NO_THREAD_SAFETY_ANAL
   }
 }
 
-template <typename Fn>
-bool SparseTable::ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn, bool no_wait) const {
+template <typename Fn, typename Then>
+bool SparseTable::ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn, bool no_wait,
+                                     Then then) const {
+  constexpr bool kThen = !std::is_same_v<Then, NoThen>;
   if (no_wait && n == 1) {
     Stripe& s = StripeOf(keys[0]);
     if (!s.mu.TryLock()) return false;
     fn(s, 0);
+    if constexpr (kThen) then(s, 0);
     s.mu.Unlock();
     return true;
   }
@@ -213,6 +217,16 @@ bool SparseTable::ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn, bool
       Stripe& s = StripeOf(keys[i]);
       MutexLock lock(&s.mu);
       fn(s, static_cast<uint32_t>(i));
+      if constexpr (kThen) {
+        if (n == 1) then(s, 0);
+      }
+    }
+    if constexpr (kThen) {
+      for (size_t i = 0; n > 1 && i < n; ++i) {
+        Stripe& s = StripeOf(keys[i]);
+        MutexLock lock(&s.mu);
+        then(s, static_cast<uint32_t>(i));
+      }
     }
     return true;
   }
@@ -246,6 +260,9 @@ bool SparseTable::ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn, bool
     for (size_t j = start[si]; j < start[si + 1]; ++j) s.rows.Prefetch(keys[order[j]]);
     for (size_t j = start[si]; j < start[si + 1]; ++j) s.rows.PrefetchRecord(keys[order[j]]);
     for (size_t j = start[si]; j < start[si + 1]; ++j) fn(s, order[j]);
+    if constexpr (kThen) {
+      for (size_t j = start[si]; j < start[si + 1]; ++j) then(s, order[j]);
+    }
   }
   if (no_wait) UnlockStripes(touched);
   return true;
@@ -388,11 +405,23 @@ StatusOr<PushResult> SparseTable::PushChecked(const PushRequest& req) {
         ApplyRow(s, static_cast<uint32_t>(slot), req.sender, req.values + size_t{i} * dim_,
                  req.delta, lr_scale, step, /*compensate=*/true);
       },
-      req.no_wait);
+      req.no_wait,
+      [&](Stripe& s, uint32_t i) {
+        // After every key of the stripe, so a key pushed twice reads as both left it.
+        if (req.values_after == nullptr) return;
+        float* after = req.values_after + size_t{i} * dim_;
+        const uint32_t slot = s.rows.Find(req.keys[i]);
+        if (slot == RowStore::kNoSlot) {  // not admitted: reads as a new row, as a pull does
+          InitValues(spec_, req.keys[i], after, dim_, /*sparse_row=*/true);
+        } else {
+          std::memcpy(after, s.rows.Floats(slot), dim_ * sizeof(float));
+        }
+      });
   if (!done) {
     res.would_block = true;
     return res;
   }
+  res.values_read = req.values_after != nullptr;
   res.tau = tau;
   res.version = version_.fetch_add(1) + 1;
   if (ssp_) {

@@ -71,9 +71,15 @@ class SparseTable : public Table {
   }
   // Calls fn(stripe, i) for every key index i, with key i's stripe locked; each stripe
   // is locked once per call. With `no_wait`, every stripe the keys touch is try-locked
-  // first: when one is taken, nothing is called and the result is false.
-  template <typename Fn>
-  bool ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn, bool no_wait = false) const;
+  // first: when one is taken, nothing is called and the result is false. `then`
+  // (optional) is called like fn once fn has run for every key of that stripe, still
+  // under its lock (but for one stripe without no_wait: under a lock taken again).
+  struct NoThen {
+    void operator()(Stripe&, uint32_t) const {}
+  };
+  template <typename Fn, typename Then = NoThen>
+  bool ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn, bool no_wait = false,
+                          Then then = {}) const;
   // no_wait: try-locks stripes [0, num_stripes_) where `touched[i]`, in order; false (and
   // none left locked) when one is taken.
   bool TryLockStripes(const bool* touched) const;

@@ -45,6 +45,11 @@ struct PushRequest {
   size_t num_values = 0;
   uint64_t now_ms = 0;   // monotonic clock, for TTL and SSP leases
   bool no_wait = false;  // as in PullRequest: nothing applied when a lock is taken
+  // When set (RETURN_VALUES): gets the parameters as this push left them, read under the
+  // locks it applied under (sparse: num_keys * dim floats, a row not admitted reads as
+  // new; dense: every element of this shard). PushResult::values_read says whether it
+  // was filled: not for a sparse push that was only accumulated.
+  float* values_after = nullptr;
 };
 
 struct PushResult {
@@ -53,6 +58,7 @@ struct PushResult {
   bool queued = false;       // accumulated; applied when K pushes have arrived
   bool hold = false;         // block mode: reply must wait until Releasable(sender)
   bool would_block = false;  // no_wait and a lock was taken: nothing applied
+  bool values_read = false;  // PushRequest::values_after was filled
   // Sparse: rows this push evicted to stay under max_rows (they read as new rows now);
   // change notices name them with the pushed keys.
   std::vector<uint64_t> evicted;

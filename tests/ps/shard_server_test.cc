@@ -509,11 +509,17 @@ TEST_P(ShardServerTest, IoThreadServesOthersWhileATableIsLocked) {
   for (int i = 0; i < 6; ++i) pingers.push_back(std::make_unique<RawClient>(endpoint));
   for (auto& p : pingers) ASSERT_TRUE(p->Call({HeaderFrame(Request(Op::kPing, ""))}).has_value());
 
+  // A push that asks for the values it wrote, then its retry (a duplicate: nothing to
+  // apply, but its values are still read).
+  Header with_values = PushHeader(Op::kPushDense, "d", 5, 3);
+  with_values.flags |= kFlagReturnValues;
   const std::vector<std::pair<Frames, std::string>> blocked = {
       {{HeaderFrame(PushHeader(Op::kPushSparse, "s", 5, 1)), Keys(kSparseKeys), Floats(kSparseG0)},
        "s"},
       {{HeaderFrame(Request(Op::kPullDense, "d"))}, "d"},
-      {{HeaderFrame(PushHeader(Op::kPushDense, "d", 5, 2)), Floats(kDenseG0)}, "d"}};
+      {{HeaderFrame(PushHeader(Op::kPushDense, "d", 5, 2)), Floats(kDenseG0)}, "d"},
+      {{HeaderFrame(with_values), Floats(kDenseG0)}, "d"},
+      {{HeaderFrame(with_values), Floats(kDenseG0)}, "d"}};
   for (const auto& [request, table] : blocked) {
     SCOPED_TRACE(table);
     std::shared_ptr<Table> t = server->FindTable(table);
@@ -535,6 +541,10 @@ TEST_P(ShardServerTest, IoThreadServesOthersWhileATableIsLocked) {
     EXPECT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
     const bool push = r->first.version != version;
     EXPECT_EQ(t->version(), version + (push ? 1 : 0)) << "applied exactly once";
+    if (DecodeHeader(request[0].data(), request[0].size())->flags & kFlagReturnValues) {
+      ASSERT_EQ(r->second.size(), 2u) << "no values in the reply";
+      EXPECT_EQ(r->second[1].size(), kDenseG0.size() * sizeof(float));
+    }
     for (size_t i = 0; i < pingers.size(); ++i) {  // those queued behind it come through
       if (!got[i]) {
         EXPECT_TRUE(pingers[i]->Receive(5000ms).has_value()) << "pinger " << i;
