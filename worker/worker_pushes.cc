@@ -39,8 +39,19 @@ void WorkerService::StartPush(
   forget = OnceForget(std::move(forget));
   auto reply = std::make_shared<ps::PushReply>();
   // The callback owns the reply too: in queued mode nobody else waits for it.
-  ps::Ticket t = send(reply.get(), [this, table, reply, forget](const Status& st) {
+  std::shared_ptr<LearnRun> run = pushes->run;
+  if (run) {
+    MutexLock lock(&run->mu);
+    ++run->pending;  // before the send: its reply may come before send returns
+  }
+  ps::Ticket t = send(reply.get(), [this, table, reply, forget, run](const Status& st) {
     OnPushDone(table, *reply, st, forget);
+    if (!run) return;
+    {
+      MutexLock lock(&run->mu);
+      FoldPush(table, *reply, st, /*batched=*/false, &run->reply, &run->first);
+    }
+    LearnPartDone(run);
   });
   pushes->items.push_back({table, std::move(t), std::move(reply), std::move(forget)});
 }
@@ -75,13 +86,26 @@ void WorkerService::SendDense(Pushes* pushes) {
   }
   pushes->dense.clear();
   ReservePushes(parts->size(), bytes);
+  std::shared_ptr<LearnRun> run = pushes->run;
+  if (run) {
+    MutexLock lock(&run->mu);
+    ++run->pending;  // one for the batch
+  }
   // The callback owns the replies: in queued mode nobody else waits for them.
-  ps::Ticket t = client_->PushDenseBatch(std::move(batch), [this, parts](const Status& st) {
+  ps::Ticket t = client_->PushDenseBatch(std::move(batch), [this, parts, run](const Status& st) {
     bool warn = true;
     for (const Part& p : *parts) {
       OnPushDone(p.table, *p.reply, st, p.forget, warn);
       warn = false;
     }
+    if (!run) return;
+    {
+      MutexLock lock(&run->mu);
+      for (const Part& p : *parts) {
+        FoldPush(p.table, *p.reply, st, /*batched=*/true, &run->reply, &run->first);
+      }
+    }
+    LearnPartDone(run);
   });
   for (const Part& p : *parts) pushes->items.push_back({p.table, t, p.reply, p.forget, true});
 }
@@ -188,25 +212,31 @@ Status WorkerService::FinishPushes(Pushes& pushes, ReplyWhen when, LearnReply* o
   Status first;
   for (auto& p : pushes.items) {
     Status st = p.ticket.Wait();
-    if (!st.ok()) {
-      if (first.ok()) {
-        // A batch's error names its table already.
-        first = p.batched
-                    ? st
-                    : Status(st.code(), "push to table '" + p.table + "' failed: " + st.message());
-      }
-      continue;
+    if (st.ok()) {
+      // The callback may still be running: do its work here too, so the caller's next
+      // read sees this push (read-your-writes).
+      if (ObservesOwnPushes()) cache_.ObserveVersions(p.table, p.reply->versions);
+      p.forget(*p.reply);
     }
-    // The callback may still be running: do its work here too, so the caller's next
-    // read sees this push (read-your-writes).
-    if (ObservesOwnPushes()) cache_.ObserveVersions(p.table, p.reply->versions);
-    p.forget(*p.reply);
-    out->tau = std::max(out->tau, p.reply->max_tau);
-    out->version = std::max(out->version, p.reply->max_version);
-    if (!p.reply->queued) out->versions[p.table] = p.reply->versions;
-    if (p.reply->queued) out->outcome = LearnOutcome::kQueued;
+    FoldPush(p.table, *p.reply, st, p.batched, out, &first);
   }
   return first;
+}
+
+void WorkerService::FoldPush(const std::string& table, const ps::PushReply& reply, const Status& st,
+                             bool batched, LearnReply* out, Status* first) {
+  if (!st.ok()) {
+    if (first->ok()) {
+      // A batch's error names its table already.
+      *first =
+          batched ? st : Status(st.code(), "push to table '" + table + "' failed: " + st.message());
+    }
+    return;
+  }
+  out->tau = std::max(out->tau, reply.max_tau);
+  out->version = std::max(out->version, reply.max_version);
+  if (!reply.queued) out->versions[table] = reply.versions;
+  if (reply.queued) out->outcome = LearnOutcome::kQueued;
 }
 
 }  // namespace onlineps::worker

@@ -315,20 +315,30 @@ json ModelInfoJson(const Model& model) {
           {"dense_push_bytes", dense_push_bytes}};
 }
 
+namespace {
+constexpr size_t kMaxSession = 256;
+}  // namespace
+
+StatusOr<LearnRequest> LearnRequestOf(WorkerService* service, json& body) {
+  LearnRequest req;
+  ONLINEPS_ASSIGN_OR_RETURN(req.session, SessionOf(body, kMaxSession));
+  ONLINEPS_ASSIGN_OR_RETURN(req.batch, ExamplesOf(body, service->model().labels(),
+                                                  /*need_labels=*/true, service->limits()));
+  return req;
+}
+
 StatusOr<json> HandleWorkerOp(WorkerService* service, Op op, json& body) {
   const Model& model = service->model();
-  const size_t max_session = 256;
   switch (op) {
-    case Op::kInfer:
     case Op::kLearn: {
-      const bool learn = op == Op::kLearn;
-      ONLINEPS_ASSIGN_OR_RETURN(std::string session, SessionOf(body, max_session));
-      ONLINEPS_ASSIGN_OR_RETURN(auto batch,
-                                ExamplesOf(body, model.labels(), learn, service->limits()));
-      if (learn) {
-        ONLINEPS_ASSIGN_OR_RETURN(LearnReply r, service->Learn(session, batch));
-        return ToJson(r);
-      }
+      ONLINEPS_ASSIGN_OR_RETURN(LearnRequest req, LearnRequestOf(service, body));
+      ONLINEPS_ASSIGN_OR_RETURN(LearnReply r, service->Learn(req.session, req.batch));
+      return ToJson(r);
+    }
+    case Op::kInfer: {
+      ONLINEPS_ASSIGN_OR_RETURN(std::string session, SessionOf(body, kMaxSession));
+      ONLINEPS_ASSIGN_OR_RETURN(
+          auto batch, ExamplesOf(body, model.labels(), /*need_labels=*/false, service->limits()));
       ONLINEPS_ASSIGN_OR_RETURN(InferReply r, service->Infer(session, batch));
       return ToJson(r);
     }

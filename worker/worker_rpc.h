@@ -52,6 +52,13 @@ nlohmann::json ModelInfoJson(const Model& model);
 // kTooLarge naming the limit of service->limits().
 StatusOr<nlohmann::json> HandleWorkerOp(WorkerService* service, Op op, nlohmann::json& body);
 
+// A learn body, checked and parsed as HandleWorkerOp does (texts are moved out of it).
+struct LearnRequest {
+  std::string session;
+  std::vector<Example> batch;
+};
+StatusOr<LearnRequest> LearnRequestOf(WorkerService* service, nlohmann::json& body);
+
 }  // namespace onlineps::worker
 
 #endif  // ONLINEPS_WORKER_WORKER_RPC_H_

@@ -16,6 +16,8 @@ struct WorkerServer::Job {
   Frames frames;
   size_t bytes = 0;  // counted in queued_bytes_ until decoded
   std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
+  std::string session;   // "" for sessionless requests (no order among them)
+  bool resumed = false;  // taken from parked_: it holds its session's turn
 };
 
 WorkerServer::WorkerServer(WorkerService* service, WorkerServerOptions options)
@@ -41,6 +43,25 @@ void WorkerServer::Stop() {
   // before the transport closes.
   if (transport_ == nullptr || stopping_.exchange(true)) return;
   if (pool_) pool_->Close();
+  {
+    // Learns waiting for their pushes are answered by the PS client's callbacks (each
+    // push ends by its deadline); the requests parked behind them can no longer run.
+    MutexLock lock(&parked_mu_);
+    learns_cv_.WaitUntil(&parked_mu_, std::chrono::steady_clock::now() + std::chrono::seconds(60),
+                         [&]() REQUIRES(parked_mu_) { return learns_in_flight_ == 0; });
+  }
+  std::unordered_map<std::string, std::deque<Job>> parked;
+  {
+    MutexLock lock(&parked_mu_);
+    parked.swap(parked_);
+    parked_count_ = 0;
+  }
+  for (auto& [session, jobs] : parked) {
+    for (Job& job : jobs) {
+      queued_bytes_.fetch_sub(job.bytes);
+      Reply(job.peer, MakeReply(job.header, Unavailable("worker is shutting down")), "");
+    }
+  }
   transport_->Stop();
 }
 
@@ -101,6 +122,7 @@ void WorkerServer::OnMessage(Incoming&& in) {
   const size_t key =
       session.empty() ? next_lane_.fetch_add(1) : std::hash<std::string_view>()(session);
   Job job{std::move(in.peer), std::move(*header), std::move(in.frames), bytes};
+  job.session = std::string(session);
   const Header h = job.header;
   const std::string peer = job.peer;
   if (stopping_.load() || !pool_->Submit(key, std::move(job))) {
@@ -114,12 +136,31 @@ void WorkerServer::OnMessage(Incoming&& in) {
 }
 
 void WorkerServer::Handle(Job&& job) {
+  if (!job.session.empty() && !job.resumed) {
+    // A learn of this session waits for its pushes: this request runs after it.
+    MutexLock lock(&parked_mu_);
+    if (auto it = parked_.find(job.session); it != parked_.end()) {
+      if (parked_count_ < options_.max_queue * pool_->size()) {
+        ++parked_count_;
+        it->second.push_back(std::move(job));
+        return;
+      }
+      queued_bytes_.fetch_sub(job.bytes);
+      Reply(job.peer,
+            MakeReply(job.header, ResourceExhausted("worker is overloaded (requests waiting "
+                                                    "for their session's learn); retry later")),
+            "");
+      return;
+    }
+  }
   StatusOr<nlohmann::json> body =
       job.frames.size() > 1
           ? DecodeBody(job.frames[1].data(), job.frames[1].size(), service_->limits())
           : StatusOr<nlohmann::json>(nlohmann::json::object());
   job.frames.clear();  // the decoded body holds what the request needs
   queued_bytes_.fetch_sub(job.bytes);
+  if (job.header.op == Op::kLearn && body.ok())
+    return HandleLearn(std::move(job), std::move(*body));
   StatusOr<nlohmann::json> out =
       body.ok() ? HandleWorkerOp(service_, job.header.op, *body) : body.status();
   if (!out.ok()) {
@@ -132,6 +173,71 @@ void WorkerServer::Handle(Job&& job) {
   if (op < latency_.size()) {
     latency_[op].Observe(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - job.received).count());
+  }
+  if (job.resumed) NextOfSession(job.session);
+}
+
+void WorkerServer::HandleLearn(Job&& job, nlohmann::json body) {
+  StatusOr<LearnRequest> req = LearnRequestOf(service_, body);
+  if (!req.ok()) {
+    Reply(job.peer, MakeReply(job.header, req.status()), "");
+    if (job.resumed) NextOfSession(job.session);
+    return;
+  }
+  {
+    MutexLock lock(&parked_mu_);
+    ++learns_in_flight_;
+    // Later requests of this session wait for this learn's answer (read-your-writes).
+    if (!job.session.empty()) parked_.try_emplace(job.session);
+  }
+  service_->LearnAsync(
+      req->session, req->batch,
+      [this, peer = std::move(job.peer), header = job.header, received = job.received,
+       session = std::move(job.session)](StatusOr<LearnReply> r) {
+        if (!r.ok()) {
+          spdlog::debug("learn failed: {}", r.status().ToString());
+          Reply(peer, MakeReply(header, r.status()), "");
+        } else {
+          Reply(peer, MakeReply(header, Status::Ok()), EncodeBody(ToJson(*r)));
+        }
+        latency_[static_cast<size_t>(Op::kLearn)].Observe(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - received).count());
+        NextOfSession(session);
+        MutexLock lock(&parked_mu_);
+        if (--learns_in_flight_ == 0) learns_cv_.SignalAll();
+      });
+}
+
+void WorkerServer::NextOfSession(const std::string& session) {
+  if (session.empty()) return;
+  for (;;) {
+    Job next;
+    {
+      MutexLock lock(&parked_mu_);
+      auto it = parked_.find(session);
+      if (it == parked_.end()) return;
+      if (it->second.empty()) {
+        parked_.erase(it);  // nothing waited: the session is free
+        return;
+      }
+      next = std::move(it->second.front());
+      it->second.pop_front();
+      --parked_count_;
+    }
+    next.resumed = true;
+    const Header h = next.header;
+    const std::string peer = next.peer;
+    const size_t bytes = next.bytes;
+    if (!stopping_.load() &&
+        pool_->Submit(std::hash<std::string_view>()(session), std::move(next))) {
+      return;
+    }
+    queued_bytes_.fetch_sub(bytes);
+    Reply(peer,
+          MakeReply(h, stopping_.load() ? Unavailable("worker is shutting down")
+                                        : ResourceExhausted("worker is overloaded (handler "
+                                                            "queue full); retry later")),
+          "");
   }
 }
 

@@ -10,11 +10,15 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <unordered_map>
 
 #include "common/handler_pool.h"
 #include "common/latency_histogram.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "common/transport.h"
 #include "common/wire.h"
@@ -54,6 +58,12 @@ class WorkerServer {
   struct Job;
   void OnMessage(Incoming&& in);
   void Handle(Job&& job);
+  // A learn: its reply is sent by the callback of its last push (no thread waits), and
+  // its session's later requests wait in parked_ until then.
+  void HandleLearn(Job&& job, nlohmann::json body);
+  // The request that held `session`'s turn is answered: its next parked one goes to its
+  // lane (or the session is free again).
+  void NextOfSession(const std::string& session);
   void Reply(const std::string& peer, const Header& reply, const std::string& body);
 
   WorkerService* const service_;
@@ -70,6 +80,13 @@ class WorkerServer {
   std::atomic<size_t> queued_bytes_{0};  // bodies of requests not yet decoded
   std::atomic<size_t> next_lane_{0};
   std::atomic<bool> stopping_{false};
+  // Sessions whose learn is waiting for its pushes, each with its requests that came
+  // after it (run in order once it is answered). Bounded by max_parked_ requests in all.
+  Mutex parked_mu_;
+  std::unordered_map<std::string, std::deque<Job>> parked_ GUARDED_BY(parked_mu_);
+  size_t parked_count_ GUARDED_BY(parked_mu_) = 0;
+  CondVar learns_cv_;
+  size_t learns_in_flight_ GUARDED_BY(parked_mu_) = 0;  // LearnAsync calls not answered
 };
 
 }  // namespace onlineps::worker

@@ -427,54 +427,98 @@ Status WorkerService::CheckFinite(const GradOutput& g) {
   return st;
 }
 
-StatusOr<LearnReply> WorkerService::Learn(const std::string& session,
-                                          const std::vector<Example>& batch) {
+Status WorkerService::StartLearn(const std::string& session, const std::vector<Example>& batch,
+                                 Pushes* pushes, LearnReply* reply, bool* kept) {
   ONLINEPS_RETURN_IF_ERROR(CheckBatch(batch, /*need_labels=*/true));
   const ContextInput ctx = session.empty() ? ContextInput{} : context_.Input(session);
-  // Local-steps mode reads and updates one local copy: its learns run one at a time.
-  std::unique_lock<std::mutex> local_lock;
-  if (local_) local_lock = std::unique_lock<std::mutex>(local_->mu());
   ONLINEPS_ASSIGN_OR_RETURN(Read read, ReadParams(batch, ctx));
   if (local_) ONLINEPS_RETURN_IF_ERROR(local_->Substitute(&read.view, &read.base));
   ONLINEPS_ASSIGN_OR_RETURN(GradOutput grads, model_->Gradients(batch, ctx, read.view));
   ONLINEPS_RETURN_IF_ERROR(CheckFinite(grads));
 
-  LearnReply reply;
-  reply.loss = grads.loss;
-  reply.examples = batch.size();
-  reply.version = read.version;
-  Pushes pushes;
-  PushSparse(read.base, grads, &pushes, &reply);
-  bool kept = false;
+  reply->loss = grads.loss;
+  reply->examples = batch.size();
+  reply->version = read.version;
+  PushSparse(read.base, grads, pushes, reply);
   const auto& params = model_->params();
   for (size_t i = 0; i < params.size(); ++i) {
     if (params[i].kind != ParamKind::kDense) continue;
     if (local_) {
       auto delta = local_->Step(i, grads.dense[i]);
-      if (delta) PushDelta(i, std::move(*delta), &pushes);
-      kept |= !delta.has_value();
+      if (delta) PushDelta(i, std::move(*delta), pushes);
+      *kept |= !delta.has_value();
       continue;
     }
     if (group_active_) {
       static_cast<void>(group_acc_[i]->Add(grads.dense[i], read.base[i], batch.size(), Now()));
-      kept = true;
+      *kept = true;
       continue;
     }
     auto ready = accumulators_[i]->Add(grads.dense[i], read.base[i], batch.size(), Now());
-    if (ready) PushDense(i, std::move(*ready), &pushes);
-    kept |= !ready.has_value();
+    if (ready) PushDense(i, std::move(*ready), pushes);
+    *kept |= !ready.has_value();
   }
-  reply.dense_pushed = !pushes.dense.empty();  // sent by FinishPushes
+  reply->dense_pushed = !pushes->dense.empty();  // sent by FinishPushes or LearnAsync
+  return Status::Ok();
+}
+
+StatusOr<LearnReply> WorkerService::EndLearn(LearnReply reply, bool kept, size_t examples) {
+  if (kept && reply.outcome == LearnOutcome::kApplied) reply.outcome = LearnOutcome::kAccumulated;
+  MutexLock lock(&mu_);
+  stats_.learn_requests++;
+  stats_.learn_examples += examples;
+  stats_.max_tau = std::max(stats_.max_tau, reply.tau);
+  return reply;
+}
+
+StatusOr<LearnReply> WorkerService::Learn(const std::string& session,
+                                          const std::vector<Example>& batch) {
+  // Local-steps mode reads and updates one local copy: its learns run one at a time.
+  std::unique_lock<std::mutex> local_lock;
+  if (local_) local_lock = std::unique_lock<std::mutex>(local_->mu());
+  LearnReply reply;
+  Pushes pushes;
+  bool kept = false;
+  ONLINEPS_RETURN_IF_ERROR(StartLearn(session, batch, &pushes, &reply, &kept));
   ONLINEPS_RETURN_IF_ERROR(FinishPushes(pushes, options_.reply_when, &reply));
   if (local_ && reply.dense_pushed) local_->Reset();
-  if (kept && reply.outcome == LearnOutcome::kApplied) reply.outcome = LearnOutcome::kAccumulated;
-  {
-    MutexLock lock(&mu_);
-    stats_.learn_requests++;
-    stats_.learn_examples += batch.size();
-    stats_.max_tau = std::max(stats_.max_tau, reply.tau);
+  return EndLearn(std::move(reply), kept, batch.size());
+}
+
+void WorkerService::LearnAsync(const std::string& session, const std::vector<Example>& batch,
+                               LearnDone done) {
+  if (local_ || options_.reply_when != ReplyWhen::kApplied) return done(Learn(session, batch));
+  auto run = std::make_shared<LearnRun>();
+  run->done = std::move(done);
+  run->examples = batch.size();
+  Pushes pushes;
+  pushes.run = run;
+  if (Status st = StartLearn(session, batch, &pushes, &run->head, &run->kept); !st.ok()) {
+    return run->done(std::move(st));  // nothing was pushed: StartLearn pushes last
   }
-  return reply;
+  SendDense(&pushes);
+  LearnPartDone(run);  // every push is started: the starter's count
+}
+
+void WorkerService::LearnPartDone(const std::shared_ptr<LearnRun>& run) {
+  LearnReply reply;
+  Status first;
+  {
+    MutexLock lock(&run->mu);
+    if (--run->pending > 0) return;
+    reply = std::move(run->reply);
+    first = std::move(run->first);
+  }
+  if (!first.ok()) return run->done(std::move(first));
+  // The starter's fields with the pushes' (the version: the newer of the read and the
+  // pushes').
+  const LearnReply& head = run->head;
+  reply.loss = head.loss;
+  reply.examples = head.examples;
+  reply.version = std::max(reply.version, head.version);
+  reply.sparse_rows_pushed = head.sparse_rows_pushed;
+  reply.dense_pushed = head.dense_pushed;
+  run->done(EndLearn(std::move(reply), run->kept, run->examples));
 }
 
 WorkerStats WorkerService::stats() const {

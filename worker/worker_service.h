@@ -153,6 +153,12 @@ class WorkerService {
 
   StatusOr<InferReply> Infer(const std::string& session, const std::vector<Example>& batch);
   StatusOr<LearnReply> Learn(const std::string& session, const std::vector<Example>& batch);
+  // The same without waiting for the pushes: `done` gets the outcome exactly once, on
+  // the PS client's thread that got the last push's reply, or on this one before
+  // LearnAsync returns (an error, nothing pushed, and the local-steps and kQueued modes,
+  // which run Learn). `batch` may go once LearnAsync returns. `done` must not block.
+  using LearnDone = std::function<void(StatusOr<LearnReply>)>;
+  void LearnAsync(const std::string& session, const std::vector<Example>& batch, LearnDone done);
   // Pushes whatever the accumulators hold now.
   Status Flush();
 
@@ -189,6 +195,17 @@ class WorkerService {
   // Queues `me` and returns once a pass (led by this thread or another) has served it.
   Status CombineInfer(InferSlot* me);
   void RunInferPass(const std::vector<InferSlot*>& slots);
+  // An asynchronous learn waiting for its pushes' replies.
+  struct LearnRun {
+    Mutex mu;
+    LearnReply reply GUARDED_BY(mu);    // the pushes' part (tau, versions, outcome)
+    Status first GUARDED_BY(mu);        // the first push error
+    size_t pending GUARDED_BY(mu) = 1;  // pushes not done, plus one until all are started
+    LearnReply head;                    // the starter's part: written before its count is released
+    bool kept = false;
+    size_t examples = 0;
+    LearnDone done;
+  };
   // Pushes started by one call, finished by FinishPushes.
   struct Pushes {
     struct One {
@@ -206,7 +223,22 @@ class WorkerService {
       std::function<void(const ps::PushReply&)> forget;
     };
     std::vector<Dense> dense;
+    // LearnAsync: each push's callback reports to it once its own work is done (null:
+    // FinishPushes waits for the tickets).
+    std::shared_ptr<LearnRun> run;
   };
+  // Learn up to its pushes: reads, gradients, the sparse pushes started and the dense
+  // ones queued in `pushes` (local-steps mode: under the caller's lock of local_->mu()).
+  Status StartLearn(const std::string& session, const std::vector<Example>& batch, Pushes* pushes,
+                    LearnReply* reply, bool* kept);
+  // The last of Learn: the outcome once the pushes are done, and the stats.
+  StatusOr<LearnReply> EndLearn(LearnReply reply, bool kept, size_t examples);
+  // Folds one push's outcome into `out` (`first`: the first error).
+  static void FoldPush(const std::string& table, const ps::PushReply& reply, const Status& st,
+                       bool batched, LearnReply* out, Status* first);
+  // A push of `run` is done (or, from LearnAsync, every push is started): ends the learn
+  // when it was the last.
+  void LearnPartDone(const std::shared_ptr<LearnRun>& run);
   // Pushes each dense param's `initial` values into its table, once across all workers,
   // if no update was applied to it yet.
   Status SeedInitialValues();

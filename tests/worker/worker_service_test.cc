@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <msgpack.hpp>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <zmq.hpp>
@@ -400,6 +401,66 @@ TEST_F(WorkerServiceTest, ALearnIsVisibleToTheNextInferEvenWithinTheAgeBound) {
   EXPECT_GT(after->predictions[0].scores[1], before->predictions[0].scores[1])
       << "the learn's own update was not read back";
   EXPECT_GE(after->version, l->version);
+}
+
+TEST_F(WorkerServiceTest, RpcPipelinedCallsOfOneSessionRunInOrderAndReadTheirLearns) {
+  // A learn's reply comes from its push's callback, not from a waiting handler thread;
+  // the session's later requests must still wait for it. Sent without waiting for any
+  // answer: each infer must read the learn sent before it, and one session's answers
+  // come back in the order sent.
+  WorkerServiceOptions o;
+  o.cache.dense.max_age_ms = 60000;  // only read-your-writes can make the next read fresh
+  o.cache.sparse.max_age_ms = 60000;
+  o.cache.refresh_interval_ms = 0;
+  o.cache.notices = false;
+  StartWorker(Text(), o);
+  constexpr int kRounds = 20;
+  std::mutex mu;
+  std::vector<int> order;  // call indices of session "s", as answered
+  std::vector<StatusOr<json>> got(2 * kRounds, Internal("no answer"));
+  std::atomic<int> answered{0};
+  for (int i = 0; i < 2 * kRounds; ++i) {
+    const bool learn = i % 2 == 0;
+    json body = {{"session", "s"}, {"text", "lovely sunny day"}};
+    if (learn) body["label"] = "pos";
+    rpc_->CallAsync(learn ? Op::kLearn : Op::kInfer, body, std::chrono::seconds(20),
+                    [&, i](StatusOr<json> r) {
+                      std::lock_guard<std::mutex> lock(mu);
+                      got[i] = std::move(r);
+                      order.push_back(i);
+                      ++answered;
+                    });
+    // Another session and sessionless learns in between: they need not wait.
+    rpc_->CallAsync(Op::kLearn, {{"session", "t"}, {"text", "dull grey day"}, {"label", "neg"}},
+                    std::chrono::seconds(20), [&](StatusOr<json>) { ++answered; });
+    rpc_->CallAsync(Op::kLearn, {{"text", "dull grey day"}, {"label", "neg"}},
+                    std::chrono::seconds(20), [&](StatusOr<json>) { ++answered; });
+  }
+  for (int i = 0; i < 2000 && answered.load() < 6 * kRounds; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(answered.load(), 6 * kRounds);
+  std::lock_guard<std::mutex> lock(mu);
+  std::vector<int> sent(2 * kRounds);
+  for (int i = 0; i < 2 * kRounds; ++i) sent[i] = i;
+  EXPECT_EQ(order, sent) << "one session's answers came back out of order";
+  for (int i = 1; i < 2 * kRounds; i += 2) {
+    ASSERT_TRUE(got[i - 1].ok()) << got[i - 1].status().ToString();
+    ASSERT_TRUE(got[i].ok()) << got[i].status().ToString();
+    const json& learned = (*got[i - 1])["versions"];
+    const json& read = (*got[i])["versions"];
+    ASSERT_FALSE(learned.empty());
+    for (const auto& [table, per_shard] : learned.items()) {
+      ASSERT_TRUE(read.contains(table)) << table;
+      for (size_t k = 0; k < per_shard.size(); ++k) {
+        // 0: the learn touched no row of that shard.
+        if (per_shard[k].get<uint64_t>() == 0) continue;
+        EXPECT_GE(read[table][k].get<uint64_t>(), per_shard[k].get<uint64_t>())
+            << "infer " << i << " did not read the learn before it (" << table << ", shard " << k
+            << ")";
+      }
+    }
+  }
 }
 
 // PS requests of each op the worker has sent so far, through the taps.
