@@ -190,22 +190,30 @@ void WorkerServer::HandleLearn(Job&& job, nlohmann::json body) {
     // Later requests of this session wait for this learn's answer (read-your-writes).
     if (!job.session.empty()) parked_.try_emplace(job.session);
   }
-  service_->LearnAsync(
-      req->session, req->batch,
-      [this, peer = std::move(job.peer), header = job.header, received = job.received,
-       session = std::move(job.session)](StatusOr<LearnReply> r) {
-        if (!r.ok()) {
-          spdlog::debug("learn failed: {}", r.status().ToString());
-          Reply(peer, MakeReply(header, r.status()), "");
-        } else {
-          Reply(peer, MakeReply(header, Status::Ok()), EncodeBody(ToJson(*r)));
-        }
-        latency_[static_cast<size_t>(Op::kLearn)].Observe(
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - received).count());
-        NextOfSession(session);
-        MutexLock lock(&parked_mu_);
-        if (--learns_in_flight_ == 0) learns_cv_.SignalAll();
-      });
+  auto answered = std::make_shared<std::atomic<bool>>(false);
+  WorkerService::LearnDone done = [this, answered, peer = std::move(job.peer), header = job.header,
+                                   received = job.received,
+                                   session = std::move(job.session)](StatusOr<LearnReply> r) {
+    if (answered->exchange(true)) return;
+    if (!r.ok()) {
+      spdlog::debug("learn failed: {}", r.status().ToString());
+      Reply(peer, MakeReply(header, r.status()), "");
+    } else {
+      Reply(peer, MakeReply(header, Status::Ok()), EncodeBody(ToJson(*r)));
+    }
+    latency_[static_cast<size_t>(Op::kLearn)].Observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - received).count());
+    NextOfSession(session);
+    MutexLock lock(&parked_mu_);
+    if (--learns_in_flight_ == 0) learns_cv_.SignalAll();
+  };
+  try {
+    service_->LearnAsync(req->session, req->batch, done);
+  } catch (const std::exception& e) {
+    // Before any push (the model's pass): answered here, so the session is not left
+    // waiting for an answer that will never come.
+    done(Internal(std::string("learn failed: ") + e.what()));
+  }
 }
 
 void WorkerServer::NextOfSession(const std::string& session) {
