@@ -397,26 +397,27 @@ StatusOr<PushResult> SparseTable::PushChecked(const PushRequest& req) {
   }
   const float lr_scale = rules_.policy().LrScale(tau);
   const uint64_t step = v + 1;
-  const bool done = ForEachKeyByStripe(
-      req.keys, req.num_keys,
-      [&](Stripe& s, uint32_t i) {
-        int64_t slot = FindOrCreate(s, req.keys[i], req.now_ms, &res.evicted);
-        if (slot < 0) return;  // not admitted yet: the touch is counted, the gradient dropped
-        ApplyRow(s, static_cast<uint32_t>(slot), req.sender, req.values + size_t{i} * dim_,
-                 req.delta, lr_scale, step, /*compensate=*/true);
-      },
-      req.no_wait,
-      [&](Stripe& s, uint32_t i) {
-        // After every key of the stripe, so a key pushed twice reads as both left it.
-        if (req.values_after == nullptr) return;
-        float* after = req.values_after + size_t{i} * dim_;
-        const uint32_t slot = s.rows.Find(req.keys[i]);
-        if (slot == RowStore::kNoSlot) {  // not admitted: reads as a new row, as a pull does
-          InitValues(spec_, req.keys[i], after, dim_, /*sparse_row=*/true);
-        } else {
-          std::memcpy(after, s.rows.Floats(slot), dim_ * sizeof(float));
-        }
-      });
+  auto apply = [&](Stripe& s, uint32_t i) {
+    int64_t slot = FindOrCreate(s, req.keys[i], req.now_ms, &res.evicted);
+    if (slot < 0) return;  // not admitted yet: the touch is counted, the gradient dropped
+    ApplyRow(s, static_cast<uint32_t>(slot), req.sender, req.values + size_t{i} * dim_, req.delta,
+             lr_scale, step, /*compensate=*/true);
+  };
+  // RETURN_VALUES: read after every key of the stripe, so a key pushed twice reads as
+  // both left it. Without it no second pass at all.
+  auto read_after = [&](Stripe& s, uint32_t i) {
+    float* after = req.values_after + size_t{i} * dim_;
+    const uint32_t slot = s.rows.Find(req.keys[i]);
+    if (slot == RowStore::kNoSlot) {  // not admitted: reads as a new row, as a pull does
+      InitValues(spec_, req.keys[i], after, dim_, /*sparse_row=*/true);
+    } else {
+      std::memcpy(after, s.rows.Floats(slot), dim_ * sizeof(float));
+    }
+  };
+  const bool done =
+      req.values_after == nullptr
+          ? ForEachKeyByStripe(req.keys, req.num_keys, apply, req.no_wait)
+          : ForEachKeyByStripe(req.keys, req.num_keys, apply, req.no_wait, read_after);
   if (!done) {
     res.would_block = true;
     return res;

@@ -122,6 +122,10 @@ TEST_F(ReplicationTest, WatchFollowsTheNewPrimaryAfterKill9) {
 
 // Issue 18, case 1: a backup restarted empty within the follower timeout used to stay
 // "in sync" with nothing, stall every push, and be elected with an empty table.
+// The re-sync waits allow 60 s: under four unthrottled writers a re-sync took 4-17 s on
+// a fast 2-core machine (the more a machine writes, the more there is to catch up on),
+// and the test is about the re-sync happening before an election, not its speed (the
+// times are printed).
 TEST_F(ReplicationTest, BackupRestartedEmptyIsResyncedBeforeItCanLead) {
   Up(1, 2);
   CreateTable();
@@ -139,7 +143,7 @@ TEST_F(ReplicationTest, BackupRestartedEmptyIsResyncedBeforeItCanLead) {
     Start(0, b);
     ASSERT_TRUE(
         WaitFor([&] { return Event(0, b, "snapshot_loaded") >= 1 && Field(0, p, "isr_size") == 2; },
-                milliseconds(15000)))
+                milliseconds(60000)))
         << "cycle " << cycle << ": the restarted backup was not re-synced into the ISR";
     worst_resync = std::max(worst_resync, Now() - restart);
     (void)loaded_before;
@@ -152,7 +156,10 @@ TEST_F(ReplicationTest, BackupRestartedEmptyIsResyncedBeforeItCanLead) {
     ASSERT_TRUE(WaitFor([&] { return AcksSince(kill + 0.001) > 0; }, milliseconds(10000)));
     worst_failover = std::max(worst_failover, FirstAckAfter(kill));
     Start(0, p);  // back as an empty backup for the next cycle
-    ASSERT_TRUE(WaitFor([&] { return Field(0, b, "isr_size") == 2; }, milliseconds(15000)));
+    const double rejoin = Now();
+    ASSERT_TRUE(WaitFor([&] { return Field(0, b, "isr_size") == 2; }, milliseconds(60000)));
+    std::printf("cycle %d: the old primary restarted empty re-synced in %.3f s\n", cycle,
+                Now() - rejoin);
   }
   Join();
   std::printf(
