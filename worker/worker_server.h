@@ -81,7 +81,8 @@ class WorkerServer {
   std::atomic<size_t> next_lane_{0};
   std::atomic<bool> stopping_{false};
   // Sessions whose learn is waiting for its pushes, each with its requests that came
-  // after it (run in order once it is answered). Bounded by max_parked_ requests in all.
+  // after it (run in order once it is answered). At most max_queue x handler threads
+  // requests in all (parked_count_); past it a request is refused as overloaded.
   Mutex parked_mu_;
   std::unordered_map<std::string, std::deque<Job>> parked_ GUARDED_BY(parked_mu_);
   size_t parked_count_ GUARDED_BY(parked_mu_) = 0;

@@ -462,11 +462,11 @@ Status WorkerService::StartLearn(const std::string& session, const std::vector<E
   return Status::Ok();
 }
 
-StatusOr<LearnReply> WorkerService::EndLearn(LearnReply reply, bool kept, size_t examples) {
+StatusOr<LearnReply> WorkerService::EndLearn(LearnReply reply, bool kept) {
   if (kept && reply.outcome == LearnOutcome::kApplied) reply.outcome = LearnOutcome::kAccumulated;
   MutexLock lock(&mu_);
   stats_.learn_requests++;
-  stats_.learn_examples += examples;
+  stats_.learn_examples += reply.examples;
   stats_.max_tau = std::max(stats_.max_tau, reply.tau);
   return reply;
 }
@@ -482,7 +482,7 @@ StatusOr<LearnReply> WorkerService::Learn(const std::string& session,
   ONLINEPS_RETURN_IF_ERROR(StartLearn(session, batch, &pushes, &reply, &kept));
   ONLINEPS_RETURN_IF_ERROR(FinishPushes(pushes, options_.reply_when, &reply));
   if (local_ && reply.dense_pushed) local_->Reset();
-  return EndLearn(std::move(reply), kept, batch.size());
+  return EndLearn(std::move(reply), kept);
 }
 
 void WorkerService::LearnAsync(const std::string& session, const std::vector<Example>& batch,
@@ -490,7 +490,6 @@ void WorkerService::LearnAsync(const std::string& session, const std::vector<Exa
   if (local_ || options_.reply_when != ReplyWhen::kApplied) return done(Learn(session, batch));
   auto run = std::make_shared<LearnRun>();
   run->done = std::move(done);
-  run->examples = batch.size();
   Pushes pushes;
   pushes.run = run;
   if (Status st = StartLearn(session, batch, &pushes, &run->head, &run->kept); !st.ok()) {
@@ -518,7 +517,7 @@ void WorkerService::LearnPartDone(const std::shared_ptr<LearnRun>& run) {
   reply.version = std::max(reply.version, head.version);
   reply.sparse_rows_pushed = head.sparse_rows_pushed;
   reply.dense_pushed = head.dense_pushed;
-  run->done(EndLearn(std::move(reply), run->kept, run->examples));
+  run->done(EndLearn(std::move(reply), run->kept));
 }
 
 WorkerStats WorkerService::stats() const {

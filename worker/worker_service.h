@@ -203,7 +203,6 @@ class WorkerService {
     size_t pending GUARDED_BY(mu) = 1;  // pushes not done, plus one until all are started
     LearnReply head;                    // the starter's part: written before its count is released
     bool kept = false;
-    size_t examples = 0;
     LearnDone done;
   };
   // Pushes started by one call, finished by FinishPushes.
@@ -232,7 +231,7 @@ class WorkerService {
   Status StartLearn(const std::string& session, const std::vector<Example>& batch, Pushes* pushes,
                     LearnReply* reply, bool* kept);
   // The last of Learn: the outcome once the pushes are done, and the stats.
-  StatusOr<LearnReply> EndLearn(LearnReply reply, bool kept, size_t examples);
+  StatusOr<LearnReply> EndLearn(LearnReply reply, bool kept);
   // Folds one push's outcome into `out` (`first`: the first error).
   static void FoldPush(const std::string& table, const ps::PushReply& reply, const Status& st,
                        bool batched, LearnReply* out, Status* first);
