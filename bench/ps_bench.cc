@@ -42,6 +42,8 @@ constexpr char kUsage[] =
     "  --clients N    concurrent callers, each with its own client (default 1); with\n"
     "                 N > 1 sparse pushes also run with all callers on the same keys\n"
     "  --inflight N   calls each caller keeps outstanding (default 1)\n"
+    "  --pull-part-bytes N  the client's PsClientOptions::pull_part_bytes (default: the\n"
+    "                 library's, 256 KiB; 0 sends each shard's rows of a pull as one part)\n"
     "  --csv FILE     also write figure,p50_us,p99_us,per_s,baseline_per_s,ratio rows\n"
     "                 (per_s: calls per second of all callers; ratio: per_s / baseline)\n"
     "  --only TEXT    only the figures whose name contains TEXT (e.g. 'sparse push 10000',\n"
@@ -54,6 +56,7 @@ struct Flags {
   int iters = 2000;
   bool mem = false;
   int shards = 1, clients = 1, inflight = 1;
+  long pull_part_bytes = -1;  // -1: the library's default
   std::string csv, only, bin_dir = ONLINEPS_BIN_DIR;
   bool Wants(const std::string& figure) const { return figure.find(only) != std::string::npos; }
 };
@@ -91,6 +94,13 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       ok = count(i, "--clients", &f->clients);
     } else if (a == "--inflight") {
       ok = count(i, "--inflight", &f->inflight);
+    } else if (a == "--pull-part-bytes" && i + 1 < argc) {
+      char* end = nullptr;
+      f->pull_part_bytes = std::strtol(argv[++i], &end, 10);
+      if (*end != 0 || f->pull_part_bytes < 0) {
+        std::fprintf(stderr, "ps_bench: --pull-part-bytes needs a byte count, got '%s'\n", argv[i]);
+        return false;
+      }
     } else if ((a == "--csv" || a == "--bin-dir" || a == "--only") && i + 1 < argc) {
       (a == "--csv" ? f->csv : a == "--only" ? f->only : f->bin_dir) = argv[++i];
     } else {
@@ -508,6 +518,7 @@ int Main(int argc, char** argv) {
   for (int c = 0; c < f.clients; ++c) {
     PsClientOptions co;
     co.shards = endpoints;
+    if (f.pull_part_bytes >= 0) co.pull_part_bytes = static_cast<size_t>(f.pull_part_bytes);
     auto client = PsClient::Connect(co);
     if (!client.ok()) {
       std::fprintf(stderr, "ps_bench: %s\n", client.status().ToString().c_str());

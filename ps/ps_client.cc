@@ -3,11 +3,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <numeric>
 #include <random>
 
 #include "common/mutex.h"
@@ -516,13 +516,19 @@ Status ScatterDense(const TableMeta& m, uint32_t s, const Frames& f, float* out)
   return Status::Ok();
 }
 
-// Scatters a sparse reply's frame 1 (rows in the order of `pos`) into `out`.
-Status ScatterRows(const std::vector<uint32_t>& pos, uint32_t d, const Frames& f, float* out) {
-  if (f.size() < 2 || f[1].CountOf<float>() != static_cast<int64_t>(pos.size() * d)) {
-    return ShapeMismatch("expected " + std::to_string(pos.size() * d) + " floats in the reply");
+// Scatters a sparse reply's frame 1 (n rows) into `out`: row i to row pos[i], or, with no
+// `pos` (one shard: the call's keys in order), to row first + i.
+Status ScatterRows(const uint32_t* pos, size_t first, size_t n, uint32_t d, const Frames& f,
+                   float* out) {
+  if (f.size() < 2 || f[1].CountOf<float>() != static_cast<int64_t>(n * d)) {
+    return ShapeMismatch("expected " + std::to_string(n * d) + " floats in the reply");
   }
   const float* src = f[1].As<float>();
-  for (size_t i = 0; i < pos.size(); ++i) {
+  if (pos == nullptr) {
+    std::memcpy(out + first * d, src, n * d * sizeof(float));
+    return Status::Ok();
+  }
+  for (size_t i = 0; i < n; ++i) {
     std::memcpy(out + size_t{pos[i]} * d, src + i * d, d * sizeof(float));
   }
   return Status::Ok();
@@ -715,26 +721,56 @@ Ticket PsClientImpl::PullSparse(const std::string& table, const uint64_t* keys, 
   auto meta = Meta(table);
   auto dim = SparseDim(meta, table);
   if (!dim.ok()) return Failed(dim.status(), std::move(done));
+  if (n == 0) return Failed(Status::Ok(), std::move(done));
   const uint32_t shards = static_cast<uint32_t>(num_shards());
-  if (versions) versions->assign(shards, 0);
-  auto groups = std::make_shared<ShardGroups>(GroupKeys(keys, n, shards));
-  int parts = 0;
-  for (const auto& k : groups->keys) parts += !k.empty();
-  if (parts == 0) return Failed(Status::Ok(), std::move(done));
-  auto call = NewCall(parts, std::move(done));
   const uint32_t d = *dim;
+  if (versions) versions->assign(shards, 0);
+  // A large pull goes out in parts of at most pull_part_bytes of rows, all at once: the
+  // shard reads part k + 1 while part k is on the wire and the client copies out part
+  // k - 1. Each shard's version is the oldest its parts read.
+  // At most kMaxPullParts parts per shard, however large the pull.
+  constexpr size_t kMaxPullParts = 16;
+  const size_t rows_per_part =
+      options_.pull_part_bytes == 0
+          ? n
+          : std::max({size_t{1}, options_.pull_part_bytes / (size_t{d} * sizeof(float)),
+                      (n + kMaxPullParts - 1) / kMaxPullParts});
+  struct Parts {
+    ShardGroups groups;         // empty with one shard: key i is row i
+    std::vector<uint8_t> seen;  // per shard: a part's version was taken (under reply_mu_)
+  };
+  auto parts = std::make_shared<Parts>();
+  if (shards > 1) parts->groups = GroupKeys(keys, n, shards);
+  parts->seen.assign(shards, 0);
+  auto rows_of = [&](uint32_t s) { return shards == 1 ? n : parts->groups.keys[s].size(); };
+  int count = 0;
   for (uint32_t s = 0; s < shards; ++s) {
-    if (groups->keys[s].empty()) continue;
-    auto p = NewPart(call, s, Op::kPullSparse, table);
-    p->header.flags = PullFlags(opts);
-    p->header.shape = {groups->keys[s].size()};
-    p->payload.push_back(shards == 1 ? CopyOf(keys, n) : Frame::FromVector(groups->keys[s]));
-    p->on_reply = [groups, s, d, out, versions](const Header& h, const Frames& f) -> Status {
-      ONLINEPS_RETURN_IF_ERROR(ScatterRows(groups->pos[s], d, f, out));
-      if (versions) (*versions)[s] = h.version;
-      return Status::Ok();
-    };
-    Send(std::move(p));
+    count += static_cast<int>((rows_of(s) + rows_per_part - 1) / rows_per_part);
+  }
+  auto call = NewCall(count, std::move(done));
+  for (uint32_t s = 0; s < shards; ++s) {
+    const uint64_t* shard_keys = shards == 1 ? keys : parts->groups.keys[s].data();
+    for (size_t first = 0; first < rows_of(s); first += rows_per_part) {
+      const size_t rows = std::min(rows_per_part, rows_of(s) - first);
+      auto p = NewPart(call, s, Op::kPullSparse, table);
+      p->header.flags = PullFlags(opts);
+      p->header.shape = {rows};
+      p->payload.push_back(CopyOf(shard_keys + first, rows));
+      p->on_reply = [this, parts, s, first, rows, d, out, versions](const Header& h,
+                                                                    const Frames& f) -> Status {
+        const uint32_t* pos =
+            parts->groups.pos.empty() ? nullptr : parts->groups.pos[s].data() + first;
+        ONLINEPS_RETURN_IF_ERROR(ScatterRows(pos, first, rows, d, f, out));
+        if (versions) {
+          MutexLock lock(&reply_mu_);
+          uint64_t& v = (*versions)[s];
+          v = parts->seen[s] ? std::min(v, h.version) : h.version;
+          parts->seen[s] = 1;
+        }
+        return Status::Ok();
+      };
+      Send(std::move(p));
+    }
   }
   return Ticket(call);
 }
@@ -769,8 +805,10 @@ Ticket PsClientImpl::PushSparse(const std::string& table, const uint64_t* keys, 
     p->payload.push_back(Frame::FromVector(std::move(vals)));
     std::function<Status(const Header&, const Frames&)> scatter;
     if (opts.updated) {
-      scatter = [pos = std::move(groups.pos[s]), d, out = opts.updated](
-                    const Header&, const Frames& f) { return ScatterRows(pos, d, f, out); };
+      scatter = [pos = std::move(groups.pos[s]), d, out = opts.updated](const Header&,
+                                                                        const Frames& f) {
+        return ScatterRows(pos.data(), 0, pos.size(), d, f, out);
+      };
     }
     SendPush(std::move(p), reply, std::move(scatter));
   }
@@ -808,10 +846,8 @@ Ticket PsClientImpl::PushSparse(const std::string& table, Frame keys, Frame valu
   p->payload.push_back(std::move(values));
   std::function<Status(const Header&, const Frames&)> scatter;
   if (opts.updated) {
-    std::vector<uint32_t> pos(n);
-    std::iota(pos.begin(), pos.end(), 0u);
-    scatter = [pos = std::move(pos), d, out = opts.updated](const Header&, const Frames& f) {
-      return ScatterRows(pos, d, f, out);
+    scatter = [n, d, out = opts.updated](const Header&, const Frames& f) {
+      return ScatterRows(nullptr, 0, n, d, f, out);
     };
   }
   SendPush(std::move(p), reply, std::move(scatter));

@@ -103,7 +103,11 @@ void WorkerServer::OnMessage(Incoming&& in) {
     // Health probes are answered at once, never queued behind model work (their body is
     // not read).
     in.frames.resize(1);
-    Handle(Job{std::move(in.peer), std::move(*header), std::move(in.frames)});
+    Job job;
+    job.peer = std::move(in.peer);
+    job.header = std::move(*header);
+    job.frames = std::move(in.frames);
+    Handle(std::move(job));
     return;
   }
   // Queued requests hold their bodies: at most kQueuedRequests of the largest size.
@@ -121,7 +125,11 @@ void WorkerServer::OnMessage(Incoming&& in) {
   // One session's requests run in order on one thread; sessionless ones spread out.
   const size_t key =
       session.empty() ? next_lane_.fetch_add(1) : std::hash<std::string_view>()(session);
-  Job job{std::move(in.peer), std::move(*header), std::move(in.frames), bytes};
+  Job job;
+  job.peer = std::move(in.peer);
+  job.header = std::move(*header);
+  job.frames = std::move(in.frames);
+  job.bytes = bytes;
   job.session = std::string(session);
   const Header h = job.header;
   const std::string peer = job.peer;

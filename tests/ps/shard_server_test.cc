@@ -1228,6 +1228,7 @@ TEST(ShardServerLateStartTest, TimedOutPushIsNotSentLaterFromReusedBuffer) {
 struct TwoShards {
   std::unique_ptr<ShardServer> s0, s1;
   std::unique_ptr<PsClient> client;  // null when a shard did not start
+  std::vector<std::string> endpoints;
   TwoShards() = default;
   TwoShards(TwoShards&&) = default;
   ~TwoShards() {
@@ -1247,6 +1248,7 @@ TwoShards StartTwoShards(const std::string& scheme, const std::string& prefix) {
   o.shard = 1;
   o.listen = ListenEndpoint(scheme, prefix + "1");
   two.s1 = StartServer(o, std::make_shared<prometheus::Registry>(), &e1);
+  two.endpoints = {e0, e1};
   if (two.s0 != nullptr && two.s1 != nullptr) two.client = ConnectClient({e0, e1});
   return two;
 }
@@ -1281,6 +1283,45 @@ TEST_P(ShardServerClientTest, PushRepliesCarryTheValuesTheyWroteWhenAsked) {
   ASSERT_TRUE(a->PullSparse("s", keys.data(), 4, want.data(), nullptr).Wait().ok());
   EXPECT_EQ(got, want);
   EXPECT_EQ(got[0], -5.0f) << "key 5 pushed twice: 1 + 4";
+}
+
+// A large pull goes out in parts (PsClientOptions::pull_part_bytes): every row lands where
+// one whole pull puts it, on one shard and across two, repeated and unknown keys included.
+TEST_P(ShardServerClientTest, PullInPartsReadsWhatOneWholePullReads) {
+  TwoShards two = StartTwoShards(GetParam(), "parts");
+  ASSERT_NE(two.client, nullptr);
+  std::string e0, e1;
+  ShardServerOptions o;
+  o.listen = ListenEndpoint(GetParam(), "parts-one");
+  auto one = StartServer(o, std::make_shared<prometheus::Registry>(), &e0);
+  ASSERT_NE(one, nullptr);
+  auto one_client = ConnectClient({e0});
+  ASSERT_NE(one_client, nullptr);
+  for (PsClient* c : {two.client.get(), one_client.get()}) {
+    ASSERT_TRUE(c->CreateTable(SparseSpec()).ok());
+    std::vector<uint64_t> keys;
+    for (uint64_t k = 0; k < 500; ++k) keys.push_back(k * 7919 % 1000);  // repeats
+    std::vector<float> g(keys.size() * 2);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i % 13);
+    ASSERT_TRUE(c->PushSparse("s", keys.data(), 300, g.data(), {}, nullptr).Wait().ok());
+    ASSERT_TRUE(c->PushSparse("s", keys.data() + 100, 300, g.data(), {}, nullptr).Wait().ok());
+    keys.push_back(123456789);  // never pushed: its initializer
+    std::vector<float> whole(keys.size() * 2), parted(keys.size() * 2, 99.0f);
+    VersionVector vw, vp;
+    ASSERT_TRUE(c->PullSparse("s", keys.data(), keys.size(), whole.data(), &vw).Wait().ok());
+    for (size_t part_bytes : {size_t{8}, size_t{100}, size_t{1000}}) {
+      PsClientOptions po;
+      po.shards = c == one_client.get() ? std::vector<std::string>{e0} : two.endpoints;
+      po.pull_part_bytes = part_bytes;
+      auto parts = PsClient::Connect(po);
+      ASSERT_TRUE(parts.ok()) << parts.status().ToString();
+      ASSERT_TRUE(
+          (*parts)->PullSparse("s", keys.data(), keys.size(), parted.data(), &vp).Wait().ok());
+      EXPECT_EQ(parted, whole) << part_bytes << " bytes a part, " << c->num_shards() << " shards";
+      EXPECT_EQ(vp, vw) << part_bytes << " bytes a part, " << c->num_shards() << " shards";
+    }
+    EXPECT_NE(whole[2 * 100], 0.0f) << "a pushed row reads as pushed";
+  }
 }
 
 TEST_P(ShardServerClientTest, PushDenseBatchMatchesOnePushPerTableAcrossShards) {
