@@ -53,6 +53,11 @@ StatusOr<PullResult> DenseTable::Pull(const PullRequest& req) {
     return InvalidArgument("table '" + spec_.name +
                            "' keeps no Polyak average; create it with polyak=true");
   }
+  if (req.count != 0 && (req.first > n_ || req.count > n_ - req.first)) {
+    return InvalidArgument("pull of " + std::to_string(req.count) + " elements from element " +
+                           std::to_string(req.first) + " of table '" + spec_.name +
+                           "': this shard holds " + std::to_string(n_));
+  }
   if (ssp_) ssp_->Touch(req.sender, req.now_ms);
   PullResult out;
   if (!LockUnlessNoWait(req.no_wait)) {
@@ -60,7 +65,12 @@ StatusOr<PullResult> DenseTable::Pull(const PullRequest& req) {
     return out;
   }
   out.version = version_;
-  out.values = req.averaged ? avg_ : w_;
+  const std::vector<float>& from = req.averaged ? avg_ : w_;
+  if (req.count == 0) {
+    out.values = from;
+  } else {
+    out.values.assign(from.begin() + req.first, from.begin() + req.first + req.count);
+  }
   if (rules_.needs_backup() && req.record_backup && !req.averaged) {
     backups_.Put(req.sender, w_);
   }

@@ -93,6 +93,9 @@ Frame Slice(const Frame& whole, size_t offset, size_t bytes) {
   return Frame(whole.holder(), whole.data() + offset, bytes);
 }
 
+// Most parts one pull is split into per shard (PsClientOptions::pull_part_bytes).
+constexpr uint64_t kMaxPullParts = 16;
+
 template <typename T>
 Frame CopyOf(const T* p, size_t n) {
   return Frame::FromVector(std::vector<T>(p, p + n));
@@ -502,16 +505,23 @@ void PsClientImpl::SendPush(std::unique_ptr<Pending> p, PushReply* reply,
 
 namespace {
 
-// Scatters a dense reply's frame 1 (shard `s`'s slices in tensor order) into `out`.
-Status ScatterDense(const TableMeta& m, uint32_t s, const Frames& f, float* out) {
-  const uint64_t want = m.layout->ElemsOf(s);
-  if (f.size() < 2 || f[1].CountOf<float>() != static_cast<int64_t>(want)) {
-    return ShapeMismatch("expected " + std::to_string(want) + " floats in the reply");
+// Scatters a dense reply's frame 1, elements [first, first + count) of shard `s`'s (its
+// slices concatenated in tensor order), into `out`. A reply of all the shard's elements
+// (a shard that reads no ranges) serves any range.
+Status ScatterDense(const TableMeta& m, uint32_t s, uint64_t first, uint64_t count, const Frames& f,
+                    float* out) {
+  const uint64_t all = m.layout->ElemsOf(s);
+  const int64_t got = f.size() < 2 ? -1 : f[1].CountOf<float>();
+  if (got != static_cast<int64_t>(count) && got != static_cast<int64_t>(all)) {
+    return ShapeMismatch("expected " + std::to_string(count) + " floats in the reply");
   }
-  const float* src = f[1].As<float>();
+  const float* src = f[1].As<float>() + (got == static_cast<int64_t>(count) ? 0 : first);
+  uint64_t at = 0;  // the shard's element where slice `sl` starts
   for (const DenseSlice& sl : m.layout->SlicesOf(s)) {
-    std::memcpy(out + sl.offset, src, sl.length * sizeof(float));
-    src += sl.length;
+    const uint64_t lo = std::max(at, first), hi = std::min(at + sl.length, first + count);
+    if (lo < hi)
+      std::memcpy(out + sl.offset + (lo - at), src + (lo - first), (hi - lo) * sizeof(float));
+    at += sl.length;
   }
   return Status::Ok();
 }
@@ -540,22 +550,49 @@ Ticket PsClientImpl::PullDense(const std::string& table, float* out, VersionVect
                                PullOptions opts, Callback done) {
   auto meta = Meta(table);
   if (!meta.ok()) return Failed(meta.status(), std::move(done));
-  if ((*meta)->spec.kind != TableKind::kDense) {
+  std::shared_ptr<const TableMeta> m = *meta;
+  if (m->spec.kind != TableKind::kDense) {
     return Failed(InvalidArgument("table '" + table + "' is sparse"), std::move(done));
   }
-  if (versions) versions->assign(num_shards(), 0);
   const uint32_t n = static_cast<uint32_t>(num_shards());
-  auto call = NewCall(static_cast<int>(n), std::move(done));
+  if (versions) versions->assign(n, 0);
+  // As a sparse pull: a shard's elements past pull_part_bytes go out as several ranges at
+  // once. Not for DC-ASGD tables, whose pull records the copy it read as a whole.
+  const bool whole = options_.pull_part_bytes == 0 || m->spec.staleness.rfind("dc_", 0) == 0;
+  auto per_part = [&](uint64_t elems) {
+    if (whole || elems * sizeof(float) <= options_.pull_part_bytes)
+      return std::max<uint64_t>(elems, 1);
+    return std::max({uint64_t{1}, options_.pull_part_bytes / sizeof(float),
+                     (elems + kMaxPullParts - 1) / kMaxPullParts});
+  };
+  int count = 0;
   for (uint32_t s = 0; s < n; ++s) {
-    auto p = NewPart(call, s, Op::kPullDense, table);
-    p->header.flags = PullFlags(opts);
-    std::shared_ptr<const TableMeta> m = *meta;
-    p->on_reply = [m, s, out, versions](const Header& h, const Frames& f) -> Status {
-      ONLINEPS_RETURN_IF_ERROR(ScatterDense(*m, s, f, out));
-      if (versions) (*versions)[s] = h.version;
-      return Status::Ok();
-    };
-    Send(std::move(p));
+    const uint64_t elems = m->layout->ElemsOf(s);
+    count +=
+        static_cast<int>(std::max<uint64_t>(1, (elems + per_part(elems) - 1) / per_part(elems)));
+  }
+  auto call = NewCall(count, std::move(done));
+  auto seen = std::make_shared<std::vector<uint8_t>>(n, 0);  // under reply_mu_, as for sparse
+  for (uint32_t s = 0; s < n; ++s) {
+    const uint64_t elems = m->layout->ElemsOf(s), per = per_part(elems);
+    for (uint64_t first = 0; first == 0 || first < elems; first += per) {
+      const uint64_t len = std::min(per, elems - first);
+      auto p = NewPart(call, s, Op::kPullDense, table);
+      p->header.flags = PullFlags(opts);
+      if (len < elems) p->header.shape = {first, len};
+      p->on_reply = [this, m, s, first, len, out, versions, seen](const Header& h,
+                                                                  const Frames& f) -> Status {
+        ONLINEPS_RETURN_IF_ERROR(ScatterDense(*m, s, first, len, f, out));
+        if (versions) {
+          MutexLock lock(&reply_mu_);
+          uint64_t& v = (*versions)[s];
+          v = (*seen)[s] ? std::min(v, h.version) : h.version;
+          (*seen)[s] = 1;
+        }
+        return Status::Ok();
+      };
+      Send(std::move(p));
+    }
   }
   return Ticket(call);
 }
@@ -615,7 +652,7 @@ Ticket PsClientImpl::PushDense(const std::string& table, Frame values, const Ver
     std::function<Status(const Header&, const Frames&)> values;
     if (opts.updated) {
       values = [m = *meta, s, out = opts.updated](const Header&, const Frames& f) {
-        return ScatterDense(*m, s, f, out);
+        return ScatterDense(*m, s, 0, m->layout->ElemsOf(s), f, out);
       };
     }
     SendPush(std::move(p), reply, std::move(values));
@@ -670,7 +707,9 @@ Ticket PsClientImpl::PushDenseBatch(std::vector<DensePush> pushes, Callback done
         const DensePush& p = (*batch)[i];
         auto sh = DecodeHeader(sub[0].data(), sub[0].size());
         Status st = sh.ok() ? ReplyStatus(*sh) : sh.status();
-        if (st.ok() && p.opts.updated) st = ScatterDense(*(*metas)[i], s, sub, p.opts.updated);
+        if (st.ok() && p.opts.updated)
+          st = ScatterDense(*(*metas)[i], s, 0, (*metas)[i]->layout->ElemsOf(s), sub,
+                            p.opts.updated);
         if (st.ok()) {
           FillPushReply(p.reply, s, *sh);
         } else if (first.ok()) {
@@ -729,7 +768,6 @@ Ticket PsClientImpl::PullSparse(const std::string& table, const uint64_t* keys, 
   // shard reads part k + 1 while part k is on the wire and the client copies out part
   // k - 1. Each shard's version is the oldest its parts read.
   // At most kMaxPullParts parts per shard, however large the pull.
-  constexpr size_t kMaxPullParts = 16;
   const size_t rows_per_part =
       options_.pull_part_bytes == 0
           ? n

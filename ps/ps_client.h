@@ -30,10 +30,11 @@ struct PsClientOptions {
   uint64_t sender_id = 0;
   std::chrono::milliseconds timeout{5000};          // whole call, all attempts
   std::chrono::milliseconds attempt_timeout{1000};  // one attempt before it is resent
-  // A sparse pull whose rows for one shard exceed this many bytes is sent as several parts
-  // at once (at most 16 per shard), so the shard's reads, the transfer and the client's
-  // copy-out overlap; each shard's version is then the oldest its parts read. 0: one part
-  // per shard.
+  // A pull whose rows (sparse) or elements (dense) for one shard exceed this many bytes
+  // goes out as several parts at once (at most 16 per shard), so the shard's reads, the
+  // transfer and the client's copy-out overlap; each shard's version is then the oldest
+  // its parts read. DC-ASGD tables' dense pulls stay whole (they record the copy read).
+  // 0: one part per shard.
   size_t pull_part_bytes = size_t{256} << 10;
   TransportOptions transport;
 };

@@ -627,6 +627,13 @@ Status ShardServer::Pull(const Header& h, const Frames& frames, Table& t, Header
     }
     req.keys = frames[1].As<uint64_t>();
     ONLINEPS_RETURN_IF_ERROR(CheckKeysOwned(h.table, req.keys, req.num_keys));
+  } else if (h.shape.size() == 2) {  // a range of this shard's elements: {first, count}
+    if (h.shape[1] == 0) return InvalidArgument("dense pull of an empty range (count 0)");
+    req.first = h.shape[0];
+    req.count = h.shape[1];
+  } else if (!h.shape.empty()) {
+    return InvalidArgument("dense pull shape must be empty (all) or {first, count}, got " +
+                           std::to_string(h.shape.size()) + " numbers");
   }
   req.sender = h.sender;
   req.averaged = h.flags & kFlagAveraged;

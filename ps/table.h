@@ -21,6 +21,8 @@ struct PullRequest {
   uint64_t sender = 0;
   const uint64_t* keys = nullptr;  // sparse: ids to read
   size_t num_keys = 0;
+  // Dense: read only elements [first, first + count) of this shard's (count 0: all).
+  uint64_t first = 0, count = 0;
   bool averaged = false;      // read the Polyak-averaged copy
   bool record_backup = true;  // DC-ASGD: remember what this sender read
   uint64_t now_ms = 0;        // monotonic clock, for TTL and SSP leases
@@ -31,7 +33,7 @@ struct PullRequest {
 
 struct PullResult {
   uint64_t version = 0;
-  std::vector<float> values;  // dense: this shard's elements; sparse: num_keys * dim
+  std::vector<float> values;  // dense: this shard's elements (or the range); sparse: num_keys * dim
   bool would_block = false;   // no_wait and a lock was taken: nothing read
 };
 

@@ -572,6 +572,29 @@ TEST_P(ShardServerTest, WrongOpForTableKindIsInvalidArgument) {
   ExpectStillServing();
 }
 
+// A dense pull of a range {first, count} of the shard's elements reads just those; a range
+// past the end, an empty one or a shape of another length is refused, naming the problem.
+TEST_P(ShardServerTest, DensePullOfARangeReadsItAndBadRangesAreRefused) {
+  Header h = Request(Op::kPullDense, "d");
+  h.shape = {2, 3};
+  auto r = raw_->Call({HeaderFrame(h)});
+  ASSERT_TRUE(r.has_value());
+  ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  EXPECT_EQ(r->first.version, 1u);
+  ASSERT_EQ(r->second.size(), 2u);
+  ASSERT_EQ(r->second[1].CountOf<float>(), 3);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r->second[1].As<float>()[i], -kDenseG0[2 + i]) << i;
+  h.shape = {4, 3};
+  ExpectError({HeaderFrame(h)}, StatusCode::kInvalidArgument, "this shard holds 6");
+  h.shape = {~uint64_t{0}, 2};
+  ExpectError({HeaderFrame(h)}, StatusCode::kInvalidArgument, "this shard holds 6");
+  h.shape = {1, 0};
+  ExpectError({HeaderFrame(h)}, StatusCode::kInvalidArgument, "empty range");
+  h.shape = {1};
+  ExpectError({HeaderFrame(h)}, StatusCode::kInvalidArgument, "{first, count}");
+  ExpectStillServing();
+}
+
 TEST_P(ShardServerTest, SamePushSentThreeTimesIsAppliedOnce) {
   const std::vector<float> g = {10, 20, 30, 40, 50, 60};
   for (int i = 0; i < 3; ++i) {
@@ -1321,6 +1344,29 @@ TEST_P(ShardServerClientTest, PullInPartsReadsWhatOneWholePullReads) {
       EXPECT_EQ(vp, vw) << part_bytes << " bytes a part, " << c->num_shards() << " shards";
     }
     EXPECT_NE(whole[2 * 100], 0.0f) << "a pushed row reads as pushed";
+  }
+  // Dense: 1.1 M floats, five slices of 220,000 (256 Ki at most), so a shard of two holds
+  // two or three; pulled in 16 ranges a shard (the most), which cut across the slices.
+  for (PsClient* c : {two.client.get(), one_client.get()}) {
+    TableSpec dense = DenseSpec();
+    dense.shape = {1100000};
+    ASSERT_TRUE(c->CreateTable(dense).ok());
+    std::vector<float> g(1100000);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i % 17);
+    ASSERT_TRUE(c->PushDense("d", g.data(), {}, nullptr).Wait().ok());
+    ASSERT_TRUE(c->PushDense("d", g.data(), {}, nullptr).Wait().ok());
+    std::vector<float> parted(g.size(), 99.0f);
+    VersionVector vp;
+    PsClientOptions po;
+    po.shards = c == one_client.get() ? std::vector<std::string>{e0} : two.endpoints;
+    po.pull_part_bytes = 1000;  // 250 floats a part, but at most 16 parts a shard
+    auto parts = PsClient::Connect(po);
+    ASSERT_TRUE(parts.ok()) << parts.status().ToString();
+    ASSERT_TRUE((*parts)->PullDense("d", parted.data(), &vp).Wait().ok());
+    for (size_t i = 0; i < g.size(); ++i) {
+      ASSERT_EQ(parted[i], -2.0f * g[i]) << i << ", " << c->num_shards() << " shards";
+    }
+    EXPECT_EQ(vp, VersionVector(c->num_shards(), 2));
   }
 }
 
