@@ -552,6 +552,12 @@ void ReplicaCore::FollowerTick(uint64_t now, size_t m, Follower& f) {
              now - f.last_ack_ms > 2 * config_.follower_timeout_ms) {
     f.state = FollowState::kProbe;  // a silent catching-up backup no longer pins the log
   }
+  if (f.joining && (f.want || f.state != FollowState::kStream)) f.joining = false;
+  if (f.joining && now - f.join_ms > config_.follower_timeout_ms) {
+    spdlog::warn("replica {}: backup {} did not catch up in {} ms; commits no longer wait for it",
+                 config_.index, m, now - f.join_ms);
+    f.joining = false;
+  }
   if (f.state == FollowState::kStream) {
     const uint64_t first = log_.empty() ? lsn_ + 1 : log_.front().lsn;
     if (f.next < first) return RequestSnapshot(now, m, f);  // the entries it needs are gone
@@ -579,6 +585,7 @@ void ReplicaCore::RequestSnapshot(uint64_t now, size_t m, Follower& f) {
   f.snapshot_rx = 0;
   f.state = FollowState::kSnapshot;
   f.want = false;
+  f.joining = false;
   f.awaiting_load = false;
   f.snapshot_token = next_token_++;
   f.pin = lsn_;
@@ -710,6 +717,17 @@ void ReplicaCore::OnReply(uint64_t now, size_t m, const Header& r) {
         f.acked = lsn;
         f.progress_ms = now;
       }
+      if (!f.want && !f.joining && config_.sync && lsn_ - f.acked <= config_.window &&
+          (f.join_ms == 0 || now - f.join_ms >= 2 * config_.follower_timeout_ms)) {
+        // Under a steady stream of updates the commit point moves on as fast as the backup
+        // applies, so an ack that reaches it is a matter of luck (seconds under saturating
+        // writers). Counted from now on, commits wait for it and it reaches them within a
+        // window; it joins the ISR only then, so the ISR still holds every acknowledged
+        // update. One that fails to within follower_timeout_ms stops holding commits, and
+        // tries again only after as long again.
+        f.joining = true;
+        f.join_ms = now;
+      }
       if (!f.want && f.acked >= committed_) {
         f.want = true;  // counted for commits from now on; added to the ISR next
         spdlog::info("replica {}: backup {} caught up at lsn {}; adding it to the ISR",
@@ -722,7 +740,7 @@ void ReplicaCore::OnReply(uint64_t now, size_t m, const Header& r) {
 
 bool ReplicaCore::Counted(size_t m) const {
   const Follower& f = followers_[m];
-  if (f.want) return true;
+  if (f.want || (f.joining && f.state == FollowState::kStream)) return true;
   if (!f.inc_known) return false;
   const Member me{static_cast<uint32_t>(m), f.inc};
   return std::find(isr_.begin(), isr_.end(), me) != isr_.end() ||

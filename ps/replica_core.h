@@ -191,6 +191,10 @@ class ReplicaCore {
     uint64_t snapshot_token = 0, snapshot_at = 0, snapshot_bytes = 0, snapshot_rx = 0;
     bool awaiting_load = false;  // a snapshot was sent; acks before its load are stale
     bool want = false;           // should be in the ISR (counted for commits from now on)
+    // Streaming within a window of the log, not in the ISR yet: counted for commits, so
+    // that they wait for it and it can reach them (see OnReply).
+    bool joining = false;
+    uint64_t join_ms = 0;  // when it started joining
   };
   struct Entry {
     uint64_t lsn;

@@ -165,6 +165,8 @@ class Sim {
 
   void FaultLoop();
   void Heal();
+  void RestartBackup();
+  void WatchResync(int i, uint64_t inc, uint64_t since);
   std::vector<std::pair<int, uint64_t>> EtcdIsr() const;
   void CheckAcked(const std::vector<uint64_t>& ids, const std::string& when);
   void FinalCheck();
@@ -373,7 +375,7 @@ void Sim::Process(int to, int from, uint64_t from_gen, Frames frames) {
   if (action == ReplicaCore::Action::kReply) return reply_to(reply);
   n.busy = true;
   const uint64_t gen = n.gen;
-  At(now_ + Rand(4), to, [this, to, gen, header = *h, frames, action, reply_to] {
+  At(now_ + Rand(o_.backup_apply_ms), to, [this, to, gen, header = *h, frames, action, reply_to] {
     Node& m = *nodes_[to];
     if (!m.alive || m.gen != gen) return;
     Status st;
@@ -540,7 +542,7 @@ void Sim::OnClientReply(int c, uint64_t attempt, const Header& reply) {
     if (!faulting_) acks_after_heal_++;
     if (!o_.unsafe_kills) CheckAcked({id}, "on acknowledgement");
     cl.inflight = false;
-    At(now_ + Rand(15), -1, [this, c] {
+    At(now_ + Rand(o_.think_ms), -1, [this, c] {
       Client& x = clients_[c];
       if (!pushing_ || x.inflight) return;
       x.seq++;
@@ -673,6 +675,33 @@ void Sim::Heal() {
   }
 }
 
+void Sim::RestartBackup() {
+  for (int i = 0; i < n_; ++i) {
+    Node& n = *nodes_[i];
+    if (!n.alive || !n.core || n.core->primary()) continue;
+    KillNode(i, "scripted: a backup restarted empty");
+    result_.restarts++;
+    StartNode(i, false);
+    WatchResync(i, n.inc, now_);
+    return;
+  }
+  Fail("no live backup to restart");
+}
+
+void Sim::WatchResync(int i, uint64_t inc, uint64_t since) {
+  const Node& n = *nodes_[i];
+  if (!n.alive || n.inc != inc) return;
+  for (const auto& [j, isr_inc] : EtcdIsr()) {
+    if (j == i && isr_inc == inc) {
+      result_.resync_ms = now_ - since;
+      Log("replica " + std::to_string(i) + " back in the ISR after " +
+          std::to_string(result_.resync_ms) + " ms");
+      return;
+    }
+  }
+  At(now_ + 5, -1, [this, i, inc, since] { WatchResync(i, inc, since); });
+}
+
 void Sim::FinalCheck() {
   int primary = -1;
   const KvEntry* leader = etcd_.Get(std::string(kGroup) + "leader");
@@ -717,6 +746,7 @@ SimResult Sim::Run() {
     At(Rand(100), -1, [this, c] { ClientSend(c); });
   }
   if (o_.faults) At(3000 + Rand(3000), -1, [this] { FaultLoop(); });
+  if (o_.restart_backup_at_ms != 0) At(o_.restart_backup_at_ms, -1, [this] { RestartBackup(); });
   At(o_.fault_ms, -1, [this] { Heal(); });
   At(o_.fault_ms + o_.settle_ms, -1, [this] { pushing_ = false; });
   for (uint64_t t = 1000; t < o_.fault_ms + o_.settle_ms; t += 1000) {

@@ -33,7 +33,10 @@ struct SimOptions {
   int clients = 3;
   bool faults = true;
   bool unsafe_kills = false;
-  bool verbose = false;  // log every event (stderr)
+  bool verbose = false;               // log every event (stderr)
+  uint64_t think_ms = 15;             // a client waits up to this long before its next push
+  uint64_t backup_apply_ms = 4;       // a backup applies a replicated update in up to this long
+  uint64_t restart_backup_at_ms = 0;  // kill -9 a backup then and restart it empty (0: never)
 };
 
 struct SimResult {
@@ -45,6 +48,8 @@ struct SimResult {
   uint64_t messages = 0, dropped = 0;
   uint64_t lost = 0;  // acknowledged but not in the final state (unsafe_kills only)
   uint64_t end_ms = 0;
+  // From restart_backup_at_ms to that backup's new incarnation in the ISR (0: never).
+  uint64_t resync_ms = 0;
   std::string Summary() const;
 };
 
