@@ -728,7 +728,11 @@ void ReplicaCore::OnReply(uint64_t now, size_t m, const Header& r) {
         f.joining = true;
         f.join_ms = now;
       }
-      if (!f.want && f.acked >= committed_) {
+      // Async mode: the commit point is the primary's last entry, which a backup under
+      // steady writes reaches only by luck; an acknowledged update not yet streamed is
+      // lost on failover there anyway, so a backup streaming within a window joins.
+      if (!f.want &&
+          (f.acked >= committed_ || (!config_.sync && lsn_ - f.acked <= config_.window))) {
         f.want = true;  // counted for commits from now on; added to the ISR next
         spdlog::info("replica {}: backup {} caught up at lsn {}; adding it to the ISR",
                      config_.index, m, f.acked);
