@@ -187,7 +187,7 @@ class PsClientImpl : public PsClient {
 
   Mutex meta_mu_;
   std::map<std::string, std::shared_ptr<const TableMeta>> meta_ GUARDED_BY(meta_mu_);
-  Mutex reply_mu_;  // serializes PushReply updates from different shards
+  Mutex reply_mu_;  // serializes PushReply and pull version updates from different parts
 };
 
 Status PsClientImpl::Start() {
@@ -562,7 +562,7 @@ Ticket PsClientImpl::PullDense(const std::string& table, float* out, VersionVect
   auto per_part = [&](uint64_t elems) {
     if (whole || elems * sizeof(float) <= options_.pull_part_bytes)
       return std::max<uint64_t>(elems, 1);
-    return std::max({uint64_t{1}, options_.pull_part_bytes / sizeof(float),
+    return std::max({uint64_t{1}, uint64_t{options_.pull_part_bytes / sizeof(float)},
                      (elems + kMaxPullParts - 1) / kMaxPullParts});
   };
   int count = 0;
@@ -760,10 +760,10 @@ Ticket PsClientImpl::PullSparse(const std::string& table, const uint64_t* keys, 
   auto meta = Meta(table);
   auto dim = SparseDim(meta, table);
   if (!dim.ok()) return Failed(dim.status(), std::move(done));
-  if (n == 0) return Failed(Status::Ok(), std::move(done));
   const uint32_t shards = static_cast<uint32_t>(num_shards());
   const uint32_t d = *dim;
   if (versions) versions->assign(shards, 0);
+  if (n == 0) return Failed(Status::Ok(), std::move(done));
   // A large pull goes out in parts of at most pull_part_bytes of rows, all at once: the
   // shard reads part k + 1 while part k is on the wire and the client copies out part
   // k - 1. Each shard's version is the oldest its parts read.
@@ -772,7 +772,7 @@ Ticket PsClientImpl::PullSparse(const std::string& table, const uint64_t* keys, 
       options_.pull_part_bytes == 0
           ? n
           : std::max({size_t{1}, options_.pull_part_bytes / (size_t{d} * sizeof(float)),
-                      (n + kMaxPullParts - 1) / kMaxPullParts});
+                      static_cast<size_t>((n + kMaxPullParts - 1) / kMaxPullParts)});
   struct Parts {
     ShardGroups groups;         // empty with one shard: key i is row i
     std::vector<uint8_t> seen;  // per shard: a part's version was taken (under reply_mu_)

@@ -629,6 +629,11 @@ Status ShardServer::Pull(const Header& h, const Frames& frames, Table& t, Header
     ONLINEPS_RETURN_IF_ERROR(CheckKeysOwned(h.table, req.keys, req.num_keys));
   } else if (h.shape.size() == 2) {  // a range of this shard's elements: {first, count}
     if (h.shape[1] == 0) return InvalidArgument("dense pull of an empty range (count 0)");
+    if (RecordsBackup(h, t)) {
+      return InvalidArgument("table '" + h.table +
+                             "' is DC-ASGD: its pull records the copy read, so pull it whole "
+                             "(or with NO_BACKUP)");
+    }
     req.first = h.shape[0];
     req.count = h.shape[1];
   } else if (!h.shape.empty()) {

@@ -592,6 +592,21 @@ TEST_P(ShardServerTest, DensePullOfARangeReadsItAndBadRangesAreRefused) {
   ExpectError({HeaderFrame(h)}, StatusCode::kInvalidArgument, "empty range");
   h.shape = {1};
   ExpectError({HeaderFrame(h)}, StatusCode::kInvalidArgument, "{first, count}");
+  // A DC-ASGD table's pull records the copy read as the sender's backup: whole only,
+  // unless it records none.
+  TableSpec dc = DenseSpec();
+  dc.name = "dc";
+  dc.staleness = "dc_constant";
+  Header c = Request(Op::kCreateTable, "dc");
+  c.spec = EncodeSpec(dc);
+  ASSERT_EQ(raw_->Call({HeaderFrame(c)})->first.code, StatusCode::kOk);
+  Header p = Request(Op::kPullDense, "dc");
+  p.shape = {0, 2};
+  ExpectError({HeaderFrame(p)}, StatusCode::kInvalidArgument, "DC-ASGD");
+  p.flags = kFlagNoBackup;
+  auto ok = raw_->Call({HeaderFrame(p)});
+  ASSERT_TRUE(ok.has_value());
+  EXPECT_EQ(ok->first.code, StatusCode::kOk) << ok->first.message;
   ExpectStillServing();
 }
 
