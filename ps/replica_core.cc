@@ -12,6 +12,9 @@ namespace {
 // Flags of replication messages (their own ops, so no clash with request flags).
 constexpr uint32_t kFlagSteppingDown = 1u << 1;  // primary -> backups: re-read etcd now
 constexpr uint32_t kFlagLeaving = 1u << 2;       // backup -> primary (kReplStatus): I stop
+// A re-syncing backup starts holding commits (joining) only this close to the primary:
+// the entries after its ack fit in this many bytes, which it applies in milliseconds.
+constexpr size_t kJoinBytes = size_t{16} << 20;
 
 std::string Hex(uint64_t v) { return IncarnationHex(v); }
 uint64_t FromHex(const std::string& s) { return ParseIncarnation(s); }
@@ -553,9 +556,18 @@ void ReplicaCore::FollowerTick(uint64_t now, size_t m, Follower& f) {
     f.state = FollowState::kProbe;  // a silent catching-up backup no longer pins the log
   }
   if (f.joining && (f.want || f.state != FollowState::kStream)) f.joining = false;
-  if (f.joining && now - f.join_ms > config_.follower_timeout_ms) {
-    spdlog::warn("replica {}: backup {} did not catch up in {} ms; commits no longer wait for it",
-                 config_.index, m, now - f.join_ms);
+  // A joining backup holds every commit: it must keep acknowledging, and reach the commit
+  // point within the follower timeout. Else commits go on without it, and it tries again
+  // after twice as long as the time before (from 2x the follower timeout, at most 32x).
+  if (f.joining && (now - f.join_ms > config_.follower_timeout_ms ||
+                    now - f.progress_ms > 4 * config_.heartbeat_ms)) {
+    f.join_wait_ms = f.join_wait_ms == 0
+                         ? 2 * config_.follower_timeout_ms
+                         : std::min(2 * f.join_wait_ms, 32 * config_.follower_timeout_ms);
+    spdlog::warn(
+        "replica {}: backup {} did not catch up in {} ms (last progress {} ms ago); commits "
+        "no longer wait for it; it tries again in {} ms",
+        config_.index, m, now - f.join_ms, now - f.progress_ms, f.join_wait_ms);
     f.joining = false;
   }
   if (f.state == FollowState::kStream) {
@@ -718,13 +730,13 @@ void ReplicaCore::OnReply(uint64_t now, size_t m, const Header& r) {
         f.progress_ms = now;
       }
       if (!f.want && !f.joining && config_.sync && lsn_ - f.acked <= config_.window &&
-          (f.join_ms == 0 || now - f.join_ms >= 2 * config_.follower_timeout_ms)) {
+          BytesAfter(f.acked) <= kJoinBytes &&
+          (f.join_ms == 0 || now - f.join_ms >= f.join_wait_ms)) {
         // Under a steady stream of updates the commit point moves on as fast as the backup
         // applies, so an ack that reaches it is a matter of luck (seconds under saturating
         // writers). Counted from now on, commits wait for it and it reaches them within a
-        // window; it joins the ISR only then, so the ISR still holds every acknowledged
-        // update. One that fails to within follower_timeout_ms stops holding commits, and
-        // tries again only after as long again.
+        // window (of entries and bytes); it joins the ISR only then, so the ISR still holds
+        // every acknowledged update. FollowerTick ends a join that stalls.
         f.joining = true;
         f.join_ms = now;
       }
@@ -734,6 +746,7 @@ void ReplicaCore::OnReply(uint64_t now, size_t m, const Header& r) {
       if (!f.want &&
           (f.acked >= committed_ || (!config_.sync && lsn_ - f.acked <= config_.window))) {
         f.want = true;  // counted for commits from now on; added to the ISR next
+        f.join_ms = f.join_wait_ms = 0;
         spdlog::info("replica {}: backup {} caught up at lsn {}; adding it to the ISR",
                      config_.index, m, f.acked);
       }
@@ -744,7 +757,19 @@ void ReplicaCore::OnReply(uint64_t now, size_t m, const Header& r) {
 
 bool ReplicaCore::Counted(size_t m) const {
   const Follower& f = followers_[m];
-  if (f.want || (f.joining && f.state == FollowState::kStream)) return true;
+  return (f.joining && f.state == FollowState::kStream) || InSync(m);
+}
+
+size_t ReplicaCore::BytesAfter(uint64_t lsn) const {
+  size_t bytes = 0;
+  const uint64_t first = log_.empty() ? lsn_ + 1 : log_.front().lsn;
+  for (size_t i = lsn < first ? 0 : lsn + 1 - first; i < log_.size(); ++i) bytes += log_[i].bytes;
+  return bytes;
+}
+
+bool ReplicaCore::InSync(size_t m) const {
+  const Follower& f = followers_[m];
+  if (f.want) return true;
   if (!f.inc_known) return false;
   const Member me{static_cast<uint32_t>(m), f.inc};
   return std::find(isr_.begin(), isr_.end(), me) != isr_.end() ||
@@ -1148,7 +1173,7 @@ ReplicaStats ReplicaCore::Stats() const {
   s.committed = role_ == Role::kPrimary ? committed_ : lsn_;
   s.isr_size = static_cast<uint32_t>(role_ == Role::kPrimary ? isr_.size() : view_.isr.size());
   for (size_t m = 0; m < followers_.size(); ++m) {
-    if (m != config_.index && role_ == Role::kPrimary && Counted(m)) s.in_sync_backups++;
+    if (m != config_.index && role_ == Role::kPrimary && InSync(m)) s.in_sync_backups++;
   }
   return s;
 }

@@ -194,7 +194,8 @@ class ReplicaCore {
     // Streaming within a window of the log, not in the ISR yet: counted for commits, so
     // that they wait for it and it can reach them (see OnReply).
     bool joining = false;
-    uint64_t join_ms = 0;  // when it started joining
+    uint64_t join_ms = 0;       // when it last started joining (0: never, or it joined)
+    uint64_t join_wait_ms = 0;  // after a failed join, the wait before the next (doubles)
   };
   struct Entry {
     uint64_t lsn;
@@ -243,7 +244,12 @@ class ReplicaCore {
   // Whether a backup at (log_epoch, lsn) holds a prefix of this primary's history that
   // the stream can continue.
   bool Consistent(uint64_t log_epoch, uint64_t lsn) const;
+  // In the ISR, or to be added to it: what the primary reports as an in-sync backup.
+  bool InSync(size_t m) const;
+  // Counted for commits: in sync, or joining (a re-syncing backup that commits wait for).
   bool Counted(size_t m) const;
+  // Bytes of the log entries after `lsn` (all, if it is before the log's first).
+  size_t BytesAfter(uint64_t lsn) const;
   uint64_t CommitLsn() const;
   void ReleaseCommitted();
   void StepDown(uint64_t now, const std::string& why);
