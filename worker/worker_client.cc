@@ -6,6 +6,7 @@
 
 #include "common/await.h"
 #include "common/rpc_calls.h"
+#include "worker/msgpack_json.h"
 
 namespace onlineps::worker {
 namespace {
@@ -125,9 +126,13 @@ class WorkerClientImpl : public WorkerClient {
     Status st = ReplyStatus(*h);
     json body = json::object();
     if (st.ok() && frames.size() > 1) {
-      const auto* b = reinterpret_cast<const uint8_t*>(frames[1].data());
-      body = json::from_msgpack(b, b + frames[1].size(), true, false);
-      if (body.is_discarded()) st = Malformed("reply body is not msgpack");
+      auto decoded =
+          MsgpackToJson(reinterpret_cast<const uint8_t*>(frames[1].data()), frames[1].size());
+      if (decoded.ok()) {
+        body = std::move(decoded).value();
+      } else {
+        st = Malformed("reply body is not msgpack: " + decoded.status().message());
+      }
     }
     if (st.ok()) {
       p->done(std::move(body));

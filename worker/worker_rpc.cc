@@ -8,6 +8,7 @@
 #include "common/json_depth.h"
 #include "worker/body_scan.h"
 #include "worker/examples.h"
+#include "worker/msgpack_json.h"
 
 namespace onlineps::worker {
 namespace {
@@ -172,10 +173,9 @@ Status CheckBody(const void* data, size_t size, const RequestLimits& limits,
 StatusOr<json> DecodeBody(const void* data, size_t size, const RequestLimits& limits) {
   if (size == 0) return json::object();
   ONLINEPS_RETURN_IF_ERROR(CheckBody(data, size, limits));
-  const auto* p = static_cast<const uint8_t*>(data);
-  json body = json::from_msgpack(p, p + size, /*strict=*/true, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return Malformed("body is not valid msgpack");
-  if (!body.is_object()) return Malformed("body must be a msgpack map");
+  auto body = MsgpackToJson(static_cast<const uint8_t*>(data), size, kMaxBodyDepth);
+  if (!body.ok()) return Malformed("body is not valid msgpack: " + body.status().message());
+  if (!body->is_object()) return Malformed("body must be a msgpack map");
   return body;
 }
 
