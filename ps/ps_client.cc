@@ -139,7 +139,11 @@ class PsClientImpl : public PsClient {
                     Callback done) override;
   Ticket PushSparse(const std::string& table, Frame keys, Frame values, const VersionVector& base,
                     PushReply* reply, PushOptions opts, Callback done) override;
-  Ticket PushDenseBatch(std::vector<DensePush> pushes, Callback done) override;
+  Ticket PushDenseBatch(std::vector<DensePush> pushes, Callback done) override {
+    return PushBatch(std::move(pushes), {}, std::move(done));
+  }
+  Ticket PushBatch(std::vector<DensePush> dense, std::vector<SparsePush> sparse,
+                   Callback done) override;
   Ticket Watch(size_t shard, const std::map<std::string, uint64_t>& known,
                std::chrono::milliseconds wait, WatchReply* reply, Callback done) override;
 
@@ -660,73 +664,6 @@ Ticket PsClientImpl::PushDense(const std::string& table, Frame values, const Ver
   return Ticket(call);
 }
 
-Ticket PsClientImpl::PushDenseBatch(std::vector<DensePush> pushes, Callback done) {
-  if (pushes.empty()) return Failed(Status::Ok(), std::move(done));
-  const uint32_t n = static_cast<uint32_t>(num_shards());
-  auto metas = std::make_shared<std::vector<std::shared_ptr<const TableMeta>>>();
-  for (DensePush& p : pushes) {
-    auto meta = Meta(p.table);
-    if (!meta.ok()) return Failed(meta.status(), std::move(done));
-    Status st = CheckDensePush(**meta, p.table, p.values);
-    if (st.ok() && HoldsReplies((*meta)->spec)) {
-      st = InvalidArgument("table '" + p.table +
-                           "' holds replies (block bound mode): push it with PushDense");
-    } else if (st.ok() && (p.opts.sender != 0 || p.opts.seq != 0)) {
-      st = InvalidArgument("push to '" + p.table + "' with a fixed (sender, seq) goes alone");
-    }
-    if (!st.ok()) return Failed(st, std::move(done));
-    metas->push_back(*std::move(meta));
-    if (p.reply) *p.reply = PushReply{std::vector<uint64_t>(n), std::vector<uint64_t>(n)};
-  }
-  auto batch = std::make_shared<const std::vector<DensePush>>(std::move(pushes));
-  auto call = NewCall(static_cast<int>(n), std::move(done));
-  for (uint32_t s = 0; s < n; ++s) {
-    auto part = NewPart(call, s, Op::kPushBatch, "");
-    for (size_t i = 0; i < batch->size(); ++i) {
-      const DensePush& p = (*batch)[i];
-      const TableMeta& m = *(*metas)[i];
-      Header sub = NewHeader(Op::kPushDense, p.table);
-      sub.seq = ++seq_[s];  // fixed now: a resend of the message carries the same seqs
-      sub.base_version = s < p.base.size() ? p.base[s] : 0;
-      sub.flags = PushFlags(p.opts);
-      sub.shape = {m.layout->ElemsOf(s)};
-      part->header.shape.push_back(2);
-      part->payload.push_back(Frame::FromString(EncodeHeader(sub)));
-      part->payload.push_back(ShardSlices(m, s, p.values));
-    }
-    part->on_reply = [this, batch, metas, s](const Header& h, const Frames& f) -> Status {
-      if (h.shape.size() != batch->size()) {
-        return Malformed("push_batch reply answers " + std::to_string(h.shape.size()) +
-                         " sub-pushes, " + std::to_string(batch->size()) + " were sent");
-      }
-      StatusOr<std::vector<Frames>> subs = SplitFrameGroups(h.shape, f);
-      if (!subs.ok()) return subs.status().WithContext("push_batch reply");
-      Status first;
-      for (size_t i = 0; i < batch->size(); ++i) {
-        const Frames& sub = (*subs)[i];
-        const DensePush& p = (*batch)[i];
-        auto sh = DecodeHeader(sub[0].data(), sub[0].size());
-        Status st = sh.ok() ? ReplyStatus(*sh) : sh.status();
-        if (st.ok() && p.opts.updated)
-          st = ScatterDense(*(*metas)[i], s, 0, (*metas)[i]->layout->ElemsOf(s), sub,
-                            p.opts.updated);
-        if (st.ok()) {
-          FillPushReply(p.reply, s, *sh);
-        } else if (first.ok()) {
-          first = st.WithContext("push_dense '" + p.table + "'");
-        }
-      }
-      return first;
-    };
-    Send(std::move(part));
-  }
-  return Ticket(call);
-}
-
-}  // namespace
-
-namespace {
-
 // Keys of one call grouped by shard, remembering each key's position in the call.
 struct ShardGroups {
   std::vector<std::vector<uint64_t>> keys;
@@ -744,6 +681,147 @@ ShardGroups GroupKeys(const uint64_t* keys, size_t n, uint32_t shards) {
   }
   return g;
 }
+
+Ticket PsClientImpl::PushBatch(std::vector<DensePush> dense, std::vector<SparsePush> sparse,
+                               Callback done) {
+  if (dense.empty() && sparse.empty()) return Failed(Status::Ok(), std::move(done));
+  const uint32_t n = static_cast<uint32_t>(num_shards());
+  // Every table checked before anything is sent; the meta of dense pushes, then sparse.
+  auto metas = std::make_shared<std::vector<std::shared_ptr<const TableMeta>>>();
+  auto check = [&](const std::string& table, const PushOptions& opts, PushReply* reply,
+                   const std::function<Status(const TableMeta&)>& shape) -> Status {
+    auto meta = Meta(table);
+    if (!meta.ok()) return meta.status();
+    Status st = shape(**meta);
+    if (st.ok() && HoldsReplies((*meta)->spec)) {
+      st = InvalidArgument("table '" + table + "' holds replies (block bound mode): push it alone");
+    } else if (st.ok() && (opts.sender != 0 || opts.seq != 0)) {
+      st = InvalidArgument("push to '" + table + "' with a fixed (sender, seq) goes alone");
+    }
+    if (!st.ok()) return st;
+    metas->push_back(*std::move(meta));
+    if (reply) *reply = PushReply{std::vector<uint64_t>(n), std::vector<uint64_t>(n)};
+    return Status::Ok();
+  };
+  for (DensePush& p : dense) {
+    Status st = check(p.table, p.opts, p.reply,
+                      [&](const TableMeta& m) { return CheckDensePush(m, p.table, p.values); });
+    if (!st.ok()) return Failed(st, std::move(done));
+  }
+  for (SparsePush& p : sparse) {
+    Status st = check(p.table, p.opts, p.reply, [&](const TableMeta& m) -> Status {
+      if (m.spec.kind != TableKind::kSparse) {
+        return InvalidArgument("table '" + p.table + "' is dense");
+      }
+      if (p.values.size() != p.keys.size() * m.spec.dim) {
+        return InvalidArgument("push to '" + p.table + "': " + std::to_string(p.keys.size()) +
+                               " keys need " + std::to_string(p.keys.size() * m.spec.dim) +
+                               " values (dim " + std::to_string(m.spec.dim) + "), not " +
+                               std::to_string(p.values.size()));
+      }
+      return Status::Ok();
+    });
+    if (!st.ok()) return Failed(st, std::move(done));
+  }
+  // Sparse rows by shard, each row's position in its push kept for RETURN_VALUES.
+  auto groups = std::make_shared<std::vector<ShardGroups>>();
+  for (const SparsePush& p : sparse) groups->push_back(GroupKeys(p.keys.data(), p.keys.size(), n));
+  auto batch_dense = std::make_shared<const std::vector<DensePush>>(std::move(dense));
+  auto batch_sparse = std::make_shared<const std::vector<SparsePush>>(std::move(sparse));
+  // Sub-push i of shard s's message: dense table i (i < dense count), or sparse table
+  // i - dense count; a shard gets the sparse tables it owns rows of.
+  std::vector<std::vector<size_t>> subs(n);
+  for (uint32_t s = 0; s < n; ++s) {
+    for (size_t i = 0; i < batch_dense->size(); ++i) subs[s].push_back(i);
+    for (size_t j = 0; j < batch_sparse->size(); ++j) {
+      if (!(*groups)[j].keys[s].empty()) subs[s].push_back(batch_dense->size() + j);
+    }
+  }
+  int parts = 0;
+  for (const auto& sub : subs) parts += !sub.empty();
+  if (parts == 0) return Failed(Status::Ok(), std::move(done));
+  auto call = NewCall(parts, std::move(done));
+  for (uint32_t s = 0; s < n; ++s) {
+    if (subs[s].empty()) continue;
+    auto part = NewPart(call, s, Op::kPushBatch, "");
+    for (size_t i : subs[s]) {
+      const bool is_dense = i < batch_dense->size();
+      const std::string& table =
+          is_dense ? (*batch_dense)[i].table : (*batch_sparse)[i - batch_dense->size()].table;
+      const PushOptions& opts =
+          is_dense ? (*batch_dense)[i].opts : (*batch_sparse)[i - batch_dense->size()].opts;
+      const VersionVector& base =
+          is_dense ? (*batch_dense)[i].base : (*batch_sparse)[i - batch_dense->size()].base;
+      Header sub = NewHeader(is_dense ? Op::kPushDense : Op::kPushSparse, table);
+      sub.seq = ++seq_[s];  // fixed now: a resend of the message carries the same seqs
+      sub.base_version = s < base.size() ? base[s] : 0;
+      sub.flags = PushFlags(opts);
+      if (is_dense) {
+        const TableMeta& m = *(*metas)[i];
+        sub.shape = {m.layout->ElemsOf(s)};
+        part->header.shape.push_back(2);
+        part->payload.push_back(Frame::FromString(EncodeHeader(sub)));
+        part->payload.push_back(ShardSlices(m, s, (*batch_dense)[i].values));
+      } else {
+        const size_t j = i - batch_dense->size();
+        const SparsePush& p = (*batch_sparse)[j];
+        const uint32_t d = (*metas)[i]->spec.dim;
+        const std::vector<uint32_t>& pos = (*groups)[j].pos[s];
+        std::vector<float> vals(pos.size() * d);
+        for (size_t r = 0; r < pos.size(); ++r) {
+          std::memcpy(vals.data() + r * d, p.values.data() + size_t{pos[r]} * d, d * sizeof(float));
+        }
+        sub.shape = {pos.size(), d};
+        part->header.shape.push_back(3);
+        part->payload.push_back(Frame::FromString(EncodeHeader(sub)));
+        part->payload.push_back(CopyOf((*groups)[j].keys[s].data(), pos.size()));
+        part->payload.push_back(Frame::FromVector(std::move(vals)));
+      }
+    }
+    part->on_reply = [this, batch_dense, batch_sparse, metas, groups, s, which = subs[s]](
+                         const Header& h, const Frames& f) -> Status {
+      if (h.shape.size() != which.size()) {
+        return Malformed("push_batch reply answers " + std::to_string(h.shape.size()) +
+                         " sub-pushes, " + std::to_string(which.size()) + " were sent");
+      }
+      StatusOr<std::vector<Frames>> replies = SplitFrameGroups(h.shape, f);
+      if (!replies.ok()) return replies.status().WithContext("push_batch reply");
+      Status first;
+      for (size_t k = 0; k < which.size(); ++k) {
+        const size_t i = which[k];
+        const bool is_dense = i < batch_dense->size();
+        const size_t j = i - batch_dense->size();
+        const std::string& table = is_dense ? (*batch_dense)[i].table : (*batch_sparse)[j].table;
+        const PushOptions& opts = is_dense ? (*batch_dense)[i].opts : (*batch_sparse)[j].opts;
+        const Frames& sub = (*replies)[k];
+        auto sh = DecodeHeader(sub[0].data(), sub[0].size());
+        Status st = sh.ok() ? ReplyStatus(*sh) : sh.status();
+        if (st.ok() && opts.updated) {
+          const TableMeta& m = *(*metas)[i];
+          if (is_dense) {
+            st = ScatterDense(m, s, 0, m.layout->ElemsOf(s), sub, opts.updated);
+          } else {
+            const std::vector<uint32_t>& pos = (*groups)[j].pos[s];
+            st = ScatterRows(pos.data(), 0, pos.size(), m.spec.dim, sub, opts.updated);
+          }
+        }
+        if (st.ok()) {
+          FillPushReply(is_dense ? (*batch_dense)[i].reply : (*batch_sparse)[j].reply, s, *sh);
+        } else if (first.ok()) {
+          first = st.WithContext(std::string(is_dense ? "push_dense '" : "push_sparse '") + table +
+                                 "'");
+        }
+      }
+      return first;
+    };
+    Send(std::move(part));
+  }
+  return Ticket(call);
+}
+
+}  // namespace
+
+namespace {
 
 StatusOr<uint32_t> SparseDim(StatusOr<std::shared_ptr<const TableMeta>>& meta,
                              const std::string& table) {

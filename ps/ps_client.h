@@ -80,6 +80,16 @@ struct DensePush {
   PushOptions opts;            // delta and updated; a fixed (sender, seq) goes alone
 };
 
+// One sparse table's part of PsClient::PushBatch: PushSparse's arguments, owned.
+struct SparsePush {
+  std::string table;
+  std::vector<uint64_t> keys;
+  std::vector<float> values;  // keys.size() * dim, row i for key i
+  VersionVector base;
+  PushReply* reply = nullptr;  // optional; filled as PushSparse fills it
+  PushOptions opts;            // delta and updated; a fixed (sender, seq) goes alone
+};
+
 // A shard's answer to a watch (docs/protocol.md, "21 · watch").
 struct WatchReply {
   std::map<std::string, uint64_t> versions;  // each table watched: its version there now
@@ -156,6 +166,11 @@ class PsClient {
   // Ticket fails when some table's push failed on some shard, with the first error
   // naming the table; the other tables' pushes may have been applied.
   virtual Ticket PushDenseBatch(std::vector<DensePush> pushes, Callback done = nullptr) = 0;
+  // The same with sparse tables too: each shard gets one push_batch of every dense
+  // table's slices and of the rows of each sparse table it owns (a shard owning no row
+  // of any table and holding no dense element gets nothing).
+  virtual Ticket PushBatch(std::vector<DensePush> dense, std::vector<SparsePush> sparse,
+                           Callback done = nullptr) = 0;
   // Waits at shard `shard` (its primary, when replicated) until a table of `known`
   // (name -> version held) has another version there, or `wait` passes; `reply` gets
   // the answer. The call's deadline is `wait` plus the client timeout.

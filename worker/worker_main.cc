@@ -154,8 +154,8 @@ void AddLearnFlags(CLI::App& app, Flags* f) {
                  "Pushes not yet acknowledged (learn waits beyond)")
       ->capture_default_str();
   app.add_flag("!--no-batch-pushes", s.batch_pushes,
-               "Push each dense table in a message of its own (one per table and shard) "
-               "instead of one push_batch per shard for all of a learn's dense tables");
+               "Push each table in a message of its own (one per table and shard) "
+               "instead of one push_batch per shard for all of a learn's tables");
 }
 
 // Per-request bounds (docs/reliability.md, "Worker memory per request").

@@ -56,9 +56,12 @@ void WorkerService::StartPush(
   pushes->items.push_back({table, std::move(t), std::move(reply), std::move(forget)});
 }
 
-void WorkerService::SendDense(Pushes* pushes) {
-  if (!options_.batch_pushes || ps::HoldsReplies(options_.table_template) ||
-      pushes->dense.size() < 2) {
+bool WorkerService::BatchesPushes() const {
+  return options_.batch_pushes && !ps::HoldsReplies(options_.table_template);
+}
+
+void WorkerService::SendQueued(Pushes* pushes) {
+  if (!BatchesPushes() || pushes->dense.size() + pushes->sparse.size() < 2) {
     for (Pushes::Dense& d : pushes->dense) {
       StartPush(d.push.table, d.push.values.size(), pushes, std::move(d.forget),
                 [&](ps::PushReply* r, ps::PsClient::Callback done) {
@@ -66,7 +69,9 @@ void WorkerService::SendDense(Pushes* pushes) {
                                             d.push.opts, std::move(done));
                 });
     }
+    for (Pushes::Sparse& sp : pushes->sparse) StartSparse(&sp, pushes);
     pushes->dense.clear();
+    pushes->sparse.clear();
     return;
   }
   struct Part {
@@ -75,16 +80,25 @@ void WorkerService::SendDense(Pushes* pushes) {
     std::function<void(const ps::PushReply&)> forget;
   };
   auto parts = std::make_shared<std::vector<Part>>();
-  std::vector<ps::DensePush> batch;
+  std::vector<ps::DensePush> dense;
+  std::vector<ps::SparsePush> sparse;
   uint64_t bytes = 0;
   for (Pushes::Dense& d : pushes->dense) {
     bytes += d.push.values.size();
     parts->push_back(
         {d.push.table, std::make_shared<ps::PushReply>(), OnceForget(std::move(d.forget))});
     d.push.reply = parts->back().reply.get();
-    batch.push_back(std::move(d.push));
+    dense.push_back(std::move(d.push));
+  }
+  for (Pushes::Sparse& sp : pushes->sparse) {
+    bytes += sp.push.keys.size() * sizeof(uint64_t) + sp.push.values.size() * sizeof(float);
+    parts->push_back(
+        {sp.push.table, std::make_shared<ps::PushReply>(), OnceForget(std::move(sp.forget))});
+    sp.push.reply = parts->back().reply.get();
+    sparse.push_back(std::move(sp.push));
   }
   pushes->dense.clear();
+  pushes->sparse.clear();
   ReservePushes(parts->size(), bytes);
   std::shared_ptr<LearnRun> run = pushes->run;
   if (run) {
@@ -92,22 +106,33 @@ void WorkerService::SendDense(Pushes* pushes) {
     ++run->pending;  // one for the batch
   }
   // The callback owns the replies: in queued mode nobody else waits for them.
-  ps::Ticket t = client_->PushDenseBatch(std::move(batch), [this, parts, run](const Status& st) {
-    bool warn = true;
-    for (const Part& p : *parts) {
-      OnPushDone(p.table, *p.reply, st, p.forget, warn);
-      warn = false;
-    }
-    if (!run) return;
-    {
-      MutexLock lock(&run->mu);
-      for (const Part& p : *parts) {
-        FoldPush(p.table, *p.reply, st, /*batched=*/true, &run->reply, &run->first);
-      }
-    }
-    LearnPartDone(run);
-  });
+  ps::Ticket t =
+      client_->PushBatch(std::move(dense), std::move(sparse), [this, parts, run](const Status& st) {
+        bool warn = true;
+        for (const Part& p : *parts) {
+          OnPushDone(p.table, *p.reply, st, p.forget, warn);
+          warn = false;
+        }
+        if (!run) return;
+        {
+          MutexLock lock(&run->mu);
+          for (const Part& p : *parts) {
+            FoldPush(p.table, *p.reply, st, /*batched=*/true, &run->reply, &run->first);
+          }
+        }
+        LearnPartDone(run);
+      });
   for (const Part& p : *parts) pushes->items.push_back({p.table, t, p.reply, p.forget, true});
+}
+
+void WorkerService::StartSparse(Pushes::Sparse* sp, Pushes* pushes) {
+  const ps::SparsePush& p = sp->push;
+  const uint64_t bytes = p.keys.size() * sizeof(uint64_t) + p.values.size() * sizeof(float);
+  StartPush(p.table, bytes, pushes, std::move(sp->forget),
+            [&](ps::PushReply* r, ps::PsClient::Callback done) {
+              return client_->PushSparse(p.table, p.keys.data(), p.keys.size(), p.values.data(),
+                                         p.base, r, p.opts, std::move(done));
+            });
 }
 
 void WorkerService::OnPushDone(const std::string& table, const ps::PushReply& reply,
@@ -149,27 +174,30 @@ void WorkerService::PushSparse(const std::vector<ps::VersionVector>& base, const
     const SparseRows& g = grads.sparse[i];
     if (g.keys.empty()) continue;
     out->sparse_rows_pushed += g.keys.size();
+    Pushes::Sparse sp;
+    sp.push.table = params[i].name;
+    sp.push.keys = g.keys;
+    sp.push.values = g.values;
+    sp.push.base = base[i];
     auto keys = std::make_shared<const std::vector<uint64_t>>(g.keys);
-    ps::PushOptions opts;
-    std::function<void(const ps::PushReply&)> forget;
     if (InstallsPushedValues()) {
       auto updated = std::make_shared<std::vector<float>>(g.values.size());
-      opts.updated = updated->data();
-      forget = [this, table = params[i].name, keys, updated,
-                sent = static_cast<int64_t>(NowMs())](const ps::PushReply& r) {
+      sp.push.opts.updated = updated->data();
+      sp.forget = [this, table = params[i].name, keys, updated,
+                   sent = static_cast<int64_t>(NowMs())](const ps::PushReply& r) {
         cache_.InstallRows(table, keys->data(), keys->size(), updated->data(), r.versions, sent);
       };
     } else {
-      forget = [this, table = params[i].name, keys](const ps::PushReply&) {
+      sp.forget = [this, table = params[i].name, keys](const ps::PushReply&) {
         cache_.InvalidateRows(table, keys->data(), keys->size());
       };
     }
-    const uint64_t bytes = g.keys.size() * sizeof(uint64_t) + g.values.size() * sizeof(float);
-    StartPush(params[i].name, bytes, pushes, forget,
-              [&](ps::PushReply* r, ps::PsClient::Callback done) {
-                return client_->PushSparse(params[i].name, g.keys.data(), g.keys.size(),
-                                           g.values.data(), base[i], r, opts, std::move(done));
-              });
+    // Batched, it goes with the dense pushes (SendQueued); else at once.
+    if (BatchesPushes()) {
+      pushes->sparse.push_back(std::move(sp));
+    } else {
+      StartSparse(&sp, pushes);
+    }
   }
 }
 
@@ -203,7 +231,7 @@ void WorkerService::PushDelta(size_t param, std::vector<float> delta, Pushes* pu
 }
 
 Status WorkerService::FinishPushes(Pushes& pushes, ReplyWhen when, LearnReply* out) {
-  SendDense(&pushes);
+  SendQueued(&pushes);
   if (pushes.items.empty()) return Status::Ok();
   if (when == ReplyWhen::kQueued) {
     out->outcome = LearnOutcome::kQueued;

@@ -495,7 +495,7 @@ void WorkerService::LearnAsync(const std::string& session, const std::vector<Exa
   if (Status st = StartLearn(session, batch, &pushes, &run->head, &run->kept); !st.ok()) {
     return run->done(std::move(st));  // nothing was pushed: StartLearn pushes last
   }
-  SendDense(&pushes);
+  SendQueued(&pushes);
   LearnPartDone(run);  // every push is started: the starter's count
 }
 

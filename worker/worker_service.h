@@ -222,12 +222,19 @@ class WorkerService {
       std::function<void(const ps::PushReply&)> forget;
     };
     std::vector<Dense> dense;
+    // Sparse pushes not sent yet (batched pushes only: otherwise they go at once).
+    struct Sparse {
+      ps::SparsePush push;
+      std::function<void(const ps::PushReply&)> forget;
+    };
+    std::vector<Sparse> sparse;
     // LearnAsync: each push's callback reports to it once its own work is done (null:
     // FinishPushes waits for the tickets).
     std::shared_ptr<LearnRun> run;
   };
-  // Learn up to its pushes: reads, gradients, the sparse pushes started and the dense
-  // ones queued in `pushes` (local-steps mode: under the caller's lock of local_->mu()).
+  // Learn up to its pushes: reads, gradients, and the pushes queued in `pushes` (sparse
+  // ones started at once when pushes are not batched; local-steps mode: under the
+  // caller's lock of local_->mu()).
   Status StartLearn(const std::string& session, const std::vector<Example>& batch, Pushes* pushes,
                     LearnReply* reply, bool* kept);
   // The last of Learn: the outcome once the pushes are done, and the stats.
@@ -252,7 +259,12 @@ class WorkerService {
                  std::function<void(const ps::PushReply&)> forget,
                  const std::function<ps::Ticket(ps::PushReply*, ps::PsClient::Callback)>& send);
   // Sends pushes->dense: one push_batch per shard, or one push per table.
-  void SendDense(Pushes* pushes);
+  // Sends the queued dense and sparse pushes: one push_batch per shard when batching is
+  // on and there are two or more, else one push each.
+  void SendQueued(Pushes* pushes);
+  bool BatchesPushes() const;
+  // Starts one sparse push now (its forget moved into the push's item).
+  void StartSparse(Pushes::Sparse* sp, Pushes* pushes);
   // Waits until `n` more pushes may be in flight (max_inflight_pushes), then counts them.
   void ReservePushes(size_t n, uint64_t bytes);
   // `forget` as it runs after an acknowledged push: once, and not at all without

@@ -1451,6 +1451,91 @@ TEST_P(ShardServerClientTest, PushDenseBatchMatchesOnePushPerTableAcrossShards) 
   EXPECT_EQ(v, (VersionVector{2, 2})) << "nothing of the refused batch was applied";
 }
 
+// Sparse tables in a batch: each shard gets one push_batch with the dense slices and the
+// rows it owns; every table ends as one push per table leaves it, with the same versions,
+// and the values the replies carry are what a pull reads.
+TEST_P(ShardServerClientTest, PushBatchWithSparseTablesMatchesOnePushPerTable) {
+  TwoShards two = StartTwoShards(GetParam(), "sbatch");
+  ASSERT_NE(two.client, nullptr);
+  PsClient* a = two.client.get();
+  for (const char* prefix : {"b/", "p/"}) {
+    TableSpec d = DenseSpec();
+    d.name = std::string(prefix) + "d";
+    d.shape = {1000};
+    ASSERT_TRUE(a->CreateTable(d).ok());
+    for (const char* name : {"s", "one"}) {
+      TableSpec sp = SparseSpec();
+      sp.name = std::string(prefix) + name;
+      ASSERT_TRUE(a->CreateTable(sp).ok());
+    }
+  }
+  // "one" gets a single key: its rows live on one shard only.
+  const std::vector<uint64_t> keys = {5, 1, 2, 5, 77, 1000003}, one = {42};
+  for (int round = 0; round < 2; ++round) {
+    std::vector<float> dg(1000), sg(keys.size() * 2), og = {1.5f, -2.0f};
+    for (size_t i = 0; i < dg.size(); ++i) dg[i] = static_cast<float>((i + round) % 7);
+    for (size_t i = 0; i < sg.size(); ++i) sg[i] = static_cast<float>((i * 3 + round) % 5);
+    std::vector<PushReply> replies(3);
+    std::vector<float> dense_after(1000, 99.0f), sparse_after(sg.size(), 99.0f);
+    std::vector<DensePush> dense(1);
+    dense[0].table = "b/d";
+    dense[0].values = Frame::FromVector(dg);
+    dense[0].reply = &replies[0];
+    dense[0].opts.updated = dense_after.data();
+    std::vector<SparsePush> sparse(2);
+    sparse[0].table = "b/s";
+    sparse[0].keys = keys;
+    sparse[0].values = sg;
+    sparse[0].reply = &replies[1];
+    sparse[0].opts.updated = sparse_after.data();
+    sparse[1].table = "b/one";
+    sparse[1].keys = one;
+    sparse[1].values = og;
+    sparse[1].reply = &replies[2];
+    Status st = a->PushBatch(std::move(dense), std::move(sparse)).Wait();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_TRUE(a->PushDense("p/d", dg.data(), {}, nullptr).Wait().ok());
+    ASSERT_TRUE(a->PushSparse("p/s", keys.data(), keys.size(), sg.data(), {}, nullptr).Wait().ok());
+    ASSERT_TRUE(a->PushSparse("p/one", one.data(), 1, og.data(), {}, nullptr).Wait().ok());
+    std::vector<float> b(1000), p(1000);
+    VersionVector vb, vp;
+    ASSERT_TRUE(a->PullDense("b/d", b.data(), &vb).Wait().ok());
+    ASSERT_TRUE(a->PullDense("p/d", p.data(), &vp).Wait().ok());
+    EXPECT_EQ(b, p);
+    EXPECT_EQ(vb, vp);
+    EXPECT_EQ(replies[0].versions, vb);
+    EXPECT_EQ(dense_after, b) << "the reply's values are the pull's";
+    std::vector<float> bs(sg.size()), ps_(sg.size()), bo(2), po(2);
+    ASSERT_TRUE(a->PullSparse("b/s", keys.data(), keys.size(), bs.data(), &vb).Wait().ok());
+    ASSERT_TRUE(a->PullSparse("p/s", keys.data(), keys.size(), ps_.data(), &vp).Wait().ok());
+    EXPECT_EQ(bs, ps_);
+    EXPECT_EQ(vb, vp);
+    EXPECT_EQ(replies[1].versions, vb);
+    EXPECT_EQ(sparse_after, bs);
+    EXPECT_EQ(replies[1].max_version, static_cast<uint64_t>(round + 1));
+    ASSERT_TRUE(a->PullSparse("b/one", one.data(), 1, bo.data(), &vb).Wait().ok());
+    ASSERT_TRUE(a->PullSparse("p/one", one.data(), 1, po.data(), &vp).Wait().ok());
+    EXPECT_EQ(bo, po);
+    EXPECT_EQ(vb, vp) << "the shard that owns no row of 'one' got no push of it";
+    EXPECT_EQ(replies[2].max_version, static_cast<uint64_t>(round + 1));
+  }
+  // A sparse push whose values do not make rows fails the call before anything is sent.
+  std::vector<SparsePush> bad(1);
+  bad[0].table = "b/s";
+  bad[0].keys = {1, 2};
+  bad[0].values = {1, 2, 3};
+  std::vector<DensePush> d(1);
+  d[0].table = "b/d";
+  d[0].values = Frame::FromVector(std::vector<float>(1000, 1.0f));
+  Status st = a->PushBatch(std::move(d), std::move(bad)).Wait();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_THAT(st.message(), HasSubstr("b/s"));
+  std::vector<float> w(1000);
+  VersionVector v;
+  ASSERT_TRUE(a->PullDense("b/d", w.data(), &v).Wait().ok());
+  EXPECT_EQ(v, (VersionVector{2, 2})) << "nothing of the refused batch was applied";
+}
+
 TEST_P(ShardServerClientTest, WatchThroughTheClientReportsVersionsAndKeys) {
   std::string endpoint;
   ShardServerOptions o;

@@ -595,7 +595,7 @@ TEST_F(WorkerServiceTest, PushesCarryOnlyParameterGradientsNeverContext) {
   auto r = service_->Learn("A", {Example{"great movie", {}, 1}, Example{"bad plot", {}, 0}});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_GT(r->sparse_rows_pushed, 0u);
-  size_t pushes = 0;
+  size_t pushes = 0, sparse_pushes = 0;
   for (auto& tap : taps_) {
     for (const auto& frames : tap->requests()) {
       ASSERT_FALSE(frames.empty());
@@ -625,14 +625,34 @@ TEST_F(WorkerServiceTest, PushesCarryOnlyParameterGradientsNeverContext) {
         EXPECT_EQ(f.find(marker), std::string::npos) << "context text left the worker";
         EXPECT_EQ(f.find("\"A\""), std::string::npos);
       }
-      if (h->op != Op::kPushSparse && h->op != Op::kPushDense) continue;
-      ++pushes;
-      // Payload is exactly the gradient: keys + rows (sparse) or the dense slice.
-      const size_t payload_frames = h->op == Op::kPushSparse ? 2 : 1;
-      EXPECT_EQ(frames.size(), 1 + payload_frames);
+      // A push_batch holds whole pushes: each is checked as one sent alone.
+      Frames as_frames;
+      for (const std::string& f : frames) as_frames.push_back(Frame::FromString(f));
+      std::vector<Frames> subs;
+      if (h->op == Op::kPushBatch) {
+        auto split = SplitFrameGroups(h->shape, as_frames);
+        ASSERT_TRUE(split.ok()) << split.status().ToString();
+        subs = std::move(split).value();
+      } else {
+        subs.push_back(as_frames);
+      }
+      for (const Frames& sub : subs) {
+        auto sh = DecodeHeader(sub[0].data(), sub[0].size());
+        ASSERT_TRUE(sh.ok());
+        if (sh->op != Op::kPushSparse && sh->op != Op::kPushDense) continue;
+        EXPECT_TRUE(OnlyPsHeaderKeys(std::string(sub[0].data(), sub[0].size()), false, &bad))
+            << "unexpected header key " << bad;
+        EXPECT_TRUE(sh->spec.empty());
+        ++pushes;
+        sparse_pushes += sh->op == Op::kPushSparse;
+        // Payload is exactly the gradient: keys + rows (sparse) or the dense slice.
+        const size_t payload_frames = sh->op == Op::kPushSparse ? 2 : 1;
+        EXPECT_EQ(sub.size(), 1 + payload_frames);
+      }
     }
   }
   EXPECT_GT(pushes, 0u);
+  EXPECT_GT(sparse_pushes, 0u) << "the text model's embedding rows were pushed";
 }
 
 TEST_F(WorkerServiceTest, NonFiniteLossIsRefusedAndNothingIsPushed) {
