@@ -1,12 +1,18 @@
 // Every decoder of a frame that arrives from the network: the header of every PS and
 // worker message (DecodeHeader) and, on a decoded header, what the receivers derive
 // from it (the table spec of create_table, the reply status). A header that decodes
-// must survive an encode/decode round trip unchanged.
+// must survive an encode/decode round trip unchanged. The same bytes as a worker body
+// (MsgpackToJson, what the worker and the bridge decode bodies with): accepted exactly
+// where nlohmann::json::from_msgpack accepts them, as the same value (bodies nested past
+// its depth bound excepted: those it must refuse).
+#include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/json_depth.h"
 #include "common/wire.h"
 #include "fuzz/fuzz_entries.h"
 #include "ps/table_spec.h"
+#include "worker/msgpack_json.h"
 
 namespace onlineps::fuzz {
 namespace {
@@ -31,7 +37,33 @@ std::string Fingerprint(const Header& h) {
 
 }  // namespace
 
+namespace {
+
+std::string BodyOne(const uint8_t* data, size_t size) {
+  constexpr size_t kDepth = 64;
+  StatusOr<nlohmann::json> mine = worker::MsgpackToJson(data, size, kDepth);
+  if (MsgpackNestsDeeperThan(data, size, kDepth)) {
+    return mine.ok() ? "MsgpackToJson accepted a value nested past its bound" : "";
+  }
+  if (!mine.ok() && mine.status().code() != StatusCode::kMalformed) {
+    return "MsgpackToJson failed with another code than MALFORMED: " + mine.status().ToString();
+  }
+  const nlohmann::json ref = nlohmann::json::from_msgpack(data, data + size, true, false);
+  if (mine.ok() == ref.is_discarded()) {
+    return std::string("MsgpackToJson ") + (mine.ok() ? "accepted" : "refused") +
+           " what from_msgpack " + (mine.ok() ? "refuses" : "accepts");
+  }
+  const auto dump = [](const nlohmann::json& j) {
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  };
+  if (mine.ok() && dump(*mine) != dump(ref)) return "MsgpackToJson and from_msgpack differ";
+  return "";
+}
+
+}  // namespace
+
 std::string WireOne(const uint8_t* data, size_t size) {
+  if (std::string body = BodyOne(data, size); !body.empty()) return body;
   StatusOr<Header> h = DecodeHeader(data, size);
   if (!h.ok()) {
     const StatusCode c = h.status().code();
