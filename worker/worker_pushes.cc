@@ -139,8 +139,10 @@ void WorkerService::OnPushDone(const std::string& table, const ps::PushReply& re
                                const Status& st,
                                const std::function<void(const ps::PushReply&)>& forget, bool warn) {
   if (st.ok()) {
-    if (ObservesOwnPushes()) cache_.ObserveVersions(table, reply.versions);
+    // The push's own values first, then its versions: the other way round, a read in
+    // between found the copy behind the versions it knew of and pulled it back.
     forget(reply);
+    if (ObservesOwnPushes()) cache_.ObserveVersions(table, reply.versions);
   } else if (warn) {
     spdlog::warn("push to table '{}' failed: {}", table, st.ToString());
   }
@@ -243,8 +245,8 @@ Status WorkerService::FinishPushes(Pushes& pushes, ReplyWhen when, LearnReply* o
     if (st.ok()) {
       // The callback may still be running: do its work here too, so the caller's next
       // read sees this push (read-your-writes).
-      if (ObservesOwnPushes()) cache_.ObserveVersions(p.table, p.reply->versions);
       p.forget(*p.reply);
+      if (ObservesOwnPushes()) cache_.ObserveVersions(p.table, p.reply->versions);
     }
     FoldPush(p.table, *p.reply, st, p.batched, out, &first);
   }
