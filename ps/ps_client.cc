@@ -170,6 +170,13 @@ class PsClientImpl : public PsClient {
   Status Broadcast(Op op, const Header& h);
   Ticket Failed(const Status& st, Callback done);
   void FillPushReply(PushReply* r, size_t shard, const Header& h);
+  // Rows or elements per part of a pull of `units` of `unit_bytes` each: as many as
+  // pull_part_bytes holds, but at most kMaxPullParts parts (all of them with 0).
+  uint64_t UnitsPerPart(uint64_t units, uint64_t unit_bytes) const;
+  // A part of a pull from shard `s` read at `version`: the shard's version in `versions`
+  // is the oldest its parts read (`seen[s]`: one was recorded already).
+  void NoteOldest(VersionVector* versions, std::vector<uint8_t>* seen, uint32_t s,
+                  uint64_t version);
   // Sends one shard's part of a push; its reply fills `reply`, and `values` (when set)
   // takes the reply's frames of updated values.
   void SendPush(std::unique_ptr<Pending> p, PushReply* reply,
@@ -550,6 +557,20 @@ Status ScatterRows(const uint32_t* pos, size_t first, size_t n, uint32_t d, cons
 
 }  // namespace
 
+uint64_t PsClientImpl::UnitsPerPart(uint64_t units, uint64_t unit_bytes) const {
+  if (options_.pull_part_bytes == 0) return std::max<uint64_t>(units, 1);
+  return std::max({uint64_t{1}, uint64_t{options_.pull_part_bytes / unit_bytes},
+                   (units + kMaxPullParts - 1) / kMaxPullParts});
+}
+
+void PsClientImpl::NoteOldest(VersionVector* versions, std::vector<uint8_t>* seen, uint32_t s,
+                              uint64_t version) {
+  MutexLock lock(&reply_mu_);
+  uint64_t& v = (*versions)[s];
+  v = (*seen)[s] ? std::min(v, version) : version;
+  (*seen)[s] = 1;
+}
+
 Ticket PsClientImpl::PullDense(const std::string& table, float* out, VersionVector* versions,
                                PullOptions opts, Callback done) {
   auto meta = Meta(table);
@@ -562,12 +583,9 @@ Ticket PsClientImpl::PullDense(const std::string& table, float* out, VersionVect
   if (versions) versions->assign(n, 0);
   // As a sparse pull: a shard's elements past pull_part_bytes go out as several ranges at
   // once. Not for DC-ASGD tables, whose pull records the copy it read as a whole.
-  const bool whole = options_.pull_part_bytes == 0 || m->spec.staleness.rfind("dc_", 0) == 0;
+  const bool whole = m->spec.staleness.rfind("dc_", 0) == 0;
   auto per_part = [&](uint64_t elems) {
-    if (whole || elems * sizeof(float) <= options_.pull_part_bytes)
-      return std::max<uint64_t>(elems, 1);
-    return std::max({uint64_t{1}, uint64_t{options_.pull_part_bytes / sizeof(float)},
-                     (elems + kMaxPullParts - 1) / kMaxPullParts});
+    return whole ? std::max<uint64_t>(elems, 1) : UnitsPerPart(elems, sizeof(float));
   };
   int count = 0;
   for (uint32_t s = 0; s < n; ++s) {
@@ -587,12 +605,7 @@ Ticket PsClientImpl::PullDense(const std::string& table, float* out, VersionVect
       p->on_reply = [this, m, s, first, len, out, versions, seen](const Header& h,
                                                                   const Frames& f) -> Status {
         ONLINEPS_RETURN_IF_ERROR(ScatterDense(*m, s, first, len, f, out));
-        if (versions) {
-          MutexLock lock(&reply_mu_);
-          uint64_t& v = (*versions)[s];
-          v = (*seen)[s] ? std::min(v, h.version) : h.version;
-          (*seen)[s] = 1;
-        }
+        if (versions) NoteOldest(versions, seen.get(), s, h.version);
         return Status::Ok();
       };
       Send(std::move(p));
@@ -682,6 +695,15 @@ ShardGroups GroupKeys(const uint64_t* keys, size_t n, uint32_t shards) {
   return g;
 }
 
+// Rows pos[0], pos[1], ... of `values` (rows of d floats), in that order.
+std::vector<float> GatherRows(const float* values, const std::vector<uint32_t>& pos, uint32_t d) {
+  std::vector<float> rows(pos.size() * d);
+  for (size_t r = 0; r < pos.size(); ++r) {
+    std::memcpy(rows.data() + r * d, values + size_t{pos[r]} * d, d * sizeof(float));
+  }
+  return rows;
+}
+
 Ticket PsClientImpl::PushBatch(std::vector<DensePush> dense, std::vector<SparsePush> sparse,
                                Callback done) {
   if (dense.empty() && sparse.empty()) return Failed(Status::Ok(), std::move(done));
@@ -728,6 +750,17 @@ Ticket PsClientImpl::PushBatch(std::vector<DensePush> dense, std::vector<SparseP
   for (const SparsePush& p : sparse) groups->push_back(GroupKeys(p.keys.data(), p.keys.size(), n));
   auto batch_dense = std::make_shared<const std::vector<DensePush>>(std::move(dense));
   auto batch_sparse = std::make_shared<const std::vector<SparsePush>>(std::move(sparse));
+  // What sub-push i has either way (pointing into the batches, which the replies keep).
+  struct Common {
+    const std::string* table;
+    const PushOptions* opts;
+    const VersionVector* base;
+    PushReply* reply;
+  };
+  auto common = std::make_shared<std::vector<Common>>();
+  for (const DensePush& p : *batch_dense) common->push_back({&p.table, &p.opts, &p.base, p.reply});
+  for (const SparsePush& p : *batch_sparse)
+    common->push_back({&p.table, &p.opts, &p.base, p.reply});
   // Sub-push i of shard s's message: dense table i (i < dense count), or sparse table
   // i - dense count; a shard gets the sparse tables it owns rows of.
   std::vector<std::vector<size_t>> subs(n);
@@ -746,16 +779,11 @@ Ticket PsClientImpl::PushBatch(std::vector<DensePush> dense, std::vector<SparseP
     auto part = NewPart(call, s, Op::kPushBatch, "");
     for (size_t i : subs[s]) {
       const bool is_dense = i < batch_dense->size();
-      const std::string& table =
-          is_dense ? (*batch_dense)[i].table : (*batch_sparse)[i - batch_dense->size()].table;
-      const PushOptions& opts =
-          is_dense ? (*batch_dense)[i].opts : (*batch_sparse)[i - batch_dense->size()].opts;
-      const VersionVector& base =
-          is_dense ? (*batch_dense)[i].base : (*batch_sparse)[i - batch_dense->size()].base;
-      Header sub = NewHeader(is_dense ? Op::kPushDense : Op::kPushSparse, table);
+      const Common& c = (*common)[i];
+      Header sub = NewHeader(is_dense ? Op::kPushDense : Op::kPushSparse, *c.table);
       sub.seq = ++seq_[s];  // fixed now: a resend of the message carries the same seqs
-      sub.base_version = s < base.size() ? base[s] : 0;
-      sub.flags = PushFlags(opts);
+      sub.base_version = s < c.base->size() ? (*c.base)[s] : 0;
+      sub.flags = PushFlags(*c.opts);
       if (is_dense) {
         const TableMeta& m = *(*metas)[i];
         sub.shape = {m.layout->ElemsOf(s)};
@@ -767,10 +795,7 @@ Ticket PsClientImpl::PushBatch(std::vector<DensePush> dense, std::vector<SparseP
         const SparsePush& p = (*batch_sparse)[j];
         const uint32_t d = (*metas)[i]->spec.dim;
         const std::vector<uint32_t>& pos = (*groups)[j].pos[s];
-        std::vector<float> vals(pos.size() * d);
-        for (size_t r = 0; r < pos.size(); ++r) {
-          std::memcpy(vals.data() + r * d, p.values.data() + size_t{pos[r]} * d, d * sizeof(float));
-        }
+        std::vector<float> vals = GatherRows(p.values.data(), pos, d);
         sub.shape = {pos.size(), d};
         part->header.shape.push_back(3);
         part->payload.push_back(Frame::FromString(EncodeHeader(sub)));
@@ -778,7 +803,7 @@ Ticket PsClientImpl::PushBatch(std::vector<DensePush> dense, std::vector<SparseP
         part->payload.push_back(Frame::FromVector(std::move(vals)));
       }
     }
-    part->on_reply = [this, batch_dense, batch_sparse, metas, groups, s, which = subs[s]](
+    part->on_reply = [this, batch_dense, batch_sparse, common, metas, groups, s, which = subs[s]](
                          const Header& h, const Frames& f) -> Status {
       if (h.shape.size() != which.size()) {
         return Malformed("push_batch reply answers " + std::to_string(h.shape.size()) +
@@ -790,26 +815,25 @@ Ticket PsClientImpl::PushBatch(std::vector<DensePush> dense, std::vector<SparseP
       for (size_t k = 0; k < which.size(); ++k) {
         const size_t i = which[k];
         const bool is_dense = i < batch_dense->size();
-        const size_t j = i - batch_dense->size();
-        const std::string& table = is_dense ? (*batch_dense)[i].table : (*batch_sparse)[j].table;
-        const PushOptions& opts = is_dense ? (*batch_dense)[i].opts : (*batch_sparse)[j].opts;
+        const Common& c = (*common)[i];
+        float* updated = c.opts->updated;
         const Frames& sub = (*replies)[k];
         auto sh = DecodeHeader(sub[0].data(), sub[0].size());
         Status st = sh.ok() ? ReplyStatus(*sh) : sh.status();
-        if (st.ok() && opts.updated) {
+        if (st.ok() && updated) {
           const TableMeta& m = *(*metas)[i];
           if (is_dense) {
-            st = ScatterDense(m, s, 0, m.layout->ElemsOf(s), sub, opts.updated);
+            st = ScatterDense(m, s, 0, m.layout->ElemsOf(s), sub, updated);
           } else {
-            const std::vector<uint32_t>& pos = (*groups)[j].pos[s];
-            st = ScatterRows(pos.data(), 0, pos.size(), m.spec.dim, sub, opts.updated);
+            const std::vector<uint32_t>& pos = (*groups)[i - batch_dense->size()].pos[s];
+            st = ScatterRows(pos.data(), 0, pos.size(), m.spec.dim, sub, updated);
           }
         }
         if (st.ok()) {
-          FillPushReply(is_dense ? (*batch_dense)[i].reply : (*batch_sparse)[j].reply, s, *sh);
+          FillPushReply(c.reply, s, *sh);
         } else if (first.ok()) {
-          first = st.WithContext(std::string(is_dense ? "push_dense '" : "push_sparse '") + table +
-                                 "'");
+          first = st.WithContext(std::string(is_dense ? "push_dense '" : "push_sparse '") +
+                                 *c.table + "'");
         }
       }
       return first;
@@ -845,12 +869,7 @@ Ticket PsClientImpl::PullSparse(const std::string& table, const uint64_t* keys, 
   // A large pull goes out in parts of at most pull_part_bytes of rows, all at once: the
   // shard reads part k + 1 while part k is on the wire and the client copies out part
   // k - 1. Each shard's version is the oldest its parts read.
-  // At most kMaxPullParts parts per shard, however large the pull.
-  const size_t rows_per_part =
-      options_.pull_part_bytes == 0
-          ? n
-          : std::max({size_t{1}, options_.pull_part_bytes / (size_t{d} * sizeof(float)),
-                      static_cast<size_t>((n + kMaxPullParts - 1) / kMaxPullParts)});
+  const size_t rows_per_part = UnitsPerPart(n, size_t{d} * sizeof(float));
   struct Parts {
     ShardGroups groups;         // empty with one shard: key i is row i
     std::vector<uint8_t> seen;  // per shard: a part's version was taken (under reply_mu_)
@@ -877,12 +896,7 @@ Ticket PsClientImpl::PullSparse(const std::string& table, const uint64_t* keys, 
         const uint32_t* pos =
             parts->groups.pos.empty() ? nullptr : parts->groups.pos[s].data() + first;
         ONLINEPS_RETURN_IF_ERROR(ScatterRows(pos, first, rows, d, f, out));
-        if (versions) {
-          MutexLock lock(&reply_mu_);
-          uint64_t& v = (*versions)[s];
-          v = parts->seen[s] ? std::min(v, h.version) : h.version;
-          parts->seen[s] = 1;
-        }
+        if (versions) NoteOldest(versions, &parts->seen, s, h.version);
         return Status::Ok();
       };
       Send(std::move(p));
@@ -913,10 +927,7 @@ Ticket PsClientImpl::PushSparse(const std::string& table, const uint64_t* keys, 
     if (groups.keys[s].empty()) continue;
     auto p = NewPushPart(call, s, Op::kPushSparse, table, base, opts);
     p->header.shape = {groups.keys[s].size(), d};
-    std::vector<float> vals(groups.pos[s].size() * d);
-    for (size_t i = 0; i < groups.pos[s].size(); ++i) {
-      std::memcpy(vals.data() + i * d, values + size_t{groups.pos[s][i]} * d, d * sizeof(float));
-    }
+    std::vector<float> vals = GatherRows(values, groups.pos[s], d);
     p->payload.push_back(Frame::FromVector(std::move(groups.keys[s])));
     p->payload.push_back(Frame::FromVector(std::move(vals)));
     std::function<Status(const Header&, const Frames&)> scatter;

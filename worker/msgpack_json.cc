@@ -24,13 +24,13 @@ class Reader {
     if (depth > max_depth_) {
       return Malformed("nests deeper than " + std::to_string(max_depth_) + " levels");
     }
-    uint8_t b;
+    uint8_t b = 0;
     ONLINEPS_RETURN_IF_ERROR(Byte(&b));
     if (b <= 0x7f) return Set(out, uint64_t{b});
     if (b >= 0xe0) return Set(out, int64_t{static_cast<int8_t>(b)});
     if (b >= 0x80 && b <= 0x8f) return Map(b & 0x0f, out, depth);
     if (b >= 0x90 && b <= 0x9f) return Array(b & 0x0f, out, depth);
-    if (b >= 0xa0 && b <= 0xbf) return Str(b & 0x1f, out);
+    if (uint64_t len; StrLen(b, &len)) return Str(len, out);
     switch (b) {
       case 0xc0:
         *out = nullptr;
@@ -54,14 +54,14 @@ class Reader {
       case 0xc9:
         return Ext(Len<uint32_t>(), out);
       case 0xca: {
-        uint32_t u;
+        uint32_t u = 0;
         ONLINEPS_RETURN_IF_ERROR(Big(&u));
         float f;
         std::memcpy(&f, &u, sizeof(f));
         return Set(out, static_cast<double>(f));
       }
       case 0xcb: {
-        uint64_t u;
+        uint64_t u = 0;
         ONLINEPS_RETURN_IF_ERROR(Big(&u));
         double d;
         std::memcpy(&d, &u, sizeof(d));
@@ -93,12 +93,6 @@ class Reader {
         return Ext(8, out);
       case 0xd8:
         return Ext(16, out);
-      case 0xd9:
-        return Str(Len<uint8_t>(), out);
-      case 0xda:
-        return Str(Len<uint16_t>(), out);
-      case 0xdb:
-        return Str(Len<uint32_t>(), out);
       case 0xdc:
         return Array(Len<uint16_t>(), out, depth);
       case 0xdd:
@@ -119,7 +113,7 @@ class Reader {
   // A length field; a missing one reads as a length past the end (so Need fails).
   template <typename T>
   uint64_t Len() {
-    T v;
+    T v = 0;
     return Big(&v).ok() ? uint64_t{v} : ~uint64_t{0};
   }
 
@@ -141,14 +135,14 @@ class Reader {
 
   template <typename U>
   Status Unsigned(json* out) {
-    U v;
+    U v = 0;
     ONLINEPS_RETURN_IF_ERROR(Big(&v));
     return Set(out, uint64_t{v});
   }
 
   template <typename U, typename S>
   Status Signed(json* out) {
-    U v;
+    U v = 0;
     ONLINEPS_RETURN_IF_ERROR(Big(&v));
     return Set(out, int64_t{static_cast<S>(v)});
   }
@@ -161,26 +155,58 @@ class Reader {
 
   Status Need(uint64_t n) { return left() < n ? Truncated() : Status::Ok(); }
 
-  Status Str(uint64_t n, json* out) {
+  // The next n bytes, at *at.
+  Status Take(uint64_t n, const uint8_t** at) {
     ONLINEPS_RETURN_IF_ERROR(Need(n));
-    *out = std::string(reinterpret_cast<const char*>(p_), n);
+    *at = p_;
     p_ += n;
+    return Status::Ok();
+  }
+
+  // Whether `b` starts a string (fixstr, str8, str16, str32); its length in *len (read
+  // after `b`; past the end when missing).
+  bool StrLen(uint8_t b, uint64_t* len) {
+    if (b >= 0xa0 && b <= 0xbf) {
+      *len = b & 0x1f;
+    } else if (b == 0xd9) {
+      *len = Len<uint8_t>();
+    } else if (b == 0xda) {
+      *len = Len<uint16_t>();
+    } else if (b == 0xdb) {
+      *len = Len<uint32_t>();
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  Status ReadStr(uint64_t n, std::string* s) {
+    const uint8_t* at = nullptr;
+    ONLINEPS_RETURN_IF_ERROR(Take(n, &at));
+    s->assign(reinterpret_cast<const char*>(at), n);
+    return Status::Ok();
+  }
+
+  Status Str(uint64_t n, json* out) {
+    std::string s;
+    ONLINEPS_RETURN_IF_ERROR(ReadStr(n, &s));
+    *out = std::move(s);
     return Status::Ok();
   }
 
   Status Bin(uint64_t n, json* out) {
-    ONLINEPS_RETURN_IF_ERROR(Need(n));
-    *out = json::binary(std::vector<uint8_t>(p_, p_ + n));  // one memcpy
-    p_ += n;
+    const uint8_t* at = nullptr;
+    ONLINEPS_RETURN_IF_ERROR(Take(n, &at));
+    *out = json::binary(std::vector<uint8_t>(at, at + n));  // one memcpy
     return Status::Ok();
   }
 
   Status Ext(uint64_t n, json* out) {
-    uint8_t type;
+    uint8_t type = 0;
     ONLINEPS_RETURN_IF_ERROR(Byte(&type));
-    ONLINEPS_RETURN_IF_ERROR(Need(n));
-    *out = json::binary(std::vector<uint8_t>(p_, p_ + n), type);
-    p_ += n;
+    const uint8_t* at = nullptr;
+    ONLINEPS_RETURN_IF_ERROR(Take(n, &at));
+    *out = json::binary(std::vector<uint8_t>(at, at + n), type);
     return Status::Ok();
   }
 
@@ -197,24 +223,15 @@ class Reader {
     ONLINEPS_RETURN_IF_ERROR(Need(n > left() / 2 ? ~uint64_t{0} : 2 * n));  // 2 bytes a pair
     *out = json::object();
     for (uint64_t i = 0; i < n; ++i) {
-      uint8_t b;
+      uint8_t b = 0;
       ONLINEPS_RETURN_IF_ERROR(Byte(&b));
       uint64_t len;
-      if (b >= 0xa0 && b <= 0xbf) {
-        len = b & 0x1f;
-      } else if (b == 0xd9) {
-        len = Len<uint8_t>();
-      } else if (b == 0xda) {
-        len = Len<uint16_t>();
-      } else if (b == 0xdb) {
-        len = Len<uint32_t>();
-      } else {
+      if (!StrLen(b, &len)) {
         return Malformed("a map key at offset " + std::to_string(Offset() - 1) +
                          " is not a string");
       }
-      ONLINEPS_RETURN_IF_ERROR(Need(len));
-      std::string key(reinterpret_cast<const char*>(p_), len);
-      p_ += len;
+      std::string key;
+      ONLINEPS_RETURN_IF_ERROR(ReadStr(len, &key));
       ONLINEPS_RETURN_IF_ERROR(Value(&(*out)[std::move(key)], depth + 1));  // a repeat: last wins
     }
     return Status::Ok();

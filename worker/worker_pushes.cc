@@ -40,10 +40,7 @@ void WorkerService::StartPush(
   auto reply = std::make_shared<ps::PushReply>();
   // The callback owns the reply too: in queued mode nobody else waits for it.
   std::shared_ptr<LearnRun> run = pushes->run;
-  if (run) {
-    MutexLock lock(&run->mu);
-    ++run->pending;  // before the send: its reply may come before send returns
-  }
+  if (run) run->AddPending();
   ps::Ticket t = send(reply.get(), [this, table, reply, forget, run](const Status& st) {
     OnPushDone(table, *reply, st, forget);
     if (!run) return;
@@ -101,10 +98,7 @@ void WorkerService::SendQueued(Pushes* pushes) {
   pushes->sparse.clear();
   ReservePushes(parts->size(), bytes);
   std::shared_ptr<LearnRun> run = pushes->run;
-  if (run) {
-    MutexLock lock(&run->mu);
-    ++run->pending;  // one for the batch
-  }
+  if (run) run->AddPending();  // one for the batch
   // The callback owns the replies: in queued mode nobody else waits for them.
   ps::Ticket t =
       client_->PushBatch(std::move(dense), std::move(sparse), [this, parts, run](const Status& st) {

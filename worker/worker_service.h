@@ -204,6 +204,11 @@ class WorkerService {
     LearnReply head;                    // the starter's part: written before its count is released
     bool kept = false;
     LearnDone done;
+    // One more push to wait for; counted before it is sent (its reply may come first).
+    void AddPending() {
+      MutexLock lock(&mu);
+      ++pending;
+    }
   };
   // Pushes started by one call, finished by FinishPushes.
   struct Pushes {
