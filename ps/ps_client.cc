@@ -583,7 +583,7 @@ Ticket PsClientImpl::PullDense(const std::string& table, float* out, VersionVect
   if (versions) versions->assign(n, 0);
   // As a sparse pull: a shard's elements past pull_part_bytes go out as several ranges at
   // once. Not for DC-ASGD tables, whose pull records the copy it read as a whole.
-  const bool whole = m->spec.staleness.rfind("dc_", 0) == 0;
+  const bool whole = RecordsPullBackups(m->spec);
   auto per_part = [&](uint64_t elems) {
     return whole ? std::max<uint64_t>(elems, 1) : UnitsPerPart(elems, sizeof(float));
   };

@@ -669,8 +669,7 @@ Status ShardServer::ApplyLogged(const Header& h, const Frames& frames, std::shar
 
 bool ShardServer::RecordsBackup(const Header& h, const Table& t) const {
   // DC-ASGD: a pull records the copy a later push is compensated against.
-  return t.spec().staleness.rfind("dc_", 0) == 0 && !(h.flags & kFlagNoBackup) &&
-         !(h.flags & kFlagAveraged);
+  return RecordsPullBackups(t.spec()) && !(h.flags & kFlagNoBackup) && !(h.flags & kFlagAveraged);
 }
 
 Status ShardServer::PullMaybeLogged(const Header& h, const Frames& frames, Table& t, Header* reply,

@@ -69,6 +69,10 @@ inline bool HoldsReplies(const TableSpec& s) {
   return s.max_staleness >= 0 && s.bound_mode == BoundMode::kBlock;
 }
 
+// DC-ASGD (staleness dc_*): a pull records the copy it read as the sender's backup, which
+// the sender's next push is compensated against.
+inline bool RecordsPullBackups(const TableSpec& s) { return s.staleness.rfind("dc_", 0) == 0; }
+
 // The caps of a sparse table (admit_after, ttl_ms, max_rows) bound its memory; they do
 // not change what a row means. create_table of an existing table succeeds when only its
 // caps differ: the table keeps its own (they are fixed at creation).

@@ -159,7 +159,7 @@ bool WorkerService::ObservesOwnPushes() const {
 }
 
 bool WorkerService::InstallsPushedValues() const {
-  return options_.read_own_writes && options_.table_template.staleness.rfind("dc_", 0) != 0;
+  return options_.read_own_writes && !ps::RecordsPullBackups(options_.table_template);
 }
 
 void WorkerService::PushSparse(const std::vector<ps::VersionVector>& base, const GradOutput& grads,
