@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "common/bytes.h"
@@ -25,10 +26,14 @@ constexpr char kMagic[8] = {'O', 'N', 'L', 'P', 'S', 'C', 'K', '1'};
 // Format 1 ended in LegacyChecksum64; format 2 ends in a CRC-32. Both are read.
 constexpr uint32_t kLegacyFormat = 1;
 constexpr uint32_t kFormat = 2;
+// A delta (incremental checkpoint): format 2's checksum, a chain position in the header.
+constexpr uint32_t kDeltaFormat = 3;
 constexpr size_t kFormatOffset = sizeof(kMagic);
 
+// Reads a table (spec, then body) into `out`. `delta`: the body is a delta, applied to
+// the table of that name in `out` (whose spec must be the same), or to a new one.
 Status ReadTable(ByteReader* r, const ShardIdentity& id, const std::string& path,
-                 std::map<std::string, std::shared_ptr<Table>>* out) {
+                 std::map<std::string, std::shared_ptr<Table>>* out, bool delta = false) {
   uint64_t fields = 0;
   ONLINEPS_RETURN_IF_ERROR(r->Get(&fields, "table spec size"));
   std::map<std::string, std::string> spec_map;
@@ -40,9 +45,17 @@ Status ReadTable(ByteReader* r, const ShardIdentity& id, const std::string& path
   }
   auto spec = DecodeSpec(spec_map);
   if (!spec.ok()) return DataLoss(path + ": bad table spec: " + spec.status().message());
+  if (auto it = out->find(spec->name); delta && it != out->end()) {
+    if (EncodeSpec(it->second->spec()) != spec_map) {
+      return DataLoss(path + ": table '" + spec->name +
+                      "' has another spec than in the checkpoint before it");
+    }
+    Status st = it->second->LoadDelta(r);
+    return st.ok() ? st : st.WithContext(path + ": table '" + spec->name + "'");
+  }
   auto table = Table::Create(*spec, id.shard, id.num_shards);
   if (!table.ok()) return DataLoss(path + ": " + table.status().message());
-  Status st = (*table)->Load(r);
+  Status st = delta ? (*table)->LoadDelta(r) : (*table)->Load(r);
   if (!st.ok()) return st.WithContext(path + ": table '" + spec->name + "'");
   (*out)[spec->name] = std::shared_ptr<Table>(std::move(table).value());
   return Status::Ok();
@@ -60,7 +73,7 @@ Status VerifyTrailer(std::string_view bytes, const std::string& path, const Crc3
   std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
   const size_t n = bytes.size() - 8;
   uint64_t computed;
-  if (format == kFormat) {
+  if (format == kFormat || format == kDeltaFormat) {
     ONLINEPS_ASSIGN_OR_RETURN(computed, crc32_of(n));
   } else if (format == kLegacyFormat) {
     computed = LegacyChecksum64(bytes.data(), n);
@@ -74,11 +87,22 @@ Status VerifyTrailer(std::string_view bytes, const std::string& path, const Crc3
   return Status::Ok();
 }
 
-// ParseShard with the CRC computed by crc32_of and, if set, `release` called every
-// 8 MiB with the first byte not yet read.
-StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseChecked(
-    std::string_view bytes, const std::string& path, const ShardIdentity& id, Dedup* dedup,
-    const Crc32Of& crc32_of, std::function<void(const char*)> release);
+using Tables = std::map<std::string, std::shared_ptr<Table>>;
+
+// Where a delta must sit in its chain. `stale` is set, and nothing read, when the file
+// is another delta (of an older chain: its seq or the file it names differ).
+struct ChainPos {
+  uint64_t seq = 0, prev_trailer = 0;
+  bool stale = false;
+};
+
+// Parses a checkpoint into `tables` (a full one: into an empty map; a delta, `delta`
+// set: on top of the tables of the files before it), with the CRC computed by crc32_of
+// and, if set, `release` called every 8 MiB with the first byte not yet read. `dedup`
+// gets the file's windows only when everything parsed.
+Status ParseChecked(std::string_view bytes, const std::string& path, const ShardIdentity& id,
+                    Dedup* dedup, const Crc32Of& crc32_of, std::function<void(const char*)> release,
+                    Tables* tables, ChainPos* delta = nullptr);
 
 }  // namespace
 
@@ -101,19 +125,28 @@ uint64_t LegacyChecksum64(const void* data, size_t size) {
 
 namespace {
 
+void PutSpec(ByteWriter* w, const std::map<std::string, std::string>& spec) {
+  w->Put<uint64_t>(spec.size());
+  for (const auto& [k, v] : spec) {
+    w->PutString(k);
+    w->PutString(v);
+  }
+}
+
 // Everything but the trailing checksum.
 void WriteSnapshotBody(ByteWriter* w, ShardSnapshot* snap) {
+  const bool delta = snap->kind == SnapshotKind::kDelta;
   w->Append(kMagic, sizeof(kMagic));
-  w->Put<uint32_t>(kFormat);
+  w->Put<uint32_t>(delta ? kDeltaFormat : kFormat);
   w->Put<uint32_t>(snap->id.shard);
   w->Put<uint32_t>(snap->id.num_shards);
+  if (delta) {
+    w->Put<uint64_t>(snap->seq);
+    w->Put<uint64_t>(snap->prev_trailer);
+  }
   w->Put<uint64_t>(snap->tables.size());
   for (ShardSnapshot::Entry& e : snap->tables) {
-    w->Put<uint64_t>(e.spec.size());
-    for (const auto& [k, v] : e.spec) {
-      w->PutString(k);
-      w->PutString(v);
-    }
+    PutSpec(w, e.spec);
     e.table->Write(w);
   }
   w->Append(snap->dedup.data(), snap->dedup.size());
@@ -173,11 +206,12 @@ class MappedFile {
 
 ShardSnapshot SnapshotShard(const ShardIdentity& id,
                             const std::map<std::string, std::shared_ptr<Table>>& tables,
-                            const Dedup& dedup) {
+                            const Dedup& dedup, SnapshotKind kind) {
   ShardSnapshot snap;
   snap.id = id;
+  snap.kind = kind;
   for (const auto& [name, table] : tables) {
-    snap.tables.push_back({EncodeSpec(table->spec()), table->BeginSnapshot()});
+    snap.tables.push_back({EncodeSpec(table->spec()), table->BeginSnapshot(kind)});
   }
   ByteWriter w;
   dedup.Save(&w);
@@ -188,14 +222,23 @@ ShardSnapshot SnapshotShard(const ShardIdentity& id,
 std::string SerializeShard(const ShardIdentity& id,
                            const std::map<std::string, std::shared_ptr<Table>>& tables,
                            const Dedup& dedup) {
-  ShardSnapshot snap = SnapshotShard(id, tables, dedup);
   ByteWriter w;
-  WriteSnapshotBody(&w, &snap);
+  w.Append(kMagic, sizeof(kMagic));
+  w.Put<uint32_t>(kFormat);
+  w.Put<uint32_t>(id.shard);
+  w.Put<uint32_t>(id.num_shards);
+  w.Put<uint64_t>(tables.size());
+  for (const auto& [name, table] : tables) {
+    PutSpec(&w, EncodeSpec(table->spec()));
+    table->Save(&w);
+  }
+  dedup.Save(&w);
   w.Put<uint64_t>(Crc32(w.buffer().data(), w.buffer().size()));
   return w.buffer();
 }
 
-StatusOr<uint64_t> WriteSnapshot(const std::string& path, ShardSnapshot* snap) {
+StatusOr<uint64_t> WriteSnapshot(const std::string& path, ShardSnapshot* snap,
+                                 uint64_t* trailer_out) {
   // Streamed through a 1 MiB buffer: the file is never held in memory.
   AtomicFileWriter file(path);
   uLong crc = crc32_z(0, Z_NULL, 0);
@@ -210,6 +253,7 @@ StatusOr<uint64_t> WriteSnapshot(const std::string& path, ShardSnapshot* snap) {
   const uint64_t trailer = crc;
   ONLINEPS_RETURN_IF_ERROR(file.Write({reinterpret_cast<const char*>(&trailer), sizeof trailer}));
   ONLINEPS_RETURN_IF_ERROR(file.Commit(/*sync=*/true));
+  if (trailer_out != nullptr) *trailer_out = trailer;
   return file.bytes_written();
 }
 
@@ -227,25 +271,95 @@ StatusOr<std::map<std::string, std::shared_ptr<Table>>> ReadCheckpoint(const std
   // 8 MiB: a restore holds the tables and a small window of the file, not both whole.
   MappedFile file;
   ONLINEPS_RETURN_IF_ERROR(file.Open(path));
-  return ParseChecked(
+  Tables tables;
+  ONLINEPS_RETURN_IF_ERROR(ParseChecked(
       file.bytes(), path, id, dedup, [&file](size_t n) { return file.Crc32Of(n); },
-      [&file](const char* p) { file.Release(p); });
+      [&file](const char* p) { file.Release(p); }, &tables));
+  return tables;
+}
+
+std::string DeltaPath(const std::string& path, uint64_t seq) {
+  return path + ".d" + std::to_string(seq);
+}
+
+std::vector<std::string> DeltaFiles(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const std::string prefix = p.filename().string() + ".d";
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(p.has_parent_path() ? p.parent_path() : fs::path("."), ec), end;
+       !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
+        std::all_of(name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(),
+                    [](char c) { return c >= '0' && c <= '9'; })) {
+      out.push_back(it->path().string());
+    }
+  }
+  return out;
+}
+
+StatusOr<RestoredShard> RestoreCheckpoint(const std::string& path, const ShardIdentity& id,
+                                          Dedup* dedup) {
+  RestoredShard out;
+  Dedup windows;
+  {
+    MappedFile file;
+    ONLINEPS_RETURN_IF_ERROR(file.Open(path));
+    ONLINEPS_RETURN_IF_ERROR(ParseChecked(
+        file.bytes(), path, id, &windows, [&file](size_t n) { return file.Crc32Of(n); },
+        [&file](const char* p) { file.Release(p); }, &out.tables));
+    out.base_bytes = file.bytes().size();
+    std::memcpy(&out.tip_trailer, file.bytes().data() + file.bytes().size() - 8, 8);
+  }
+  out.tip = path;
+  for (uint64_t seq = 1;; ++seq) {
+    const std::string delta_path = DeltaPath(path, seq);
+    MappedFile file;
+    Status opened = file.Open(delta_path);
+    if (opened.code() == StatusCode::kNotFound) break;
+    ONLINEPS_RETURN_IF_ERROR(opened);
+    ChainPos pos{seq, out.tip_trailer};
+    ONLINEPS_RETURN_IF_ERROR(ParseChecked(
+        file.bytes(), delta_path, id, &windows, [&file](size_t n) { return file.Crc32Of(n); },
+        [&file](const char* p) { file.Release(p); }, &out.tables, &pos));
+    if (pos.stale) break;
+    out.tip = delta_path;
+    std::memcpy(&out.tip_trailer, file.bytes().data() + file.bytes().size() - 8, 8);
+    out.delta_bytes += file.bytes().size();
+    out.deltas = seq;
+  }
+  // Whatever is left does not continue the chain: an older chain's, whose full
+  // checkpoint was replaced before they were removed.
+  for (const std::string& f : DeltaFiles(path)) {
+    const std::string n = f.substr(path.size() + 2);
+    if (n.size() > 18 || std::stoull(n) > out.deltas) out.stale.push_back(f);
+  }
+  ByteWriter tmp;
+  windows.Save(&tmp);
+  ByteReader again(tmp.buffer().data(), tmp.buffer().size());
+  ONLINEPS_RETURN_IF_ERROR(dedup->Load(&again));
+  return out;
 }
 
 StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseShard(std::string_view bytes,
                                                                    const std::string& path,
                                                                    const ShardIdentity& id,
                                                                    Dedup* dedup) {
-  return ParseChecked(
+  Tables tables;
+  ONLINEPS_RETURN_IF_ERROR(ParseChecked(
       bytes, path, id, dedup,
-      [bytes](size_t n) -> StatusOr<uint32_t> { return Crc32(bytes.data(), n); }, nullptr);
+      [bytes](size_t n) -> StatusOr<uint32_t> { return Crc32(bytes.data(), n); }, nullptr,
+      &tables));
+  return tables;
 }
 
 namespace {
 
-StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseChecked(
-    std::string_view bytes, const std::string& path, const ShardIdentity& id, Dedup* dedup,
-    const Crc32Of& crc32_of, std::function<void(const char*)> release) {
+Status ParseChecked(std::string_view bytes, const std::string& path, const ShardIdentity& id,
+                    Dedup* dedup, const Crc32Of& crc32_of, std::function<void(const char*)> release,
+                    Tables* tables, ChainPos* delta) {
   if (bytes.size() < sizeof(kMagic) + 8 || std::memcmp(bytes.data(), kMagic, sizeof(kMagic))) {
     return DataLoss(path + " is not an onlineps checkpoint (bad magic or too short)");
   }
@@ -255,6 +369,14 @@ StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseChecked(
   uint32_t format = 0, shard = 0, num_shards = 0;
   uint64_t count = 0;
   ONLINEPS_RETURN_IF_ERROR(r.Get(&format, "format"));
+  if (format == kDeltaFormat && delta == nullptr) {
+    return DataLoss(path + " is a delta (an incremental checkpoint): it is read after " +
+                    "the full checkpoint it follows, not alone");
+  }
+  if (format != kDeltaFormat && delta != nullptr) {
+    return DataLoss(path + " is named as a delta but is a full checkpoint (format " +
+                    std::to_string(format) + ")");
+  }
   ONLINEPS_RETURN_IF_ERROR(r.Get(&shard, "shard"));
   ONLINEPS_RETURN_IF_ERROR(r.Get(&num_shards, "shard count"));
   if (shard != id.shard || num_shards != id.num_shards) {
@@ -262,16 +384,25 @@ StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseChecked(
                               std::to_string(num_shards) + ", this is shard " +
                               std::to_string(id.shard) + " of " + std::to_string(id.num_shards));
   }
+  if (delta != nullptr) {
+    uint64_t seq = 0, prev = 0;
+    ONLINEPS_RETURN_IF_ERROR(r.Get(&seq, "delta sequence number"));
+    ONLINEPS_RETURN_IF_ERROR(r.Get(&prev, "delta's previous checksum"));
+    if (seq != delta->seq || prev != delta->prev_trailer) {
+      delta->stale = true;
+      return Status::Ok();
+    }
+  }
   ONLINEPS_RETURN_IF_ERROR(r.Get(&count, "table count"));
-  std::map<std::string, std::shared_ptr<Table>> tables;
-  for (uint64_t i = 0; i < count; ++i) ONLINEPS_RETURN_IF_ERROR(ReadTable(&r, id, path, &tables));
+  for (uint64_t i = 0; i < count; ++i) {
+    ONLINEPS_RETURN_IF_ERROR(ReadTable(&r, id, path, tables, delta != nullptr));
+  }
   Dedup loaded;
   ONLINEPS_RETURN_IF_ERROR(loaded.Load(&r));
   ByteWriter tmp;
   loaded.Save(&tmp);
   ByteReader again(tmp.buffer().data(), tmp.buffer().size());
-  ONLINEPS_RETURN_IF_ERROR(dedup->Load(&again));
-  return tables;
+  return dedup->Load(&again);
 }
 
 }  // namespace

@@ -38,6 +38,12 @@ void AddFlags(CLI::App& app, onlineps::ps::ShardServerOptions* o, std::string* a
   app.add_option("--checkpoint-interval-s", o->checkpoint_interval_s,
                  "Seconds between periodic checkpoints (0: only on demand and at shutdown)")
       ->capture_default_str();
+  app.add_option("--checkpoint-full-every", o->checkpoint_full_every,
+                 "Incremental checkpoints: between full ones, write only the rows changed "
+                 "since the last checkpoint (a delta file beside it), at most N-1 in a row "
+                 "(1: every checkpoint is full)")
+      ->check(CLI::Range(1u, 1000u))
+      ->capture_default_str();
   app.add_flag("!--no-restore", o->restore, "Ignore an existing checkpoint at start");
   app.add_option("--max-senders", o->max_senders,
                  "Clients whose exactly-once window is kept (LRU beyond)")

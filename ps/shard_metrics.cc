@@ -39,6 +39,12 @@ ShardServer::Metrics::Metrics(prometheus::Registry& r)
                             .Help("Size of the last successful checkpoint")
                             .Register(r)
                             .Add({})),
+      checkpoint_deltas_(BuildGauge()
+                             .Name("onlineps_ps_checkpoint_deltas")
+                             .Help("Deltas (incremental checkpoints) written after the last full "
+                                   "checkpoint; a restore reads them all after it")
+                             .Register(r)
+                             .Add({})),
       checkpoint_time_(BuildGauge()
                            .Name("onlineps_ps_last_checkpoint_success_timestamp_seconds")
                            .Help("Unix time of the last successful checkpoint (of the start "

@@ -39,6 +39,7 @@ class ShardServer::Metrics {
   // success counts from now until the first one.
   void SetCheckpointPolicy(double interval_s);
   void CountCheckpoint(bool ok, double seconds, uint64_t bytes);
+  void SetCheckpointDeltas(uint64_t n) { checkpoint_deltas_.Set(static_cast<double>(n)); }
   void SetHeld(size_t n) { held_.Set(static_cast<double>(n)); }
   void SetDedupSenders(size_t n) { dedup_senders_.Set(static_cast<double>(n)); }
   void SetReady(bool ready) { ready_.Set(ready ? 1 : 0); }
@@ -56,6 +57,7 @@ class ShardServer::Metrics {
   prometheus::Family<prometheus::Counter>& checkpoints_;
   prometheus::Gauge& checkpoint_seconds_;
   prometheus::Gauge& checkpoint_bytes_;
+  prometheus::Gauge& checkpoint_deltas_;
   prometheus::Gauge& checkpoint_time_;
   prometheus::Gauge& checkpoint_interval_;
   prometheus::Gauge& held_;

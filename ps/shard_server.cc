@@ -122,16 +122,32 @@ StatusOr<std::string> ShardServer::Start() {
     if (ec) return Unavailable("cannot create " + options_.checkpoint_dir + ": " + ec.message());
   }
   bool restored = false;
+  std::string tip;  // the last file of the restored checkpoint chain
   if (!path.empty() && options_.restore && std::filesystem::exists(path)) {
     restored = true;
-    auto restored = ReadCheckpoint(path, {options_.shard, options_.num_shards}, &dedup_);
+    auto restored = RestoreCheckpoint(path, {options_.shard, options_.num_shards}, &dedup_);
     if (!restored.ok()) return restored.status();
-    spdlog::info("restored {} table(s) from {}", restored->size(), path);
+    spdlog::info("restored {} table(s) from {}{}", restored->tables.size(), path,
+                 restored->deltas == 0 ? std::string()
+                                       : fmt::format(" and {} delta(s) after it, up to {}",
+                                                     restored->deltas, restored->tip));
+    for (const std::string& f : restored->stale) {
+      std::error_code ec;
+      std::filesystem::remove(f, ec);
+      spdlog::warn("removed {}: a delta that does not continue the checkpoint chain{}", f,
+                   ec ? " (could not: " + ec.message() + ")" : "");
+    }
+    tip = restored->tip;
+    {
+      MutexLock lock(&ckpt_mu_);
+      chain_ = {restored->tip_trailer, restored->tip, restored->deltas, restored->base_bytes,
+                restored->delta_bytes};
+    }
     std::atomic_store(&tables_, std::shared_ptr<const TableMap>(
-                                    std::make_shared<TableMap>(std::move(restored).value())));
+                                    std::make_shared<TableMap>(std::move(restored->tables))));
   }
   if (options_.replication.members.size() >= 2) {
-    ONLINEPS_RETURN_IF_ERROR(MakeReplica(restored));
+    ONLINEPS_RETURN_IF_ERROR(MakeReplica(restored, tip));
   }
   TransportOptions topts;
   topts.handler_threads = options_.handler_threads;
@@ -165,8 +181,8 @@ StatusOr<std::string> ShardServer::Start() {
     if (!path.empty()) {
       // From now on a crash is not a clean stop: the next start takes a new incarnation.
       std::error_code ec;
-      const uint64_t bytes = restored ? std::filesystem::file_size(path, ec) : 0;
-      WriteSidecar(/*clean=*/false, ec ? 0 : bytes);
+      const uint64_t bytes = restored ? std::filesystem::file_size(tip, ec) : 0;
+      WriteSidecar(/*clean=*/false, restored ? tip : path, ec ? 0 : bytes);
     }
   }
   {
@@ -188,23 +204,23 @@ StatusOr<std::string> ShardServer::Start() {
   return bound;
 }
 
-Status ShardServer::MakeReplica(bool restored) {
+Status ShardServer::MakeReplica(bool restored, const std::string& tip) {
   RestoredReplica r;
   r.restored = restored;
   const std::string path = checkpoint_path();
   if (restored) {
     auto side = ReadReplicaSidecar(path + ".replica");
     std::error_code ec;
-    const uint64_t bytes = std::filesystem::file_size(path, ec);
+    const uint64_t bytes = std::filesystem::file_size(tip, ec);
     if (side.ok()) {
       r.incarnation = side->incarnation;
       r.log_epoch = side->log_epoch;
       r.lsn = side->lsn;
       // Only a clean stop's checkpoint holds exactly what its replica acknowledged: the
-      // sidecar must say so and describe this very file.
+      // sidecar must say so and describe this very file (the chain's last).
       r.exact = side->clean && !ec && side->checkpoint_bytes == bytes &&
                 side->checkpoint_checksum != 0 &&
-                side->checkpoint_checksum == CheckpointTrailer(path);
+                side->checkpoint_checksum == CheckpointTrailer(tip);
       if (r.exact) {
         // From now on a crash is not a clean stop. If that cannot be recorded, a later
         // restart could keep this incarnation with a stale state: take a new one now.
@@ -242,14 +258,14 @@ Status ShardServer::MakeReplica(bool restored) {
   return Status::Ok();
 }
 
-void ShardServer::WriteSidecar(bool clean, uint64_t checkpoint_bytes) {
+void ShardServer::WriteSidecar(bool clean, const std::string& file, uint64_t checkpoint_bytes) {
   ReplicaSidecar side;
   side.incarnation = replica_->incarnation();
   side.log_epoch = replica_->log_epoch();
   side.lsn = replica_->last_lsn();
   side.clean = clean;
   side.checkpoint_bytes = checkpoint_bytes;
-  side.checkpoint_checksum = CheckpointTrailer(checkpoint_path());
+  side.checkpoint_checksum = CheckpointTrailer(file);
   Status st = WriteReplicaSidecar(checkpoint_path() + ".replica", side);
   if (!st.ok()) spdlog::error("replica sidecar not written: {}", st.ToString());
 }
@@ -297,7 +313,7 @@ void ShardServer::Stop() {
       // stopped leading, or a re-sync cut short): then it restarts as a new replica.
       std::error_code ec;
       const uint64_t bytes = std::filesystem::file_size(*st, ec);
-      if (!ec && replica_->ExactState()) WriteSidecar(/*clean=*/true, bytes);
+      if (!ec && replica_->ExactState()) WriteSidecar(/*clean=*/true, *st, bytes);
     }
   }
   spdlog::info("shard {}/{} stopped", options_.shard, options_.num_shards);
@@ -310,22 +326,73 @@ StatusOr<std::string> ShardServer::Checkpoint() {
   auto t0 = std::chrono::steady_clock::now();
   ShardSnapshot snap;
   double pause_s = 0;
+  bool full = true;
+  ChangeStats changes;
   {
     // Pushes pause only while the snapshot is cut (O(stripes), not O(rows)): the file
     // then holds exactly the pushes its dedup windows say were applied, and is written
     // below while pushes go on.
     WriterLock gate(&apply_gate_);
-    snap = SnapshotShard({options_.shard, options_.num_shards}, *tables(), dedup_);
+    auto current = tables();
+    for (const auto& [name, t] : *current) {
+      const ChangeStats c = t->Changes();
+      changes.changed_rows += c.changed_rows;
+      changes.dropped_rows += c.dropped_rows;
+      changes.rows += c.rows;
+      changes.overflow = changes.overflow || c.overflow;
+    }
+    full = force_full_checkpoint_.exchange(false) || WantFullCheckpoint(changes);
+    snap = SnapshotShard({options_.shard, options_.num_shards}, *current, dedup_,
+                         full ? SnapshotKind::kFull : SnapshotKind::kDelta);
     pause_s = SecondsSince(t0);
   }
-  StatusOr<uint64_t> bytes = WriteSnapshot(path, &snap);
+  snap.seq = full ? 0 : chain_.deltas + 1;
+  snap.prev_trailer = full ? 0 : chain_.tip_trailer;
+  const std::string file = full ? path : DeltaPath(path, snap.seq);
+  uint64_t trailer = 0;
+  StatusOr<uint64_t> bytes = WriteSnapshot(file, &snap, &trailer);
   snap = ShardSnapshot{};  // ends the snapshot: updates stop preserving rows
   metrics_->CountCheckpoint(bytes.ok(), SecondsSince(t0), bytes.ok() ? *bytes : 0);
-  if (!bytes.ok()) return bytes.status();
-  if (replica_) WriteSidecar(/*clean=*/false, *bytes);
-  spdlog::info("checkpoint {} ({} bytes, {:.3f} s, pushes paused {:.1f} ms)", path, *bytes,
-               SecondsSince(t0), pause_s * 1e3);
-  return path;
+  if (!bytes.ok()) {
+    // The cut started new change sets: what this file was to hold is in no file.
+    force_full_checkpoint_ = true;
+    return bytes.status();
+  }
+  if (full) {
+    // The deltas of the chain before it end with it (a crash before they are gone
+    // leaves deltas that name the old file: a restore stops at them and removes them).
+    for (const std::string& f : DeltaFiles(path)) {
+      std::error_code ec;
+      std::filesystem::remove(f, ec);
+      if (ec) spdlog::warn("cannot remove the old delta {}: {}", f, ec.message());
+    }
+    chain_ = {trailer, file, 0, *bytes, 0};
+  } else {
+    chain_.tip_trailer = trailer;
+    chain_.tip = file;
+    ++chain_.deltas;
+    chain_.delta_bytes += *bytes;
+  }
+  metrics_->SetCheckpointDeltas(chain_.deltas);
+  if (replica_) WriteSidecar(/*clean=*/false, file, *bytes);
+  if (full) {
+    spdlog::info("checkpoint {} ({} bytes, {:.3f} s, pushes paused {:.1f} ms)", file, *bytes,
+                 SecondsSince(t0), pause_s * 1e3);
+  } else {
+    spdlog::info(
+        "checkpoint {} ({} bytes, {:.3f} s, pushes paused {:.1f} ms; delta {} of the chain: {} "
+        "of {} rows changed, {} dropped)",
+        file, *bytes, SecondsSince(t0), pause_s * 1e3, chain_.deltas, changes.changed_rows,
+        changes.rows, changes.dropped_rows);
+  }
+  return file;
+}
+
+bool ShardServer::WantFullCheckpoint(const ChangeStats& changes) {
+  return options_.checkpoint_full_every <= 1 || chain_.tip_trailer == 0 ||
+         chain_.deltas + 2 > options_.checkpoint_full_every ||
+         chain_.delta_bytes >= chain_.base_bytes || changes.overflow || changes.rows == 0 ||
+         changes.changed_rows + changes.dropped_rows > changes.rows / 2;
 }
 
 void ShardServer::Handle(Incoming&& in) {
@@ -715,6 +782,7 @@ Status ShardServer::LoadSnapshot(const std::string& bytes) {
   MutexLock lock(&tables_mu_);
   auto loaded = ParseShard(bytes, "snapshot", {options_.shard, options_.num_shards}, &dedup_);
   if (!loaded.ok()) return loaded.status();
+  force_full_checkpoint_ = true;  // the files on disk describe the tables it replaces
   std::atomic_store(&tables_, std::shared_ptr<const TableMap>(
                                   std::make_shared<TableMap>(std::move(loaded).value())));
   watchers_->Reset();

@@ -44,9 +44,14 @@ struct ShardServerOptions {
   std::string checkpoint_dir;          // empty: no checkpoints
   uint64_t checkpoint_interval_s = 0;  // 0: only on demand and at Stop
   bool restore = true;                 // load checkpoint_dir/shard-I-of-N.ckpt at Start
-  size_t max_senders = 16384;          // dedup windows kept (1 KiB each)
-  size_t max_held_replies = 65536;     // block mode: replies waiting for slow workers
-  size_t max_watches = 4096;           // table-change watches held at once (op watch)
+  // Incremental checkpoints: a checkpoint writes only what changed since the one before
+  // (a delta, PATH.d<N>) unless this many files make the chain already (the full
+  // checkpoint and its deltas), there is no full checkpoint yet, the deltas add up to
+  // the full one's size, or half the rows changed. 1: every checkpoint is full.
+  uint32_t checkpoint_full_every = 8;
+  size_t max_senders = 16384;       // dedup windows kept (1 KiB each)
+  size_t max_held_replies = 65536;  // block mode: replies waiting for slow workers
+  size_t max_watches = 4096;        // table-change watches held at once (op watch)
   uint64_t maintenance_interval_ms = 50;
   // Primary/backup replication of this shard (ps/replication.h); off with < 2 members.
   ReplicationOptions replication;
@@ -103,8 +108,12 @@ class ShardServer {
   enum class Created { kNew, kExisted };
   StatusOr<Created> CreateTable(const Header& h, Header* reply);
   // Replicated shards: builds replica_ from the options and the checkpoint's sidecar.
-  Status MakeReplica(bool restored);
-  void WriteSidecar(bool clean, uint64_t checkpoint_bytes);
+  Status MakeReplica(bool restored, const std::string& tip);
+  // The sidecar describes `file`, the last file of the checkpoint chain, of that size.
+  void WriteSidecar(bool clean, const std::string& file, uint64_t checkpoint_bytes);
+  // Whether the checkpoint cut now, with the tables' `changes`, is a full one (else a
+  // delta).
+  bool WantFullCheckpoint(const ChangeStats& changes) REQUIRES(ckpt_mu_);
   bool ReplicationAllowed(const std::string& client_key) const;
   // Replicated shards: applies a client update in log order and logs it.
   Status ApplyLogged(const Header& h, const Frames& frames, std::shared_ptr<Table> t, Header* reply,
@@ -172,6 +181,17 @@ class ShardServer {
   std::vector<Held> held_ GUARDED_BY(held_mu_);
 
   Mutex ckpt_mu_ ACQUIRED_BEFORE(apply_gate_);  // one checkpoint at a time
+  // The checkpoint chain on disk: the full checkpoint and the deltas after it.
+  struct Chain {
+    uint64_t tip_trailer = 0;  // the last file's trailing checksum; 0: no full one yet
+    std::string tip;           // the last file
+    uint64_t deltas = 0;       // deltas after the full checkpoint
+    uint64_t base_bytes = 0, delta_bytes = 0;
+  };
+  Chain chain_ GUARDED_BY(ckpt_mu_);
+  // The tables' change sets no longer describe the files (a replica's tables were
+  // replaced, or a checkpoint failed after its cut): the next checkpoint is full.
+  std::atomic<bool> force_full_checkpoint_{false};
   // Shared by pushes (dedup check through commit), exclusive while a checkpoint is
   // written: the file never holds a push its dedup windows miss, or the reverse.
   SharedMutex apply_gate_ ACQUIRED_BEFORE(tables_mu_);

@@ -40,6 +40,43 @@ struct SparseTable::Stripe {
   LruMap<BackupKey, std::vector<float>, BackupHash> backups;
   LruMap<uint64_t, uint32_t> admission;  // touches of rows not yet admitted
   std::vector<float> scratch;
+  // Incremental checkpoints: a bit per slot for the rows changed (pushed to or created)
+  // since the last snapshot's cut, and the keys of rows dropped since (evicted or
+  // expired; a dropped row's bit is cleared, so every bit set is a live row). Past
+  // max(4096, rows / 4) dropped keys the list is given up (`dropped_overflow`): the next
+  // checkpoint must be full.
+  std::vector<uint64_t> changed;
+  std::vector<uint64_t> dropped;
+  bool dropped_overflow = false;
+
+  static bool Bit(const std::vector<uint64_t>& bits, uint32_t slot) {
+    const size_t w = slot >> 6;
+    return w < bits.size() && (bits[w] >> (slot & 63) & 1) != 0;
+  }
+  void MarkChanged(uint32_t slot) {
+    const size_t w = slot >> 6;
+    if (w >= changed.size()) changed.resize(std::max(w + 1, changed.size() * 2));
+    changed[w] |= uint64_t{1} << (slot & 63);
+  }
+  void NoteDropped(uint32_t slot) {
+    if (Bit(changed, slot)) changed[slot >> 6] &= ~(uint64_t{1} << (slot & 63));
+    if (dropped_overflow) return;
+    if (dropped.size() >= std::max<size_t>(4096, rows.size() / 4)) {
+      dropped_overflow = true;
+      dropped = {};
+      return;
+    }
+    dropped.push_back(rows.KeyOf(slot));
+  }
+  // Starts a new change set; the last one's bits and dropped keys go to the caller.
+  void TakeChanges(std::vector<uint64_t>* bits, std::vector<uint64_t>* keys) {
+    *bits = std::move(changed);
+    *keys = std::move(dropped);
+    changed.assign((size_t{rows.slot_end()} + 63) / 64, 0);
+    dropped.clear();
+    dropped_overflow = false;
+  }
+
   // While a snapshot (SparseSnapshot) writes this stripe, it keeps copies of the
   // records of rows it has still to write as they were at the cut, for the rows an
   // update changed since. Rows still to write: without an LRU list, slots
@@ -48,8 +85,12 @@ struct SparseTable::Stripe {
   // the records not changed since). Copies go to blocks of records (a copy is one
   // memcpy, no allocation per row); snap_copy_at maps a slot to 1 + its copy's index. Both
   // are populated mappings: the first push after a cut copies rows in every stripe, and
-  // page faults taken one by one there cost it 60-150 ms at 4-10M rows.
+  // page faults taken one by one there cost it 60-150 ms at 4-10M rows. A delta snapshot
+  // (snap_delta) writes, in slot order from snap_cursor, only the rows of snap_changed,
+  // after the keys of snap_dropped.
   bool snap_active = false;
+  bool snap_delta = false;
+  std::vector<uint64_t> snap_changed, snap_dropped;
   uint32_t snap_cursor = 0, snap_end = 0;
   uint32_t snap_next = kNil;
   std::vector<bool> snap_written;
@@ -70,7 +111,10 @@ struct SparseTable::Stripe {
   }
   void EndSnapshot() {
     snap_active = false;
+    snap_delta = false;
     snap_written = {};
+    snap_changed = {};
+    snap_dropped = {};
     if (snap_copy_at != nullptr)
       UnmapPopulated(reinterpret_cast<char*>(snap_copy_at), CopyAtBytes());
     snap_copy_at = nullptr;
@@ -82,7 +126,11 @@ struct SparseTable::Stripe {
   // Called before an update changes the record at slot (its row or its LRU links).
   void Preserve(uint32_t slot) {
     if (!snap_active || slot >= snap_end) return;
-    if (layout.lru ? static_cast<bool>(snap_written[slot]) : slot < snap_cursor) return;
+    if (snap_delta) {
+      if (slot < snap_cursor || !Bit(snap_changed, slot)) return;
+    } else if (layout.lru ? static_cast<bool>(snap_written[slot]) : slot < snap_cursor) {
+      return;
+    }
     if (snap_copy_at == nullptr) {
       snap_copy_at = reinterpret_cast<uint32_t*>(MapPopulated(CopyAtBytes()));
     }
@@ -137,6 +185,7 @@ struct SparseTable::Stripe {
       new (rows.Record(i) + layout.avg_count_offset) uint32_t{avg_count};
   }
   void Evict(uint32_t i) {
+    NoteDropped(i);
     Unlink(i);
     rows.Erase(i);
     ++evicted;
@@ -322,6 +371,7 @@ int64_t SparseTable::FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms,
     s.Evict(s.tail);
   }
   const uint32_t slot = s.rows.Insert(key);
+  s.MarkChanged(slot);
   float* row = s.rows.Floats(slot);
   InitValues(spec_, key, row, dim_, /*sparse_row=*/true);
   for (int k = 0; k < rules_.optimizer_slots(); ++k) {
@@ -337,6 +387,7 @@ int64_t SparseTable::FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms,
 void SparseTable::ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const float* g, bool delta,
                            float lr_scale, uint64_t step, bool compensate) {
   s.Preserve(slot);
+  s.MarkChanged(slot);
   float* row = s.rows.Floats(slot);
   if (delta) {
     const float scale = static_cast<float>(spec_.delta_scale);
@@ -564,22 +615,35 @@ void SparseTable::SaveAccumulator(ByteWriter* w) const {
 }
 
 // A snapshot of a sparse table: the cut records, per stripe, which rows to write (the
-// slots handed out, or the head of the LRU list); the writer then takes each stripe's
-// lock for kChunkRows rows at a time, and an update about to change a row (or its LRU
-// links) that is still to be written copies its record first (Stripe::Preserve). Rows
-// come out in Save's order: LRU order (oldest first) for tables that can drop rows,
-// slot order for the others.
+// slots handed out, or the head of the LRU list; a delta: the rows changed since the
+// last cut, and the keys dropped since); the writer then takes each stripe's lock for
+// kChunkRows rows at a time, and an update about to change a row (or its LRU links)
+// that is still to be written copies its record first (Stripe::Preserve). A full
+// snapshot's rows come out in Save's order: LRU order (oldest first) for tables that can
+// drop rows, slot order for the others; a delta's in slot order.
 class SparseSnapshot final : public TableSnapshot {
  public:
-  explicit SparseSnapshot(SparseTable* t) : t_(t), version_(t->version_.load()) {
+  SparseSnapshot(SparseTable* t, SnapshotKind kind)
+      : t_(t), delta_(kind == SnapshotKind::kDelta), version_(t->version_.load()) {
     for (const auto& s : t_->stripes_) {
       MutexLock lock(&s->mu);
       s->snap_active = true;
+      s->snap_delta = delta_;
       s->snap_cursor = 0;
       s->snap_end = s->rows.slot_end();
       s->snap_next = s->tail;
-      if (t_->layout_.lru) s->snap_written.assign(s->snap_end, false);
-      rows_.push_back(s->rows.size());
+      std::vector<uint64_t> changed, dropped;
+      s->TakeChanges(&changed, &dropped);
+      if (delta_) {
+        uint64_t n = 0;
+        for (uint64_t w : changed) n += static_cast<uint64_t>(__builtin_popcountll(w));
+        rows_.push_back(n);
+        s->snap_changed = std::move(changed);
+        s->snap_dropped = std::move(dropped);
+      } else {
+        if (t_->layout_.lru) s->snap_written.assign(s->snap_end, false);
+        rows_.push_back(s->rows.size());
+      }
     }
     t_->SaveAccumulator(&accumulator_);
   }
@@ -593,8 +657,14 @@ class SparseSnapshot final : public TableSnapshot {
   void Write(ByteWriter* w) override {
     w->Put<uint64_t>(version_);
     for (size_t si = 0; si < t_->stripes_.size(); ++si) {
+      SparseTable::Stripe& s = *t_->stripes_[si];
+      if (delta_) {
+        MutexLock lock(&s.mu);
+        w->Put<uint64_t>(s.snap_dropped.size());
+        w->Append(s.snap_dropped.data(), s.snap_dropped.size() * sizeof(uint64_t));
+      }
       w->Put<uint64_t>(rows_[si]);
-      WriteStripe(*t_->stripes_[si], w);
+      WriteStripe(s, w);
     }
     w->Append(accumulator_.buffer().data(), accumulator_.buffer().size());
   }
@@ -621,7 +691,10 @@ class SparseSnapshot final : public TableSnapshot {
   // REQUIRES: s.mu held.
   bool NextRow(SparseTable::Stripe& s, std::string* buf) {
     uint32_t slot;
-    if (t_->layout_.lru) {
+    if (delta_) {
+      slot = s.snap_cursor = NextChanged(s, s.snap_cursor);
+      if (slot == s.snap_end) return false;
+    } else if (t_->layout_.lru) {
       if (s.snap_next == kNil) return false;
       slot = s.snap_next;
     } else {
@@ -637,7 +710,7 @@ class SparseSnapshot final : public TableSnapshot {
     buf->append(rec, sizeof(uint64_t));  // the key
     buf->append(reinterpret_cast<const char*>(&avg_count), sizeof avg_count);
     buf->append(rec + t_->layout_.header_bytes, t_->row_floats_ * sizeof(float));
-    if (t_->layout_.lru) {
+    if (t_->layout_.lru && !delta_) {
       LruLinks links;
       std::memcpy(&links, rec + sizeof(uint64_t), sizeof links);  // the cut's links
       s.snap_written[slot] = true;
@@ -648,22 +721,67 @@ class SparseSnapshot final : public TableSnapshot {
     return true;
   }
 
+  // The first slot at or after `from` whose row changed before the cut, or snap_end.
+  static uint32_t NextChanged(const SparseTable::Stripe& s, uint32_t from) {
+    const std::vector<uint64_t>& bits = s.snap_changed;
+    size_t w = from >> 6;
+    if (from >= s.snap_end || w >= bits.size()) return s.snap_end;
+    uint64_t word = bits[w] & (~uint64_t{0} << (from & 63));
+    while (word == 0) {
+      if (++w == bits.size()) return s.snap_end;
+      word = bits[w];
+    }
+    return std::min<uint32_t>(s.snap_end, static_cast<uint32_t>(w * 64 + __builtin_ctzll(word)));
+  }
+
   SparseTable* const t_;
+  const bool delta_;
   const uint64_t version_;
   std::vector<uint64_t> rows_;  // per stripe, at the cut
   ByteWriter accumulator_;
 };
 
-std::unique_ptr<TableSnapshot> SparseTable::BeginSnapshot() {
-  return std::make_unique<SparseSnapshot>(this);
+std::unique_ptr<TableSnapshot> SparseTable::BeginSnapshot(SnapshotKind kind) {
+  return std::make_unique<SparseSnapshot>(this, kind);
 }
 
-Status SparseTable::Load(ByteReader* r) {
+ChangeStats SparseTable::Changes() const {
+  ChangeStats c;
+  for (const auto& s : stripes_) {
+    MutexLock lock(&s->mu);
+    for (uint64_t w : s->changed) c.changed_rows += static_cast<uint64_t>(__builtin_popcountll(w));
+    c.dropped_rows += s->dropped.size();
+    c.rows += s->rows.size();
+    c.overflow = c.overflow || s->dropped_overflow;
+  }
+  return c;
+}
+
+Status SparseTable::Load(ByteReader* r) { return LoadBody(r, /*delta=*/false); }
+Status SparseTable::LoadDelta(ByteReader* r) { return LoadBody(r, /*delta=*/true); }
+
+Status SparseTable::LoadBody(ByteReader* r, bool delta) {
   uint64_t version = 0;
   ONLINEPS_RETURN_IF_ERROR(r->Get(&version, "sparse version"));
   std::vector<float> row(row_floats_);
   const uint64_t now_ms = NowMs();  // restored rows count as touched now for TTL
   for (size_t si = 0; si < num_stripes_; ++si) {
+    Stripe& s = *stripes_[si];
+    if (delta) {
+      uint64_t dropped = 0;
+      ONLINEPS_RETURN_IF_ERROR(r->Get(&dropped, "sparse dropped row count"));
+      if (dropped > r->Remaining() / 8) return DataLoss("sparse dropped row count too large");
+      for (uint64_t k = 0; k < dropped; ++k) {
+        uint64_t key = 0;
+        ONLINEPS_RETURN_IF_ERROR(r->Get(&key, "sparse dropped row key"));
+        if (&StripeOf(key) != &s) return DataLoss("sparse dropped row in the wrong stripe");
+        MutexLock lock(&s.mu);
+        if (const uint32_t slot = s.rows.Find(key); slot != RowStore::kNoSlot) {
+          if (layout_.lru) s.Unlink(slot);
+          s.rows.Erase(slot);
+        }
+      }
+    }
     uint64_t rows = 0;
     ONLINEPS_RETURN_IF_ERROR(r->Get(&rows, "sparse row count"));
     if (rows > r->Remaining() / (row_floats_ * 4 + 12))
@@ -674,13 +792,15 @@ Status SparseTable::Load(ByteReader* r) {
       ONLINEPS_RETURN_IF_ERROR(r->Get(&key, "sparse row key"));
       ONLINEPS_RETURN_IF_ERROR(r->Get(&avg_count, "sparse row average count"));
       ONLINEPS_RETURN_IF_ERROR(r->GetBytes(row.data(), row_floats_ * 4, "sparse row values"));
-      if (&StripeOf(key) != stripes_[si].get()) return DataLoss("sparse row in the wrong stripe");
-      Stripe& s = *stripes_[si];
+      if (&StripeOf(key) != &s) return DataLoss("sparse row in the wrong stripe");
       MutexLock lock(&s.mu);
       uint32_t slot = s.rows.Find(key);
       if (slot == RowStore::kNoSlot) {
         slot = s.rows.Insert(key);
         s.InitMeta(slot, now_ms, avg_count);
+      } else {
+        if (layout_.avg_count_offset != 0) s.AvgCount(slot) = avg_count;
+        if (delta) s.Touch(slot, now_ms);  // changed after the rows before it
       }
       std::memcpy(s.rows.Floats(slot), row.data(), row_floats_ * 4);
     }

@@ -38,7 +38,9 @@ class SparseTable : public Table {
   TableStats Stats() const override;
   void Save(ByteWriter* w) const override;
   Status Load(ByteReader* r) override;
-  std::unique_ptr<TableSnapshot> BeginSnapshot() override;
+  std::unique_ptr<TableSnapshot> BeginSnapshot(SnapshotKind kind) override;
+  ChangeStats Changes() const override;
+  Status LoadDelta(ByteReader* r) override;
 
  private:
   struct Stripe;
@@ -92,6 +94,9 @@ class SparseTable : public Table {
   // DC-ASGD for accumulation: rewrites g (a private copy) row by row.
   void CompensateEach(const PushRequest& req, float* g);
   Status LoadAccumulator(ByteReader* r, uint64_t version);
+  // Load (delta false) or LoadDelta: per stripe the dropped keys (delta only), then the
+  // rows, each created or overwritten; a delta's rows count as most recently touched.
+  Status LoadBody(ByteReader* r, bool delta);
   // Push after the shape, finiteness and clip checks.
   StatusOr<PushResult> PushChecked(const PushRequest& req);
   StatusOr<PushResult> Accumulate(const PushRequest& req, uint64_t tau);

@@ -34,7 +34,7 @@ class SavedSnapshot final : public TableSnapshot {
 
 }  // namespace
 
-std::unique_ptr<TableSnapshot> Table::BeginSnapshot() {
+std::unique_ptr<TableSnapshot> Table::BeginSnapshot(SnapshotKind) {
   return std::make_unique<SavedSnapshot>(*this);
 }
 

@@ -78,6 +78,19 @@ struct TableStats {
   uint64_t memory_bytes = 0;    // approximate bytes of parameters and state
 };
 
+// A checkpoint's snapshot: the whole table, or what changed since the previous one.
+enum class SnapshotKind { kFull, kDelta };
+
+// Rows a sparse table changed (pushed to or created) and dropped since the last
+// snapshot's cut, and the rows it holds; dense tables report none.
+struct ChangeStats {
+  uint64_t changed_rows = 0;
+  uint64_t dropped_rows = 0;
+  uint64_t rows = 0;
+  // More rows were dropped than a delta keeps track of: the next snapshot must be full.
+  bool overflow = false;
+};
+
 class Table {
  public:
   virtual ~Table() = default;
@@ -112,12 +125,20 @@ class Table {
   virtual Status Load(ByteReader* r) = 0;
 
   // Checkpoints without a pause: the state as it is now, written later by
-  // TableSnapshot::Write in Save's format while updates go on. REQUIRES: no update runs
-  // during the call (the shard holds its apply gate); one snapshot of a table at a time,
-  // and the table outlives it. The default serializes the table now; a sparse table
-  // without a row cap or TTL instead copies a row only when an update is about to change
-  // it before the writer has passed it.
-  virtual std::unique_ptr<class TableSnapshot> BeginSnapshot();
+  // TableSnapshot::Write while updates go on. REQUIRES: no update runs during the call
+  // (the shard holds its apply gate); one snapshot of a table at a time, and the table
+  // outlives it. The default serializes the table now; a sparse table instead copies a
+  // row only when an update is about to change it before the writer has passed it.
+  // kFull writes Save's format. kDelta writes only what changed since the cut of the
+  // previous snapshot (of either kind), in LoadDelta's format; a dense table's delta is
+  // its whole body. Either kind starts a new change set: take snapshots for checkpoints
+  // only (a replica's copy uses Save).
+  virtual std::unique_ptr<class TableSnapshot> BeginSnapshot(
+      SnapshotKind kind = SnapshotKind::kFull);
+  // What a kDelta snapshot taken now would write. REQUIRES: as BeginSnapshot.
+  virtual ChangeStats Changes() const { return {}; }
+  // Applies a kDelta snapshot's bytes on top of this table's state (dense: Load).
+  virtual Status LoadDelta(ByteReader* r) { return Load(r); }
 };
 
 class TableSnapshot {

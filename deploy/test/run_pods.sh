@@ -510,7 +510,7 @@ for line in "${stop_lines[@]}"; do
   stop_pod "$pod"
   if [ "${line#* }" = ps ]; then
     logs=$(podman logs "$(ctr "$pod")" 2>&1 | sed -n '/signal 15: draining/,$p')
-    grep -q 'checkpoint /var/lib/onlineps/checkpoints/shard-[0-9]*-of-[0-9]*.ckpt ([0-9]* bytes' <<<"$logs" ||
+    grep -Eq 'checkpoint /var/lib/onlineps/checkpoints/shard-[0-9]+-of-[0-9]+\.ckpt(\.d[0-9]+)? \([0-9]+ bytes' <<<"$logs" ||
       fail_pod "$pod" "no final checkpoint logged after 'signal 15: draining'"
     grep -q 'shard [0-9]*/[0-9]* stopped' <<<"$logs" || fail_pod "$pod" "no 'shard i/N stopped' after the drain"
     say "$pod: SIGTERM -> drained, final checkpoint written, exit 0 ($((SECONDS - started)) s with preStop)"

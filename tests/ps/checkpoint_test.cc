@@ -484,9 +484,9 @@ TEST_F(CheckpointTest, UnknownFormatIsDataLossNamingIt) {
   BuildShard();
   ASSERT_TRUE(WriteCheckpoint(path_, id_, tables_, dedup_).ok());
   std::string bytes = ReadFile(path_);
-  const uint32_t three = 3;
-  std::memcpy(bytes.data() + 8, &three, sizeof(three));
-  ExpectDataLoss(bytes, "unknown format 3");
+  const uint32_t four = 4;  // 3 is a delta's (an incremental checkpoint)
+  std::memcpy(bytes.data() + 8, &four, sizeof(four));
+  ExpectDataLoss(bytes, "unknown format 4");
 }
 
 TEST_F(CheckpointTest, TruncatedFileIsDataLoss) {
@@ -696,6 +696,315 @@ TEST_F(CheckpointTest, ShardServerWithRestoreOffStartsEmpty) {
   EXPECT_EQ(spec.status().code(), StatusCode::kNotFound);
   client.reset();
   for (auto& s : servers) s->Stop();
+}
+
+// ---------------------------------------------------------------- incremental checkpoints
+
+// Tables of every kind a delta handles: an uncapped sparse table (Adagrad, Polyak), a
+// capped one that evicts rows (an LRU list, dropped keys), and a dense one.
+TableSpec CappedSpec() {
+  TableSpec s;
+  s.name = "capped";
+  s.kind = TableKind::kSparse;
+  s.dim = 4;
+  s.max_rows = 2048;  // 2 stripes of 1024 rows
+  s.optimizer_params = {{"lr", 0.5}};
+  return s;
+}
+
+std::vector<uint64_t> KeyRange(uint64_t first, uint64_t n) {
+  std::vector<uint64_t> keys(n);
+  for (uint64_t i = 0; i < n; ++i) keys[i] = (first + i) * 7919 + 3;
+  return keys;
+}
+
+// Every table of `restored` holds what `live` holds: versions, row counts, and the values
+// (and averages) of every key in `keys` (a key not held reads as its initializer in both).
+void ExpectSameTables(const Tables& restored, const Tables& live,
+                      const std::vector<uint64_t>& keys) {
+  ASSERT_EQ(restored.size(), live.size());
+  for (const auto& [name, t] : live) {
+    SCOPED_TRACE(name);
+    ASSERT_EQ(restored.count(name), 1u);
+    Table& r = *restored.at(name);
+    EXPECT_TRUE(r.spec() == t->spec());
+    EXPECT_EQ(r.version(), t->version());
+    EXPECT_EQ(r.Stats().rows, t->Stats().rows);
+    if (t->spec().kind == TableKind::kDense) {
+      ExpectBitEqual(Pull(r), Pull(*t));
+      continue;
+    }
+    ExpectBitEqual(Pull(r, keys), Pull(*t, keys));
+    if (t->spec().polyak) ExpectBitEqual(Pull(r, keys, true), Pull(*t, keys, true));
+  }
+}
+
+TEST_F(CheckpointTest, DeltaChainRestoresWhatTheTablesHeldAtTheLastCut) {
+  const ShardIdentity id{0, 1};
+  auto sparse = NewTable(SparseSpec(), id);
+  auto capped = NewTable(CappedSpec(), id);
+  TableSpec dspec = DenseSpec();
+  dspec.accumulate = 1;
+  auto dense = NewTable(dspec, id);
+  Tables tables = {{"sparse", sparse}, {"capped", capped}, {"dense", dense}};
+  const auto all = KeyRange(0, 6000);
+  const std::vector<uint64_t> first(all.begin(), all.begin() + 4000);
+  Push(*sparse, Grad(first.size() * 3, 1), first);
+  Push(*capped, Grad(2000 * 4, 1), std::vector<uint64_t>(all.begin(), all.begin() + 2000));
+  Push(*dense, Grad(dense->local_elements(), 1));
+  for (uint64_t seq : {1, 2}) {
+    ASSERT_EQ(dedup_.Begin(100, seq), Dedup::Verdict::kNew);
+    dedup_.Commit(100, seq);
+  }
+  uint64_t trailer = 0;
+  ShardSnapshot full = SnapshotShard(id, tables, dedup_, SnapshotKind::kFull);
+  auto full_bytes = WriteSnapshot(path_, &full, &trailer);
+  ASSERT_TRUE(full_bytes.ok()) << full_bytes.status().ToString();
+  full = {};
+
+  // Delta 1: a tenth of the rows pushed again, new rows, rows evicted by the cap.
+  const std::vector<uint64_t> some(all.begin() + 100, all.begin() + 500);
+  Push(*sparse, Grad(some.size() * 3, 2), some);
+  const std::vector<uint64_t> fresh(all.begin() + 4000, all.begin() + 4100);
+  Push(*sparse, Grad(fresh.size() * 3, 3), fresh);
+  Push(*capped, Grad(300 * 4, 2), std::vector<uint64_t>(all.begin() + 2000, all.begin() + 2300));
+  ASSERT_GT(capped->Stats().evicted_rows, 0u);
+  Push(*dense, Grad(dense->local_elements(), 2));
+  ASSERT_EQ(dedup_.Begin(100, 3), Dedup::Verdict::kNew);
+  dedup_.Commit(100, 3);
+  ChangeStats c = sparse->Changes();
+  EXPECT_EQ(c.changed_rows, some.size() + fresh.size());
+  EXPECT_EQ(c.rows, first.size() + fresh.size());
+  EXPECT_EQ(capped->Changes().dropped_rows, capped->Stats().evicted_rows);
+  ShardSnapshot d1 = SnapshotShard(id, tables, dedup_, SnapshotKind::kDelta);
+  d1.seq = 1;
+  d1.prev_trailer = trailer;
+  auto d1_bytes = WriteSnapshot(DeltaPath(path_, 1), &d1, &trailer);
+  ASSERT_TRUE(d1_bytes.ok()) << d1_bytes.status().ToString();
+  d1 = {};
+  EXPECT_LT(*d1_bytes * 4, *full_bytes) << "a delta of a tenth of the rows";
+  EXPECT_EQ(sparse->Changes().changed_rows, 0u) << "the cut starts a new change set";
+
+  // Delta 2: a table created after the full checkpoint, and rows of both kinds again.
+  TableSpec late_spec = SparseSpec();
+  late_spec.name = "late";
+  auto late = NewTable(late_spec, id);
+  tables["late"] = late;
+  Push(*late, Grad(50 * 3, 4), std::vector<uint64_t>(all.begin(), all.begin() + 50));
+  Push(*sparse, Grad(some.size() * 3, 5), some);
+  Push(*capped, Grad(500 * 4, 3), std::vector<uint64_t>(all.begin() + 5000, all.end() - 500));
+  ASSERT_EQ(dedup_.Begin(200, 7), Dedup::Verdict::kNew);
+  dedup_.Commit(200, 7);
+  ShardSnapshot d2 = SnapshotShard(id, tables, dedup_, SnapshotKind::kDelta);
+  d2.seq = 2;
+  d2.prev_trailer = trailer;
+  ASSERT_TRUE(WriteSnapshot(DeltaPath(path_, 2), &d2, &trailer).ok());
+  d2 = {};
+
+  Dedup restored_dedup;
+  auto r = RestoreCheckpoint(path_, id, &restored_dedup);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->deltas, 2u);
+  EXPECT_EQ(r->tip, DeltaPath(path_, 2));
+  EXPECT_EQ(r->tip_trailer, trailer);
+  EXPECT_TRUE(r->stale.empty());
+  ExpectSameTables(r->tables, tables, all);
+  EXPECT_EQ(restored_dedup.Begin(100, 3), Dedup::Verdict::kDuplicate);
+  EXPECT_EQ(restored_dedup.Begin(200, 7), Dedup::Verdict::kDuplicate);
+  EXPECT_EQ(restored_dedup.Begin(200, 8), Dedup::Verdict::kNew);
+
+  // The full checkpoint alone still reads as the state at its own cut.
+  Dedup base_dedup;
+  auto base = ReadCheckpoint(path_, id, &base_dedup);
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  EXPECT_EQ(base->at("sparse")->version(), 1u);
+  EXPECT_EQ(base->count("late"), 0u);
+  // A delta alone is no checkpoint.
+  auto alone = ReadCheckpoint(DeltaPath(path_, 1), id, &base_dedup);
+  ASSERT_FALSE(alone.ok());
+  EXPECT_EQ(alone.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(alone.status().message(), HasSubstr("is a delta"));
+}
+
+TEST_F(CheckpointTest, DeltaSnapshotHoldsTheCutUnderConcurrentUpdates) {
+  for (const bool capped : {false, true}) {
+    SCOPED_TRACE(capped ? "capped" : "uncapped");
+    TableSpec spec = SparseSpec();  // adagrad with a Polyak average
+    if (capped) spec.max_rows = 20000;
+    auto t = NewTable(spec, {0, 1});
+    ASSERT_NE(t, nullptr);
+    std::vector<uint64_t> keys(20000);
+    for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 13 + 5;
+    Push(*t, Grad(keys.size() * 3, 1), keys);
+    ByteWriter base;
+    t->BeginSnapshot(SnapshotKind::kFull)->Write(&base);
+    // Changes before the cut: rows pushed again, new rows (evictions when capped).
+    std::vector<uint64_t> changed(keys.begin() + 3000, keys.begin() + 5000);
+    for (uint64_t k = 0; k < 500; ++k) changed.push_back(2000000 + k);
+    Push(*t, Grad(changed.size() * 3, 2), changed);
+    ByteWriter at_cut;
+    t->Save(&at_cut);
+    auto snap = t->BeginSnapshot(SnapshotKind::kDelta);
+    std::atomic<bool> stop{false};
+    std::thread updater([&] {
+      for (uint64_t step = 0; !stop; ++step) {
+        std::vector<uint64_t> some(keys.begin() + 2900 + step % 400,
+                                   keys.begin() + 3100 + step % 400);
+        Push(*t, Grad(some.size() * 3, static_cast<int>(step)), some);
+        Push(*t, Grad(3, 2), {1000000 + step});  // a new row (an eviction when capped)
+      }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // updates before the write too
+    ByteWriter delta;
+    snap->Write(&delta);
+    stop = true;
+    updater.join();
+    snap.reset();
+    EXPECT_LT(delta.buffer().size(), at_cut.buffer().size() / 4);
+
+    auto restored = NewTable(spec, {0, 1});
+    auto expected = NewTable(spec, {0, 1});
+    ByteReader rb(base.buffer().data(), base.buffer().size());
+    ASSERT_TRUE(restored->Load(&rb).ok());
+    ByteReader rd(delta.buffer().data(), delta.buffer().size());
+    ASSERT_TRUE(restored->LoadDelta(&rd).ok());
+    EXPECT_EQ(rd.Remaining(), 0u);
+    ByteReader re(at_cut.buffer().data(), at_cut.buffer().size());
+    ASSERT_TRUE(expected->Load(&re).ok());
+    std::vector<uint64_t> read = keys;
+    read.insert(read.end(), changed.end() - 500, changed.end());
+    ExpectSameTables({{"t", restored}}, {{"t", expected}}, read);
+    if (!capped) {  // rows in the same slots: the same bytes
+      ByteWriter again;
+      restored->Save(&again);
+      EXPECT_TRUE(again.buffer() == at_cut.buffer());
+    }
+  }
+}
+
+TEST_F(CheckpointTest, DeltasOfAnOlderChainAreStaleAndACorruptDeltaIsDataLoss) {
+  BuildShard();
+  const ShardIdentity id = id_;
+  uint64_t trailer = 0;
+  ShardSnapshot full = SnapshotShard(id, tables_, dedup_, SnapshotKind::kFull);
+  ASSERT_TRUE(WriteSnapshot(path_, &full, &trailer).ok());
+  full = {};
+  for (uint64_t seq = 1; seq <= 2; ++seq) {
+    Push(*sparse_, Grad(6, static_cast<int>(seq)), {ManyKeys()[seq], ManyKeys()[seq + 5]});
+    ShardSnapshot d = SnapshotShard(id, tables_, dedup_, SnapshotKind::kDelta);
+    d.seq = seq;
+    d.prev_trailer = trailer;
+    ASSERT_TRUE(WriteSnapshot(DeltaPath(path_, seq), &d, &trailer).ok());
+  }
+  EXPECT_EQ(DeltaFiles(path_).size(), 2u);
+  const std::string d1 = ReadFile(DeltaPath(path_, 1));
+
+  // A corrupt delta in the chain: the state after it is unknown.
+  std::string bad = d1;
+  bad[bad.size() / 2] ^= 0x10;
+  WriteFile(DeltaPath(path_, 1), bad);
+  Dedup d;
+  auto r = RestoreCheckpoint(path_, id, &d);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr(DeltaPath(path_, 1)));
+  WriteFile(DeltaPath(path_, 1), d1);
+
+  // A new full checkpoint whose old deltas were not removed (a crash in between): they
+  // name another file, so the chain is the full checkpoint alone.
+  Push(*sparse_, Grad(6, 9), {ManyKeys()[0], ManyKeys()[1]});
+  ShardSnapshot again = SnapshotShard(id, tables_, dedup_, SnapshotKind::kFull);
+  ASSERT_TRUE(WriteSnapshot(path_, &again, &trailer).ok());
+  again = {};
+  r = RestoreCheckpoint(path_, id, &d);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->deltas, 0u);
+  EXPECT_EQ(r->tip, path_);
+  EXPECT_EQ(r->stale.size(), 2u);
+  ExpectSameAsLive(r->tables);
+}
+
+TEST_F(CheckpointTest, ShardServerWritesDeltasBetweenFullCheckpointsAndRestoresTheChain) {
+  static std::atomic<int> counter{0};
+  const std::string name = "ckpt-delta-" + std::to_string(counter++);
+  ShardServerOptions o;
+  o.shard = 0;
+  o.num_shards = 1;
+  o.listen = "mem://" + name;
+  o.checkpoint_dir = dir_;
+  o.checkpoint_full_every = 3;  // the full checkpoint and two deltas
+  auto server = std::make_unique<ShardServer>(o, std::make_shared<prometheus::Registry>());
+  auto ep = server->Start();
+  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+  auto client = ConnectClient({*ep});
+  ASSERT_NE(client, nullptr);
+  TableSpec sparse;
+  sparse.name = "e";
+  sparse.kind = TableKind::kSparse;
+  sparse.dim = 8;
+  sparse.optimizer = "adagrad";
+  ASSERT_TRUE(client->CreateTable(sparse).ok());
+  const auto keys = KeyRange(0, 5000);
+  auto push = [&](uint64_t first, uint64_t n, int step) {
+    const std::vector<uint64_t> k(keys.begin() + first, keys.begin() + first + n);
+    ASSERT_TRUE(client->PushSparse("e", k.data(), k.size(), Grad(n * 8, step).data(), {}, nullptr)
+                    .Wait()
+                    .ok());
+  };
+  auto pull = [&] {
+    std::vector<float> v(keys.size() * 8);
+    EXPECT_TRUE(client->PullSparse("e", keys.data(), keys.size(), v.data(), nullptr).Wait().ok());
+    return v;
+  };
+  const std::string path = server->checkpoint_path();
+  push(0, 4000, 1);
+  auto file = server->Checkpoint();
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ(*file, path) << "the first checkpoint is full";
+  push(10, 200, 2);
+  file = server->Checkpoint();
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ(*file, DeltaPath(path, 1));
+  EXPECT_LT(fs::file_size(*file) * 10, fs::file_size(path));
+  push(3900, 300, 3);  // 200 new rows
+  file = server->Checkpoint();
+  ASSERT_TRUE(file.ok());
+  EXPECT_EQ(*file, DeltaPath(path, 2));
+  const std::vector<float> at_d2 = pull();
+  // A copy of the files as a crash right now would leave them.
+  const std::string copy = dir_ + "/copy";
+  fs::create_directories(copy);
+  for (const std::string& f : {path, DeltaPath(path, 1), DeltaPath(path, 2)})
+    fs::copy_file(f, copy + "/" + fs::path(f).filename().string());
+  push(0, 10, 4);
+  file = server->Checkpoint();
+  ASSERT_TRUE(file.ok());
+  EXPECT_EQ(*file, path) << "the chain was full: the next checkpoint is full";
+  EXPECT_TRUE(DeltaFiles(path).empty());
+  push(2000, 3000, 5);  // more than half the rows changed: full again
+  file = server->Checkpoint();
+  ASSERT_TRUE(file.ok());
+  EXPECT_EQ(*file, path);
+  client.reset();
+  server->Stop();
+
+  ShardServerOptions restart = o;
+  restart.listen = "mem://" + name + "-restart";
+  restart.checkpoint_dir = copy;
+  auto restarted = std::make_unique<ShardServer>(restart, std::make_shared<prometheus::Registry>());
+  ep = restarted->Start();
+  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+  client = ConnectClient({*ep});
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->OpenTable("e").ok());
+  ExpectBitEqual(pull(), at_d2);
+  // The chain goes on from its last delta: the next checkpoint is full (3 files).
+  push(0, 10, 6);
+  file = restarted->Checkpoint();
+  ASSERT_TRUE(file.ok());
+  EXPECT_EQ(*file, restarted->checkpoint_path());
+  client.reset();
+  restarted->Stop();
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // processes pushing concurrently; the final parameters must equal the exact expected sum.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 
 #include "ps/ps_client.h"
@@ -102,6 +103,69 @@ TEST_F(MultiProcessTest, ConcurrentClientsGiveExactParametersAndSurviveRestart) 
     ASSERT_FALSE(endpoints_[i].empty());
   }
   ExpectExactParameters();
+  for (auto& s : shards_) EXPECT_EQ(s->Stop(SIGTERM, milliseconds(10000)), 0);
+}
+
+// Incremental checkpoints through real processes: a full checkpoint, then a delta of the
+// rows pushed since; shards killed with SIGKILL (no final checkpoint) restart from the
+// full file and the delta after it, and serve what they held at the delta's cut.
+TEST_F(MultiProcessTest, SigkilledShardsRestoreAFullCheckpointAndTheDeltaAfterIt) {
+  PsClientOptions o;
+  o.shards = {endpoints_[0], endpoints_[1]};
+  auto client = PsClient::Connect(o);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->WaitForShards(milliseconds(5000)).ok());
+  TableSpec spec;
+  spec.name = "rows";
+  spec.kind = TableKind::kSparse;
+  spec.dim = 16;
+  spec.optimizer = "adagrad";
+  ASSERT_TRUE((*client)->CreateTable(spec).ok());
+  std::vector<uint64_t> keys(20000);
+  for (uint64_t k = 0; k < keys.size(); ++k) keys[k] = k * 0x9e3779b97f4a7c15ULL + 1;
+  auto push = [&](size_t first, size_t n, int step) {
+    std::vector<float> g(n * 16);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = Pattern(0, step, i);
+    ASSERT_TRUE(
+        (*client)->PushSparse("rows", keys.data() + first, n, g.data(), {}, nullptr).Wait().ok());
+  };
+  push(0, 18000, 1);
+  ASSERT_TRUE((*client)->Checkpoint().ok());
+  push(1000, 1500, 2);  // a few rows pushed again, 2,000 new ones
+  push(18000, 2000, 3);
+  ASSERT_TRUE((*client)->Checkpoint().ok());
+  std::vector<float> before(keys.size() * 16);
+  VersionVector v_before;
+  ASSERT_TRUE((*client)
+                  ->PullSparse("rows", keys.data(), keys.size(), before.data(), &v_before)
+                  .Wait()
+                  .ok());
+  client->reset();
+  for (int i = 0; i < 2; ++i) {
+    const auto full = dir_ / ("shard-" + std::to_string(i) + "-of-2.ckpt");
+    const auto delta = dir_ / ("shard-" + std::to_string(i) + "-of-2.ckpt.d1");
+    ASSERT_TRUE(std::filesystem::exists(full));
+    ASSERT_TRUE(std::filesystem::exists(delta)) << "the second checkpoint is a delta";
+    EXPECT_LT(std::filesystem::file_size(delta) * 3, std::filesystem::file_size(full));
+  }
+  for (auto& s : shards_) s->Stop(SIGKILL, milliseconds(10000));
+  shards_.clear();
+  for (int i = 0; i < 2; ++i) {
+    shards_.push_back(StartShard(i, dir_.string(), &endpoints_[i]));
+    ASSERT_FALSE(endpoints_[i].empty());
+  }
+  o.shards = {endpoints_[0], endpoints_[1]};
+  client = PsClient::Connect(o);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->WaitForShards(milliseconds(5000)).ok());
+  ASSERT_TRUE((*client)->OpenTable("rows").ok());
+  std::vector<float> after(keys.size() * 16);
+  VersionVector v_after;
+  ASSERT_TRUE(
+      (*client)->PullSparse("rows", keys.data(), keys.size(), after.data(), &v_after).Wait().ok());
+  EXPECT_EQ(v_after, v_before);
+  EXPECT_EQ(std::memcmp(after.data(), before.data(), after.size() * sizeof(float)), 0);
+  client->reset();
   for (auto& s : shards_) EXPECT_EQ(s->Stop(SIGTERM, milliseconds(10000)), 0);
 }
 
