@@ -2,9 +2,10 @@
 // sequential client pushing batches of new keys, and the figures of a table at scale:
 // growth (p50 and worst call per stage), existing-key push throughput at 1M, 4M, 10M and
 // the final row count, RSS per row against the minimum (key + row floats) and against the
-// shard's own onlineps_ps_table_memory_bytes, a checkpoint under load (push p50 / p99
-// before and during it, peak memory of the shard plus its writer), and a restore (time,
-// peak RSS against the restored RSS). Not a test.
+// shard's own onlineps_ps_table_memory_bytes, a full checkpoint under load (push p50 /
+// p99 before and during it, peak memory of the shard plus its writer), then an
+// incremental one (a delta of the rows pushed since, the same figures), and a restore of
+// the full file and the delta (time, peak RSS against the restored RSS). Not a test.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -45,7 +46,10 @@ constexpr char kUsage[] =
     "  --optimizer NAME  sgd, adagrad, ftrl or adam (default sgd)\n"
     "  --batch K         keys per push (default 10000)\n"
     "  --calls C         existing-key pushes measured at each stage (default 100)\n"
-    "  --load-s S        seconds of load measured before the checkpoint (default 3)\n"
+    "  --load-s S        seconds of load measured before the full checkpoint (default 3)\n"
+    "  --delta-rows R    rows pushed (10,000-key batches of random existing keys) between\n"
+    "                    the full checkpoint and the delta after it (default: a tenth of\n"
+    "                    --rows)\n"
     "  --csv FILE        also write figure,p50_us,p99_us,per_s,baseline_per_s,ratio rows\n"
     "  --bin-dir DIR     where onlineps_ps is (default: " ONLINEPS_BIN_DIR
     ")\n"
@@ -58,6 +62,7 @@ struct Flags {
   size_t batch = 10000;
   int calls = 100;
   double load_s = 3;
+  uint64_t delta_rows = 0;  // 0: rows / 10
   std::string csv;
   std::string bin_dir = ONLINEPS_BIN_DIR;
 };
@@ -95,6 +100,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->calls = static_cast<int>(number("--calls"));
     } else if (a == "--load-s") {
       f->load_s = number("--load-s");
+    } else if (a == "--delta-rows") {
+      f->delta_rows = static_cast<uint64_t>(number("--delta-rows"));
     } else if (a == "--csv") {
       f->csv = v;
     } else if (a == "--bin-dir") {
@@ -226,7 +233,9 @@ class Scale {
       Existing(stage);
       Memory(stage);
     }
-    CheckpointUnderLoad();
+    CheckpointUnderLoad(/*delta=*/false);
+    QuietCheckpoint();
+    CheckpointUnderLoad(/*delta=*/true);
     Restore();
     std::filesystem::remove_all(dir_);
     return 0;
@@ -326,21 +335,26 @@ class Scale {
              per_row / min_row);
   }
 
-  void CheckpointUnderLoad() {
+  // A checkpoint while one client pushes batches of random existing keys. The first
+  // (full) one after --load-s seconds of that load; the delta after --delta-rows rows were
+  // pushed since the full one's cut.
+  void CheckpointUnderLoad(bool delta) {
     struct Sample {
       double t_s, us;
     };
     std::vector<Sample> samples;
+    std::atomic<size_t> pushes{0};
     std::atomic<bool> stop{false};
     const auto t0 = Clock::now();
     auto since = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
     std::thread load([&] {
-      std::mt19937_64 rng(99);
+      std::mt19937_64 rng(delta ? 98 : 99);
       std::vector<uint64_t> keys(f_.batch);
       while (!stop) {
         for (auto& k : keys) k = KeyOf(rng() % rows_);
         const double start = since();
         samples.push_back({start, Push(keys.data())});
+        ++pushes;
       }
     });
     uint64_t peak = 0, before = PssBytes(shard_->pid());
@@ -353,7 +367,14 @@ class Scale {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     });
-    std::this_thread::sleep_for(std::chrono::duration<double>(f_.load_s));
+    const uint64_t delta_rows = f_.delta_rows != 0 ? f_.delta_rows : rows_ / 10;
+    if (delta) {
+      while (pushes * f_.batch < delta_rows) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    } else {
+      std::this_thread::sleep_for(std::chrono::duration<double>(f_.load_s));
+    }
     PsClientOptions co;
     co.shards = {endpoint_};
     co.timeout = std::chrono::minutes(10);
@@ -362,11 +383,11 @@ class Scale {
     const double c0 = since();
     Status st = ckpt_client.ok() ? (*ckpt_client)->Checkpoint() : ckpt_client.status();
     const double c1 = since();
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    sampling = false;
-    sampler.join();
     stop = true;
     load.join();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    sampling = false;
+    sampler.join();
     if (!st.ok()) {
       std::fprintf(stderr, "ps_scale: checkpoint: %s\n", st.ToString().c_str());
       std::exit(1);
@@ -377,29 +398,62 @@ class Scale {
       if (s.t_s >= c0 && s.t_s <= c1) during.push_back(s.us);
     }
     const Dist o = Summarize(out), d = Summarize(during);
-    const uint64_t file = std::filesystem::file_size(dir_ + "/" + CheckpointFile());
+    const std::string file = NewestCheckpointFile();
+    const uint64_t bytes = std::filesystem::file_size(dir_ + "/" + file);
+    const char* kind = delta ? "delta" : "full";
     std::printf(
-        "checkpoint of %llu rows: %.2f s, %.1f MiB file; pushes during it: %zu, p50 %.1f us, "
-        "p99 %.1f us, worst %.1f us; outside: p50 %.1f us, p99 %.1f us (p99 ratio %.2f)\n",
-        static_cast<unsigned long long>(rows_), c1 - c0, file / 1048576.0, during.size(), d.p50,
-        d.p99, d.max, o.p50, o.p99, d.p99 / o.p99);
+        "%s checkpoint of %llu rows%s: %.2f s, %.1f MiB file (%s); pushes during it: %zu, p50 "
+        "%.1f us, p99 %.1f us, worst %.1f us; outside: p50 %.1f us, p99 %.1f us (p99 ratio "
+        "%.2f)\n",
+        kind, static_cast<unsigned long long>(rows_),
+        delta
+            ? (" (about " + std::to_string(delta_rows) + " row updates since the full one)").c_str()
+            : "",
+        c1 - c0, bytes / 1048576.0, file.c_str(), during.size(), d.p50, d.p99, d.max, o.p50, o.p99,
+        d.p99 / o.p99);
     std::printf(
-        "memory during checkpoint: peak shard + writer PSS %.1f MiB, %.2fx the %.1f MiB before\n",
-        peak / 1048576.0, static_cast<double>(peak) / before, before / 1048576.0);
-    csv_.Row("push during checkpoint at " + std::to_string(rows_) + " rows", d.p50, d.p99,
-             f_.batch / d.p50 * 1e6, f_.batch / o.p50 * 1e6, d.p99 / o.p99);
-    csv_.Row("peak memory during checkpoint at " + std::to_string(rows_) + " rows", 0, 0,
+        "memory during the %s checkpoint: peak shard + writer PSS %.1f MiB, %.2fx the %.1f MiB "
+        "before\n",
+        kind, peak / 1048576.0, static_cast<double>(peak) / before, before / 1048576.0);
+    const std::string at = " at " + std::to_string(rows_) + " rows";
+    csv_.Row(std::string("push during ") + (delta ? "delta " : "") + "checkpoint" + at, d.p50,
+             d.p99, f_.batch / d.p50 * 1e6, f_.batch / o.p50 * 1e6, d.p99 / o.p99);
+    csv_.Row(std::string(delta ? "delta" : "full") + " checkpoint seconds and bytes" + at,
+             (c1 - c0) * 1e6, 0, static_cast<double>(bytes), 0, 0);
+    csv_.Row(std::string("peak memory during ") + (delta ? "delta " : "") + "checkpoint" + at, 0, 0,
              static_cast<double>(peak), static_cast<double>(before),
              static_cast<double>(peak) / before);
   }
 
-  std::string CheckpointFile() {
+  // A checkpoint without load: the pushes during the full checkpoint under load changed
+  // more than half the rows, so this one is full too; the delta then holds only the
+  // --delta-rows updates pushed after it.
+  void QuietCheckpoint() {
+    const auto t0 = Clock::now();
+    Status st = client_->Checkpoint();
+    if (!st.ok()) {
+      std::fprintf(stderr, "ps_scale: checkpoint: %s\n", st.ToString().c_str());
+      std::exit(1);
+    }
+    std::printf("checkpoint without load (starts the delta's change set): %.2f s, %s\n",
+                std::chrono::duration<double>(Clock::now() - t0).count(),
+                NewestCheckpointFile().c_str());
+  }
+
+  // The checkpoint file written last (the full file or a delta after it).
+  std::string NewestCheckpointFile() {
+    std::string newest;
+    std::filesystem::file_time_type t{};
     for (const auto& e : std::filesystem::directory_iterator(dir_)) {
       const std::string name = e.path().filename().string();
-      if (name.find(".tmp") == std::string::npos && name.find("sidecar") == std::string::npos)
-        return name;
+      if (name.find(".tmp") != std::string::npos || name.find(".replica") != std::string::npos)
+        continue;
+      if (newest.empty() || e.last_write_time() > t) {
+        newest = name;
+        t = e.last_write_time();
+      }
     }
-    return "";
+    return newest;
   }
 
   void Restore() {
