@@ -126,23 +126,6 @@ uint64_t ProcStatusBytes(pid_t pid, const char* field) {
 }
 
 // Proportional set size of pid (shared pages split among their sharers), in bytes.
-uint64_t PssBytes(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/smaps_rollup");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Pss:", 0) == 0) return std::strtoull(line.c_str() + 4, nullptr, 10) * 1024;
-  }
-  return 0;
-}
-
-std::vector<pid_t> ChildrenOf(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
-  std::vector<pid_t> out;
-  pid_t c;
-  while (in >> c) out.push_back(c);
-  return out;
-}
-
 // onlineps_ps_table_memory_bytes of the table, from the shard's /metrics; -1 if absent.
 double TableMemoryMetric(int admin_port) {
   auto c = RawClient::Connect(admin_port);
@@ -357,13 +340,15 @@ class Scale {
         ++pushes;
       }
     });
-    uint64_t peak = 0, before = PssBytes(shard_->pid());
+    // The shard's RSS from /proc/PID/status (its counters: the checkpoint writer is a
+    // thread of the shard). Not smaps_rollup's PSS: that walks the page tables under the
+    // shard's mmap lock, and the copy blocks a push maps during a checkpoint then waited
+    // for the walk (10-20 ms at 10M rows), a stall of the bench's own making.
+    uint64_t peak = 0, before = ProcStatusBytes(shard_->pid(), "VmRSS:");
     std::atomic<bool> sampling{true};
     std::thread sampler([&] {
       while (sampling) {
-        uint64_t total = PssBytes(shard_->pid());
-        for (pid_t c : ChildrenOf(shard_->pid())) total += PssBytes(c);
-        peak = std::max(peak, total);
+        peak = std::max(peak, ProcStatusBytes(shard_->pid(), "VmRSS:"));
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     });
@@ -412,7 +397,7 @@ class Scale {
         c1 - c0, bytes / 1048576.0, file.c_str(), during.size(), d.p50, d.p99, d.max, o.p50, o.p99,
         d.p99 / o.p99);
     std::printf(
-        "memory during the %s checkpoint: peak shard + writer PSS %.1f MiB, %.2fx the %.1f MiB "
+        "memory during the %s checkpoint: peak shard RSS %.1f MiB, %.2fx the %.1f MiB "
         "before\n",
         kind, peak / 1048576.0, static_cast<double>(peak) / before, before / 1048576.0);
     const std::string at = " at " + std::to_string(rows_) + " rows";
