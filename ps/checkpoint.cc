@@ -331,11 +331,25 @@ StatusOr<RestoredShard> RestoreCheckpoint(const std::string& path, const ShardId
     out.deltas = seq;
   }
   // Whatever is left does not continue the chain: an older chain's, whose full
-  // checkpoint was replaced before they were removed.
+  // checkpoint was replaced before they were removed (they go last first, so what a
+  // crash leaves is PATH.d1 ... PATH.dK, and PATH.d1 names the old file). A delta past a
+  // missing one is damage from outside: refused, not dropped.
+  const uint64_t next = out.deltas + 1;
+  bool next_exists = false;
+  std::vector<std::string> later;
   for (const std::string& f : DeltaFiles(path)) {
     const std::string n = f.substr(path.size() + 2);
-    if (n.size() > 18 || std::stoull(n) > out.deltas) out.stale.push_back(f);
+    const uint64_t seq = n.size() > 18 ? UINT64_MAX : std::stoull(n);
+    if (seq == next) next_exists = true;
+    if (seq > out.deltas) (seq == next ? out.stale : later).push_back(f);
   }
+  if (!later.empty() && !next_exists) {
+    return DataLoss(later.front() + " follows a missing delta (" + DeltaPath(path, next) +
+                    "): the updates between cannot be restored. Remove the deltas after " +
+                    (out.deltas == 0 ? path : DeltaPath(path, out.deltas)) +
+                    " to restore up to it, losing theirs");
+  }
+  out.stale.insert(out.stale.end(), later.begin(), later.end());
   ByteWriter tmp;
   windows.Save(&tmp);
   ByteReader again(tmp.buffer().data(), tmp.buffer().size());

@@ -143,6 +143,7 @@ StatusOr<std::string> ShardServer::Start() {
       chain_ = {restored->tip_trailer, restored->tip, restored->deltas, restored->base_bytes,
                 restored->delta_bytes};
     }
+    metrics_->SetCheckpointDeltas(restored->deltas);
     std::atomic_store(&tables_, std::shared_ptr<const TableMap>(
                                     std::make_shared<TableMap>(std::move(restored->tables))));
   }
@@ -359,12 +360,19 @@ StatusOr<std::string> ShardServer::Checkpoint() {
     return bytes.status();
   }
   if (full) {
-    // The deltas of the chain before it end with it (a crash before they are gone
-    // leaves deltas that name the old file: a restore stops at them and removes them).
-    for (const std::string& f : DeltaFiles(path)) {
+    // The deltas of the chain before it end with it, removed last first: a crash in
+    // between leaves PATH.d1 ... PATH.dK, whose first names the old file, so a restore
+    // stops at it and removes them all (a gap would be refused as damage).
+    for (uint64_t seq = std::max<uint64_t>(chain_.deltas, DeltaFiles(path).size()); seq >= 1;
+         --seq) {
+      std::error_code ec;
+      std::filesystem::remove(DeltaPath(path, seq), ec);
+      if (ec)
+        spdlog::warn("cannot remove the old delta {}: {}", DeltaPath(path, seq), ec.message());
+    }
+    for (const std::string& f : DeltaFiles(path)) {  // numbered past the chain: not ours
       std::error_code ec;
       std::filesystem::remove(f, ec);
-      if (ec) spdlog::warn("cannot remove the old delta {}: {}", f, ec.message());
     }
     chain_ = {trailer, file, 0, *bytes, 0};
   } else {
@@ -975,7 +983,12 @@ void ShardServer::MaintenanceTick(uint64_t* last_ckpt, uint64_t* last_stats) {
     // snapshot owning it, and a concurrent create_table frees it mid-loop.
     const std::shared_ptr<const TableMap> snapshot = tables();
     for (const auto& [name, table] : *snapshot) {
-      table->Maintain(now);
+      {
+        // TTL expiry drops rows: like a push, never between a checkpoint's look at the
+        // tables' changes and its cut (a delta would miss what it dropped).
+        ReaderLock gate(&apply_gate_);
+        table->Maintain(now);
+      }
       metrics_->UpdateTable(name, table->Stats());
     }
     metrics_->SetDedupSenders(dedup_.senders());

@@ -487,6 +487,8 @@ void SparseTable::CompensateEach(const PushRequest& req, float* g) {
   ForEachKeyByStripe(req.keys, req.num_keys, [&](Stripe& s, uint32_t i) {
     const uint32_t slot = s.rows.Find(req.keys[i]);
     if (slot == RowStore::kNoSlot) return;  // a row not created yet still equals its backup
+    s.Preserve(slot);  // DC-adaptive compensation updates the row's policy state
+    s.MarkChanged(slot);
     float* row = s.rows.Floats(slot);
     auto* b = s.backups.Find({req.sender, req.keys[i]});
     if (b == nullptr) {

@@ -1007,5 +1007,110 @@ TEST_F(CheckpointTest, ShardServerWritesDeltasBetweenFullCheckpointsAndRestoresT
   restarted->Stop();
 }
 
+TEST_F(CheckpointTest, DcAdaptiveCompensationOfAQueuedPushIsInTheDelta) {
+  TableSpec spec = SparseSpec();
+  spec.polyak = false;
+  spec.staleness = "dc_adaptive";  // compensation updates a policy slot of the row
+  spec.accumulate = 2;
+  auto t = NewTable(spec, {0, 1});
+  ASSERT_NE(t, nullptr);
+  // One row: the accumulator (saved in its hash map's order) then saves the same bytes.
+  const auto keys = KeyRange(0, 1);
+  for (int step = 0; step < 2; ++step) Push(*t, Grad(3, step), keys);  // applied
+  ByteWriter base;
+  t->BeginSnapshot(SnapshotKind::kFull)->Write(&base);
+  Pull(*t, keys);              // sender 1's backup
+  Push(*t, Grad(3, 5), keys);  // queued: compensated against the backup
+  ByteWriter at_cut, delta;
+  t->Save(&at_cut);
+  t->BeginSnapshot(SnapshotKind::kDelta)->Write(&delta);
+  auto restored = NewTable(spec, {0, 1});
+  ByteReader rb(base.buffer().data(), base.buffer().size());
+  ASSERT_TRUE(restored->Load(&rb).ok());
+  ByteReader rd(delta.buffer().data(), delta.buffer().size());
+  ASSERT_TRUE(restored->LoadDelta(&rd).ok());
+  ByteWriter again;
+  restored->Save(&again);
+  EXPECT_TRUE(again.buffer() == at_cut.buffer()) << "the row's policy state, as at the cut";
+}
+
+TEST_F(CheckpointTest, MoreDropsThanADeltaKeepsAskForAFullCheckpoint) {
+  auto t = NewTable(CappedSpec(), {0, 1});  // 2 stripes of 1024 rows
+  ASSERT_NE(t, nullptr);
+  Push(*t, Grad(2000 * 4, 1), KeyRange(0, 2000));
+  t->BeginSnapshot(SnapshotKind::kFull);
+  EXPECT_FALSE(t->Changes().overflow);
+  Push(*t, Grad(4000 * 4, 2), KeyRange(2000, 4000));  // ~2,000 drops per stripe: kept
+  EXPECT_FALSE(t->Changes().overflow);
+  EXPECT_EQ(t->Changes().dropped_rows, t->Stats().evicted_rows);
+  Push(*t, Grad(8000 * 4, 3), KeyRange(6000, 8000));  // past 4,096 in a stripe
+  EXPECT_TRUE(t->Changes().overflow);
+  t->BeginSnapshot(SnapshotKind::kFull);  // a cut starts a new change set
+  EXPECT_FALSE(t->Changes().overflow);
+  EXPECT_EQ(t->Changes().dropped_rows, 0u);
+}
+
+TEST_F(CheckpointTest, ADeltaAfterAMissingOneIsDataLossNamingBoth) {
+  BuildShard();
+  uint64_t trailer = 0;
+  ShardSnapshot full = SnapshotShard(id_, tables_, dedup_, SnapshotKind::kFull);
+  ASSERT_TRUE(WriteSnapshot(path_, &full, &trailer).ok());
+  full = {};
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    Push(*sparse_, Grad(6, static_cast<int>(seq)), {ManyKeys()[seq], ManyKeys()[seq + 5]});
+    ShardSnapshot d = SnapshotShard(id_, tables_, dedup_, SnapshotKind::kDelta);
+    d.seq = seq;
+    d.prev_trailer = trailer;
+    ASSERT_TRUE(WriteSnapshot(DeltaPath(path_, seq), &d, &trailer).ok());
+  }
+  fs::remove(DeltaPath(path_, 2));
+  Dedup d;
+  auto r = RestoreCheckpoint(path_, id_, &d);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr(DeltaPath(path_, 3)));
+  EXPECT_THAT(r.status().message(), HasSubstr("missing delta (" + DeltaPath(path_, 2)));
+  EXPECT_TRUE(fs::exists(DeltaPath(path_, 3))) << "the evidence is left alone";
+}
+
+TEST_F(CheckpointTest, ShardServerWritesAFullCheckpointAfterAFailedOne) {
+  static std::atomic<int> counter{0};
+  ShardServerOptions o;
+  o.shard = 0;
+  o.num_shards = 1;
+  o.listen = "mem://ckpt-failed-" + std::to_string(counter++);
+  o.checkpoint_dir = dir_ + "/ck";
+  ShardServer server(o, std::make_shared<prometheus::Registry>());
+  auto ep = server.Start();
+  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+  auto client = ConnectClient({*ep});
+  ASSERT_NE(client, nullptr);
+  TableSpec sparse;
+  sparse.name = "e";
+  sparse.kind = TableKind::kSparse;
+  sparse.dim = 4;
+  ASSERT_TRUE(client->CreateTable(sparse).ok());
+  const auto keys = KeyRange(0, 1000);
+  auto push = [&](size_t n, int step) {
+    ASSERT_TRUE(
+        client->PushSparse("e", keys.data(), n, Grad(n * 4, step).data(), {}, nullptr).Wait().ok());
+  };
+  push(1000, 1);
+  ASSERT_EQ(*server.Checkpoint(), server.checkpoint_path());
+  push(10, 2);
+  // The volume goes away: the delta cannot be written, and its cut took the changes.
+  fs::rename(o.checkpoint_dir, dir_ + "/moved");
+  WriteFile(o.checkpoint_dir, "not a directory");
+  EXPECT_FALSE(server.Checkpoint().ok());
+  fs::remove(o.checkpoint_dir);
+  fs::rename(dir_ + "/moved", o.checkpoint_dir);
+  push(10, 3);
+  auto file = server.Checkpoint();
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ(*file, server.checkpoint_path()) << "not a delta: the failed one's rows are in none";
+  client.reset();
+  server.Stop();
+}
+
 }  // namespace
 }  // namespace onlineps::ps
