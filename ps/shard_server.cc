@@ -330,6 +330,10 @@ StatusOr<std::string> ShardServer::Checkpoint() {
   bool full = true;
   ChangeStats changes;
   {
+    const std::shared_ptr<const TableMap> before = tables();  // owns the map while looped
+    for (const auto& [name, t] : *before) t->PrepareSnapshot();
+  }
+  {
     // Pushes pause only while the snapshot is cut (O(stripes), not O(rows)): the file
     // then holds exactly the pushes its dedup windows say were applied, and is written
     // below while pushes go on.

@@ -40,6 +40,7 @@ class SparseTable : public Table {
   Status Load(ByteReader* r) override;
   std::unique_ptr<TableSnapshot> BeginSnapshot(SnapshotKind kind) override;
   ChangeStats Changes() const override;
+  void PrepareSnapshot() override;
   Status LoadDelta(ByteReader* r) override;
 
  private:

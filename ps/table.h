@@ -135,6 +135,9 @@ class Table {
   // only (a replica's copy uses Save).
   virtual std::unique_ptr<class TableSnapshot> BeginSnapshot(
       SnapshotKind kind = SnapshotKind::kFull);
+  // Optional, before BeginSnapshot and outside the apply gate: maps what the snapshot's
+  // copy on write needs, so neither the cut nor the updates right after it pay for that.
+  virtual void PrepareSnapshot() {}
   // What a kDelta snapshot taken now would write. REQUIRES: as BeginSnapshot.
   virtual ChangeStats Changes() const { return {}; }
   // Applies a kDelta snapshot's bytes on top of this table's state (dense: Load).
