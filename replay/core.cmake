@@ -21,3 +21,4 @@ set_target_properties(onlineps_replay PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAK
 target_compile_definitions(onlineps_replay PRIVATE ONLINEPS_GIT_COMMIT="${ONLINEPS_GIT_COMMIT}")
 target_link_libraries(onlineps_replay PRIVATE onlineps_replay_core onlineps_replay_bridge
                                               onlineps_worker_models onlineps_flags)
+onlineps_use_malloc(onlineps_replay)

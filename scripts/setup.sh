@@ -11,6 +11,7 @@ PACKAGES=(
   cppzmq-dev libzmq3-dev
   libmsgpack-cxx-dev
   libspdlog-dev libfmt-dev
+  libtcmalloc-minimal4
   libgtest-dev libgmock-dev
   nlohmann-json3-dev
   libcpp-httplib-dev
