@@ -3,6 +3,7 @@
 // recovery time printed (docs/reliability.md has the figures).
 #include <condition_variable>
 #include <cstdint>
+#include <fstream>
 #include <limits>
 #include <optional>
 
@@ -480,6 +481,40 @@ TEST_F(ReplicationTest, WholeGroupStoppedCleanlyComesBackWhole) {
                       milliseconds(15000)));
   Join();
   std::printf("whole group SIGTERMed and restarted: service back %.3f s after the stop\n", back);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(Event(0, r, "unclean_election"), 0) << "replica " << r;
+  ExpectEveryAckOnce();
+}
+
+// The same twice, the second stop soon after the first restart: the final checkpoints
+// are then deltas (few rows changed since the restored chain), and a replica whose
+// chain ends in a delta still restarts in place (its sidecar names the delta).
+TEST_F(ReplicationTest, WholeGroupStoppedTwiceComesBackFromDeltas) {
+  Up(1, 2, /*checkpoints=*/true);
+  CreateTable();
+  Traffic(3);
+  std::this_thread::sleep_for(milliseconds(1500));
+  ASSERT_GE(Primary(0), 0);
+  for (int cycle = 0; cycle < 2; ++cycle) {
+    std::vector<std::thread> stops;
+    for (int r = 0; r < 2; ++r) stops.emplace_back([this, r] { Signal(0, r, SIGTERM); });
+    for (auto& t : stops) t.join();
+    const double down = Now();
+    std::this_thread::sleep_for(milliseconds(300));
+    for (int r = 0; r < 2; ++r) Start(0, r);
+    ASSERT_TRUE(WaitFor([&] { return AcksSince(down) > 20; }, milliseconds(20000)))
+        << "cycle " << cycle << ": the group did not serve again";
+    ASSERT_TRUE(WaitFor([&] { return Primary(0) >= 0 && Field(0, Primary(0), "isr_size") == 2; },
+                        milliseconds(15000)));
+  }
+  Join();
+  int deltas = 0;
+  for (int r = 0; r < 2; ++r) {
+    if (!std::ifstream(ckpt_ + "/r" + std::to_string(r) + "/shard-0-of-1.ckpt.d1").good()) continue;
+    ++deltas;
+    // Restarted in place from a chain ending in a delta: no reload from the primary.
+    EXPECT_EQ(Event(0, r, "snapshot_loaded"), 0) << "replica " << r;
+  }
+  EXPECT_GE(deltas, 1) << "no replica's final checkpoint was a delta";
   for (int r = 0; r < 2; ++r) EXPECT_EQ(Event(0, r, "unclean_election"), 0) << "replica " << r;
   ExpectEveryAckOnce();
 }
