@@ -77,12 +77,15 @@ class SparseTable : public Table {
   // first: when one is taken, nothing is called and the result is false. `then`
   // (optional) is called like fn once fn has run for every key of that stripe, still
   // under its lock (but for one stripe without no_wait: under a lock taken again).
+  // `parallel`: fn and then may run for different stripes at once (they touch only the
+  // stripe and the key's own output); a large call without no_wait then applies about
+  // half of its keys' stripes on the ApplyHelper's thread.
   struct NoThen {
     void operator()(Stripe&, uint32_t) const {}
   };
   template <typename Fn, typename Then = NoThen>
   bool ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn, bool no_wait = false,
-                          Then then = {}) const;
+                          Then then = {}, bool parallel = false) const;
   // no_wait: try-locks stripes [0, num_stripes_) where `touched[i]`, in order; false (and
   // none left locked) when one is taken.
   bool TryLockStripes(const bool* touched) const;

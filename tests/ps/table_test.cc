@@ -706,6 +706,51 @@ TEST(SparseTableTest, UniformInitStaysWithinHalfWidth) {
   EXPECT_NEAR(sum / v.size(), 0.0, 0.05);
 }
 
+// A push or pull of thousands of keys applies half of its stripes on a second thread
+// (ps/apply_helper.h); it must give exactly what the same keys give in small calls,
+// applied on one: Adagrad (per-row state, so a key pushed twice in one call must be
+// applied in order), a Polyak average, RETURN_VALUES, and pulls.
+TEST(SparseTableTest, LargeCallsApplyAsSmallOnesDo) {
+  TableSpec spec = SparseSpec(8);
+  spec.optimizer = "adagrad";
+  spec.optimizer_params = {{"lr", 0.1}};
+  spec.init = "uniform";
+  spec.polyak = true;
+  auto big = NewTable(spec), small = NewTable(spec);
+  ASSERT_NE(big, nullptr);
+  ASSERT_NE(small, nullptr);
+  std::vector<uint64_t> keys(12000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = (i % 9000) * 2654435761u + 1;  // repeats
+  std::vector<float> g(keys.size() * 8);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>((i * 37) % 11) * 0.1f - 0.5f;
+  for (int round = 0; round < 3; ++round) {
+    std::vector<float> after(g.size());
+    PushRequest req;
+    req.sender = 1;
+    req.keys = keys.data();
+    req.num_keys = keys.size();
+    req.values = g.data();
+    req.num_values = g.size();
+    req.values_after = after.data();
+    auto r = big->Push(req);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE(r->values_read);
+    // The same keys in calls of 1,000 (one thread each), then the values read back.
+    for (size_t from = 0; from < keys.size(); from += 1000) {
+      const std::vector<uint64_t> k(keys.begin() + from, keys.begin() + from + 1000);
+      const std::vector<float> part(g.begin() + from * 8, g.begin() + (from + 1000) * 8);
+      MustPush(*small, 1, 0, part, false, 0, k);
+    }
+    // A key pushed twice reads, at both places, as both pushes left it.
+    ExpectBitEqual(after, Pull(*small, 1, nullptr, false, 0, true, keys));
+  }
+  ExpectBitEqual(Pull(*big, 1, nullptr, false, 0, true, keys),
+                 Pull(*small, 1, nullptr, false, 0, true, keys));
+  ExpectBitEqual(Pull(*big, 1, nullptr, true, 0, true, keys),
+                 Pull(*small, 1, nullptr, true, 0, true, keys));
+  EXPECT_EQ(big->Stats().rows, 9000u);
+}
+
 TEST(SparseTableTest, PullOfUnknownRowDoesNotCreateItButPushDoes) {
   auto t = NewTable(SparseSpec());
   ASSERT_NE(t, nullptr);

@@ -1,0 +1,33 @@
+// ApplyHelper: one process-wide thread that runs a task beside its caller, so that a large
+// sparse push or pull applies half of its lock stripes there while the caller applies the
+// other half (two cores instead of one for a call's memory-bound apply). One task at a
+// time: a caller that finds the helper busy (another call's half) runs its task itself.
+// Thread-safe.
+#ifndef ONLINEPS_PS_APPLY_HELPER_H_
+#define ONLINEPS_PS_APPLY_HELPER_H_
+
+#include <functional>
+
+namespace onlineps::ps {
+
+class ApplyHelper {
+ public:
+  // The process's helper (started at its first use), or null on a machine with one core.
+  static ApplyHelper* Get();
+
+  // Starts `task` on the helper thread and returns true, or returns false (task not run)
+  // when the helper is busy. After true, the caller must call Wait() before starting
+  // another task.
+  bool TryStart(std::function<void()> task);
+  // Returns once the task started by this caller's TryStart has run.
+  void Wait();
+
+ private:
+  ApplyHelper();
+  struct State;
+  State* const state_;  // never destroyed: the thread outlives static destruction
+};
+
+}  // namespace onlineps::ps
+
+#endif  // ONLINEPS_PS_APPLY_HELPER_H_
