@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -119,6 +120,21 @@ std::vector<uint64_t> ManyKeys() {  // enough to spread over all 16 lock stripes
   std::vector<uint64_t> keys;
   for (uint64_t k = 0; k < 40; ++k) keys.push_back(k * 7919 + 1);
   return keys;
+}
+
+// Writes `snap` while another thread calls update(0), update(1), ... (from 20 ms before
+// the write until it ends); returns what was written.
+std::string WriteWhileUpdating(TableSnapshot* snap, const std::function<void(uint64_t)>& update) {
+  std::atomic<bool> stop{false};
+  std::thread updater([&] {
+    for (uint64_t step = 0; !stop; ++step) update(step);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // updates before the write too
+  ByteWriter written;
+  snap->Write(&written);
+  stop = true;
+  updater.join();
+  return written.buffer();
 }
 
 class CheckpointTest : public ::testing::Test {
@@ -304,22 +320,14 @@ TEST_F(CheckpointTest, TableSnapshotEqualsSaveAtCutUnderConcurrentUpdates) {
     ByteWriter at_cut;
     t->Save(&at_cut);
     auto snap = t->BeginSnapshot();
-    std::atomic<bool> stop{false};
-    std::thread updater([&] {
-      for (uint64_t step = 0; !stop; ++step) {
-        std::vector<uint64_t> some(keys.rbegin() + step % 50, keys.rbegin() + step % 50 + 200);
-        Push(*t, Grad(some.size() * 3, static_cast<int>(step)), some);
-        Pull(*t, std::vector<uint64_t>(keys.begin() + step % 300, keys.begin() + step % 300 + 50));
-        Push(*t, Grad(3, 2), {1000000 + step});  // a new row (an eviction when capped)
-      }
+    const std::string written = WriteWhileUpdating(snap.get(), [&](uint64_t step) {
+      std::vector<uint64_t> some(keys.rbegin() + step % 50, keys.rbegin() + step % 50 + 200);
+      Push(*t, Grad(some.size() * 3, static_cast<int>(step)), some);
+      Pull(*t, std::vector<uint64_t>(keys.begin() + step % 300, keys.begin() + step % 300 + 50));
+      Push(*t, Grad(3, 2), {1000000 + step});  // a new row (an eviction when capped)
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // updates before the write too
-    ByteWriter written;
-    snap->Write(&written);
-    stop = true;
-    updater.join();
-    EXPECT_EQ(written.buffer().size(), at_cut.buffer().size()) << (capped ? "capped" : "uncapped");
-    EXPECT_TRUE(written.buffer() == at_cut.buffer()) << (capped ? "capped" : "uncapped");
+    EXPECT_EQ(written.size(), at_cut.buffer().size()) << (capped ? "capped" : "uncapped");
+    EXPECT_TRUE(written == at_cut.buffer()) << (capped ? "capped" : "uncapped");
     snap.reset();
     if (capped) {
       EXPECT_GT(t->Stats().evicted_rows, 0u);
@@ -845,28 +853,20 @@ TEST_F(CheckpointTest, DeltaSnapshotHoldsTheCutUnderConcurrentUpdates) {
     ByteWriter at_cut;
     t->Save(&at_cut);
     auto snap = t->BeginSnapshot(SnapshotKind::kDelta);
-    std::atomic<bool> stop{false};
-    std::thread updater([&] {
-      for (uint64_t step = 0; !stop; ++step) {
-        std::vector<uint64_t> some(keys.begin() + 2900 + step % 400,
-                                   keys.begin() + 3100 + step % 400);
-        Push(*t, Grad(some.size() * 3, static_cast<int>(step)), some);
-        Push(*t, Grad(3, 2), {1000000 + step});  // a new row (an eviction when capped)
-      }
+    const std::string delta = WriteWhileUpdating(snap.get(), [&](uint64_t step) {
+      std::vector<uint64_t> some(keys.begin() + 2900 + step % 400,
+                                 keys.begin() + 3100 + step % 400);
+      Push(*t, Grad(some.size() * 3, static_cast<int>(step)), some);
+      Push(*t, Grad(3, 2), {1000000 + step});  // a new row (an eviction when capped)
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // updates before the write too
-    ByteWriter delta;
-    snap->Write(&delta);
-    stop = true;
-    updater.join();
     snap.reset();
-    EXPECT_LT(delta.buffer().size(), at_cut.buffer().size() / 4);
+    EXPECT_LT(delta.size(), at_cut.buffer().size() / 4);
 
     auto restored = NewTable(spec, {0, 1});
     auto expected = NewTable(spec, {0, 1});
     ByteReader rb(base.buffer().data(), base.buffer().size());
     ASSERT_TRUE(restored->Load(&rb).ok());
-    ByteReader rd(delta.buffer().data(), delta.buffer().size());
+    ByteReader rd(delta.data(), delta.size());
     ASSERT_TRUE(restored->LoadDelta(&rd).ok());
     EXPECT_EQ(rd.Remaining(), 0u);
     ByteReader re(at_cut.buffer().data(), at_cut.buffer().size());
@@ -882,20 +882,28 @@ TEST_F(CheckpointTest, DeltaSnapshotHoldsTheCutUnderConcurrentUpdates) {
   }
 }
 
+// BuildShard's tables written as a full checkpoint at path_, then `deltas` deltas, each
+// after a push to two rows.
+void WriteChain(const Tables& tables, Table& sparse, const Dedup& dedup, const ShardIdentity& id,
+                const std::string& path, uint64_t deltas) {
+  uint64_t trailer = 0;
+  ShardSnapshot full = SnapshotShard(id, tables, dedup, SnapshotKind::kFull);
+  ASSERT_TRUE(WriteSnapshot(path, &full, &trailer).ok());
+  full = {};
+  for (uint64_t seq = 1; seq <= deltas; ++seq) {
+    Push(sparse, Grad(6, static_cast<int>(seq)), {ManyKeys()[seq], ManyKeys()[seq + 5]});
+    ShardSnapshot d = SnapshotShard(id, tables, dedup, SnapshotKind::kDelta);
+    d.seq = seq;
+    d.prev_trailer = trailer;
+    ASSERT_TRUE(WriteSnapshot(DeltaPath(path, seq), &d, &trailer).ok());
+  }
+}
+
 TEST_F(CheckpointTest, DeltasOfAnOlderChainAreStaleAndACorruptDeltaIsDataLoss) {
   BuildShard();
   const ShardIdentity id = id_;
   uint64_t trailer = 0;
-  ShardSnapshot full = SnapshotShard(id, tables_, dedup_, SnapshotKind::kFull);
-  ASSERT_TRUE(WriteSnapshot(path_, &full, &trailer).ok());
-  full = {};
-  for (uint64_t seq = 1; seq <= 2; ++seq) {
-    Push(*sparse_, Grad(6, static_cast<int>(seq)), {ManyKeys()[seq], ManyKeys()[seq + 5]});
-    ShardSnapshot d = SnapshotShard(id, tables_, dedup_, SnapshotKind::kDelta);
-    d.seq = seq;
-    d.prev_trailer = trailer;
-    ASSERT_TRUE(WriteSnapshot(DeltaPath(path_, seq), &d, &trailer).ok());
-  }
+  WriteChain(tables_, *sparse_, dedup_, id, path_, 2);
   EXPECT_EQ(DeltaFiles(path_).size(), 2u);
   const std::string d1 = ReadFile(DeltaPath(path_, 1));
 
@@ -1052,17 +1060,7 @@ TEST_F(CheckpointTest, MoreDropsThanADeltaKeepsAskForAFullCheckpoint) {
 
 TEST_F(CheckpointTest, ADeltaAfterAMissingOneIsDataLossNamingBoth) {
   BuildShard();
-  uint64_t trailer = 0;
-  ShardSnapshot full = SnapshotShard(id_, tables_, dedup_, SnapshotKind::kFull);
-  ASSERT_TRUE(WriteSnapshot(path_, &full, &trailer).ok());
-  full = {};
-  for (uint64_t seq = 1; seq <= 3; ++seq) {
-    Push(*sparse_, Grad(6, static_cast<int>(seq)), {ManyKeys()[seq], ManyKeys()[seq + 5]});
-    ShardSnapshot d = SnapshotShard(id_, tables_, dedup_, SnapshotKind::kDelta);
-    d.seq = seq;
-    d.prev_trailer = trailer;
-    ASSERT_TRUE(WriteSnapshot(DeltaPath(path_, seq), &d, &trailer).ok());
-  }
+  WriteChain(tables_, *sparse_, dedup_, id_, path_, 3);
   fs::remove(DeltaPath(path_, 2));
   Dedup d;
   auto r = RestoreCheckpoint(path_, id_, &d);

@@ -41,7 +41,30 @@ StatusOr<Header> SendRaw(const std::string& endpoint, const Header& h, Frames pa
   return *got;
 }
 
-class ReplicationTest : public ReplicationCluster {};
+class ReplicationTest : public ReplicationCluster {
+ protected:
+  // Every replica of shard 0 SIGTERMed at once, started again `down_ms` later; waits until
+  // the group serves and its ISR is whole again. Returns the time of the stop (< 0 after a
+  // failure, which is reported).
+  double StopAndRestartGroup(int down_ms) {
+    std::vector<std::thread> stops;
+    for (int r = 0; r < 2; ++r) stops.emplace_back([this, r] { Signal(0, r, SIGTERM); });
+    for (auto& t : stops) t.join();
+    const double down = Now();
+    std::this_thread::sleep_for(milliseconds(down_ms));
+    for (int r = 0; r < 2; ++r) Start(0, r);
+    if (!WaitFor([&] { return AcksSince(down) > 20; }, milliseconds(20000))) {
+      ADD_FAILURE() << "the group did not serve again after a full restart";
+      return -1;
+    }
+    if (!WaitFor([&] { return Primary(0) >= 0 && Field(0, Primary(0), "isr_size") == 2; },
+                 milliseconds(15000))) {
+      ADD_FAILURE() << "the ISR did not become whole again";
+      return -1;
+    }
+    return down;
+  }
+};
 
 TEST_F(ReplicationTest, Kill9PrimaryLosesNoAcknowledgedPush) {
   Up(2, 2);
@@ -468,19 +491,11 @@ TEST_F(ReplicationTest, WholeGroupStoppedCleanlyComesBackWhole) {
   Traffic(3);
   std::this_thread::sleep_for(milliseconds(1500));
   ASSERT_GE(Primary(0), 0);
-  std::vector<std::thread> stops;
-  for (int r = 0; r < 2; ++r) stops.emplace_back([this, r] { Signal(0, r, SIGTERM); });
-  for (auto& t : stops) t.join();
-  const double down = Now();
-  std::this_thread::sleep_for(milliseconds(500));
-  for (int r = 0; r < 2; ++r) Start(0, r);
-  ASSERT_TRUE(WaitFor([&] { return AcksSince(down) > 20; }, milliseconds(20000)))
-      << "the group did not serve again after a full restart";
-  const double back = FirstAckAfter(down);
-  ASSERT_TRUE(WaitFor([&] { return Primary(0) >= 0 && Field(0, Primary(0), "isr_size") == 2; },
-                      milliseconds(15000)));
+  const double down = StopAndRestartGroup(500);
+  ASSERT_GE(down, 0);
   Join();
-  std::printf("whole group SIGTERMed and restarted: service back %.3f s after the stop\n", back);
+  std::printf("whole group SIGTERMed and restarted: service back %.3f s after the stop\n",
+              FirstAckAfter(down));
   for (int r = 0; r < 2; ++r) EXPECT_EQ(Event(0, r, "unclean_election"), 0) << "replica " << r;
   ExpectEveryAckOnce();
 }
@@ -494,18 +509,7 @@ TEST_F(ReplicationTest, WholeGroupStoppedTwiceComesBackFromDeltas) {
   Traffic(3);
   std::this_thread::sleep_for(milliseconds(1500));
   ASSERT_GE(Primary(0), 0);
-  for (int cycle = 0; cycle < 2; ++cycle) {
-    std::vector<std::thread> stops;
-    for (int r = 0; r < 2; ++r) stops.emplace_back([this, r] { Signal(0, r, SIGTERM); });
-    for (auto& t : stops) t.join();
-    const double down = Now();
-    std::this_thread::sleep_for(milliseconds(300));
-    for (int r = 0; r < 2; ++r) Start(0, r);
-    ASSERT_TRUE(WaitFor([&] { return AcksSince(down) > 20; }, milliseconds(20000)))
-        << "cycle " << cycle << ": the group did not serve again";
-    ASSERT_TRUE(WaitFor([&] { return Primary(0) >= 0 && Field(0, Primary(0), "isr_size") == 2; },
-                        milliseconds(15000)));
-  }
+  for (int cycle = 0; cycle < 2; ++cycle) ASSERT_GE(StopAndRestartGroup(300), 0);
   Join();
   int deltas = 0;
   for (int r = 0; r < 2; ++r) {
