@@ -15,12 +15,15 @@ class ApplyHelper {
   // The process's helper (started at its first use), or null on a machine with one core.
   static ApplyHelper* Get();
 
-  // Starts `task` on the helper thread and returns true, or returns false (task not run)
-  // when the helper is busy. After true, the caller must call Wait() before starting
-  // another task.
+  // Hands `task` to the helper thread and returns true, or returns false (task not run)
+  // when the helper is busy. After true, the caller must call Finish() before it returns
+  // or starts another task.
   bool TryStart(std::function<void()> task);
-  // Returns once the task started by this caller's TryStart has run.
-  void Wait();
+  // Returns true once the task handed over by this caller's TryStart has run on the
+  // helper, or false at once when the helper has not started it yet: it is taken back
+  // and never runs (so a call never waits for a helper slow to wake; tasks share their
+  // work with the caller, so nothing is left for it by then).
+  bool Finish();
 
  private:
   ApplyHelper();

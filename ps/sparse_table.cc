@@ -341,34 +341,39 @@ bool SparseTable::ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn, bool
   // no_wait: all or nothing, so that a refused call has changed nothing.
   if (no_wait && !TryLockStripes(touched)) return false;
   const uint32_t* ord = order.data();  // thread_local: the helper must not name it
-  auto run = [&, ord](size_t from, size_t to) {
-    for (size_t si = from; si < to; ++si) {
-      if (start[si] == start[si + 1]) continue;
-      Stripe& s = *stripes_[si];
-      std::optional<MutexLock> lock;
-      if (!no_wait) lock.emplace(&s.mu);
-      // Three passes over the stripe's keys (a few hundred in a large push): the loads of
-      // every index bucket, then of every record, are issued before any is waited for,
-      // so their cache misses overlap instead of following one another.
-      for (size_t j = start[si]; j < start[si + 1]; ++j) s.rows.Prefetch(keys[ord[j]]);
-      for (size_t j = start[si]; j < start[si + 1]; ++j) s.rows.PrefetchRecord(keys[ord[j]]);
-      for (size_t j = start[si]; j < start[si + 1]; ++j) fn(s, ord[j]);
-      if constexpr (kThen) {
-        for (size_t j = start[si]; j < start[si + 1]; ++j) then(s, ord[j]);
-      }
+  auto run_stripe = [&, ord](size_t si) {
+    Stripe& s = *stripes_[si];
+    std::optional<MutexLock> lock;
+    if (!no_wait) lock.emplace(&s.mu);
+    // Three passes over the stripe's keys (a few hundred in a large push): the loads of
+    // every index bucket, then of every record, are issued before any is waited for,
+    // so their cache misses overlap instead of following one another.
+    for (size_t j = start[si]; j < start[si + 1]; ++j) s.rows.Prefetch(keys[ord[j]]);
+    for (size_t j = start[si]; j < start[si + 1]; ++j) s.rows.PrefetchRecord(keys[ord[j]]);
+    for (size_t j = start[si]; j < start[si + 1]; ++j) fn(s, ord[j]);
+    if constexpr (kThen) {
+      for (size_t j = start[si]; j < start[si + 1]; ++j) then(s, ord[j]);
     }
   };
   ApplyHelper* helper = nullptr;
   if (parallel && !no_wait && n >= kParallelKeys) helper = ApplyHelper::Get();
-  // The stripes after `split` (about half of the keys) go to the helper when it is free.
-  size_t split = 0;
-  while (split < num_stripes_ && start[split] < n / 2) ++split;
-  if (helper != nullptr && split < num_stripes_ &&
-      helper->TryStart([&run, split, this] { run(split, num_stripes_); })) {
-    run(0, split);
-    helper->Wait();
+  if (helper == nullptr) {
+    for (size_t si = 0; si < num_stripes_; ++si) {
+      if (start[si] != start[si + 1]) run_stripe(si);
+    }
   } else {
-    run(0, num_stripes_);
+    // The caller and the helper take stripes from one counter: when the helper is slow to
+    // start, the caller has applied them all and takes the task back (never slower than
+    // alone); otherwise each applies about half.
+    std::atomic<size_t> next{0};
+    auto share = [&] {
+      for (size_t si; (si = next.fetch_add(1)) < num_stripes_;) {
+        if (start[si] != start[si + 1]) run_stripe(si);
+      }
+    };
+    const bool started = helper->TryStart(share);
+    share();
+    if (started) helper->Finish();
   }
   if (no_wait) UnlockStripes(touched);
   return true;
