@@ -3,8 +3,10 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 namespace onlineps::ps {
 
@@ -21,6 +23,7 @@ struct ApplyHelper::State {
   std::condition_variable wake;
   std::function<void()> task;  // set while pending
   uint64_t task_gen = 0;       // the generation of `task`
+  std::exception_ptr error;    // what the running task threw; read by Finish after kDone
   std::atomic<uint64_t> word{Word(0, kIdle)};
 };
 
@@ -41,7 +44,11 @@ ApplyHelper::ApplyHelper() : state_(new State) {
                                            std::memory_order_acq_rel)) {
         continue;  // taken back by its caller
       }
-      task();
+      try {
+        task();
+      } catch (...) {
+        s->error = std::current_exception();  // rethrown by the caller's Finish
+      }
       s->word.store(Word(gen, kDone), std::memory_order_release);
     }
   }).detach();
@@ -83,7 +90,9 @@ bool ApplyHelper::Finish() {
   while (state_->word.load(std::memory_order_acquire) != Word(gen, kDone)) {
     std::this_thread::yield();
   }
+  std::exception_ptr error = std::exchange(state_->error, nullptr);
   state_->word.store(Word(gen, kIdle), std::memory_order_release);
+  if (error) std::rethrow_exception(error);
   return true;
 }
 

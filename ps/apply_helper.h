@@ -22,7 +22,8 @@ class ApplyHelper {
   // Returns true once the task handed over by this caller's TryStart has run on the
   // helper, or false at once when the helper has not started it yet: it is taken back
   // and never runs (so a call never waits for a helper slow to wake; tasks share their
-  // work with the caller, so nothing is left for it by then).
+  // work with the caller, so nothing is left for it by then). Rethrows what the task
+  // threw on the helper (std::bad_alloc), once the helper is free again.
   bool Finish();
 
  private:

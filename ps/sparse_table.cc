@@ -372,7 +372,16 @@ bool SparseTable::ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn, bool
       }
     };
     const bool started = helper->TryStart(share);
-    share();
+    try {
+      share();
+    } catch (...) {
+      // (std::bad_alloc, answered by the shard as RESOURCE_EXHAUSTED.) The helper must
+      // not go on with this frame's stripes: none left for it, and wait for its current
+      // one before unwinding.
+      next.store(num_stripes_);
+      if (started) helper->Finish();
+      throw;
+    }
     if (started) helper->Finish();
   }
   if (no_wait) UnlockStripes(touched);
