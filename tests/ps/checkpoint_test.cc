@@ -21,6 +21,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1108,6 +1109,92 @@ TEST_F(CheckpointTest, ShardServerWritesAFullCheckpointAfterAFailedOne) {
   EXPECT_EQ(*file, server.checkpoint_path()) << "not a delta: the failed one's rows are in none";
   client.reset();
   server.Stop();
+}
+
+// Random histories through chains of checkpoints: pushes of new and existing keys to an
+// uncapped Adagrad table, a capped table that evicts, a TTL table that expires rows, and
+// a dense table; cuts of either kind (the first full) with more pushes between each cut
+// and its write (copy on write) and after it; after each write, the chain restored from
+// the files equals the tables as they were at that cut.
+TEST_F(CheckpointTest, RandomHistoriesRestoreEveryCutOfTheChain) {
+  const ShardIdentity id{0, 1};
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    const std::string path = dir_ + "/random-" + std::to_string(seed) + ".ckpt";
+    TableSpec ttl = CappedSpec();
+    ttl.name = "ttl";
+    ttl.max_rows = 0;
+    ttl.ttl_ms = 100;
+    TableSpec dense = DenseSpec();
+    dense.accumulate = 1;
+    Tables tables = {{"sparse", NewTable(SparseSpec(), id)},
+                     {"capped", NewTable(CappedSpec(), id)},
+                     {"ttl", NewTable(ttl, id)},
+                     {"dense", NewTable(dense, id)}};
+    const auto universe = KeyRange(0, 6000);
+    uint64_t now = 1000;
+    auto push_some = [&] {
+      for (const auto& [name, t] : tables) {
+        if (t->spec().kind == TableKind::kDense) {
+          Push(*t, Grad(t->local_elements(), static_cast<int>(rng() % 7)));
+          continue;
+        }
+        const uint32_t dim = t->spec().dim;
+        std::vector<uint64_t> keys(1 + rng() % 700);
+        const uint64_t width = 500 + rng() % universe.size();  // sometimes only old keys
+        for (auto& k : keys) k = universe[rng() % std::min<uint64_t>(width, universe.size())];
+        PushRequest req;
+        req.sender = 1;
+        req.keys = keys.data();
+        req.num_keys = keys.size();
+        std::vector<float> g = Grad(keys.size() * dim, static_cast<int>(rng() % 9));
+        req.values = g.data();
+        req.num_values = g.size();
+        req.now_ms = now;
+        ASSERT_TRUE(t->Push(req).ok());
+      }
+      now += rng() % 60;
+      for (const auto& [name, t] : tables) t->Maintain(now);  // the TTL table drops rows
+    };
+    uint64_t trailer = 0, deltas = 0;
+    for (int cut = 0; cut < 8; ++cut) {
+      for (int i = rng() % 4; i >= 0; --i) push_some();
+      const bool full = cut == 0 || rng() % 4 == 0;
+      std::map<std::string, std::string> at_cut;
+      for (const auto& [name, t] : tables) {
+        ByteWriter w;
+        t->Save(&w);
+        at_cut[name] = w.buffer();
+      }
+      ShardSnapshot snap =
+          SnapshotShard(id, tables, dedup_, full ? SnapshotKind::kFull : SnapshotKind::kDelta);
+      for (int i = rng() % 3; i > 0; --i) push_some();  // updates between the cut and the write
+      snap.seq = full ? 0 : deltas + 1;
+      snap.prev_trailer = full ? 0 : trailer;
+      const std::string file = full ? path : DeltaPath(path, snap.seq);
+      ASSERT_TRUE(WriteSnapshot(file, &snap, &trailer).ok());
+      snap = {};
+      if (full) {
+        for (const std::string& f : DeltaFiles(path)) fs::remove(f);
+        deltas = 0;
+      } else {
+        ++deltas;
+      }
+      Dedup d;
+      auto r = RestoreCheckpoint(path, id, &d);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      ASSERT_EQ(r->deltas, deltas);
+      Tables expected;
+      for (const auto& [name, bytes] : at_cut) {
+        expected[name] = NewTable(tables.at(name)->spec(), id);
+        ByteReader rd(bytes.data(), bytes.size());
+        ASSERT_TRUE(expected[name]->Load(&rd).ok());
+      }
+      SCOPED_TRACE("cut " + std::to_string(cut) + (full ? " (full)" : " (delta)"));
+      ExpectSameTables(r->tables, expected, universe);
+    }
+  }
 }
 
 }  // namespace
