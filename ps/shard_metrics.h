@@ -40,6 +40,8 @@ class ShardServer::Metrics {
   void SetCheckpointPolicy(double interval_s);
   void CountCheckpoint(bool ok, double seconds, uint64_t bytes);
   void SetCheckpointDeltas(uint64_t n) { checkpoint_deltas_.Set(static_cast<double>(n)); }
+  // A periodic checkpoint found nothing changed: the files on disk are current.
+  void CheckpointCurrent() { checkpoint_time_.SetToCurrentTime(); }
   void SetHeld(size_t n) { held_.Set(static_cast<double>(n)); }
   void SetDedupSenders(size_t n) { dedup_senders_.Set(static_cast<double>(n)); }
   void SetReady(bool ready) { ready_.Set(ready ? 1 : 0); }

@@ -320,15 +320,34 @@ void ShardServer::Stop() {
   spdlog::info("shard {}/{} stopped", options_.shard, options_.num_shards);
 }
 
-StatusOr<std::string> ShardServer::Checkpoint() {
+StatusOr<std::string> ShardServer::Checkpoint(bool skip_if_unchanged) {
   const std::string path = checkpoint_path();
   if (path.empty()) return FailedPrecondition("no checkpoint directory configured");
   MutexLock lock(&ckpt_mu_);
   auto t0 = std::chrono::steady_clock::now();
+  if (skip_if_unchanged && chain_.tip_trailer != 0 && !force_full_checkpoint_ &&
+      updates_.load() == chain_.updates) {
+    // No push or table creation since the last cut (a push counts itself before it
+    // changes anything), and no row dropped since: the files are the state as of now.
+    // An idle shard writes nothing, and its checkpoint age stays fresh.
+    ChangeStats c;
+    const std::shared_ptr<const TableMap> now = tables();  // owns the map while looped
+    for (const auto& [name, t] : *now) {
+      const ChangeStats tc = t->Changes();
+      c.changed_rows += tc.changed_rows;
+      c.dropped_rows += tc.dropped_rows;
+      c.overflow = c.overflow || tc.overflow;
+    }
+    if (c.changed_rows == 0 && c.dropped_rows == 0 && !c.overflow) {
+      metrics_->CheckpointCurrent();
+      return chain_.tip;
+    }
+  }
   ShardSnapshot snap;
   double pause_s = 0;
   bool full = true;
   ChangeStats changes;
+  uint64_t updates = 0;
   {
     const std::shared_ptr<const TableMap> before = tables();  // owns the map while looped
     for (const auto& [name, t] : *before) t->PrepareSnapshot();
@@ -337,6 +356,7 @@ StatusOr<std::string> ShardServer::Checkpoint() {
     // Pushes pause only while the snapshot is cut (O(stripes), not O(rows)): the file
     // then holds exactly the pushes its dedup windows say were applied, and is written
     // below while pushes go on.
+    const auto gate_t0 = std::chrono::steady_clock::now();
     WriterLock gate(&apply_gate_);
     auto current = tables();
     for (const auto& [name, t] : *current) {
@@ -346,10 +366,11 @@ StatusOr<std::string> ShardServer::Checkpoint() {
       changes.rows += c.rows;
       changes.overflow = changes.overflow || c.overflow;
     }
+    updates = updates_.load();
     full = force_full_checkpoint_.exchange(false) || WantFullCheckpoint(changes);
     snap = SnapshotShard({options_.shard, options_.num_shards}, *current, dedup_,
                          full ? SnapshotKind::kFull : SnapshotKind::kDelta);
-    pause_s = SecondsSince(t0);
+    pause_s = SecondsSince(gate_t0);
   }
   snap.seq = full ? 0 : chain_.deltas + 1;
   snap.prev_trailer = full ? 0 : chain_.tip_trailer;
@@ -378,8 +399,9 @@ StatusOr<std::string> ShardServer::Checkpoint() {
       std::error_code ec;
       std::filesystem::remove(f, ec);
     }
-    chain_ = {trailer, file, 0, *bytes, 0};
+    chain_ = {trailer, file, 0, *bytes, 0, updates};
   } else {
+    chain_.updates = updates;
     chain_.tip_trailer = trailer;
     chain_.tip = file;
     ++chain_.deltas;
@@ -685,6 +707,7 @@ StatusOr<ShardServer::Created> ShardServer::CreateTable(const Header& h, Header*
   if (!table.ok()) return table.status();
   auto next = std::make_shared<TableMap>(*current);
   (*next)[spec->name] = std::shared_ptr<Table>(std::move(table).value());
+  updates_.fetch_add(1);  // before the table is seen: a checkpoint that misses it is not idle
   std::atomic_store(&tables_, std::shared_ptr<const TableMap>(next));
   reply->message = "created";
   spdlog::info("created {} table '{}' (optimizer {}, staleness {})",
@@ -827,6 +850,7 @@ Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<
   } else {
     apply_gate_.ReaderLock();
   }
+  updates_.fetch_add(1, std::memory_order_relaxed);  // read by checkpoints under the gate
   bool values_read = false;
   const Status st = PushGated(h, std::move(t), req, reply, hold, applied, evicted, &values_read);
   apply_gate_.ReaderUnlock();
@@ -1001,7 +1025,7 @@ void ShardServer::MaintenanceTick(uint64_t* last_ckpt, uint64_t* last_stats) {
   if (options_.checkpoint_interval_s > 0 &&
       now - *last_ckpt >= options_.checkpoint_interval_s * 1000) {
     *last_ckpt = now;
-    auto st = Checkpoint();
+    auto st = Checkpoint(/*skip_if_unchanged=*/true);
     if (!st.ok()) spdlog::error("periodic checkpoint failed: {}", st.status().ToString());
   }
 }

@@ -72,8 +72,10 @@ class ShardServer {
   void Stop();
   // After Stop(): whether the final checkpoint was wanted and could not be written.
   bool final_checkpoint_failed() const { return final_checkpoint_failed_.load(); }
-  // Writes a checkpoint now; returns its path.
-  StatusOr<std::string> Checkpoint();
+  // Writes a checkpoint now; returns its path (a delta's, PATH.dN, or PATH). With
+  // `skip_if_unchanged` (periodic checkpoints), writes nothing when nothing changed since
+  // the last one and returns that one's path.
+  StatusOr<std::string> Checkpoint(bool skip_if_unchanged = false);
 
   bool ready() const { return ready_.load(); }
   // /readyz: OK while serving and, when replicated, primary or in the in-sync replica
@@ -187,11 +189,16 @@ class ShardServer {
     std::string tip;           // the last file
     uint64_t deltas = 0;       // deltas after the full checkpoint
     uint64_t base_bytes = 0, delta_bytes = 0;
+    uint64_t updates = 0;  // updates_ at the last file's cut
   };
   Chain chain_ GUARDED_BY(ckpt_mu_);
   // The tables' change sets no longer describe the files (a replica's tables were
   // replaced, or a checkpoint failed after its cut): the next checkpoint is full.
   std::atomic<bool> force_full_checkpoint_{false};
+  // Pushes (applied, queued or refused) and table creations since the start; a periodic
+  // checkpoint that finds it and the tables' change sets as the last cut left them
+  // writes nothing.
+  std::atomic<uint64_t> updates_{0};
   // Shared by pushes (dedup check through commit), exclusive while a checkpoint is
   // written: the file never holds a push its dedup windows miss, or the reverse.
   SharedMutex apply_gate_ ACQUIRED_BEFORE(tables_mu_);

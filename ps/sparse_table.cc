@@ -20,6 +20,9 @@ constexpr size_t kMaxAdmissionCandidates = 1 << 20;
 // Keys from which a call's stripes are applied on two threads (ApplyHelper): below it the
 // hand-off (a wake-up, tens of microseconds here) costs more than half the apply saves.
 constexpr size_t kParallelKeys = 2048;
+// Stripes from which a checkpoint maps its copy-on-write maps before the cut
+// (SparseTable::PrepareSnapshot): a smaller stripe's map is under 64 KiB.
+constexpr size_t kPrepareSlots = 16384;
 }  // namespace
 
 // The LRU list of a capped or TTL table, in each record after the key.
@@ -122,9 +125,9 @@ struct SparseTable::Stripe {
       snap_copy_at_bytes = ready_copy_at_bytes;
       ready_copy_at = nullptr;
     }
-    DropReady();
     snap_spare_blocks = std::move(ready_blocks);
     ready_blocks.clear();
+    DropReady();  // a map too small for the rows created since it was made
   }
   void DropReady() {
     if (ready_copy_at != nullptr)
@@ -829,6 +832,8 @@ void SparseTable::PrepareSnapshot() {
       if (s->ready_copy_at != nullptr) continue;
       slots = s->rows.slot_end();
     }
+    // A small stripe's first copies cost little: map nothing ahead for it.
+    if (slots < kPrepareSlots) continue;
     // Room for the rows created until the cut, and a block of copies: a 10,000-key push
     // copies ~165 KiB per stripe at dim 64.
     const size_t bytes = (slots + slots / 8 + 1024) * sizeof(uint32_t);

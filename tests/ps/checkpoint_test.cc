@@ -1197,5 +1197,45 @@ TEST_F(CheckpointTest, RandomHistoriesRestoreEveryCutOfTheChain) {
   }
 }
 
+TEST_F(CheckpointTest, PeriodicCheckpointsOfAnIdleShardWriteNothing) {
+  static std::atomic<int> counter{0};
+  ShardServerOptions o;
+  o.shard = 0;
+  o.num_shards = 1;
+  o.listen = "mem://ckpt-idle-" + std::to_string(counter++);
+  o.checkpoint_dir = dir_;
+  ShardServer server(o, std::make_shared<prometheus::Registry>());
+  auto ep = server.Start();
+  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+  auto client = ConnectClient({*ep});
+  ASSERT_NE(client, nullptr);
+  const std::string path = server.checkpoint_path();
+  // Nothing written yet: even an idle shard writes its first checkpoint.
+  ASSERT_EQ(*server.Checkpoint(/*skip_if_unchanged=*/true), path);
+  const auto written = fs::last_write_time(path);
+  EXPECT_EQ(*server.Checkpoint(true), path);
+  EXPECT_EQ(fs::last_write_time(path), written) << "idle: not written again";
+  TableSpec sparse;
+  sparse.name = "e";
+  sparse.kind = TableKind::kSparse;
+  sparse.dim = 4;
+  ASSERT_TRUE(client->CreateTable(sparse).ok());
+  EXPECT_EQ(*server.Checkpoint(true), path) << "a new table is a change (and the shard "
+                                               "had no rows: a full checkpoint)";
+  EXPECT_NE(fs::last_write_time(path), written);
+  const auto keys = KeyRange(0, 1000);
+  ASSERT_TRUE(
+      client->PushSparse("e", keys.data(), 1000, Grad(4000, 1).data(), {}, nullptr).Wait().ok());
+  ASSERT_EQ(*server.Checkpoint(true), path);  // full: every row is new
+  ASSERT_TRUE(
+      client->PushSparse("e", keys.data(), 10, Grad(40, 2).data(), {}, nullptr).Wait().ok());
+  EXPECT_EQ(*server.Checkpoint(true), DeltaPath(path, 1));
+  EXPECT_EQ(*server.Checkpoint(true), DeltaPath(path, 1)) << "idle again";
+  EXPECT_FALSE(fs::exists(DeltaPath(path, 2)));
+  EXPECT_EQ(*server.Checkpoint(), DeltaPath(path, 2)) << "asked for: written";
+  client.reset();
+  server.Stop();
+}
+
 }  // namespace
 }  // namespace onlineps::ps
