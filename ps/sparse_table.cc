@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 #include <optional>
+#include <thread>
 #include <type_traits>
 
 #include "common/clock.h"
@@ -763,6 +764,10 @@ class SparseSnapshot final : public TableSnapshot {
         if (!more) s.EndSnapshot();  // this stripe is written: its copies go
       }
       w->Append(buf.data(), buf.size());
+      // Between chunks the writer gives its core to whoever waits for one: on 2 cores a
+      // push's tail during a checkpoint was a scheduler slice lost to the writer (p99
+      // during 6.5-7.1 ms -> 4.5-4.6 at 10M rows x 64, the write 10-20% longer).
+      std::this_thread::yield();
     }
   }
 
