@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <unordered_map>
 #include <utility>
 
@@ -82,6 +83,7 @@ struct ParamCache::DenseEntry {
   Status last_status GUARDED_BY(mu);         // of the last pull that ended
   uint64_t generation GUARDED_BY(mu) = 0;  // bumped by Invalidate: a pull begun before is not kept
   int64_t stale_since_ms GUARDED_BY(mu) = -1;  // when a newer version was first known; -1: not
+  std::unique_ptr<DenseLayout> layout GUARDED_BY(mu);  // the shards' slices: made at first need
 };
 
 struct ParamCache::SparseEntry {
@@ -491,11 +493,31 @@ void ParamCache::InstallDense(const std::string& table, std::vector<float> value
   snap->fetched_ms = sent_ms;
   MutexLock lock(&e->mu);
   if (e->snapshot) {
-    bool newer = false;
+    const DenseSnapshot& cur = *e->snapshot;
+    bool newer = false, older = false;
     for (uint32_t s = 0; s < num_shards_; ++s) {
-      newer |= s >= e->snapshot->versions.size() || snap->versions[s] > e->snapshot->versions[s];
+      const uint64_t have = s < cur.versions.size() ? cur.versions[s] : 0;
+      newer |= s >= cur.versions.size() || snap->versions[s] > have;
+      older |= snap->versions[s] < have;
     }
     if (!newer) return;  // a concurrent learn's push, answered later, was newer
+    if (older) {
+      // Newer on some shards only: two learns' pushes reached the shards in different
+      // orders. Each shard's slices are kept from the copy that is newer there, so that
+      // no shard goes back to a version a read of this worker already saw.
+      if (e->layout == nullptr)
+        e->layout = std::make_unique<DenseLayout>(e->name, e->size, num_shards_);
+      for (uint32_t s = 0; s < num_shards_; ++s) {
+        if (s >= cur.versions.size() || snap->versions[s] >= cur.versions[s]) continue;
+        for (const DenseSlice& sl : e->layout->SlicesOf(s)) {
+          std::copy(cur.values.begin() + static_cast<std::ptrdiff_t>(sl.offset),
+                    cur.values.begin() + static_cast<std::ptrdiff_t>(sl.offset + sl.length),
+                    snap->values.begin() + static_cast<std::ptrdiff_t>(sl.offset));
+        }
+        snap->versions[s] = cur.versions[s];
+      }
+      snap->fetched_ms = std::min(snap->fetched_ms, cur.fetched_ms);
+    }
   }
   snap->pull_id = ++e->pulls;
   Raise(&e->newest, snap->versions);

@@ -174,6 +174,35 @@ TEST_F(ParamCacheTest, FirstReadPullsAndSecondWithinBoundHits) {
   EXPECT_EQ(s.dense_hits, 1u);
 }
 
+// Two learns' pushes can reach the shards in different orders: the one answered last is
+// then newer on one shard and older on the other. Installing it must keep, per shard, the
+// slices of whichever copy is newer there, or a read goes back to a version the worker
+// already returned (read-your-writes across concurrent learns).
+TEST_F(ParamCacheTest, InstalledPushNewerOnOneShardOnlyKeepsTheOtherShardsNewerSlices) {
+  ParamCacheOptions o;
+  o.dense.max_age_ms = 60'000;
+  auto cache = MakeCache(o);
+  ASSERT_EQ(ReadDense(*cache), std::vector<float>(kDenseSize, 0.0f));
+  const DenseLayout layout("w", kDenseSize, 2);
+  // Push A answered at versions {3, 2} with values 1.0, push B at {2, 3} with values 2.0.
+  cache->InstallDense("w", std::vector<float>(kDenseSize, 1.0f), {3, 2}, NowMs());
+  cache->InstallDense("w", std::vector<float>(kDenseSize, 2.0f), {2, 3}, NowMs());
+  auto snap = cache->Dense("w");
+  ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+  EXPECT_EQ((*snap)->versions, (ps::VersionVector{3, 3}));
+  for (uint32_t shard = 0; shard < 2; ++shard) {
+    ASSERT_FALSE(layout.SlicesOf(shard).empty());
+    for (const DenseSlice& sl : layout.SlicesOf(shard)) {
+      for (uint64_t i = sl.offset; i < sl.offset + sl.length; ++i) {
+        ASSERT_EQ((*snap)->values[i], shard == 0 ? 1.0f : 2.0f) << "element " << i;
+      }
+    }
+  }
+  // Older on every shard: ignored.
+  cache->InstallDense("w", std::vector<float>(kDenseSize, 9.0f), {1, 1}, NowMs());
+  EXPECT_EQ((*cache->Dense("w"))->versions, (ps::VersionVector{3, 3}));
+}
+
 TEST_F(ParamCacheTest, UnregisteredTableIsNotFound) {
   auto cache = MakeCache({});
   EXPECT_EQ(cache->Dense("nope").status().code(), StatusCode::kNotFound);
