@@ -264,17 +264,32 @@ StatusOr<uint64_t> WriteCheckpoint(const std::string& path, const ShardIdentity&
   return WriteSnapshot(path, &snap);
 }
 
+namespace {
+
+// The file at `path` parsed into `tables` (ParseChecked), mapped, checked with pread,
+// then parsed with the pages already read dropped every 8 MiB: a restore holds the tables
+// and a small window of the file, not both whole. `bytes` and `trailer` (optional) get
+// the file's size and trailing checksum. kNotFound when there is no file.
+Status ParseFile(const std::string& path, const ShardIdentity& id, Dedup* dedup, Tables* tables,
+                 ChainPos* delta = nullptr, uint64_t* bytes = nullptr,
+                 uint64_t* trailer = nullptr) {
+  MappedFile file;
+  ONLINEPS_RETURN_IF_ERROR(file.Open(path));
+  ONLINEPS_RETURN_IF_ERROR(ParseChecked(
+      file.bytes(), path, id, dedup, [&file](size_t n) { return file.Crc32Of(n); },
+      [&file](const char* p) { file.Release(p); }, tables, delta));
+  if (bytes != nullptr) *bytes = file.bytes().size();
+  if (trailer != nullptr) std::memcpy(trailer, file.bytes().data() + file.bytes().size() - 8, 8);
+  return Status::Ok();
+}
+
+}  // namespace
+
 StatusOr<std::map<std::string, std::shared_ptr<Table>>> ReadCheckpoint(const std::string& path,
                                                                        const ShardIdentity& id,
                                                                        Dedup* dedup) {
-  // Mapped, checked with pread, then parsed with the pages already read dropped every
-  // 8 MiB: a restore holds the tables and a small window of the file, not both whole.
-  MappedFile file;
-  ONLINEPS_RETURN_IF_ERROR(file.Open(path));
   Tables tables;
-  ONLINEPS_RETURN_IF_ERROR(ParseChecked(
-      file.bytes(), path, id, dedup, [&file](size_t n) { return file.Crc32Of(n); },
-      [&file](const char* p) { file.Release(p); }, &tables));
+  ONLINEPS_RETURN_IF_ERROR(ParseFile(path, id, dedup, &tables));
   return tables;
 }
 
@@ -282,21 +297,24 @@ std::string DeltaPath(const std::string& path, uint64_t seq) {
   return path + ".d" + std::to_string(seq);
 }
 
-std::vector<std::string> DeltaFiles(const std::string& path) {
+std::vector<DeltaFile> DeltaFiles(const std::string& path) {
   namespace fs = std::filesystem;
   const fs::path p(path);
   const std::string prefix = p.filename().string() + ".d";
-  std::vector<std::string> out;
+  std::vector<DeltaFile> out;
   std::error_code ec;
   for (fs::directory_iterator it(p.has_parent_path() ? p.parent_path() : fs::path("."), ec), end;
        !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
-        std::all_of(name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(),
-                    [](char c) { return c >= '0' && c <= '9'; })) {
-      out.push_back(it->path().string());
+    const std::string digits = name.substr(std::min(name.size(), prefix.size()));
+    if (name.compare(0, prefix.size(), prefix) != 0 || digits.empty() ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      continue;
     }
+    out.push_back({digits.size() > 18 ? UINT64_MAX : std::stoull(digits), it->path().string()});
   }
+  std::sort(out.begin(), out.end(),
+            [](const DeltaFile& a, const DeltaFile& b) { return a.seq < b.seq; });
   return out;
 }
 
@@ -304,30 +322,20 @@ StatusOr<RestoredShard> RestoreCheckpoint(const std::string& path, const ShardId
                                           Dedup* dedup) {
   RestoredShard out;
   Dedup windows;
-  {
-    MappedFile file;
-    ONLINEPS_RETURN_IF_ERROR(file.Open(path));
-    ONLINEPS_RETURN_IF_ERROR(ParseChecked(
-        file.bytes(), path, id, &windows, [&file](size_t n) { return file.Crc32Of(n); },
-        [&file](const char* p) { file.Release(p); }, &out.tables));
-    out.base_bytes = file.bytes().size();
-    std::memcpy(&out.tip_trailer, file.bytes().data() + file.bytes().size() - 8, 8);
-  }
+  ONLINEPS_RETURN_IF_ERROR(
+      ParseFile(path, id, &windows, &out.tables, nullptr, &out.base_bytes, &out.tip_trailer));
   out.tip = path;
   for (uint64_t seq = 1;; ++seq) {
     const std::string delta_path = DeltaPath(path, seq);
-    MappedFile file;
-    Status opened = file.Open(delta_path);
-    if (opened.code() == StatusCode::kNotFound) break;
-    ONLINEPS_RETURN_IF_ERROR(opened);
     ChainPos pos{seq, out.tip_trailer};
-    ONLINEPS_RETURN_IF_ERROR(ParseChecked(
-        file.bytes(), delta_path, id, &windows, [&file](size_t n) { return file.Crc32Of(n); },
-        [&file](const char* p) { file.Release(p); }, &out.tables, &pos));
+    uint64_t bytes = 0, trailer = 0;
+    Status st = ParseFile(delta_path, id, &windows, &out.tables, &pos, &bytes, &trailer);
+    if (st.code() == StatusCode::kNotFound) break;
+    ONLINEPS_RETURN_IF_ERROR(st);
     if (pos.stale) break;
     out.tip = delta_path;
-    std::memcpy(&out.tip_trailer, file.bytes().data() + file.bytes().size() - 8, 8);
-    out.delta_bytes += file.bytes().size();
+    out.tip_trailer = trailer;
+    out.delta_bytes += bytes;
     out.deltas = seq;
   }
   // Whatever is left does not continue the chain: an older chain's, whose full
@@ -337,11 +345,9 @@ StatusOr<RestoredShard> RestoreCheckpoint(const std::string& path, const ShardId
   const uint64_t next = out.deltas + 1;
   bool next_exists = false;
   std::vector<std::string> later;
-  for (const std::string& f : DeltaFiles(path)) {
-    const std::string n = f.substr(path.size() + 2);
-    const uint64_t seq = n.size() > 18 ? UINT64_MAX : std::stoull(n);
-    if (seq == next) next_exists = true;
-    if (seq > out.deltas) (seq == next ? out.stale : later).push_back(f);
+  for (const DeltaFile& f : DeltaFiles(path)) {
+    if (f.seq == next) next_exists = true;
+    if (f.seq > out.deltas) (f.seq == next ? out.stale : later).push_back(f.path);
   }
   if (!later.empty() && !next_exists) {
     return DataLoss(later.front() + " follows a missing delta (" + DeltaPath(path, next) +

@@ -85,8 +85,13 @@ StatusOr<uint64_t> WriteSnapshot(const std::string& path, ShardSnapshot* snapsho
 
 // PATH.d<seq>: the seq-th delta after the full checkpoint at `path`.
 std::string DeltaPath(const std::string& path, uint64_t seq);
-// Every delta file of `path` in its directory (PATH.d<digits>), in no order.
-std::vector<std::string> DeltaFiles(const std::string& path);
+// Every delta file of `path` in its directory (PATH.d<digits>), by N ascending (an N past
+// 18 digits counts as UINT64_MAX).
+struct DeltaFile {
+  uint64_t seq = 0;
+  std::string path;
+};
+std::vector<DeltaFile> DeltaFiles(const std::string& path);
 
 struct RestoredShard {
   std::map<std::string, std::shared_ptr<Table>> tables;

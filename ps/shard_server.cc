@@ -330,14 +330,7 @@ StatusOr<std::string> ShardServer::Checkpoint(bool skip_if_unchanged) {
     // No push or table creation since the last cut (a push counts itself before it
     // changes anything), and no row dropped since: the files are the state as of now.
     // An idle shard writes nothing, and its checkpoint age stays fresh.
-    ChangeStats c;
-    const std::shared_ptr<const TableMap> now = tables();  // owns the map while looped
-    for (const auto& [name, t] : *now) {
-      const ChangeStats tc = t->Changes();
-      c.changed_rows += tc.changed_rows;
-      c.dropped_rows += tc.dropped_rows;
-      c.overflow = c.overflow || tc.overflow;
-    }
+    const ChangeStats c = ChangesOf(*tables());
     if (c.changed_rows == 0 && c.dropped_rows == 0 && !c.overflow) {
       metrics_->CheckpointCurrent();
       return chain_.tip;
@@ -359,13 +352,7 @@ StatusOr<std::string> ShardServer::Checkpoint(bool skip_if_unchanged) {
     const auto gate_t0 = std::chrono::steady_clock::now();
     WriterLock gate(&apply_gate_);
     auto current = tables();
-    for (const auto& [name, t] : *current) {
-      const ChangeStats c = t->Changes();
-      changes.changed_rows += c.changed_rows;
-      changes.dropped_rows += c.dropped_rows;
-      changes.rows += c.rows;
-      changes.overflow = changes.overflow || c.overflow;
-    }
+    changes = ChangesOf(*current);
     updates = updates_.load();
     full = force_full_checkpoint_.exchange(false) || WantFullCheckpoint(changes);
     snap = SnapshotShard({options_.shard, options_.num_shards}, *current, dedup_,
@@ -388,16 +375,11 @@ StatusOr<std::string> ShardServer::Checkpoint(bool skip_if_unchanged) {
     // The deltas of the chain before it end with it, removed last first: a crash in
     // between leaves PATH.d1 ... PATH.dK, whose first names the old file, so a restore
     // stops at it and removes them all (a gap would be refused as damage).
-    for (uint64_t seq = std::max<uint64_t>(chain_.deltas, DeltaFiles(path).size()); seq >= 1;
-         --seq) {
+    const std::vector<DeltaFile> old = DeltaFiles(path);
+    for (auto f = old.rbegin(); f != old.rend(); ++f) {
       std::error_code ec;
-      std::filesystem::remove(DeltaPath(path, seq), ec);
-      if (ec)
-        spdlog::warn("cannot remove the old delta {}: {}", DeltaPath(path, seq), ec.message());
-    }
-    for (const std::string& f : DeltaFiles(path)) {  // numbered past the chain: not ours
-      std::error_code ec;
-      std::filesystem::remove(f, ec);
+      std::filesystem::remove(f->path, ec);
+      if (ec) spdlog::warn("cannot remove the old delta {}: {}", f->path, ec.message());
     }
     chain_ = {trailer, file, 0, *bytes, 0, updates};
   } else {
@@ -420,6 +402,12 @@ StatusOr<std::string> ShardServer::Checkpoint(bool skip_if_unchanged) {
         changes.rows, changes.dropped_rows);
   }
   return file;
+}
+
+ChangeStats ShardServer::ChangesOf(const TableMap& tables) {
+  ChangeStats c;
+  for (const auto& [name, t] : tables) c += t->Changes();
+  return c;
 }
 
 bool ShardServer::WantFullCheckpoint(const ChangeStats& changes) {

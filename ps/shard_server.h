@@ -116,6 +116,8 @@ class ShardServer {
   // Whether the checkpoint cut now, with the tables' `changes`, is a full one (else a
   // delta).
   bool WantFullCheckpoint(const ChangeStats& changes) REQUIRES(ckpt_mu_);
+  // The change sets of every table, summed.
+  static ChangeStats ChangesOf(const TableMap& tables);
   bool ReplicationAllowed(const std::string& client_key) const;
   // Replicated shards: applies a client update in log order and logs it.
   Status ApplyLogged(const Header& h, const Frames& frames, std::shared_ptr<Table> t, Header* reply,

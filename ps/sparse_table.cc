@@ -60,6 +60,11 @@ struct SparseTable::Stripe {
   std::vector<uint64_t> dropped;
   bool dropped_overflow = false;
 
+  static uint64_t Ones(const std::vector<uint64_t>& bits) {
+    uint64_t n = 0;
+    for (uint64_t w : bits) n += static_cast<uint64_t>(__builtin_popcountll(w));
+    return n;
+  }
   static bool Bit(const std::vector<uint64_t>& bits, uint32_t slot) {
     const size_t w = slot >> 6;
     return w < bits.size() && (bits[w] >> (slot & 63) & 1) != 0;
@@ -715,9 +720,7 @@ class SparseSnapshot final : public TableSnapshot {
       std::vector<uint64_t> changed, dropped;
       s->TakeChanges(&changed, &dropped);
       if (delta_) {
-        uint64_t n = 0;
-        for (uint64_t w : changed) n += static_cast<uint64_t>(__builtin_popcountll(w));
-        rows_.push_back(n);
+        rows_.push_back(SparseTable::Stripe::Ones(changed));
         s->snap_changed = std::move(changed);
         s->snap_dropped = std::move(dropped);
       } else {
@@ -856,7 +859,7 @@ ChangeStats SparseTable::Changes() const {
   ChangeStats c;
   for (const auto& s : stripes_) {
     MutexLock lock(&s->mu);
-    for (uint64_t w : s->changed) c.changed_rows += static_cast<uint64_t>(__builtin_popcountll(w));
+    c.changed_rows += Stripe::Ones(s->changed);
     c.dropped_rows += s->dropped.size();
     c.rows += s->rows.size();
     c.overflow = c.overflow || s->dropped_overflow;

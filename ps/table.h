@@ -89,6 +89,14 @@ struct ChangeStats {
   uint64_t rows = 0;
   // More rows were dropped than a delta keeps track of: the next snapshot must be full.
   bool overflow = false;
+
+  ChangeStats& operator+=(const ChangeStats& o) {
+    changed_rows += o.changed_rows;
+    dropped_rows += o.dropped_rows;
+    rows += o.rows;
+    overflow = overflow || o.overflow;
+    return *this;
+  }
 };
 
 class Table {

@@ -305,6 +305,19 @@ TEST_F(CheckpointTest, SnapshotHoldsStateAtCutWhileUpdatesGoOn) {
   EXPECT_EQ(sparse->Stats().rows, keys.size() + (sparse->version() - sparse_version));
 }
 
+// The keys of the snapshot-under-updates tests, and a table (shard 0 of 1) with one push
+// of a dim-3 gradient to each.
+std::vector<uint64_t> SnapshotKeys() {
+  std::vector<uint64_t> keys(20000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 13 + 5;
+  return keys;
+}
+std::shared_ptr<Table> PushedTable(const TableSpec& spec, const std::vector<uint64_t>& keys) {
+  auto t = NewTable(spec, {0, 1});
+  if (t != nullptr) Push(*t, Grad(keys.size() * 3, 1), keys);
+  return t;
+}
+
 // A table's snapshot writes exactly what Save wrote at the cut, byte for byte, while
 // another thread pushes (changing rows, creating rows, and in a capped table evicting
 // them) and pulls (moving rows in the LRU order) during the write.
@@ -312,11 +325,9 @@ TEST_F(CheckpointTest, TableSnapshotEqualsSaveAtCutUnderConcurrentUpdates) {
   for (const bool capped : {false, true}) {
     TableSpec spec = SparseSpec();  // adagrad with a Polyak average
     if (capped) spec.max_rows = 20000;
-    auto t = NewTable(spec, {0, 1});
+    const std::vector<uint64_t> keys = SnapshotKeys();
+    auto t = PushedTable(spec, keys);
     ASSERT_NE(t, nullptr);
-    std::vector<uint64_t> keys(20000);
-    for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 13 + 5;
-    Push(*t, Grad(keys.size() * 3, 1), keys);
     Pull(*t, std::vector<uint64_t>(keys.begin(), keys.begin() + 100));  // an LRU order
     ByteWriter at_cut;
     t->Save(&at_cut);
@@ -563,13 +574,24 @@ TEST_F(CheckpointTest, WriteIntoMissingDirectoryFailsWithoutFiles) {
 
 // ---------------------------------------------------------------- through a server
 
-ShardServerOptions ServerOptions(const std::string& name, uint32_t shard, const std::string& dir) {
+ShardServerOptions ServerOptions(const std::string& name, uint32_t shard, const std::string& dir,
+                                 uint32_t num_shards = 2) {
   ShardServerOptions o;
   o.shard = shard;
-  o.num_shards = 2;
+  o.num_shards = num_shards;
   o.listen = "mem://" + name + "-" + std::to_string(shard);
   o.checkpoint_dir = dir;
   return o;
+}
+
+// The sparse table "e" of the server tests.
+TableSpec SparseE(uint32_t dim, const std::string& optimizer = "sgd") {
+  TableSpec s;
+  s.name = "e";
+  s.kind = TableKind::kSparse;
+  s.dim = dim;
+  s.optimizer = optimizer;
+  return s;
 }
 
 std::vector<std::unique_ptr<ShardServer>> StartShards(const std::string& name,
@@ -603,11 +625,7 @@ TEST_F(CheckpointTest, ShardServerStopWritesCheckpointAndRestartRestores) {
   dense.name = "w";
   dense.shape = {9};
   dense.optimizer_params = {{"lr", 0.5}};
-  TableSpec sparse;
-  sparse.name = "e";
-  sparse.kind = TableKind::kSparse;
-  sparse.dim = 2;
-  sparse.optimizer = "adagrad";
+  const TableSpec sparse = SparseE(2, "adagrad");
   const std::vector<uint64_t> keys = {1, 2, 3, 1000, 99999};
   std::vector<float> w_before(9), e_before(10);
   VersionVector wv_before, ev_before;
@@ -840,11 +858,9 @@ TEST_F(CheckpointTest, DeltaSnapshotHoldsTheCutUnderConcurrentUpdates) {
     SCOPED_TRACE(capped ? "capped" : "uncapped");
     TableSpec spec = SparseSpec();  // adagrad with a Polyak average
     if (capped) spec.max_rows = 20000;
-    auto t = NewTable(spec, {0, 1});
+    const std::vector<uint64_t> keys = SnapshotKeys();
+    auto t = PushedTable(spec, keys);
     ASSERT_NE(t, nullptr);
-    std::vector<uint64_t> keys(20000);
-    for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 13 + 5;
-    Push(*t, Grad(keys.size() * 3, 1), keys);
     ByteWriter base;
     t->BeginSnapshot(SnapshotKind::kFull)->Write(&base);
     // Changes before the cut: rows pushed again, new rows (evictions when capped).
@@ -905,7 +921,9 @@ TEST_F(CheckpointTest, DeltasOfAnOlderChainAreStaleAndACorruptDeltaIsDataLoss) {
   const ShardIdentity id = id_;
   uint64_t trailer = 0;
   WriteChain(tables_, *sparse_, dedup_, id, path_, 2);
-  EXPECT_EQ(DeltaFiles(path_).size(), 2u);
+  ASSERT_EQ(DeltaFiles(path_).size(), 2u);
+  EXPECT_EQ(DeltaFiles(path_)[0].path, DeltaPath(path_, 1));  // by N ascending
+  EXPECT_EQ(DeltaFiles(path_)[1].seq, 2u);
   const std::string d1 = ReadFile(DeltaPath(path_, 1));
 
   // A corrupt delta in the chain: the state after it is unknown.
@@ -936,23 +954,14 @@ TEST_F(CheckpointTest, DeltasOfAnOlderChainAreStaleAndACorruptDeltaIsDataLoss) {
 TEST_F(CheckpointTest, ShardServerWritesDeltasBetweenFullCheckpointsAndRestoresTheChain) {
   static std::atomic<int> counter{0};
   const std::string name = "ckpt-delta-" + std::to_string(counter++);
-  ShardServerOptions o;
-  o.shard = 0;
-  o.num_shards = 1;
-  o.listen = "mem://" + name;
-  o.checkpoint_dir = dir_;
+  ShardServerOptions o = ServerOptions(name, 0, dir_, 1);
   o.checkpoint_full_every = 3;  // the full checkpoint and two deltas
   auto server = std::make_unique<ShardServer>(o, std::make_shared<prometheus::Registry>());
   auto ep = server->Start();
   ASSERT_TRUE(ep.ok()) << ep.status().ToString();
   auto client = ConnectClient({*ep});
   ASSERT_NE(client, nullptr);
-  TableSpec sparse;
-  sparse.name = "e";
-  sparse.kind = TableKind::kSparse;
-  sparse.dim = 8;
-  sparse.optimizer = "adagrad";
-  ASSERT_TRUE(client->CreateTable(sparse).ok());
+  ASSERT_TRUE(client->CreateTable(SparseE(8, "adagrad")).ok());
   const auto keys = KeyRange(0, 5000);
   auto push = [&](uint64_t first, uint64_t n, int step) {
     const std::vector<uint64_t> k(keys.begin() + first, keys.begin() + first + n);
@@ -1074,21 +1083,14 @@ TEST_F(CheckpointTest, ADeltaAfterAMissingOneIsDataLossNamingBoth) {
 
 TEST_F(CheckpointTest, ShardServerWritesAFullCheckpointAfterAFailedOne) {
   static std::atomic<int> counter{0};
-  ShardServerOptions o;
-  o.shard = 0;
-  o.num_shards = 1;
-  o.listen = "mem://ckpt-failed-" + std::to_string(counter++);
-  o.checkpoint_dir = dir_ + "/ck";
+  const ShardServerOptions o =
+      ServerOptions("ckpt-failed-" + std::to_string(counter++), 0, dir_ + "/ck", 1);
   ShardServer server(o, std::make_shared<prometheus::Registry>());
   auto ep = server.Start();
   ASSERT_TRUE(ep.ok()) << ep.status().ToString();
   auto client = ConnectClient({*ep});
   ASSERT_NE(client, nullptr);
-  TableSpec sparse;
-  sparse.name = "e";
-  sparse.kind = TableKind::kSparse;
-  sparse.dim = 4;
-  ASSERT_TRUE(client->CreateTable(sparse).ok());
+  ASSERT_TRUE(client->CreateTable(SparseE(4)).ok());
   const auto keys = KeyRange(0, 1000);
   auto push = [&](size_t n, int step) {
     ASSERT_TRUE(
@@ -1176,7 +1178,7 @@ TEST_F(CheckpointTest, RandomHistoriesRestoreEveryCutOfTheChain) {
       ASSERT_TRUE(WriteSnapshot(file, &snap, &trailer).ok());
       snap = {};
       if (full) {
-        for (const std::string& f : DeltaFiles(path)) fs::remove(f);
+        for (const DeltaFile& f : DeltaFiles(path)) fs::remove(f.path);
         deltas = 0;
       } else {
         ++deltas;
@@ -1199,11 +1201,7 @@ TEST_F(CheckpointTest, RandomHistoriesRestoreEveryCutOfTheChain) {
 
 TEST_F(CheckpointTest, PeriodicCheckpointsOfAnIdleShardWriteNothing) {
   static std::atomic<int> counter{0};
-  ShardServerOptions o;
-  o.shard = 0;
-  o.num_shards = 1;
-  o.listen = "mem://ckpt-idle-" + std::to_string(counter++);
-  o.checkpoint_dir = dir_;
+  const ShardServerOptions o = ServerOptions("ckpt-idle-" + std::to_string(counter++), 0, dir_, 1);
   ShardServer server(o, std::make_shared<prometheus::Registry>());
   auto ep = server.Start();
   ASSERT_TRUE(ep.ok()) << ep.status().ToString();
@@ -1215,11 +1213,7 @@ TEST_F(CheckpointTest, PeriodicCheckpointsOfAnIdleShardWriteNothing) {
   const auto written = fs::last_write_time(path);
   EXPECT_EQ(*server.Checkpoint(true), path);
   EXPECT_EQ(fs::last_write_time(path), written) << "idle: not written again";
-  TableSpec sparse;
-  sparse.name = "e";
-  sparse.kind = TableKind::kSparse;
-  sparse.dim = 4;
-  ASSERT_TRUE(client->CreateTable(sparse).ok());
+  ASSERT_TRUE(client->CreateTable(SparseE(4)).ok());
   EXPECT_EQ(*server.Checkpoint(true), path) << "a new table is a change (and the shard "
                                                "had no rows: a full checkpoint)";
   EXPECT_NE(fs::last_write_time(path), written);
