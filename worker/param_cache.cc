@@ -84,6 +84,7 @@ struct ParamCache::DenseEntry {
   uint64_t generation GUARDED_BY(mu) = 0;  // bumped by Invalidate: a pull begun before is not kept
   int64_t stale_since_ms GUARDED_BY(mu) = -1;  // when a newer version was first known; -1: not
   std::unique_ptr<DenseLayout> layout GUARDED_BY(mu);  // the shards' slices: made at first need
+  int own_pushes GUARDED_BY(mu) = 0;  // this worker's pushes whose replies bring its values
 };
 
 struct ParamCache::SparseEntry {
@@ -549,6 +550,23 @@ void ParamCache::InstallRows(const std::string& table, const uint64_t* keys, siz
   ++e->generation;  // a pull begun before this push would bring the rows before it
 }
 
+void ParamCache::BeginOwnPush(const std::string& table) {
+  if (auto it = dense_.find(table); it != dense_.end()) {
+    MutexLock lock(&it->second->mu);
+    ++it->second->own_pushes;
+  }
+}
+
+void ParamCache::EndOwnPush(const std::string& table) {
+  auto it = dense_.find(table);
+  if (it == dense_.end()) return;
+  {
+    MutexLock lock(&it->second->mu);
+    if (--it->second->own_pushes > 0) return;
+  }
+  refresher_.Wake();
+}
+
 void ParamCache::Invalidate(const std::string& table) {
   if (auto it = dense_.find(table); it != dense_.end()) {
     MutexLock lock(&it->second->mu);
@@ -577,6 +595,7 @@ bool ParamCache::RefreshWanted(DenseEntry* e, int64_t now) const {
   MutexLock lock(&e->mu);
   if (e->last_read_ms < 0 || now - e->last_read_ms > options_.hot_window_ms) return false;
   if (!e->snapshot) return true;
+  if (e->own_pushes > 0) return false;  // their replies bring newer values (EndOwnPush)
   // Refreshing at half the age bound leaves the other half for the pull to land before
   // a read would find the copy stale and wait. Not needed while notices flow.
   const int64_t max_age = e->bound.max_age_ms;

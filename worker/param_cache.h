@@ -113,6 +113,12 @@ class ParamCache {
   // The same for sparse rows: `values` holds n * dim floats, row i for keys[i].
   void InstallRows(const std::string& table, const uint64_t* keys, size_t n, const float* values,
                    const ps::VersionVector& versions, int64_t sent_ms);
+  // Bracket a push of this worker whose reply installs the dense table's new values
+  // (InstallDense): meanwhile the refresher leaves the table alone, since the notice of
+  // that very push would otherwise have it pull back what the reply brings. At the end
+  // the refresher looks again (a notice of another worker's later push still needs a pull).
+  void BeginOwnPush(const std::string& table);
+  void EndOwnPush(const std::string& table);
   // Drops every cached copy (e.g. after local-steps mode pushed a delta).
   void Invalidate(const std::string& table);
   // Drops the cached copies of these rows: after a push to them is acknowledged, so the

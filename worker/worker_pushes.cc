@@ -41,6 +41,7 @@ void WorkerService::StartPush(
   // The callback owns the reply too: in queued mode nobody else waits for it.
   std::shared_ptr<LearnRun> run = pushes->run;
   if (run) run->AddPending();
+  if (InstallsPushedValues()) cache_.BeginOwnPush(table);  // ended by OnPushDone
   ps::Ticket t = send(reply.get(), [this, table, reply, forget, run](const Status& st) {
     OnPushDone(table, *reply, st, forget);
     if (!run) return;
@@ -99,6 +100,9 @@ void WorkerService::SendQueued(Pushes* pushes) {
   ReservePushes(parts->size(), bytes);
   std::shared_ptr<LearnRun> run = pushes->run;
   if (run) run->AddPending();  // one for the batch
+  if (InstallsPushedValues()) {
+    for (const Part& p : *parts) cache_.BeginOwnPush(p.table);  // ended by OnPushDone
+  }
   // The callback owns the replies: in queued mode nobody else waits for them.
   ps::Ticket t =
       client_->PushBatch(std::move(dense), std::move(sparse), [this, parts, run](const Status& st) {
@@ -140,6 +144,7 @@ void WorkerService::OnPushDone(const std::string& table, const ps::PushReply& re
   } else if (warn) {
     spdlog::warn("push to table '{}' failed: {}", table, st.ToString());
   }
+  if (InstallsPushedValues()) cache_.EndOwnPush(table);
   {
     MutexLock lock(&mu_);
     --inflight_;

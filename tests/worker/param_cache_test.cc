@@ -615,6 +615,42 @@ TEST_F(ParamCacheTest, NoticeShowsAnotherClientsDensePushLongBeforeTheAgeBound) 
   cache->Stop();
 }
 
+TEST_F(ParamCacheTest, TheNoticeOfAnOwnPushInFlightIsLeftToItsReply) {
+  ParamCacheOptions o;
+  o.dense.max_age_ms = 60'000;
+  auto cache = MakeCache(o);
+  cache->Start();
+  ASSERT_GE(MsUntil(3000, [&] { return cache->stats().shards_noticing == 2; }), 0);
+  EXPECT_EQ(ReadDense(*cache), std::vector<float>(kDenseSize, 0.0f));  // hot now
+  auto pulls = [&] {
+    auto s = cache->stats();
+    return s.refresher_pulls + s.dense_pulls;
+  };
+  const uint64_t before = pulls();
+  // A push of "ours" whose reply brings its values: its notice may come first.
+  cache->BeginOwnPush("w");
+  const ps::VersionVector ours = PushDense(1.0f);
+  ASSERT_GE(MsUntil(1000, [&] { return cache->stats().notices >= 1; }), 0);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(pulls(), before) << "the refresher pulled back what the push's reply brings";
+  cache->InstallDense("w", std::vector<float>(kDenseSize, -1.0f), ours, Now());
+  cache->EndOwnPush("w");
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(ReadDense(*cache), std::vector<float>(kDenseSize, -1.0f));
+  EXPECT_EQ(pulls(), before) << "the installed reply covers the notice";
+  // A push that ends without installing (failed, or another worker's push announced
+  // meanwhile): the refresher looks again at the end.
+  const uint64_t notices = cache->stats().notices;
+  cache->BeginOwnPush("w");
+  PushDense(1.0f);
+  ASSERT_GE(MsUntil(1000, [&] { return cache->stats().notices > notices; }), 0);
+  cache->EndOwnPush("w");
+  EXPECT_GE(MsUntil(1000, [&] { return cache->stats().refresher_pulls > 0; }), 0)
+      << "a notice left to a push that brought nothing was never pulled";
+  EXPECT_EQ(ReadDense(*cache), std::vector<float>(kDenseSize, -2.0f));
+  cache->Stop();
+}
+
 TEST_F(ParamCacheTest, WithoutNoticesACopyIsKeptForTheWholeAgeBound) {
   ParamCacheOptions o;
   o.dense.max_age_ms = 60'000;
