@@ -396,6 +396,22 @@ class Scale {
             : "",
         c1 - c0, bytes / 1048576.0, file.c_str(), during.size(), d.p50, d.p99, d.max, o.p50, o.p99,
         d.p99 / o.p99);
+    // Where the slow pushes fall: a push early in a full checkpoint copies most of the
+    // rows it changes (the writer has not reached them), a late one almost none.
+    std::string tenths;
+    for (int k = 0; k < 10; ++k) {
+      std::vector<double> part;
+      for (const Sample& s : samples) {
+        const double at = (s.t_s - c0) / (c1 - c0);
+        if (at >= k / 10.0 && at < (k + 1) / 10.0) part.push_back(s.us);
+      }
+      char buf[48];
+      std::snprintf(buf, sizeof buf, "%s%.0f", k == 0 ? "" : " / ",
+                    part.empty() ? 0.0 : Summarize(part).p99);
+      tenths += buf;
+    }
+    std::printf("  p99 (us) of the pushes in each tenth of the %s checkpoint: %s\n",
+                delta ? "delta" : "full", tenths.c_str());
     std::printf(
         "memory during the %s checkpoint: peak shard RSS %.1f MiB, %.2fx the %.1f MiB "
         "before\n",
