@@ -11,8 +11,6 @@
 namespace onlineps::ps {
 
 namespace {
-constexpr uint64_t kEmpty = 0;
-constexpr uint64_t kDeleted = 1;
 // Buckets moved per Find, Insert and Erase while a rebuild is under way. A rebuild makes
 // an array at least as large as the old one and at most half full, and the next one
 // starts at 41/64 full at the earliest (the most staggered store): more than a seventh
@@ -59,24 +57,6 @@ RowStore::RowStore(size_t header_bytes, size_t floats, uint32_t stagger)
       chunk_shift_(ChunkShift(record_bytes_)),
       chunk_mask_((uint32_t{1} << chunk_shift_) - 1),
       rebuild_at_64ths_(48 - std::min<uint32_t>(stagger, 7)) {}
-
-uint32_t RowStore::TagOf(uint64_t key) {
-  // Salted so that the index's bits are independent of the stripe and shard choice,
-  // which use Mix64(key) itself. The top 31 bits of the mix pick the home bucket (its
-  // high bits) and filter false matches (the rest); bit 31 marks the entry as used.
-  const uint64_t g = Mix64(key ^ 0x5851f42d4c957f2dULL);
-  return static_cast<uint32_t>(g >> 33) | 0x80000000u;
-}
-
-size_t RowStore::Probe(const Buckets& b, uint64_t key, uint32_t tag) const {
-  if (!b.e) return SIZE_MAX;
-  const size_t mask = b.capacity() - 1;
-  for (size_t i = HomeOf(tag, b.bits);; i = (i + 1) & mask) {
-    const uint64_t e = b.e[i];
-    if (e == kEmpty) return SIZE_MAX;
-    if (static_cast<uint32_t>(e >> 32) == tag && KeyOf(static_cast<uint32_t>(e)) == key) return i;
-  }
-}
 
 void RowStore::Place(Buckets* b, uint64_t entry) {
   const size_t mask = b->capacity() - 1;
@@ -162,7 +142,7 @@ uint32_t RowStore::NewSlot() {
   return next_slot_++;
 }
 
-uint32_t RowStore::Find(uint64_t key) {
+uint32_t RowStore::FindMigrating(uint64_t key) {
   Migrate(kMigrateStep);
   const uint32_t tag = TagOf(key);
   size_t i = Probe(cur_, key, tag);

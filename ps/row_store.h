@@ -17,6 +17,8 @@
 #include <memory>
 #include <vector>
 
+#include "common/hash.h"
+
 namespace onlineps::ps {
 
 // Zeroed memory of `bytes`, every page faulted in by the kernel in one call
@@ -37,8 +39,12 @@ class RowStore {
   RowStore(const RowStore&) = delete;
   RowStore& operator=(const RowStore&) = delete;
 
-  // The slot holding key, or kNoSlot.
-  uint32_t Find(uint64_t key);
+  // The slot holding key, or kNoSlot. Inline: called per key on every push and pull.
+  uint32_t Find(uint64_t key) {
+    if (old_.e) return FindMigrating(key);
+    const size_t i = Probe(cur_, key, TagOf(key));
+    return i == SIZE_MAX ? kNoSlot : static_cast<uint32_t>(cur_.e[i]);
+  }
   // REQUIRES: key is absent. The slot of a new record whose key is set; its other bytes
   // are unspecified (a reused slot keeps the old row's bytes).
   uint32_t Insert(uint64_t key);
@@ -85,10 +91,29 @@ class RowStore {
     size_t capacity() const { return e ? size_t{1} << bits : 0; }
   };
 
-  static uint32_t TagOf(uint64_t key);
+  static constexpr uint64_t kEmpty = 0;
+  static constexpr uint64_t kDeleted = 1;
+
+  static uint32_t TagOf(uint64_t key) {
+    // Salted so that the index's bits are independent of the stripe and shard choice,
+    // which use Mix64(key) itself. The top 31 bits of the mix pick the home bucket (its
+    // high bits) and filter false matches (the rest); bit 31 marks the entry as used.
+    const uint64_t g = Mix64(key ^ 0x5851f42d4c957f2dULL);
+    return static_cast<uint32_t>(g >> 33) | 0x80000000u;
+  }
   static size_t HomeOf(uint32_t tag, uint32_t bits) { return (tag & 0x7fffffffu) >> (31 - bits); }
   // The bucket of key in b, or SIZE_MAX.
-  size_t Probe(const Buckets& b, uint64_t key, uint32_t tag) const;
+  size_t Probe(const Buckets& b, uint64_t key, uint32_t tag) const {
+    if (!b.e) return SIZE_MAX;
+    const size_t mask = b.capacity() - 1;
+    for (size_t i = HomeOf(tag, b.bits);; i = (i + 1) & mask) {
+      const uint64_t e = b.e[i];
+      if (e == kEmpty) return SIZE_MAX;
+      if (static_cast<uint32_t>(e >> 32) == tag && KeyOf(static_cast<uint32_t>(e)) == key) return i;
+    }
+  }
+  // Find while a rebuild is under way: moves a few buckets, then looks in both arrays.
+  uint32_t FindMigrating(uint64_t key);
   // Places an entry in b at its first free bucket (empty or deleted).
   static void Place(Buckets* b, uint64_t entry);
   // Moves up to a few old buckets into the current array; frees the old array when done.

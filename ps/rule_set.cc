@@ -18,6 +18,9 @@ StatusOr<RuleSet> RuleSet::Create(const TableSpec& spec) {
   r.policy_ = std::move(pol).value();
   r.max_staleness_ = spec.max_staleness;
   r.bound_mode_ = spec.bound_mode;
+  r.optimizer_slots_ = r.optimizer_->state_slots();
+  r.policy_slots_ = r.policy_->state_slots();
+  r.needs_backup_ = r.policy_->NeedsBackup();
   return r;
 }
 
@@ -26,18 +29,12 @@ void RuleSet::Compensate(float* g, const float* w, const float* w_bak, float* co
   policy_->Compensate(g, w, w_bak, pol_state, n);
 }
 
-void RuleSet::Apply(float* w, float* const* opt_state, float* const* pol_state, const float* g,
-                    const float* w_bak, size_t n, float lr_scale, uint64_t step,
-                    std::vector<float>* scratch) const {
-  if (w_bak != nullptr && policy_->NeedsBackup()) {
-    scratch->assign(g, g + n);
-    policy_->Compensate(scratch->data(), w, w_bak, pol_state, n);
-    g = scratch->data();
-  }
-  ApplyArgs args;
-  args.lr_scale = lr_scale;
-  args.step = step;
-  optimizer_->Apply(w, opt_state, g, n, args);
+void RuleSet::ApplyCompensated(float* w, float* const* opt_state, float* const* pol_state,
+                               const float* g, const float* w_bak, size_t n, float lr_scale,
+                               uint64_t step, std::vector<float>* scratch) const {
+  scratch->assign(g, g + n);
+  policy_->Compensate(scratch->data(), w, w_bak, pol_state, n);
+  optimizer_->Apply(w, opt_state, scratch->data(), n, ApplyArgs{lr_scale, step});
 }
 
 Status RuleSet::CheckBound(const std::string& table, uint64_t tau) const {

@@ -18,9 +18,10 @@ class RuleSet {
  public:
   static StatusOr<RuleSet> Create(const TableSpec& spec);
 
-  int optimizer_slots() const { return optimizer_->state_slots(); }
-  int policy_slots() const { return policy_->state_slots(); }
-  bool needs_backup() const { return policy_->NeedsBackup(); }
+  // Read per row on the apply path: cached at Create, not virtual calls.
+  int optimizer_slots() const { return optimizer_slots_; }
+  int policy_slots() const { return policy_slots_; }
+  bool needs_backup() const { return needs_backup_; }
   const Optimizer& optimizer() const { return *optimizer_; }
   const StalenessPolicy& policy() const { return *policy_; }
   float InitialState(int slot) const { return optimizer_->InitialState(slot); }
@@ -28,9 +29,16 @@ class RuleSet {
   // Applies gradient g (n floats) to w. opt_state/pol_state: per-slot pointers.
   // w_bak: the pusher's backup or nullptr (no compensation). scratch: caller-owned
   // buffer reused across calls (DC-ASGD rewrites a copy of g, never the input).
+  // Inline: called per row on the apply path.
   void Apply(float* w, float* const* opt_state, float* const* pol_state, const float* g,
              const float* w_bak, size_t n, float lr_scale, uint64_t step,
-             std::vector<float>* scratch) const;
+             std::vector<float>* scratch) const {
+    if (w_bak != nullptr && needs_backup_) {
+      ApplyCompensated(w, opt_state, pol_state, g, w_bak, n, lr_scale, step, scratch);
+    } else {
+      optimizer_->Apply(w, opt_state, g, n, ApplyArgs{lr_scale, step});
+    }
+  }
 
   // Rewrites g (a private copy) with the DC-ASGD compensation, if the policy has one.
   void Compensate(float* g, const float* w, const float* w_bak, float* const* pol_state,
@@ -41,10 +49,16 @@ class RuleSet {
 
  private:
   RuleSet() = default;
+  void ApplyCompensated(float* w, float* const* opt_state, float* const* pol_state, const float* g,
+                        const float* w_bak, size_t n, float lr_scale, uint64_t step,
+                        std::vector<float>* scratch) const;
   std::shared_ptr<const Optimizer> optimizer_;
   std::shared_ptr<const StalenessPolicy> policy_;
   int64_t max_staleness_ = -1;
   BoundMode bound_mode_ = BoundMode::kReject;
+  int optimizer_slots_ = 0;
+  int policy_slots_ = 0;
+  bool needs_backup_ = false;
 };
 
 // True when every value is finite. Vectorizable (no early exit).

@@ -21,6 +21,9 @@ constexpr size_t kMaxAdmissionCandidates = 1 << 20;
 // Keys from which a call's stripes are applied on two threads (ApplyHelper): below it the
 // hand-off (a wake-up, tens of microseconds here) costs more than half the apply saves.
 constexpr size_t kParallelKeys = 2048;
+// A stripe whose records take less than this is in the core's caches after a few calls:
+// the prefetch passes over its keys (each a probe of the index) would only cost time.
+constexpr size_t kPrefetchBytes = 256 << 10;
 // Stripes from which a checkpoint maps its copy-on-write maps before the cut
 // (SparseTable::PrepareSnapshot): a smaller stripe's map is under 64 KiB.
 constexpr size_t kPrepareSlots = 16384;
@@ -357,8 +360,10 @@ bool SparseTable::ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn, bool
     // Three passes over the stripe's keys (a few hundred in a large push): the loads of
     // every index bucket, then of every record, are issued before any is waited for,
     // so their cache misses overlap instead of following one another.
-    for (size_t j = start[si]; j < start[si + 1]; ++j) s.rows.Prefetch(keys[ord[j]]);
-    for (size_t j = start[si]; j < start[si + 1]; ++j) s.rows.PrefetchRecord(keys[ord[j]]);
+    if (s.rows.slot_end() * s.rows.record_bytes() >= kPrefetchBytes) {
+      for (size_t j = start[si]; j < start[si + 1]; ++j) s.rows.Prefetch(keys[ord[j]]);
+      for (size_t j = start[si]; j < start[si + 1]; ++j) s.rows.PrefetchRecord(keys[ord[j]]);
+    }
     for (size_t j = start[si]; j < start[si + 1]; ++j) fn(s, ord[j]);
     if constexpr (kThen) {
       for (size_t j = start[si]; j < start[si + 1]; ++j) then(s, ord[j]);
