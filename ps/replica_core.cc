@@ -46,6 +46,8 @@ void ReplicaCore::Start(uint64_t now) {
   epoch_ = log_epoch_;
   leaderless_since_ms_ = now;
   counters_.incarnation = config_.incarnation;
+  counters_.restored_in_place = config_.restored && config_.restored_exact;
+  counters_.restored_lsn = config_.restored ? config_.restored_lsn : 0;
   LeaseTick(now);
   read_now_ = true;
 }

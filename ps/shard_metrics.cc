@@ -96,7 +96,9 @@ ShardServer::Metrics::Metrics(prometheus::Registry& r)
                           .Name("onlineps_ps_replica")
                           .Help("Replication state of this replica, by field: primary (1 or 0), "
                                 "epoch (the etcd revision of its election), lsn, committed_lsn, "
-                                "in_sync_backups, isr_size")
+                                "in_sync_backups, isr_size, restored_in_place (1: this process "
+                                "restored a clean stop's checkpoint and kept its place in the "
+                                "ISR), restored_lsn")
                           .Register(r)),
       replica_events_(BuildCounter()
                           .Name("onlineps_ps_replica_events_total")
@@ -191,7 +193,9 @@ void ShardServer::Metrics::UpdateReplica(const ReplicaStats& s) {
       {"lsn", static_cast<double>(s.lsn)},
       {"committed_lsn", static_cast<double>(s.committed)},
       {"in_sync_backups", static_cast<double>(s.in_sync_backups)},
-      {"isr_size", static_cast<double>(s.isr_size)}};
+      {"isr_size", static_cast<double>(s.isr_size)},
+      {"restored_in_place", s.restored_in_place ? 1.0 : 0.0},
+      {"restored_lsn", static_cast<double>(s.restored_lsn)}};
   for (const auto& [field, value] : gauges) replica_gauges_.Add({{"field", field}}).Set(value);
   const std::tuple<const char*, uint64_t, uint64_t*> events[] = {
       {"promotion", s.promotions, &replica_seen_.promotions},
