@@ -1,11 +1,22 @@
 #include "ps/dense_table.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
 #include "common/partition.h"
+#include "ps/apply_helper.h"
 
 namespace onlineps::ps {
+
+namespace {
+// From this many elements a gradient is applied on two threads (ApplyHelper), in
+// chunks of kChunkElems taken from one counter: below it the hand-off costs more than
+// half the apply saves.
+constexpr uint64_t kParallelElems = 256 << 10;
+constexpr uint64_t kChunkElems = 64 << 10;
+}  // namespace
 
 DenseTable::DenseTable(const TableSpec& spec, RuleSet rules, uint32_t shard, uint32_t num_shards)
     : spec_(spec),
@@ -135,8 +146,33 @@ Status DenseTable::ApplyPushLocked(const PushRequest& req, const float* values, 
 }
 
 void DenseTable::ApplyLocked(const float* g, const float* w_bak, float lr_scale) {
-  rules_.Apply(w_.data(), opt_slots_.data(), pol_slots_.data(), g, w_bak, n_, lr_scale,
-               version_ + 1, &scratch_);
+  // Every rule is elementwise, so a gradient applies in independent chunks. With a
+  // DC-ASGD backup the rule rewrites a copy of g in scratch_: one thread.
+  ApplyHelper* helper = w_bak == nullptr && n_ >= kParallelElems ? ApplyHelper::Get() : nullptr;
+  if (helper == nullptr) {
+    rules_.Apply(w_.data(), opt_slots_.data(), pol_slots_.data(), g, w_bak, n_, lr_scale,
+                 version_ + 1, &scratch_);
+  } else {
+    // The helper runs while this thread holds mu_ and waits in Finish: it is handed the
+    // arrays, not the members.
+    float* const w = w_.data();
+    const uint64_t step = version_ + 1;
+    const uint64_t chunks = (n_ + kChunkElems - 1) / kChunkElems;
+    std::atomic<uint64_t> next{0};
+    auto share = [&, w] {
+      for (uint64_t c; (c = next.fetch_add(1)) < chunks;) {
+        const uint64_t off = c * kChunkElems, len = std::min(kChunkElems, n_ - off);
+        float* opt[4];
+        float* pol[4];
+        for (int k = 0; k < rules_.optimizer_slots(); ++k) opt[k] = opt_slots_[k] + off;
+        for (int k = 0; k < rules_.policy_slots(); ++k) pol[k] = pol_slots_[k] + off;
+        rules_.Apply(w + off, opt, pol, g + off, nullptr, len, lr_scale, step, nullptr);
+      }
+    };
+    const bool started = helper->TryStart(share);
+    share();  // the rules allocate nothing without a backup: nothing to unwind
+    if (started) helper->Finish();
+  }
   AfterApplyLocked();
 }
 

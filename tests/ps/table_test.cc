@@ -870,6 +870,8 @@ struct ScalarOptimizer {
       w = std::fabs(s0) <= l1
               ? 0.0
               : -(s0 - std::copysign(l1, s0)) / ((beta + std::sqrt(s1)) / alpha + l2);
+    } else if (name == "sgd") {  // lr 0.05
+      w -= 0.05 * g;
     } else {  // adam: lr 0.05, beta1 0.9, beta2 0.999, eps 1e-8
       s0 = 0.9 * s0 + 0.1 * g;
       s1 = 0.999 * s1 + 0.001 * g * g;
@@ -924,6 +926,56 @@ TEST_P(SparseTableOptimizerTest, StatePersistsAcrossPushesPerRow) {
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, SparseTableOptimizerTest,
                          ::testing::Values("adagrad", "ftrl", "adam"),
+                         [](const auto& info) { return info.param; });
+
+// A dense gradient this large is applied in chunks on two threads (DenseTable::ApplyLocked):
+// every element, the last partial chunk's too, steps with its own optimizer state.
+class DenseTableLargeTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DenseTableLargeTest, ChunkedApplyStepsEveryElementWithItsOwnState) {
+  constexpr size_t kN = 300'007;  // above the parallel threshold, not a chunk multiple
+  TableSpec spec;
+  spec.name = "large";
+  spec.shape = {kN};
+  spec.optimizer = GetParam();
+  spec.init = "constant";
+  spec.init_value = 0.2;
+  if (spec.optimizer == "adagrad") {
+    spec.optimizer_params = {{"lr", 0.1}, {"initial_accumulator", 0.1}};
+  } else if (spec.optimizer == "ftrl") {
+    spec.optimizer_params = {{"alpha", 0.5}, {"beta", 1}, {"l1", 0.01}, {"l2", 0.1}};
+  } else {
+    spec.optimizer_params = {{"lr", 0.05}};
+  }
+  auto t = NewTable(spec);
+  ASSERT_NE(t, nullptr);
+  std::vector<ScalarOptimizer> ref(kN, ScalarOptimizer{GetParam()});
+  if (GetParam() == "adagrad") {
+    for (auto& o : ref) o.s0 = 0.1;
+  }
+  for (uint64_t step = 1; step <= 3; ++step) {
+    std::vector<float> g(kN);
+    for (size_t i = 0; i < kN; ++i) {
+      g[i] = static_cast<float>(static_cast<int>((i * 7 + step * 3) % 11) - 5) * 0.25f;
+      ref[i].Step(g[i], step);
+    }
+    MustPush(*t, 1, step - 1, g);
+  }
+  std::vector<double> want(kN);
+  for (size_t i = 0; i < kN; ++i) want[i] = ref[i].w;
+  const std::vector<float> got = Pull(*t, 1);
+  ASSERT_EQ(got.size(), kN);
+  size_t wrong = 0;
+  for (size_t i = 0; i < kN; ++i) {
+    if (std::fabs(got[i] - want[i]) > 2e-5 * std::max(1.0, std::fabs(want[i]))) {
+      if (wrong++ < 5) ADD_FAILURE() << "element " << i << ": " << got[i] << ", want " << want[i];
+    }
+  }
+  EXPECT_EQ(wrong, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, DenseTableLargeTest,
+                         ::testing::Values("sgd", "adagrad", "ftrl", "adam"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
