@@ -148,7 +148,9 @@ Status DenseTable::ApplyPushLocked(const PushRequest& req, const float* values, 
 void DenseTable::ApplyLocked(const float* g, const float* w_bak, float lr_scale) {
   // Every rule is elementwise, so a gradient applies in independent chunks. With a
   // DC-ASGD backup the rule rewrites a copy of g in scratch_: one thread.
-  ApplyHelper* helper = w_bak == nullptr && n_ >= kParallelElems ? ApplyHelper::Get() : nullptr;
+  const bool chunked = w_bak == nullptr && n_ >= kParallelElems && rules_.optimizer_slots() <= 4 &&
+                       rules_.policy_slots() <= 4;
+  ApplyHelper* helper = chunked ? ApplyHelper::Get() : nullptr;
   if (helper == nullptr) {
     rules_.Apply(w_.data(), opt_slots_.data(), pol_slots_.data(), g, w_bak, n_, lr_scale,
                  version_ + 1, &scratch_);
@@ -162,7 +164,7 @@ void DenseTable::ApplyLocked(const float* g, const float* w_bak, float lr_scale)
     auto share = [&, w] {
       for (uint64_t c; (c = next.fetch_add(1)) < chunks;) {
         const uint64_t off = c * kChunkElems, len = std::min(kChunkElems, n_ - off);
-        float* opt[4];
+        float* opt[4];  // slot counts checked above
         float* pol[4];
         for (int k = 0; k < rules_.optimizer_slots(); ++k) opt[k] = opt_slots_[k] + off;
         for (int k = 0; k < rules_.policy_slots(); ++k) pol[k] = pol_slots_[k] + off;

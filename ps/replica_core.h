@@ -83,8 +83,9 @@ struct ReplicaStats {
   uint32_t in_sync_backups = 0, isr_size = 0;
   uint64_t promotions = 0, step_downs = 0, snapshots_sent = 0, snapshots_loaded = 0;
   uint64_t unclean_elections = 0, kv_errors = 0, fenced_messages = 0;
-  // This process's start: restored from a clean stop's checkpoint (it kept its place in
-  // the ISR), and the lsn it restored (0 when it started without one).
+  // This process's start: restored a clean stop's checkpoint in place (incarnation and
+  // log position kept; it may still reload if it is behind the primary), and the lsn it
+  // restored (0 when it started without one).
   bool restored_in_place = false;
   uint64_t restored_lsn = 0;
 };

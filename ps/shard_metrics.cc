@@ -97,8 +97,9 @@ ShardServer::Metrics::Metrics(prometheus::Registry& r)
                           .Help("Replication state of this replica, by field: primary (1 or 0), "
                                 "epoch (the etcd revision of its election), lsn, committed_lsn, "
                                 "in_sync_backups, isr_size, restored_in_place (1: this process "
-                                "restored a clean stop's checkpoint and kept its place in the "
-                                "ISR), restored_lsn")
+                                "restored a clean stop's checkpoint in place, with its "
+                                "incarnation and log position; it may still reload from the "
+                                "primary if it is behind), restored_lsn")
                           .Register(r)),
       replica_events_(BuildCounter()
                           .Name("onlineps_ps_replica_events_total")

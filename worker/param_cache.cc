@@ -68,6 +68,11 @@ Status CheckShape(ps::PsClient* client, const std::string& table, ps::TableKind 
 
 }  // namespace
 
+// How long at most the refresher leaves a dense table to the replies of this worker's own
+// pushes in flight (ParamCache::BeginOwnPush; a loopback push takes ~1 ms). Reads check
+// their own bound meanwhile: only the background refresh waits.
+constexpr int64_t kOwnPushHoldMs = 1000;
+
 struct ParamCache::DenseEntry {
   std::string name;
   uint64_t size = 0;
@@ -85,6 +90,7 @@ struct ParamCache::DenseEntry {
   int64_t stale_since_ms GUARDED_BY(mu) = -1;  // when a newer version was first known; -1: not
   std::unique_ptr<DenseLayout> layout GUARDED_BY(mu);  // the shards' slices: made at first need
   int own_pushes GUARDED_BY(mu) = 0;  // this worker's pushes whose replies bring its values
+  int64_t own_push_since_ms GUARDED_BY(mu) = 0;  // when own_pushes last rose from 0
 };
 
 struct ParamCache::SparseEntry {
@@ -553,7 +559,7 @@ void ParamCache::InstallRows(const std::string& table, const uint64_t* keys, siz
 void ParamCache::BeginOwnPush(const std::string& table) {
   if (auto it = dense_.find(table); it != dense_.end()) {
     MutexLock lock(&it->second->mu);
-    ++it->second->own_pushes;
+    if (it->second->own_pushes++ == 0) it->second->own_push_since_ms = Now();
   }
 }
 
@@ -595,11 +601,14 @@ bool ParamCache::RefreshWanted(DenseEntry* e, int64_t now) const {
   MutexLock lock(&e->mu);
   if (e->last_read_ms < 0 || now - e->last_read_ms > options_.hot_window_ms) return false;
   if (!e->snapshot) return true;
-  if (e->own_pushes > 0) return false;  // their replies bring newer values (EndOwnPush)
   // Refreshing at half the age bound leaves the other half for the pull to land before
   // a read would find the copy stale and wait. Not needed while notices flow.
   const int64_t max_age = e->bound.max_age_ms;
   if (!all_live && max_age >= 0 && now - e->snapshot->fetched_ms >= max_age / 2) return true;
+  // A notice of this worker's own push in flight: its reply brings the values
+  // (EndOwnPush looks again). Not for longer than kOwnPushHoldMs, so that a stream of
+  // pushes always in flight (or replies that install nothing) cannot hold refreshes off.
+  if (e->own_pushes > 0 && now - e->own_push_since_ms < kOwnPushHoldMs) return false;
   return !FreshDense(*e, now, /*grace=*/false);
 }
 

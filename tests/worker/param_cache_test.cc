@@ -641,11 +641,12 @@ TEST_F(ParamCacheTest, TheNoticeOfAnOwnPushInFlightIsLeftToItsReply) {
   // A push that ends without installing (failed, or another worker's push announced
   // meanwhile): the refresher looks again at the end.
   const uint64_t notices = cache->stats().notices;
+  const uint64_t refreshed = cache->stats().refresher_pulls;
   cache->BeginOwnPush("w");
   PushDense(1.0f);
   ASSERT_GE(MsUntil(1000, [&] { return cache->stats().notices > notices; }), 0);
   cache->EndOwnPush("w");
-  EXPECT_GE(MsUntil(1000, [&] { return cache->stats().refresher_pulls > 0; }), 0)
+  EXPECT_GE(MsUntil(1000, [&] { return cache->stats().refresher_pulls > refreshed; }), 0)
       << "a notice left to a push that brought nothing was never pulled";
   EXPECT_EQ(ReadDense(*cache), std::vector<float>(kDenseSize, -2.0f));
   cache->Stop();
