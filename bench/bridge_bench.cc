@@ -389,8 +389,10 @@ int main(int argc, char** argv) {
         "%.1f us\n",
         sessions, cpu_per_call(figs[1]) - cpu_per_call(figs[0]));
     const double overhead = figs[1].Quantile(0.5) - figs[0].Quantile(0.5);
-    std::printf("  sessions %d: bridge p50 overhead over direct %.1f us (target <= 500 us: %s)",
-                sessions, overhead, overhead <= 500 ? "met" : "MISSED");
+    // Issue 4 asked <= 0.5 ms for one session; issue 20 <= 1 ms at 64 sessions.
+    const double target_us = sessions <= 1 ? 500 : 1000;
+    std::printf("  sessions %d: bridge p50 overhead over direct %.1f us (target <= %.0f us: %s)",
+                sessions, overhead, target_us, overhead <= target_us ? "met" : "MISSED");
     if (have_ts) {
       const double ratio = figs[1].PerSecond() / std::max(1.0, figs[2].PerSecond());
       std::printf("; bridge / TypeScript calls/s %.2fx (target >= 5x: %s)", ratio,
