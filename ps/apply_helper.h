@@ -6,6 +6,8 @@
 #ifndef ONLINEPS_PS_APPLY_HELPER_H_
 #define ONLINEPS_PS_APPLY_HELPER_H_
 
+#include <atomic>
+#include <cstddef>
 #include <functional>
 
 namespace onlineps::ps {
@@ -25,6 +27,28 @@ class ApplyHelper {
   // work with the caller, so nothing is left for it by then). Rethrows what the task
   // threw on the helper (std::bad_alloc), once the helper is free again.
   bool Finish();
+
+  // Runs unit(0) .. unit(count - 1), each once, on the caller and, when it is free, the
+  // helper thread, both taking units from one counter: when the helper is slow to start
+  // the caller runs them all and takes the task back (never slower than alone). What a
+  // unit throws on either thread is rethrown here after the helper has stopped using
+  // this frame.
+  template <typename Unit>
+  void Share(size_t count, const Unit& unit) {
+    std::atomic<size_t> next{0};
+    auto share = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < count;) unit(i);
+    };
+    const bool started = TryStart(share);
+    try {
+      share();
+    } catch (...) {
+      next.store(count);  // none left for the helper; wait for its current one
+      if (started) Finish();
+      throw;
+    }
+    if (started) Finish();
+  }
 
  private:
   ApplyHelper();

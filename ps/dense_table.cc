@@ -1,7 +1,6 @@
 #include "ps/dense_table.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -160,20 +159,14 @@ void DenseTable::ApplyLocked(const float* g, const float* w_bak, float lr_scale)
     float* const w = w_.data();
     const uint64_t step = version_ + 1;
     const uint64_t chunks = (n_ + kChunkElems - 1) / kChunkElems;
-    std::atomic<uint64_t> next{0};
-    auto share = [&, w] {
-      for (uint64_t c; (c = next.fetch_add(1)) < chunks;) {
-        const uint64_t off = c * kChunkElems, len = std::min(kChunkElems, n_ - off);
-        float* opt[4];  // slot counts checked above
-        float* pol[4];
-        for (int k = 0; k < rules_.optimizer_slots(); ++k) opt[k] = opt_slots_[k] + off;
-        for (int k = 0; k < rules_.policy_slots(); ++k) pol[k] = pol_slots_[k] + off;
-        rules_.Apply(w + off, opt, pol, g + off, nullptr, len, lr_scale, step, nullptr);
-      }
-    };
-    const bool started = helper->TryStart(share);
-    share();  // the rules allocate nothing without a backup: nothing to unwind
-    if (started) helper->Finish();
+    helper->Share(chunks, [&, w](size_t c) {
+      const uint64_t off = c * kChunkElems, len = std::min(kChunkElems, n_ - off);
+      float* opt[4];  // slot counts checked above
+      float* pol[4];
+      for (int k = 0; k < rules_.optimizer_slots(); ++k) opt[k] = opt_slots_[k] + off;
+      for (int k = 0; k < rules_.policy_slots(); ++k) pol[k] = pol_slots_[k] + off;
+      rules_.Apply(w + off, opt, pol, g + off, nullptr, len, lr_scale, step, nullptr);
+    });
   }
   AfterApplyLocked();
 }

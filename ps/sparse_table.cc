@@ -376,27 +376,11 @@ bool SparseTable::ForEachKeyByStripe(const uint64_t* keys, size_t n, Fn fn, bool
       if (start[si] != start[si + 1]) run_stripe(si);
     }
   } else {
-    // The caller and the helper take stripes from one counter: when the helper is slow to
-    // start, the caller has applied them all and takes the task back (never slower than
-    // alone); otherwise each applies about half.
-    std::atomic<size_t> next{0};
-    auto share = [&] {
-      for (size_t si; (si = next.fetch_add(1)) < num_stripes_;) {
-        if (start[si] != start[si + 1]) run_stripe(si);
-      }
-    };
-    const bool started = helper->TryStart(share);
-    try {
-      share();
-    } catch (...) {
-      // (std::bad_alloc, answered by the shard as RESOURCE_EXHAUSTED.) The helper must
-      // not go on with this frame's stripes: none left for it, and wait for its current
-      // one before unwinding.
-      next.store(num_stripes_);
-      if (started) helper->Finish();
-      throw;
-    }
-    if (started) helper->Finish();
+    // (What a stripe throws, std::bad_alloc, is answered by the shard as
+    // RESOURCE_EXHAUSTED.)
+    helper->Share(num_stripes_, [&](size_t si) {
+      if (start[si] != start[si + 1]) run_stripe(si);
+    });
   }
   if (no_wait) UnlockStripes(touched);
   return true;

@@ -881,32 +881,37 @@ struct ScalarOptimizer {
   }
 };
 
+// `spec` set to optimizer `name` with the parameters ScalarOptimizer assumes, and that
+// reference at a row's or element's start (w 0.2).
+void UseReferenceOptimizer(const std::string& name, TableSpec* spec) {
+  spec->optimizer = name;
+  spec->init_value = 0.2;
+  if (name == "adagrad") {
+    spec->optimizer_params = {{"lr", 0.1}, {"initial_accumulator", 0.1}};
+  } else if (name == "ftrl") {
+    spec->optimizer_params = {{"alpha", 0.5}, {"beta", 1}, {"l1", 0.01}, {"l2", 0.1}};
+  } else {
+    spec->optimizer_params = {{"lr", 0.05}};
+  }
+}
+ScalarOptimizer ReferenceAtStart(const std::string& name) {
+  ScalarOptimizer o{name};
+  if (name == "adagrad") o.s0 = 0.1;  // initial_accumulator
+  return o;
+}
+
 class SparseTableOptimizerTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(SparseTableOptimizerTest, StatePersistsAcrossPushesPerRow) {
   TableSpec spec = SparseSpec(3);
-  spec.optimizer = GetParam();
-  spec.init_value = 0.2;
-  if (spec.optimizer == "adagrad") {
-    spec.optimizer_params = {{"lr", 0.1}, {"initial_accumulator", 0.1}};
-  } else if (spec.optimizer == "ftrl") {
-    spec.optimizer_params = {{"alpha", 0.5}, {"beta", 1}, {"l1", 0.01}, {"l2", 0.1}};
-  } else {
-    spec.optimizer_params = {{"lr", 0.05}};
-  }
+  UseReferenceOptimizer(GetParam(), &spec);
   auto t = NewTable(spec);
   ASSERT_NE(t, nullptr);
   // Two rows pushed alternately: each keeps its own state, while Adam's bias correction
   // uses the table's update count (1-based), which advances with every push.
   const std::vector<uint64_t> rows[2] = {{42}, {99}};
   std::vector<ScalarOptimizer> ref;
-  for (int r = 0; r < 2; ++r) {
-    for (int j = 0; j < 3; ++j) {
-      ScalarOptimizer o{GetParam()};
-      if (o.name == "adagrad") o.s0 = 0.1;
-      ref.push_back(o);
-    }
-  }
+  for (int i = 0; i < 2 * 3; ++i) ref.push_back(ReferenceAtStart(GetParam()));
   for (uint64_t step = 1; step <= 10; ++step) {
     const int r = static_cast<int>(step % 2);
     std::vector<float> g(3);
@@ -937,22 +942,11 @@ TEST_P(DenseTableLargeTest, ChunkedApplyStepsEveryElementWithItsOwnState) {
   TableSpec spec;
   spec.name = "large";
   spec.shape = {kN};
-  spec.optimizer = GetParam();
   spec.init = "constant";
-  spec.init_value = 0.2;
-  if (spec.optimizer == "adagrad") {
-    spec.optimizer_params = {{"lr", 0.1}, {"initial_accumulator", 0.1}};
-  } else if (spec.optimizer == "ftrl") {
-    spec.optimizer_params = {{"alpha", 0.5}, {"beta", 1}, {"l1", 0.01}, {"l2", 0.1}};
-  } else {
-    spec.optimizer_params = {{"lr", 0.05}};
-  }
+  UseReferenceOptimizer(GetParam(), &spec);
   auto t = NewTable(spec);
   ASSERT_NE(t, nullptr);
-  std::vector<ScalarOptimizer> ref(kN, ScalarOptimizer{GetParam()});
-  if (GetParam() == "adagrad") {
-    for (auto& o : ref) o.s0 = 0.1;
-  }
+  std::vector<ScalarOptimizer> ref(kN, ReferenceAtStart(GetParam()));
   for (uint64_t step = 1; step <= 3; ++step) {
     std::vector<float> g(kN);
     for (size_t i = 0; i < kN; ++i) {
