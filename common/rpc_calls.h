@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -73,7 +74,7 @@ class RpcCalls {
       return ResourceExhausted("more than " + std::to_string(ids_.capacity()) +
                                " requests in flight");
     }
-    deadlines_.emplace(deadline, *id);
+    AddDeadline(deadline, *id);
     // Wake the timer only when this deadline comes before its planned wake-up; waking it
     // on every call would cost a thread switch per round trip.
     if (deadline < timer_wake_) timer_cv_.Signal();
@@ -109,6 +110,7 @@ class RpcCalls {
       if (!slot || !slots_[*slot] || (match && !match(*slots_[*slot]))) return nullptr;
       call = std::move(slots_[*slot]);
       ids_.Release(id);
+      DropAnswered();
     }
     free_cv_.Signal();
     return call;
@@ -125,6 +127,7 @@ class RpcCalls {
         taken.push_back(std::move(slots_[slot]));
         ids_.ReleaseSlot(static_cast<uint32_t>(slot));
       }
+      DropAnswered();
     }
     free_cv_.SignalAll();
     return taken;
@@ -165,12 +168,23 @@ class RpcCalls {
     return ids_.in_flight();
   }
 
+  // Deadlines the timer still holds, of calls in flight or answered but not yet dropped.
+  size_t deadlines_held() const {
+    MutexLock lock(&mu_);
+    size_t n = others_.size();
+    for (const auto& q : queues_) n += q.size();
+    return n;
+  }
+
  private:
   void TimerLoop() {
     MutexLock lock(&mu_);
     while (!stop_) {
       auto wake = Clock::now() + std::chrono::milliseconds(50);
-      if (!deadlines_.empty()) wake = std::min(wake, deadlines_.top().first);
+      for (const auto& q : queues_) {
+        if (!q.empty()) wake = std::min(wake, q.front().first);
+      }
+      if (!others_.empty()) wake = std::min(wake, others_.top().first);
       for (const auto& d : delayed_) wake = std::min(wake, d.first);
       timer_wake_ = wake;
       timer_cv_.WaitUntil(&mu_, wake);
@@ -178,13 +192,21 @@ class RpcCalls {
       if (stop_) break;
       const auto now = Clock::now();
       std::vector<std::unique_ptr<Call>> expired, due;
-      while (!deadlines_.empty() && deadlines_.top().first <= now) {
-        const uint32_t id = deadlines_.top().second;
-        deadlines_.pop();
+      auto expire = [&](uint32_t id) REQUIRES(mu_) {
         const std::optional<uint32_t> slot = ids_.SlotOf(id);
-        if (!slot || !slots_[*slot]) continue;  // answered already
+        if (!slot || !slots_[*slot]) return;  // answered already
         expired.push_back(std::move(slots_[*slot]));
         ids_.Release(id);
+      };
+      for (auto& q : queues_) {
+        while (!q.empty() && q.front().first <= now) {
+          expire(q.front().second);
+          q.pop_front();
+        }
+      }
+      while (!others_.empty() && others_.top().first <= now) {
+        expire(others_.top().second);
+        others_.pop();
       }
       for (size_t i = 0; i < delayed_.size();) {
         if (delayed_[i].first <= now) {
@@ -203,14 +225,53 @@ class RpcCalls {
     }
   }
 
+  using Deadline = std::pair<Clock::time_point, uint32_t>;  // (attempt deadline, id)
+
+  // Files `deadline` in the queue whose last deadline is the latest one not after it, so
+  // each queue stays in deadline order: calls made with the same timeout (most of them)
+  // share a queue, appended at its back and, as their replies come in order, dropped
+  // from its front by Take. A deadline that fits no queue, with every queue in use, goes
+  // to a heap. Neither grows with the calls answered, only with those in flight; one
+  // heap of every deadline would keep each until it passed (calls/s x timeout entries)
+  // and cost its timer a pop per call.
+  void AddDeadline(Clock::time_point deadline, uint32_t id) REQUIRES(mu_) {
+    std::deque<Deadline>* best = nullptr;
+    std::deque<Deadline>* empty = nullptr;
+    for (auto& q : queues_) {
+      if (q.empty()) {
+        if (!empty) empty = &q;
+      } else if (q.back().first <= deadline && (!best || best->back().first < q.back().first)) {
+        best = &q;
+      }
+    }
+    if (!best) best = empty;
+    if (best) {
+      best->emplace_back(deadline, id);
+    } else {
+      others_.emplace(deadline, id);
+    }
+  }
+
+  // Drops the answered calls at the front of each queue.
+  void DropAnswered() REQUIRES(mu_) {
+    for (auto& q : queues_) {
+      while (!q.empty()) {
+        const std::optional<uint32_t> slot = ids_.SlotOf(q.front().second);
+        if (slot && slots_[*slot]) break;
+        q.pop_front();
+      }
+    }
+  }
+
   const Handler on_expired_, on_due_;
   mutable Mutex mu_;
   CondVar timer_cv_;  // the timer: a deadline earlier than planned, a resend, or Stop
   CondVar free_cv_;   // Add waiting for an id
   RequestIdPool ids_ GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Call>> slots_ GUARDED_BY(mu_);  // index: id & 0xffff
-  using Deadline = std::pair<Clock::time_point, uint32_t>;    // (attempt deadline, id)
-  std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> deadlines_ GUARDED_BY(mu_);
+  static constexpr size_t kDeadlineQueues = 4;
+  std::deque<Deadline> queues_[kDeadlineQueues] GUARDED_BY(mu_);
+  std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> others_ GUARDED_BY(mu_);
   std::vector<std::pair<Clock::time_point, std::unique_ptr<Call>>> delayed_ GUARDED_BY(mu_);
   bool stop_ GUARDED_BY(mu_) = false;
   Clock::time_point timer_wake_ GUARDED_BY(mu_) = Clock::time_point::max();
