@@ -192,6 +192,17 @@ bool McpServer::Blocks(const json& m) const {
   return t != tool_index_.end() && tools_[t->second].blocks;
 }
 
+bool McpServer::Ordered(const json& m) const {
+  if (!m.is_object()) return true;
+  auto method = m.find("method");
+  if (method == m.end() || *method != "tools/call") return true;
+  const json& params = ParamsOf(m);
+  auto tool = params.find("name");
+  if (tool == params.end() || !tool->is_string()) return true;
+  auto t = tool_index_.find(tool->get<std::string>());
+  return t == tool_index_.end() || tools_[t->second].ordered;
+}
+
 void McpServer::HandleMessage(const RequestPtr& r, const ReplyDone& done) {
   const Request& req = *r;
   const json& m = req.message;

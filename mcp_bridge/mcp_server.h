@@ -104,6 +104,10 @@ struct ToolDefinition {
   AsyncHandler async_handler;
   // Whether a call may block its thread (McpServer::Blocks).
   bool blocks = true;
+  // Whether a session's calls of it wait their turn behind its other ordered calls (the
+  // tools that reach a worker); false for those the bridge answers alone (McpServer::
+  // Ordered).
+  bool ordered = true;
   // Whether a tools/call (its params) needs a streamed (SSE) response: it sends progress
   // or other messages before its result. Null: never.
   std::function<bool(const nlohmann::json& params)> streams;
@@ -146,6 +150,10 @@ class McpServer {
   // Whether handling `message` may block the thread (a worker call made synchronously,
   // or a method that writes files): such messages belong on a thread that may wait.
   bool Blocks(const nlohmann::json& message) const;
+  // Whether `message` waits its turn behind the session's earlier requests: false only
+  // for a tools/call of a tool declared unordered (ToolDefinition::ordered), which a
+  // transport that runs requests in order may run beside them.
+  bool Ordered(const nlohmann::json& message) const;
   // DELETE: ends a session. Returns false when there is no such session (404).
   bool EndSession(const std::string& session_id, const std::string& principal);
   // Whether a request should get a streamed (SSE) response (ToolDefinition::streams).

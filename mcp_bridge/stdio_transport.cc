@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <deque>
 #include <thread>
@@ -28,10 +29,38 @@ void StdioTransport::FlushAndExit(int code) {
   std::_Exit(code);
 }
 
+namespace {
+
+// Reads one line: the bytes up to '\n' (not kept), NUL bytes included. Keeps at most
+// `max` bytes and sets *too_long when more came. False at EOF with nothing read.
+bool ReadLine(std::FILE* in, size_t max, std::string* line, bool* too_long) {
+  line->clear();
+  *too_long = false;
+  bool any = false;
+  flockfile(in);
+  for (int c; (c = getc_unlocked(in)) != EOF;) {
+    any = true;
+    if (c == '\n') break;
+    if (line->size() < max) {
+      line->push_back(static_cast<char>(c));
+    } else {
+      *too_long = true;
+    }
+  }
+  funlockfile(in);
+  return any;
+}
+
+}  // namespace
+
 size_t StdioTransport::Run() {
+  // Two lanes, each a thread that runs its queue in arrival order: requests that wait
+  // their turn (McpServer::Ordered), and calls of the tools the bridge answers alone
+  // (get_context, model_info), which never wait behind a worker call.
+  constexpr int kOrdered = 0, kAside = 1;
   Mutex mu;
   CondVar cv;
-  std::deque<json> queue GUARDED_BY(mu);
+  std::deque<json> queues[2] GUARDED_BY(mu);
   bool eof GUARDED_BY(mu) = false;
   auto session = [this] {
     MutexLock lock(&session_mu_);
@@ -59,56 +88,62 @@ size_t StdioTransport::Run() {
       if (!previous.empty()) mcp_->EndSession(previous, "");  // a worker call: not under the lock
     }
     const bool cancelled = reply.body.is_object() && reply.body.contains("error") &&
-                           reply.body["error"].value("code", 0) == kRequestCancelled;
+                         reply.body["error"].value("code", 0) == kRequestCancelled;
     if (!reply.body.is_null() && !cancelled) Write(reply.body);
   };
-  std::thread executor([&] {
+  auto lane = [&](int index) {
     MutexLock lock(&mu);
     while (true) {
-      cv.Wait(&mu, [&]() REQUIRES(mu) { return eof || !queue.empty(); });
-      if (queue.empty()) return;
-      json m = std::move(queue.front());
-      queue.pop_front();
+      cv.Wait(&mu, [&]() REQUIRES(mu) { return eof || !queues[index].empty(); });
+      if (queues[index].empty()) return;
+      json m = std::move(queues[index].front());
+      queues[index].pop_front();
       lock.Unlock();
       handle(std::move(m));
       lock.Lock();
     }
-  });
+  };
+  std::thread ordered([&] { lane(kOrdered); });
+  std::thread aside([&] { lane(kAside); });
   size_t messages = 0;
   std::string line;
-  char buf[65536];
   bool too_long = false;
-  while (std::fgets(buf, sizeof buf, in_)) {
-    line += buf;
-    if (line.size() > options_.max_line_bytes) too_long = true;
-    if (line.empty() || line.back() != '\n') {
-      if (too_long) line.clear();  // keep reading to the end of the line, storing nothing
-      if (!std::feof(in_)) continue;
-    }
+  while (ReadLine(in_, options_.max_line_bytes, &line, &too_long)) {
     ++messages;
     if (too_long) {
       Write(JsonRpcError(nullptr, kInvalidRequest, "message longer than the line limit"));
-      too_long = false;
-      line.clear();
       continue;
     }
     if (NestsDeeperThan(line, kMaxJsonDepth)) {
       Write(JsonRpcError(nullptr, kInvalidRequest,
                          "message nests arrays or objects deeper than " +
                              std::to_string(kMaxJsonDepth) + " levels"));
-      line.clear();
       continue;
     }
     json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    line.clear();
     if (m.is_discarded()) {
       Write(JsonRpcError(nullptr, kParseError, "Parse error: the line is not valid JSON"));
       continue;
     }
-    // Cancellations and pings must not wait behind the call they are about.
     const std::string method = m.is_object() && m.contains("method") && m["method"].is_string()
                                    ? m["method"].get<std::string>()
                                    : std::string();
+    if (method == "notifications/cancelled") {
+      // A request still queued is dropped unanswered, as the spec asks of a cancelled
+      // one; one already running is cancelled by the server.
+      const json& params = m.value("params", json::object());
+      if (params.is_object() && params.contains("requestId")) {
+        const json& id = params["requestId"];
+        MutexLock lock(&mu);
+        for (auto& q : queues) {
+          q.erase(std::remove_if(q.begin(), q.end(),
+                                 [&](const json& r) {
+                                   return r.is_object() && r.contains("id") && r["id"] == id;
+                                 }),
+                  q.end());
+        }
+      }
+    }
     // Cancellations, pings and the client's responses (to sampling or elicitation
     // requests a running call waits for) must not queue behind the calls they concern.
     const bool response = m.is_object() && !m.contains("method");
@@ -116,22 +151,24 @@ size_t StdioTransport::Run() {
       handle(std::move(m));
       continue;
     }
+    const int index = mcp_->Ordered(m) ? kOrdered : kAside;
     MutexLock lock(&mu);
-    if (queue.size() >= options_.max_queued) {
+    if (queues[index].size() >= options_.max_queued) {
       if (m.is_object() && m.contains("id")) {
         Write(JsonRpcError(m["id"], kServerError, "too many queued requests; retry later"));
       }
       continue;
     }
-    queue.push_back(std::move(m));
-    cv.Signal();
+    queues[index].push_back(std::move(m));
+    cv.SignalAll();
   }
   {
     MutexLock lock(&mu);
     eof = true;
   }
-  cv.Signal();
-  executor.join();
+  cv.SignalAll();
+  ordered.join();
+  aside.join();
   if (const std::string sid = session(); !sid.empty()) mcp_->EndSession(sid, "");
   return messages;
 }

@@ -1,6 +1,10 @@
-// StdioTransport: MCP over stdin/stdout, one JSON-RPC message per line, one session
-// per process. Requests run in arrival order on one executor thread while the reader
-// keeps reading, so notifications/cancelled and ping are handled during a long call.
+// StdioTransport: MCP over stdin/stdout, one JSON-RPC message per line (any bytes but
+// '\n', NUL included, up to max_line_bytes), one session per process. Requests run in
+// arrival order on one executor thread while the reader keeps reading, so
+// notifications/cancelled (which also drops a request still queued) and ping are
+// handled during a long call; calls of the tools the bridge answers alone (get_context,
+// model_info: McpServer::Ordered) run in order on a second thread, never behind a
+// worker call.
 // Only MCP messages go to stdout; logs go to stderr. Run() returns when stdin closes
 // (after the queued requests finish) or Stop() is called.
 #ifndef ONLINEPS_MCP_BRIDGE_STDIO_TRANSPORT_H_
@@ -32,7 +36,6 @@ class StdioTransport {
 
  private:
   void Write(const nlohmann::json& message);
-  void HandleLine(const std::string& line);
 
   const StdioTransportOptions options_;
   McpServer* const mcp_;

@@ -42,6 +42,7 @@ std::vector<ToolDefinition> ToolCallAdapter::Definitions() {
       Call(name, arguments, ctx, std::move(respond));
     };
     d.blocks = tools_->Blocks(name);
+    d.ordered = tools_->Ordered(name);
     d.streams = [this, name](const json& params) {
       const json meta = params.value("_meta", json::object());
       if (!meta.is_object() || !meta.contains("progressToken")) return false;
