@@ -80,8 +80,9 @@ std::string Backend::AnyWorker() {
 }
 
 void Backend::Attempt(const std::string& session, Op op, std::shared_ptr<const json> body,
-                      RoutedDone done) {
+                      RoutedDone done, std::string* tried) {
   std::string worker;
+  tried->clear();
   if (session.empty()) {
     worker = AnyWorker();
     if (worker.empty()) return done(Unavailable("no healthy worker"));
@@ -90,12 +91,16 @@ void Backend::Attempt(const std::string& session, Op op, std::shared_ptr<const j
     if (!owner.ok()) return done(owner.status());
     worker = std::move(*owner);
   }
+  *tried = worker;
   // A call that got no reply (or could not be sent) has the worker probed first, so the
-  // retry finds the ring without it when it is gone. `done` is shared by the paths below.
+  // retry finds the ring without it when it is gone; a worker already out of the ring
+  // (its calls were ended when it left) is not probed again. `done` is shared by the
+  // paths below.
   auto finish = std::make_shared<RoutedDone>(std::move(done));
   auto failed = [this, worker, finish](const Status& s) {
     const StatusCode c = s.code();
-    if (c != StatusCode::kDeadlineExceeded && c != StatusCode::kUnavailable) {
+    if ((c != StatusCode::kDeadlineExceeded && c != StatusCode::kUnavailable) ||
+        !router_->HasWorker(worker)) {
       return (*finish)(s.WithContext("worker " + worker));
     }
     pool_->ReportFailureAsync(
@@ -121,21 +126,35 @@ StatusOr<Routed> Backend::Call(const std::string& session, Op op, json body) {
 void Backend::CallAsync(const std::string& session, Op op, json body, RoutedDone done) {
   if (!session.empty()) body["session"] = session;
   auto shared = std::make_shared<const json>(std::move(body));
-  Attempt(session, op, shared,
-          [this, session, op, shared, done = std::move(done)](StatusOr<Routed> r) mutable {
-            // Idempotent ops are retried once on the session's (new) owner; a learn never is.
-            const StatusCode c = r.status().code();
-            if (r.ok() || op == Op::kLearn ||
-                (c != StatusCode::kDeadlineExceeded && c != StatusCode::kUnavailable)) {
-              return done(std::move(r));
-            }
-            spdlog::info("backend: {} for a session failed ({}); retrying once", OpName(op),
-                         r.status().ToString());
-            Attempt(session, op, shared, [done = std::move(done)](StatusOr<Routed> again) {
+  auto tried = std::make_shared<std::string>();
+  Attempt(
+      session, op, shared,
+      [this, session, op, shared, tried, done = std::move(done)](StatusOr<Routed> r) mutable {
+        // Idempotent ops are retried once on the session's new owner; a learn never is.
+        // A call that timed out on a worker still in the ring and still the one it would
+        // go to (the probe found it answering: it is slow or stuck, not gone) is not
+        // sent there again, which would only double the wait.
+        const StatusCode c = r.status().code();
+        if (r.ok() || op == Op::kLearn ||
+            (c != StatusCode::kDeadlineExceeded && c != StatusCode::kUnavailable)) {
+          return done(std::move(r));
+        }
+        if (c == StatusCode::kDeadlineExceeded && !tried->empty() && router_->HasWorker(*tried) &&
+            (session.empty() ? router_->Workers().size() == 1
+                             : router_->OwnerOf(session) == *tried)) {
+          return done(std::move(r));
+        }
+        spdlog::info("backend: {} for a session failed ({}); retrying once", OpName(op),
+                     r.status().ToString());
+        Attempt(
+            session, op, shared,
+            [tried, done = std::move(done)](StatusOr<Routed> again) {
               if (again.ok()) again->attempts = 2;
               done(std::move(again));
-            });
-          });
+            },
+            tried.get());
+      },
+      tried.get());
 }
 
 Status Backend::SyncContext(const std::string& session) {

@@ -68,8 +68,10 @@ class Backend {
     uint64_t incarnation = 0, revision = 0;
     std::chrono::steady_clock::time_point at;
   };
+  // One try on the session's owner (any worker without a session); *tried is set to the
+  // worker chosen ("" when none) before `done` can run.
   void Attempt(const std::string& session, Op op, std::shared_ptr<const nlohmann::json> body,
-               RoutedDone done);
+               RoutedDone done, std::string* tried);
   Status EnsureContext(const std::string& session, const std::string& worker);
   // Makes sure `worker` holds the session's current context, then `then(status)`.
   void EnsureContextAsync(const std::string& session, const std::string& worker,

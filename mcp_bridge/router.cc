@@ -184,6 +184,11 @@ std::vector<std::string> Router::Workers() const {
   return out;
 }
 
+bool Router::HasWorker(const std::string& worker) const {
+  MutexLock lock(&mu_);
+  return loads_.count(worker) > 0;
+}
+
 RouterStats Router::stats() const {
   MutexLock lock(&mu_);
   RouterStats s;

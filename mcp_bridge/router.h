@@ -44,6 +44,7 @@ class Router {
   bool AddWorker(const std::string& worker);
   bool RemoveWorker(const std::string& worker);
   std::vector<std::string> Workers() const;
+  bool HasWorker(const std::string& worker) const;
 
   // The worker owning `session`, placing it first if needed. kUnavailable when there
   // is no worker; kResourceExhausted past max_sessions.

@@ -88,7 +88,7 @@ size_t StdioTransport::Run() {
       if (!previous.empty()) mcp_->EndSession(previous, "");  // a worker call: not under the lock
     }
     const bool cancelled = reply.body.is_object() && reply.body.contains("error") &&
-                         reply.body["error"].value("code", 0) == kRequestCancelled;
+                           reply.body["error"].value("code", 0) == kRequestCancelled;
     if (!reply.body.is_null() && !cancelled) Write(reply.body);
   };
   auto lane = [&](int index) {

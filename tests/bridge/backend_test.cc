@@ -42,6 +42,8 @@ class StandInWorker {
     std::lock_guard<std::mutex> lock(mu_);
     return held_;
   }
+  // From now on worker_stats is held too: the worker hangs.
+  void GoSilent() { silent_ = true; }
   bool WaitHeld(size_t n) {
     for (int i = 0; i < 10000 && held() < n; ++i) std::this_thread::sleep_for(1ms);
     return held() >= n;
@@ -51,7 +53,7 @@ class StandInWorker {
   void OnRequest(const Incoming& in) {
     auto h = DecodeHeader(in.frames[0].data(), in.frames[0].size());
     if (!h.ok()) return;
-    if (h->op != Op::kWorkerStats) {
+    if (h->op != Op::kWorkerStats || silent_) {
       std::lock_guard<std::mutex> lock(mu_);
       ++held_;  // never answered
       return;
@@ -65,15 +67,18 @@ class StandInWorker {
   std::string endpoint_;
   std::mutex mu_;
   size_t held_ = 0;
+  std::atomic<bool> silent_{false};
 };
 
 // The parts of a bridge below the MCP layer. Heap-allocated and never freed when a test
 // fails by timing out, so a thread stuck inside them touches no freed memory.
 struct Parts {
-  explicit Parts(std::vector<std::string> endpoints, BackendOptions b = {})
+  explicit Parts(std::vector<std::string> endpoints, BackendOptions b = {},
+                 std::chrono::milliseconds health_timeout = 1000ms)
       : router(RouterOptions{}), contexts(ContextStoreOptions{}) {
     WorkerPoolOptions o;
     o.endpoints = std::move(endpoints);
+    o.health_timeout = health_timeout;
     o.health_interval = std::chrono::hours(1);  // probes only when a call fails
     pool = std::make_unique<WorkerPool>(o, &router);
     backend = std::make_unique<Backend>(b, &router, pool.get(), &contexts);
@@ -160,6 +165,58 @@ TEST(BackendTest, AWorkerStatsReplyThatIsNotAMapIsAFailedProbeNotALostCall) {
   std::optional<Status> st = CallWithin(parts, "s", Op::kInfer, 5000ms);
   ASSERT_TRUE(st.has_value()) << "the call never came back";
   EXPECT_FALSE(st->ok());
+  parts->pool->Stop();
+  delete parts;
+}
+
+// A worker that answers its probes but not an infer (stuck, e.g. waiting on a PS shard):
+// the infer times out once. Its retry would go to the same worker and wait as long again.
+TEST(BackendTest, AnInferThatTimesOutOnAWorkerStillInTheRingIsNotSentThereAgain) {
+  StandInWorker worker({{"instance", "stand-in"}, {"labels", json::array()}});
+  BackendOptions b;
+  b.infer_timeout = 300ms;
+  auto* parts = new Parts({worker.endpoint()}, b);
+  ASSERT_TRUE(parts->pool->Start().ok());
+  ASSERT_EQ(parts->pool->healthy(), 1u);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::optional<Status> st = CallWithin(parts, "s", Op::kInfer, 5000ms);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(st.has_value()) << "the call never came back";
+  EXPECT_EQ(st->code(), StatusCode::kDeadlineExceeded) << st->ToString();
+  EXPECT_EQ(worker.held(), 1u) << "the infer was sent to the same stuck worker again";
+  EXPECT_LT(took, 550ms);
+  EXPECT_EQ(parts->pool->healthy(), 1u);
+  parts->pool->Stop();
+  delete parts;
+}
+
+// A worker that hangs: once the probes take it out of the ring, its calls end there and
+// then, without probing the departed worker once more (a health timeout later).
+TEST(BackendTest, ACallEndedBecauseItsWorkerLeftTheRingEndsWithoutAnotherProbe) {
+  StandInWorker worker({{"instance", "stand-in"}, {"labels", json::array()}});
+  BackendOptions b;
+  b.learn_timeout = 60000ms;
+  auto* parts = new Parts({worker.endpoint()}, b, /*health_timeout=*/800ms);
+  ASSERT_TRUE(parts->pool->Start().ok());
+  ASSERT_EQ(parts->pool->healthy(), 1u);
+  auto learn = std::async(std::launch::async, [parts] {
+    const Status s = parts->backend->Call("s", Op::kLearn, json::object()).status();
+    return std::make_pair(s, std::chrono::steady_clock::now());
+  });
+  ASSERT_TRUE(worker.WaitHeld(1));
+  worker.GoSilent();
+  // Two failed probes take it out of the ring (failures_to_down), which ends the learn.
+  EXPECT_FALSE(parts->pool->ReportFailure(worker.endpoint()));
+  if (parts->pool->healthy() > 0) {
+    EXPECT_FALSE(parts->pool->ReportFailure(worker.endpoint()));
+  }
+  const auto left = std::chrono::steady_clock::now();
+  ASSERT_EQ(parts->pool->healthy(), 0u);
+  ASSERT_EQ(learn.wait_for(5000ms), std::future_status::ready) << "the learn never ended";
+  const auto [status, ended] = learn.get();
+  EXPECT_EQ(status.code(), StatusCode::kDeadlineExceeded) << status.ToString();
+  EXPECT_NE(status.message().find("left the ring"), std::string::npos) << status.ToString();
+  EXPECT_LT(ended - left, 300ms) << "the learn waited for another probe of the departed worker";
   parts->pool->Stop();
   delete parts;
 }

@@ -86,8 +86,8 @@ class StdioTransportTest : public ::testing::Test {
         pending_.erase(0, nl + 1);
         return m;
       }
-      const auto left = std::chrono::duration_cast<milliseconds>(
-          until - std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<milliseconds>(until - std::chrono::steady_clock::now());
       if (left.count() <= 0) return nullptr;
       pollfd p{out_read_, POLLIN, 0};
       if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
@@ -110,8 +110,7 @@ class StdioTransportTest : public ::testing::Test {
 
   static std::string Call(int id, const std::string& tool) {
     return R"({"jsonrpc":"2.0","id":)" + std::to_string(id) +
-           R"(,"method":"tools/call","params":{"name":")" + tool + R"(","arguments":{}}})" +
-           "\n";
+           R"(,"method":"tools/call","params":{"name":")" + tool + R"(","arguments":{}}})" + "\n";
   }
 
   McpServer server_{{}, nullptr, nullptr, nullptr};
@@ -167,8 +166,7 @@ TEST_F(StdioTransportTest, CancelledQueuedRequestsAreDroppedAndLocalToolsDoNotWa
   }
   ASSERT_EQ(slow_started_, 1);
   Send(Call(11, "slow") + Call(12, "local") +
-       R"({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":11}})" +
-       "\n");
+       R"({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":11}})" + "\n");
   const json local = Next(milliseconds(2000));
   ASSERT_TRUE(local.is_object()) << "the local tool waited behind the slow call";
   EXPECT_EQ(local["id"], 12) << local.dump();
