@@ -9,6 +9,7 @@
 
 #include <httplib.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -91,8 +92,13 @@ class McpHttpClient {
   }
   // DELETE with Headers(); the HTTP status (0: no reply). The session is kept.
   int Delete();
-  // A fresh JSON-RPC request id.
-  int64_t NextId() { return next_id_++; }
+  // A fresh JSON-RPC request id, unique in this process: clients that share a session
+  // (set_session) never send the same id in it, which the spec forbids and the bridge
+  // refuses while the first is in flight.
+  static int64_t NextId() {
+    static std::atomic<int64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
 
   const std::string& session_id() const { return session_; }
   const std::string& protocol_version() const { return protocol_version_; }
@@ -111,7 +117,6 @@ class McpHttpClient {
   std::unique_ptr<httplib::Client> http_;
   std::string session_;           // "" : none yet
   std::string protocol_version_;  // negotiated by Initialize ("" : not sent)
-  int64_t next_id_ = 1;
 };
 
 }  // namespace onlineps

@@ -388,9 +388,14 @@ void McpServer::CallTool(const json& params, const CallContext& ctx, Respond res
   if (!req.stateless) {
     auto begun = sessions_.BeginCall(req.session_id, rid);
     if (!begun.ok()) {
-      return respond(begun.status().code() == StatusCode::kNotFound
-                         ? Outcome::Error(kSessionNotFound, "Session not found", nullptr, 404)
-                         : Outcome::Error(kServerError, begun.status().message(), nullptr, 429));
+      switch (begun.status().code()) {
+        case StatusCode::kNotFound:
+          return respond(Outcome::Error(kSessionNotFound, "Session not found", nullptr, 404));
+        case StatusCode::kAlreadyExists:
+          return respond(Outcome::Error(kInvalidRequest, begun.status().message(), nullptr, 400));
+        default:
+          return respond(Outcome::Error(kServerError, begun.status().message(), nullptr, 429));
+      }
     }
     cancelled = *begun;
   }

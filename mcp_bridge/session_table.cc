@@ -191,7 +191,11 @@ StatusOr<std::shared_ptr<std::atomic<bool>>> SessionTable::BeginCall(
     return ResourceExhausted("too many requests in flight on this session");
   }
   auto cancelled = std::make_shared<std::atomic<bool>>(false);
-  it->second.inflight[request_id] = cancelled;
+  if (!it->second.inflight.emplace(request_id, cancelled).second) {
+    return AlreadyExists("request id " + request_id +
+                         " is already in use by a request in flight on this session (an id "
+                         "must not be reused within a session)");
+  }
   return cancelled;
 }
 

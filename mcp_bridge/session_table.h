@@ -64,7 +64,8 @@ class SessionTable {
   std::vector<std::string> ExpireIdle();
 
   // Registers call `request_id` of session `id` and returns its cancel flag. Errors:
-  // kNotFound (no session), kResourceExhausted (1024 calls in flight).
+  // kNotFound (no session), kResourceExhausted (1024 calls in flight), kAlreadyExists
+  // (request_id is in flight already: JSON-RPC ids must not be reused within a session).
   StatusOr<std::shared_ptr<std::atomic<bool>>> BeginCall(const std::string& id,
                                                          const std::string& request_id);
   void EndCall(const std::string& id, const std::string& request_id);

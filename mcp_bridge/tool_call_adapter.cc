@@ -12,6 +12,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// MCP's ProgressToken: a string or any number.
+bool IsProgressToken(const json& token) { return token.is_string() || token.is_number(); }
+
 int64_t Micros(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
 }
@@ -45,7 +48,7 @@ std::vector<ToolDefinition> ToolCallAdapter::Definitions() {
     d.ordered = tools_->Ordered(name);
     d.streams = [this, name](const json& params) {
       const json meta = params.value("_meta", json::object());
-      if (!meta.is_object() || !meta.contains("progressToken")) return false;
+      if (!meta.is_object() || !IsProgressToken(meta.value("progressToken", json()))) return false;
       const json args = params.value("arguments", json::object());
       return args.is_object() && tools_->SendsProgress(name, args);
     };
@@ -83,7 +86,7 @@ void ToolCallAdapter::Call(const std::string& name, const json& arguments, const
                        nullptr, 429));
   }
   const json token = ctx.progress_token;
-  if (req.notify && (token.is_string() || token.is_number_integer())) {
+  if (req.notify && IsProgressToken(token)) {
     call->progress = [&req, token](double p, double total, const std::string& msg) {
       req.notify(
           {{"jsonrpc", "2.0"},

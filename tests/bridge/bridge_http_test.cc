@@ -298,23 +298,28 @@ TEST_F(BridgeHttpTest, LongLearnStreamsProgressOverSse) {
     examples.push_back(
         {{"text", i % 2 ? "great fun" : "dull mess"}, {"label", i % 2 ? "positive" : "negative"}});
   }
-  HttpReply r = c.Send(Request(5, "tools/call",
-                               {{"name", "learn"},
-                                {"arguments", {{"examples", examples}}},
-                                {"_meta", {{"progressToken", "tok"}}}}));
-  ASSERT_EQ(r.status, 200);
-  ASSERT_EQ(r.events.size(), 6u);  // 5 chunks of 8, then the result
-  double last = 0;
-  for (size_t i = 0; i + 1 < r.events.size(); ++i) {
-    EXPECT_EQ(r.events[i]["method"], "notifications/progress");
-    EXPECT_EQ(r.events[i]["params"]["progressToken"], "tok");
-    EXPECT_GT(r.events[i]["params"]["progress"].get<double>(), last);
-    last = r.events[i]["params"]["progress"];
+  // A progress token is a string or any number (the spec's ProgressToken).
+  int id = 5;
+  for (const json& token : {json("tok"), json(2.5)}) {
+    HttpReply r = c.Send(Request(id, "tools/call",
+                                 {{"name", "learn"},
+                                  {"arguments", {{"examples", examples}}},
+                                  {"_meta", {{"progressToken", token}}}}));
+    ASSERT_EQ(r.status, 200);
+    ASSERT_EQ(r.events.size(), 6u) << token;  // 5 chunks of 8, then the result
+    double last = 0;
+    for (size_t i = 0; i + 1 < r.events.size(); ++i) {
+      EXPECT_EQ(r.events[i]["method"], "notifications/progress");
+      EXPECT_EQ(r.events[i]["params"]["progressToken"], token);
+      EXPECT_GT(r.events[i]["params"]["progress"].get<double>(), last);
+      last = r.events[i]["params"]["progress"];
+    }
+    EXPECT_EQ(last, 40.0);
+    EXPECT_EQ(r.body["id"], id);
+    EXPECT_EQ(r.body["result"]["structuredContent"]["examples"], 40);
+    EXPECT_EQ(r.body["result"]["structuredContent"]["chunks"], 5);
+    ++id;
   }
-  EXPECT_EQ(last, 40.0);
-  EXPECT_EQ(r.body["id"], 5);
-  EXPECT_EQ(r.body["result"]["structuredContent"]["examples"], 40);
-  EXPECT_EQ(r.body["result"]["structuredContent"]["chunks"], 5);
 }
 
 TEST_F(BridgeHttpTest, CancelledLearnStopsBetweenChunks) {

@@ -156,6 +156,61 @@ TEST(McpServerTest, AsyncToolsAnswerLaterFromAnotherThreadEachOnce) {
   EXPECT_EQ(r.body["result"]["v"], 3) << r.body.dump();
 }
 
+// A request id reused while its first request is in flight is refused (the spec forbids
+// reusing an id within a session), and the first request is still answered and still
+// cancellable under that id: the refusal takes nothing of it.
+TEST(McpServerTest, AnIdReusedWhileInFlightIsRefusedAndTheFirstKeepsIt) {
+  McpServer server({}, nullptr, nullptr, nullptr);
+  std::mutex mu;
+  std::vector<Respond> pending;
+  std::vector<const std::atomic<bool>*> flags;
+  ToolDefinition later;
+  later.declaration = {{"name", "later"}, {"inputSchema", {{"type", "object"}}}};
+  later.async_handler = [&](const json&, const CallContext& ctx, Respond respond) {
+    std::lock_guard<std::mutex> lock(mu);
+    flags.push_back(ctx.cancelled);
+    pending.push_back(std::move(respond));
+  };
+  later.blocks = false;
+  server.RegisterTool(std::move(later));
+  const std::string sid =
+      Send(&server, "", "initialize", {{"protocolVersion", "2025-11-25"}}).new_session_id;
+  ASSERT_FALSE(sid.empty());
+  auto call = [&](int id, std::optional<Reply>* out) {
+    Request req;
+    req.message = {{"jsonrpc", "2.0"},
+                   {"id", id},
+                   {"method", "tools/call"},
+                   {"params", {{"name", "later"}, {"arguments", json::object()}}}};
+    req.session_id = sid;
+    server.HandleAsync(std::move(req), [out](Reply r) { *out = std::move(r); });
+  };
+  std::optional<Reply> first, again, other;
+  call(5, &first);
+  call(5, &again);
+  ASSERT_TRUE(again.has_value()) << "the reused id was not refused at once";
+  EXPECT_EQ(again->body["error"]["code"], kInvalidRequest) << again->body.dump();
+  EXPECT_EQ(again->http_status, 400);
+  ASSERT_EQ(pending.size(), 1u) << "the reused id reached the tool";
+  // Cancelling id 5 reaches the first request, which then gets no answer.
+  Request cancel;
+  cancel.message = {
+      {"jsonrpc", "2.0"}, {"method", "notifications/cancelled"}, {"params", {{"requestId", 5}}}};
+  cancel.session_id = sid;
+  (void)server.Handle(cancel);
+  ASSERT_NE(flags[0], nullptr);
+  EXPECT_TRUE(flags[0]->load()) << "the cancel did not reach the first request";
+  pending[0](Outcome::Ok({{"content", json::array()}}));
+  ASSERT_TRUE(first.has_value());
+  // Once it has ended, the id may be used again.
+  call(5, &other);
+  EXPECT_FALSE(other.has_value());
+  EXPECT_EQ(pending.size(), 2u);
+  pending[1](Outcome::Ok({{"content", json::array()}}));
+  ASSERT_TRUE(other.has_value());
+  EXPECT_TRUE(other->body.contains("result")) << other->body.dump();
+}
+
 TEST(McpServerTest, ClientResponsesGoToTheResponseHandler) {
   McpServer server({}, nullptr, nullptr, nullptr);
   std::vector<std::string> sessions;
