@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -273,7 +274,33 @@ void AddBuiltinOptions(CLI::App& app) {
 }
 
 // Also captures defaults from bound variables so --help and EffectiveConfig show them.
+// CLI11 reads an unsigned option with strtoull, which takes "-1" as 2^64-1 and clamps a
+// value past 2^64-1: such an option must be plain decimal digits that fit in 64 bits (a
+// narrower type is then range-checked by CLI11 itself). Applies to argv, environment and
+// config file values alike, in `app` and its subcommands.
+void CheckUnsignedOptions(CLI::App& app) {
+  static const CLI::Validator kUnsigned(
+      [](std::string& v) -> std::string {
+        if (v.empty() ||
+            !std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+          return "must be a whole number >= 0, not '" + v + "'";
+        }
+        errno = 0;
+        (void)std::strtoull(v.c_str(), nullptr, 10);
+        if (errno == ERANGE) return "'" + v + "' is too large";
+        return std::string();
+      },
+      "");
+  for (CLI::Option* opt : app.get_options()) {
+    if (opt->get_type_name() == "UINT") opt->check(kUnsigned);
+  }
+  for (CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    CheckUnsignedOptions(*sub);
+  }
+}
+
 void PrepareOptions(CLI::App& app, const std::string& env_prefix) {
+  CheckUnsignedOptions(app);
   for (CLI::Option* opt : app.get_options()) {
     if (IsBuiltin(app, opt) || opt->get_lnames().empty()) continue;
     if (opt->get_envname().empty()) {

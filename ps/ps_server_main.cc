@@ -47,6 +47,7 @@ void AddFlags(CLI::App& app, onlineps::ps::ShardServerOptions* o, std::string* a
   app.add_flag("!--no-restore", o->restore, "Ignore an existing checkpoint at start");
   app.add_option("--max-senders", o->max_senders,
                  "Clients whose exactly-once window is kept (LRU beyond)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 32))
       ->capture_default_str();
   auto& rep = o->replication;
   app.add_option("--replicas", rep.members,

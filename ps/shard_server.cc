@@ -123,7 +123,25 @@ StatusOr<std::string> ShardServer::Start() {
   }
   bool restored = false;
   std::string tip;  // the last file of the restored checkpoint chain
-  if (!path.empty() && options_.restore && std::filesystem::exists(path)) {
+  bool have_checkpoint = false;
+  if (!path.empty() && options_.restore) {
+    std::error_code ec;
+    have_checkpoint = std::filesystem::exists(path, ec);
+    if (ec) return Unavailable("cannot look for the checkpoint " + path + ": " + ec.message());
+    // Deltas hold only the changes since the full file: without it they cannot be
+    // restored, and starting empty would delete them at the first checkpoint.
+    if (const std::vector<DeltaFile> orphans =
+            have_checkpoint ? std::vector<DeltaFile>() : DeltaFiles(path);
+        !orphans.empty()) {
+      return DataLoss("the checkpoint " + path + " is missing but " +
+                      std::to_string(orphans.size()) + " delta(s) after it remain (" +
+                      orphans.front().path +
+                      "): they hold only the changes since that file. Put the file back, or "
+                      "move the deltas away to start this shard empty (--no-restore starts it "
+                      "empty and removes them at its first checkpoint)");
+    }
+  }
+  if (have_checkpoint) {
     restored = true;
     auto restored = RestoreCheckpoint(path, {options_.shard, options_.num_shards}, &dedup_);
     if (!restored.ok()) return restored.status();
@@ -159,7 +177,14 @@ StatusOr<std::string> ShardServer::Start() {
   topts.curve = options_.curve;
   transport_ = NewServerTransport(options_.listen, topts);
   ckpt_queue_ = std::make_unique<CheckpointQueue>(
-      [this] { return Checkpoint(); },
+      [this] {
+        StatusOr<std::string> written = Checkpoint();
+        // One run answers every request it coalesced: logged once here, not per reply.
+        if (!written.ok()) {
+          spdlog::error("requested checkpoint failed: {}", written.status().ToString());
+        }
+        return written;
+      },
       [this](const std::string& peer, const Header& h, const StatusOr<std::string>& path) {
         Header reply = MakeReply(h, Status::Ok());
         if (path.ok()) {

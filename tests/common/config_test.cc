@@ -186,6 +186,29 @@ TEST_F(ConfigTest, BadFileValueNamesFileLineAndKey) {
   EXPECT_NE(r.status().message().find("num-shards"), std::string::npos);
 }
 
+// An unsigned option takes plain decimal digits that fit: strtoull alone would read "-1"
+// as 2^64-1 and clamp an overflow, from argv, the environment or a file alike.
+TEST_F(ConfigTest, UnsignedOptionsRefuseNegativeAndOverflowingValues) {
+  uint64_t interval = 7;
+  size_t senders = 3;
+  app_.add_option("--interval-s", interval, "Seconds");
+  app_.add_option("--senders", senders, "Senders");
+  for (const char* bad : {"-1", "99999999999999999999", "0x10", "+3", "1.5"}) {
+    StatusOr<ParseResult> r = Parse({"--interval-s", bad});
+    ASSERT_FALSE(r.ok()) << bad << " was taken as " << interval;
+    EXPECT_NE(r.status().message().find("--interval-s"), std::string::npos) << r.status().message();
+  }
+  setenv("ONLINEPS_SENDERS", "-5", 1);
+  StatusOr<ParseResult> env = Parse({});
+  unsetenv("ONLINEPS_SENDERS");
+  EXPECT_FALSE(env.ok()) << "-5 from the environment was taken as " << senders;
+  const std::string path = WriteFile("senders = -7\n");
+  EXPECT_FALSE(Parse({"--config", path}).ok()) << "-7 from a file was taken as " << senders;
+  ASSERT_TRUE(Parse({"--interval-s", "18446744073709551615", "--senders", "0"}).ok());
+  EXPECT_EQ(interval, UINT64_MAX);
+  EXPECT_EQ(senders, 0u);
+}
+
 TEST_F(ConfigTest, UnknownFlagIsInvalidArgument) {
   StatusOr<ParseResult> r = Parse({"--nope"});
   ASSERT_FALSE(r.ok());

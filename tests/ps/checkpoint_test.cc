@@ -1081,6 +1081,49 @@ TEST_F(CheckpointTest, ADeltaAfterAMissingOneIsDataLossNamingBoth) {
   EXPECT_TRUE(fs::exists(DeltaPath(path_, 3))) << "the evidence is left alone";
 }
 
+// Deltas without the full checkpoint they continue cannot be restored; starting empty
+// would silently drop the shard and then delete them at its first checkpoint.
+TEST_F(CheckpointTest, ShardServerRefusesDeltasWhoseCheckpointIsMissing) {
+  static std::atomic<int> counter{0};
+  const std::string name = "ckpt-orphans-" + std::to_string(counter++);
+  ShardServerOptions o = ServerOptions(name, 0, dir_, /*num_shards=*/1);
+  {
+    ShardServer server(o, std::make_shared<prometheus::Registry>());
+    auto ep = server.Start();
+    ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+    auto client = ConnectClient({*ep});
+    ASSERT_NE(client, nullptr);
+    ASSERT_TRUE(client->CreateTable(SparseE(4)).ok());
+    const auto keys = KeyRange(0, 1000);
+    ASSERT_TRUE(
+        client->PushSparse("e", keys.data(), 1000, Grad(4000, 1).data(), {}, nullptr).Wait().ok());
+    ASSERT_EQ(*server.Checkpoint(), server.checkpoint_path());  // full
+    ASSERT_TRUE(
+        client->PushSparse("e", keys.data(), 10, Grad(40, 2).data(), {}, nullptr).Wait().ok());
+    auto delta = server.Checkpoint();
+    ASSERT_TRUE(delta.ok()) << delta.status().ToString();
+    EXPECT_EQ(*delta, DeltaPath(server.checkpoint_path(), 1));
+    client.reset();
+    server.Stop();
+  }
+  const std::string path = dir_ + "/shard-0-of-1.ckpt";
+  ASSERT_TRUE(fs::remove(path));
+  ASSERT_TRUE(fs::exists(DeltaPath(path, 1)));
+  {
+    ShardServer server(o, std::make_shared<prometheus::Registry>());
+    auto r = server.Start();
+    ASSERT_FALSE(r.ok()) << "started from deltas without their checkpoint";
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+    EXPECT_THAT(r.status().message(), HasSubstr(path + " is missing"));
+    EXPECT_TRUE(fs::exists(DeltaPath(path, 1))) << "the evidence is left alone";
+  }
+  // --no-restore still starts empty, on purpose.
+  o.restore = false;
+  ShardServer fresh(o, std::make_shared<prometheus::Registry>());
+  EXPECT_TRUE(fresh.Start().ok());
+  fresh.Stop();
+}
+
 TEST_F(CheckpointTest, ShardServerWritesAFullCheckpointAfterAFailedOne) {
   static std::atomic<int> counter{0};
   const ShardServerOptions o =
