@@ -30,6 +30,9 @@ class LruMap {
     return &it->second->second;
   }
 
+  // The least recently used entry (the next to be evicted), or nullptr when empty.
+  const std::pair<K, V>* Oldest() const { return order_.empty() ? nullptr : &order_.back(); }
+
   // Inserts or replaces; evicts the least recently used entry when full.
   V& Put(const K& key, V value) {
     if (V* v = Find(key)) {

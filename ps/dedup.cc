@@ -16,11 +16,23 @@ void Dedup::Advance(Window* w, uint64_t seq) {
   w->high = seq;
 }
 
-Dedup::Verdict Dedup::Begin(uint64_t sender, uint64_t seq) {
+Dedup::Verdict Dedup::Begin(uint64_t sender, uint64_t seq, bool refuse_forgotten) {
   if (seq == 0) return Verdict::kNew;
   MutexLock lock(&mu_);
   Window* w = senders_.Find(sender);
-  if (w == nullptr) w = &senders_.Put(sender, Window{});
+  if (w == nullptr) {
+    if (senders_.size() >= senders_.capacity()) {
+      const auto* oldest = senders_.Oldest();  // evicted by the Put below
+      evicted_.Put(oldest->first, oldest->second.high);
+    }
+    Window fresh;
+    if (const uint64_t* high = evicted_.Find(sender)) {
+      fresh.high = fresh.floor = *high;
+      evicted_.Erase(sender);
+    }
+    w = &senders_.Put(sender, fresh);
+  }
+  if (refuse_forgotten && seq <= w->floor) return Verdict::kTooOld;
   if (seq > w->high) {
     Advance(w, seq);
   } else if (w->high - seq >= kWindow) {

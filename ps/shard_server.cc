@@ -815,7 +815,8 @@ Status ShardServer::ApplyReplicated(const Header& h, const Frames& frames) {
   std::shared_ptr<Table> t = FindTable(h.table);
   if (t == nullptr) return NotFound("unknown table '" + h.table + "'");
   bool hold = false, applied = false;
-  return Push(h, frames, std::move(t), &reply, &hold, &applied);
+  return Push(h, frames, std::move(t), &reply, &hold, &applied, nullptr, nullptr,
+              /*from_log=*/true);
 }
 
 StatusOr<std::string> ShardServer::Snapshot(uint64_t* lsn) {
@@ -839,7 +840,7 @@ Status ShardServer::LoadSnapshot(const std::string& bytes) {
 
 Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<Table> t,
                          Header* reply, bool* hold, bool* applied, bool* evicted,
-                         std::vector<float>* values_after) {
+                         std::vector<float>* values_after, bool from_log) {
   PushRequest req;
   req.sender = h.sender;
   req.base_version = h.base_version;
@@ -865,7 +866,8 @@ Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<
   }
   updates_.fetch_add(1, std::memory_order_relaxed);  // read by checkpoints under the gate
   bool values_read = false;
-  const Status st = PushGated(h, std::move(t), req, reply, hold, applied, evicted, &values_read);
+  const Status st =
+      PushGated(h, std::move(t), req, reply, hold, applied, evicted, &values_read, from_log);
   apply_gate_.ReaderUnlock();
   if (values_after != nullptr && !values_read) values_after->clear();
   return st;
@@ -873,9 +875,9 @@ Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<
 
 Status ShardServer::PushGated(const Header& h, std::shared_ptr<Table> t, const PushRequest& req,
                               Header* reply, bool* hold, bool* applied, bool* evicted,
-                              bool* values_read) {
+                              bool* values_read, bool from_log) {
   const bool dense = h.op == Op::kPushDense;
-  switch (dedup_.Begin(h.sender, h.seq)) {
+  switch (dedup_.Begin(h.sender, h.seq, /*refuse_forgotten=*/!from_log)) {
     case Dedup::Verdict::kDuplicate:
       metrics_->CountDuplicate();
       reply->version = t->version();

@@ -140,13 +140,14 @@ class ShardServer {
   // `values_after` (optional, RETURN_VALUES): the parameters as the push left them, read
   // under the locks it applied under; left empty when they were not read that way (a
   // duplicate, a sparse push only accumulated): AppendValues reads them then.
+  // `from_log`: a backup applying its primary's log (Dedup::Begin's refuse_forgotten).
   Status Push(const Header& h, const Frames& frames, std::shared_ptr<Table> t, Header* reply,
               bool* hold, bool* applied, bool* evicted = nullptr,
-              std::vector<float>* values_after = nullptr);
+              std::vector<float>* values_after = nullptr, bool from_log = false);
   // Push under the apply gate: exactly-once check, apply, staleness (`evicted` optional).
   // `values_read`: req.values_after was filled.
   Status PushGated(const Header& h, std::shared_ptr<Table> t, const PushRequest& req, Header* reply,
-                   bool* hold, bool* applied, bool* evicted, bool* values_read)
+                   bool* hold, bool* applied, bool* evicted, bool* values_read, bool from_log)
       REQUIRES_SHARED(apply_gate_);
   Status Info(const Header& h, Header* reply);
   // A client with the shard list in the wrong order would write rows to the wrong shard.

@@ -111,9 +111,32 @@ TEST(DedupTest, LeastRecentlySeenSenderIsEvictedPastMaxSenders) {
   EXPECT_EQ(d.evictions(), 1u);
   EXPECT_EQ(d.Begin(1, 1), Verdict::kDuplicate);
   EXPECT_EQ(d.Begin(3, 1), Verdict::kDuplicate);
-  EXPECT_EQ(d.Begin(2, 1), Verdict::kNew);  // forgotten: its window starts over
+  // Its window is gone, but not its highest seq: a retry at or below it cannot be told
+  // from a push applied before, so it is refused rather than applied a second time.
+  EXPECT_EQ(d.Begin(2, 1), Verdict::kTooOld);
   EXPECT_EQ(d.senders(), 2u);
   EXPECT_EQ(d.evictions(), 2u);
+  // A backup applying its primary's log does not refuse what the primary applied.
+  EXPECT_EQ(d.Begin(2, 1, /*refuse_forgotten=*/false), Verdict::kNew);
+  d.Abort(2, 1);
+  EXPECT_EQ(d.Begin(2, 2), Verdict::kNew);  // its new pushes go on
+  d.Commit(2, 2);
+  EXPECT_EQ(d.Begin(2, 2), Verdict::kDuplicate);
+}
+
+// Evicted senders' highest seqs are kept for 4 x max_senders senders: past that, a
+// sender's window starts over (its old retries would be applied again).
+TEST(DedupTest, EvictedSendersAreRememberedForFourTimesMaxSenders) {
+  Dedup d(/*max_senders=*/2);
+  Apply(d, 1, 5);
+  for (uint64_t s = 2; s <= 9; ++s) Apply(d, s, 1);  // evicts 1..7; 1 is the oldest of 8
+  EXPECT_EQ(d.Begin(1, 5), Verdict::kTooOld);        // remembered (7 evicted <= 8)
+  EXPECT_EQ(d.Begin(1, 3), Verdict::kTooOld);
+  EXPECT_EQ(d.Begin(1, 6), Verdict::kNew);
+  Dedup e(/*max_senders=*/2);
+  Apply(e, 1, 5);
+  for (uint64_t s = 2; s <= 11; ++s) Apply(e, s, 1);  // 10 evicted: 1 falls out of 8
+  EXPECT_EQ(e.Begin(1, 5), Verdict::kNew);
 }
 
 TEST(DedupTest, SaveLoadRoundTripKeepsDuplicatesRecognised) {
@@ -152,7 +175,7 @@ TEST(DedupTest, LoadKeepsRecencyOrderForEviction) {
   Apply(loaded, 4, 1);  // evicts the least recently seen: 2
   EXPECT_EQ(loaded.Begin(1, 1), Verdict::kDuplicate);
   EXPECT_EQ(loaded.Begin(3, 1), Verdict::kDuplicate);
-  EXPECT_EQ(loaded.Begin(2, 1), Verdict::kNew);
+  EXPECT_EQ(loaded.Begin(2, 1), Verdict::kTooOld);  // evicted (its high remembered)
 }
 
 TEST(DedupTest, TruncatedLoadFailsAndLeavesStateUnchanged) {
