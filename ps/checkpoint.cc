@@ -53,6 +53,9 @@ Status ReadTable(ByteReader* r, const ShardIdentity& id, const std::string& path
     Status st = it->second->LoadDelta(r);
     return st.ok() ? st : st.WithContext(path + ": table '" + spec->name + "'");
   }
+  if (!delta && out->count(spec->name) > 0) {
+    return DataLoss(path + ": table '" + spec->name + "' appears twice");
+  }
   auto table = Table::Create(*spec, id.shard, id.num_shards);
   if (!table.ok()) return DataLoss(path + ": " + table.status().message());
   Status st = delta ? (*table)->LoadDelta(r) : (*table)->Load(r);
@@ -377,9 +380,22 @@ StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseShard(std::string_v
 
 namespace {
 
+Status ParseBody(std::string_view bytes, const std::string& path, const ShardIdentity& id,
+                 Dedup* dedup, const Crc32Of& crc32_of, std::function<void(const char*)> release,
+                 Tables* tables, ChainPos* delta);
+
 Status ParseChecked(std::string_view bytes, const std::string& path, const ShardIdentity& id,
                     Dedup* dedup, const Crc32Of& crc32_of, std::function<void(const char*)> release,
                     Tables* tables, ChainPos* delta) {
+  Status st = ParseBody(bytes, path, id, dedup, crc32_of, std::move(release), tables, delta);
+  // Every refusal names the file (the byte reader's own messages do not).
+  if (!st.ok() && st.message().find(path) == std::string::npos) return st.WithContext(path);
+  return st;
+}
+
+Status ParseBody(std::string_view bytes, const std::string& path, const ShardIdentity& id,
+                 Dedup* dedup, const Crc32Of& crc32_of, std::function<void(const char*)> release,
+                 Tables* tables, ChainPos* delta) {
   if (bytes.size() < sizeof(kMagic) + 8 || std::memcmp(bytes.data(), kMagic, sizeof(kMagic))) {
     return DataLoss(path + " is not an onlineps checkpoint (bad magic or too short)");
   }
@@ -419,6 +435,10 @@ Status ParseChecked(std::string_view bytes, const std::string& path, const Shard
   }
   Dedup loaded;
   ONLINEPS_RETURN_IF_ERROR(loaded.Load(&r));
+  if (r.Remaining() != 0) {
+    return DataLoss(path + ": " + std::to_string(r.Remaining()) +
+                    " unexpected bytes after the last section");
+  }
   ByteWriter tmp;
   loaded.Save(&tmp);
   ByteReader again(tmp.buffer().data(), tmp.buffer().size());

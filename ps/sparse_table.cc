@@ -897,6 +897,9 @@ Status SparseTable::LoadBody(ByteReader* r, bool delta) {
       if (slot == RowStore::kNoSlot) {
         slot = s.rows.Insert(key);
         s.InitMeta(slot, now_ms, avg_count);
+      } else if (!delta) {
+        // A full checkpoint writes each live row once: a second copy is damage.
+        return DataLoss("sparse row key " + std::to_string(key) + " appears twice");
       } else {
         if (layout_.avg_count_offset != 0) s.AvgCount(slot) = avg_count;
         if (delta) s.Touch(slot, now_ms);  // changed after the rows before it

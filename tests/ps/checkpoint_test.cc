@@ -509,6 +509,78 @@ TEST_F(CheckpointTest, UnknownFormatIsDataLossNamingIt) {
   ExpectDataLoss(bytes, "unknown format 4");
 }
 
+// Damage that a valid checksum does not reveal (a writer bug, or a hand-edited file
+// resealed): refused as DATA_LOSS naming the file, never loaded with a row or a table
+// silently gone or replaced.
+TEST_F(CheckpointTest, DamageBehindAValidChecksumIsDataLossNamingTheFile) {
+  const ShardIdentity one{0, 1};
+  constexpr size_t kHeader = 8 + 4 + 4 + 4;  // magic, format, shard, shard count
+  auto reseal = [](std::string bytes) {
+    const uint64_t crc = Crc32(bytes.data(), bytes.size() - 8);
+    std::memcpy(bytes.data() + bytes.size() - 8, &crc, sizeof(crc));
+    return bytes;
+  };
+  auto file_of = [&](const Tables& tables) {
+    EXPECT_TRUE(WriteCheckpoint(path_, one, tables, Dedup()).ok());
+    return ReadFile(path_);
+  };
+  auto refused = [&](const std::string& bytes, const std::string& what) {
+    WriteFile(path_, bytes);
+    Dedup d;
+    auto r = ReadCheckpoint(path_, one, &d);
+    ASSERT_FALSE(r.ok()) << what << ": loaded";
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
+    EXPECT_THAT(r.status().message(), HasSubstr(what));
+    EXPECT_THAT(r.status().message(), HasSubstr(path_));
+  };
+  const uint64_t key = 0x1234567890abcdefULL;
+  auto sparse = NewTable(SparseSpec(), one);
+  const std::string empty_table = file_of({{"sparse", sparse}});
+  Push(*sparse, Grad(3, 1), {key});
+  const std::string one_row = file_of({{"sparse", sparse}});
+  const std::string no_tables = file_of({});
+
+  // Bytes after the last section.
+  std::string extra = one_row;
+  extra.insert(extra.size() - 8, std::string(16, '\0'));
+  refused(reseal(extra), "16 unexpected bytes");
+
+  // One table written twice.
+  const size_t tail = no_tables.size() - kHeader - 8;  // the dedup section and trailer
+  const std::string table = one_row.substr(kHeader + 8, one_row.size() - kHeader - 8 - tail);
+  std::string twice = one_row.substr(0, kHeader);
+  const uint64_t two = 2;
+  twice.append(reinterpret_cast<const char*>(&two), 8);
+  twice += table + table + one_row.substr(one_row.size() - tail);
+  refused(reseal(twice), "table 'sparse' appears twice");
+
+  // One row written twice in its stripe (its row count raised to match).
+  const size_t row_bytes = one_row.size() - empty_table.size();
+  const size_t at = one_row.find(std::string(reinterpret_cast<const char*>(&key), 8));
+  ASSERT_NE(at, std::string::npos);
+  ASSERT_EQ(one_row.find(std::string(reinterpret_cast<const char*>(&key), 8), at + 1),
+            std::string::npos);
+  uint64_t rows = 0;
+  std::memcpy(&rows, one_row.data() + at - 8, 8);
+  ASSERT_EQ(rows, 1u);
+  std::string dup = one_row;
+  std::memcpy(dup.data() + at - 8, &two, 8);
+  dup.insert(at + row_bytes, one_row.substr(at, row_bytes));
+  refused(reseal(dup), "appears twice");
+
+  // More dedup senders than the file holds: the byte reader's own message, with the path.
+  std::string more = no_tables;
+  std::memcpy(more.data() + kHeader + 8, &two, 8);
+  refused(reseal(more), "truncated");
+
+  // And the untouched files load.
+  WriteFile(path_, one_row);
+  Dedup d;
+  auto good = ReadCheckpoint(path_, one, &d);
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  EXPECT_EQ(good->at("sparse")->Stats().rows, 1u);
+}
+
 TEST_F(CheckpointTest, TruncatedFileIsDataLoss) {
   BuildShard();
   ASSERT_TRUE(WriteCheckpoint(path_, id_, tables_, dedup_).ok());
