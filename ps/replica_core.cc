@@ -67,7 +67,20 @@ uint64_t ReplicaCore::Call(uint64_t now, KvPurpose purpose, KvCall call) {
 
 void ReplicaCore::KvFailed(uint64_t now, uint64_t id, const Pending& p, const std::string& why) {
   counters_.kv_errors++;
-  spdlog::debug("replica {}: etcd call failed: {}", config_.index, why);
+  if (kv_warned_ms_ == 0 || now >= kv_warned_ms_ + kKvWarnEveryMs) {
+    spdlog::warn(
+        "replica {}: etcd call failed: {}{}; until etcd answers this replica cannot join, "
+        "lead or stay in its group",
+        config_.index, why,
+        kv_failures_unwarned_ == 0
+            ? std::string()
+            : fmt::format(" ({} more failures since the last warning)", kv_failures_unwarned_));
+    kv_warned_ms_ = std::max<uint64_t>(now, 1);
+    kv_failures_unwarned_ = 0;
+  } else {
+    ++kv_failures_unwarned_;
+    spdlog::debug("replica {}: etcd call failed: {}", config_.index, why);
+  }
   switch (p.purpose) {
     case KvPurpose::kGrant:
       grant_id_ = 0;

@@ -333,6 +333,11 @@ class ReplicaCore {
   uint64_t next_token_ = 1, snapshot_serial_ = 0;
 
   ReplicaStats counters_;
+  // etcd failures are warned about once per kKvWarnEveryMs (the rest at debug level), so
+  // an unreachable etcd is visible in the log without flooding it.
+  static constexpr uint64_t kKvWarnEveryMs = 10000;
+  uint64_t kv_warned_ms_ = 0;
+  uint64_t kv_failures_unwarned_ = 0;
 };
 
 }  // namespace onlineps::ps
