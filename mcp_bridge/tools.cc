@@ -49,8 +49,9 @@ worker::RequestLimits LimitsOf(const ToolsOptions& o) {
 std::string CheckFeatures(const json& f, const std::string& where) {
   if (!f.is_array()) return where + " must be an array of numbers";
   for (size_t i = 0; i < f.size(); ++i) {
-    if (!f[i].is_number() || !std::isfinite(f[i].get<double>())) {
-      return where + "[" + std::to_string(i) + "] is not a finite number";
+    // Finite as the float32 a worker reads (3.5e38 is a finite double, Inf as float).
+    if (!f[i].is_number() || !std::isfinite(static_cast<float>(f[i].get<double>()))) {
+      return where + "[" + std::to_string(i) + "] is not a finite number (within float32's range)";
     }
   }
   return "";

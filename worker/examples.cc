@@ -31,8 +31,10 @@ Status CheckFeatures(const json& f, const std::string& where, const RequestLimit
   if (!f.is_array()) return Invalid(where + " must be an array of numbers");
   ONLINEPS_RETURN_IF_ERROR(CheckFeatureCount(f.size(), where, limits));
   for (size_t i = 0; i < f.size(); ++i) {
-    if (!f[i].is_number() || !std::isfinite(f[i].get<double>())) {
-      return Invalid(where + "[" + std::to_string(i) + "] is not a finite number");
+    // Finite as the float32 the model reads (3.5e38 is a finite double, Inf as float).
+    if (!f[i].is_number() || !std::isfinite(static_cast<float>(f[i].get<double>()))) {
+      return Invalid(where + "[" + std::to_string(i) +
+                     "] is not a finite number (within float32's range)");
     }
   }
   return Status::Ok();

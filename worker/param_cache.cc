@@ -650,11 +650,28 @@ void ParamCache::OnNotice(uint32_t shard, const Status& st, const ps::WatchReply
     return;
   }
   ParamCacheStats delta;
+  // A version below one this worker saw of the shard (its own push replies and pulls
+  // included, which a watch does not name) means the shard went back: it restarted from
+  // an older checkpoint, or a replica behind took over. What is held of it may be gone
+  // there: dropped, and pulled again when read.
+  auto went_back = [&](const std::string& table, uint64_t version, uint64_t seen) {
+    spdlog::warn(
+        "shard {} reports version {} of '{}', below the {} this worker saw: it went back "
+        "(restarted from an older checkpoint?); dropping what is held of it",
+        shard, version, table, seen);
+  };
   for (const auto& [table, version] : reply.versions) {
     if (auto it = dense_.find(table); it != dense_.end()) {
-      MutexLock lock(&it->second->mu);
-      if (version > it->second->newest[shard]) {
-        RaiseDense(it->second.get(), shard, version, now);
+      DenseEntry* e = it->second.get();
+      MutexLock lock(&e->mu);
+      if (version < e->newest[shard]) {
+        went_back(table, version, e->newest[shard]);
+        e->newest[shard] = version;
+        e->snapshot.reset();
+        ++e->generation;
+        delta.notices = 1;
+      } else if (version > e->newest[shard]) {
+        RaiseDense(e, shard, version, now);
         delta.notices = 1;
       }
       continue;
@@ -663,9 +680,14 @@ void ParamCache::OnNotice(uint32_t shard, const Status& st, const ps::WatchReply
     if (it == sparse_.end()) continue;
     SparseEntry* e = it->second.get();
     MutexLock lock(&e->mu);
+    const bool back = version < e->newest[shard];
+    if (back) {
+      went_back(table, version, e->newest[shard]);
+      e->newest[shard] = version;
+    }
     e->newest[shard] = std::max(e->newest[shard], version);
     std::vector<uint64_t> drop;
-    if (reply.all_keys.count(table) != 0) {
+    if (back || reply.all_keys.count(table) != 0) {
       e->rows.ForEach([&](uint64_t key, const SparseEntry::Row&) {
         if (ShardOfKey(key, num_shards_) == shard) drop.push_back(key);
       });

@@ -49,10 +49,13 @@ StatusOr<std::vector<float>> FloatsOf(const json& v, const std::string& where, s
   for (size_t i = 0; i < v.size(); ++i) {
     if (!v[i].is_number())
       return InvalidArgument(where + "[" + std::to_string(i) + "] is not a number");
-    const double d = v[i].get<double>();
-    if (!std::isfinite(d))
-      return InvalidArgument(where + "[" + std::to_string(i) + "] is NaN or Inf");
-    out.push_back(static_cast<float>(d));
+    // Checked as the float the model reads: 3.5e38 is a finite double but Inf as float32.
+    const float f = static_cast<float>(v[i].get<double>());
+    if (!std::isfinite(f)) {
+      return InvalidArgument(where + "[" + std::to_string(i) +
+                             "] is NaN or Inf (or beyond float32's range)");
+    }
+    out.push_back(f);
   }
   return out;
 }

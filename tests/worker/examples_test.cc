@@ -212,6 +212,9 @@ TEST(ExamplesTest, ErrorsNameTheField) {
        "examples[1].text must be a string"},
       {{{"features", {1, "x"}}}, &infer, "features[1] is not a finite number"},
       {{{"features", {1.0, std::nan("")}}}, &infer, "features[1] is not a finite number"},
+      // Finite as a double, Inf as the float32 the model reads.
+      {{{"features", {3.5e38, 1.0}}}, &infer, "features[0] is not a finite number"},
+      {{{"features", {1.0, -1e39}}}, &infer, "features[1] is not a finite number"},
       {{{"examples", {{{"features", {1}}}}}}, &learn, "examples[0] needs a 'label'"},
       {{{"text", "a"}, {"label", -1}},
        &learn,

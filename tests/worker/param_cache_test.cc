@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -94,6 +95,7 @@ class ParamCacheTest : public ::testing::Test {
     o.shard = i;
     o.num_shards = static_cast<uint32_t>(listen_.size());
     o.listen = listen_[i];
+    o.checkpoint_dir = checkpoint_dir_;
     servers_[i] = std::make_unique<ps::ShardServer>(o, std::make_shared<prometheus::Registry>());
     auto ep = servers_[i]->Start();
     ASSERT_TRUE(ep.ok()) << ep.status().ToString();
@@ -153,6 +155,7 @@ class ParamCacheTest : public ::testing::Test {
   }
 
   std::vector<std::string> listen_, endpoints_;
+  std::string checkpoint_dir_;  // none unless a test sets it before starting shards
   std::vector<std::unique_ptr<ps::ShardServer>> servers_;
   std::unique_ptr<ps::PsClient> writer_, reader_;
 };
@@ -852,6 +855,73 @@ TEST_F(ParamCacheTest, AnIdleClusterCostsHeartbeatsNotPulls) {
   EXPECT_EQ(after.sparse_pulls, before.sparse_pulls);
   EXPECT_EQ(after.shards_noticing, 2u) << "heartbeats keep the notices live";
   cache->Stop();
+}
+
+// A shard that restarts from an older checkpoint goes back to a version below what this
+// worker saw of it through its own push replies (which its watch does not name): the
+// worker notices at the next heartbeat and drops what it holds of that shard, instead of
+// serving rows the shard no longer has until the age bound, or forever while notices flow.
+TEST_F(ParamCacheTest, AShardThatWentBackIsNoticedAndWhatItHeldIsDropped) {
+  char tmpl[] = "/tmp/onlineps-cache-back-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  reader_.reset();
+  writer_.reset();
+  for (auto& srv : servers_) srv->Stop();
+  checkpoint_dir_ = dir;
+  StartAll({UniqueMemName(), UniqueMemName()});
+  ParamCacheOptions o;
+  o.sparse.max_age_ms = 60'000;
+  o.dense.max_age_ms = 60'000;
+  o.notice_wait_ms = 200;
+  auto cache = MakeCache(o);
+  cache->Start();
+  ASSERT_GE(MsUntil(3000, [&] { return cache->stats().shards_noticing == 2; }), 0);
+  const uint64_t key = KeysOnShard(0, 1)[0];
+  const std::string ckpt = servers_[0]->checkpoint_path();
+  auto written = servers_[0]->Checkpoint();
+  ASSERT_TRUE(written.ok()) << written.status().ToString();
+  ASSERT_EQ(*written, ckpt);
+  const std::string older = dir + "/older.ckpt";
+  std::filesystem::copy_file(ckpt, older);
+  // This worker's own pushes (through the cache's client), installed from their replies.
+  std::vector<float> dense_grad(kDenseSize, 1.0f);
+  ps::PushReply dense_reply;
+  ASSERT_TRUE(reader_->PushDense("w", dense_grad.data(), {}, &dense_reply).Wait().ok());
+  ASSERT_EQ(ReadDense(*cache), std::vector<float>(kDenseSize, -1.0f));
+  const std::vector<float> grad = {1, 2}, values = {-1, -2};
+  ps::PushReply reply;
+  ASSERT_TRUE(reader_->PushSparse("emb", &key, 1, grad.data(), {}, &reply).Wait().ok());
+  cache->InstallRows("emb", &key, 1, values.data(), reply.versions, Now());
+  float row[kDim];
+  ASSERT_TRUE(cache->Sparse("emb", &key, 1, row, nullptr).ok());
+  ASSERT_EQ(std::vector<float>(row, row + kDim), values);
+  // Shard 0 stops and comes back from the checkpoint before those pushes.
+  servers_[0]->Stop();
+  servers_[0].reset();
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    if (f.path().filename().string().rfind("shard-0-", 0) == 0) std::filesystem::remove(f.path());
+  }
+  std::filesystem::rename(older, ckpt);
+  StartShard(0);
+  const int64_t ms = MsUntil(5000, [&] {
+    float r[kDim];
+    return cache->Sparse("emb", &key, 1, r, nullptr).ok() && r[0] == 0 && r[1] == 0;
+  });
+  EXPECT_GE(ms, 0) << "the row the shard lost is still served";
+  // Dense: shard 0's slice is back to its initial values too.
+  EXPECT_GE(MsUntil(5000,
+                    [&] {
+                      auto d = cache->Dense("w");
+                      return d.ok() && (*d)->values != std::vector<float>(kDenseSize, -1.0f);
+                    }),
+            0)
+      << "the dense slice the shard lost is still served";
+  cache->Stop();
+  reader_.reset();
+  writer_.reset();
+  for (auto& srv : servers_) srv->Stop();
+  std::filesystem::remove_all(dir);
 }
 
 class ParamCacheDeadShardTest : public ParamCacheTest {

@@ -738,6 +738,12 @@ TEST_F(WorkerServiceTest, RpcAnswersBadRequestsAndKeepsServing) {
        StatusCode::kInvalidArgument,
        "session"},
       {Op::kContextSet, {{"items", {"x"}}}, StatusCode::kInvalidArgument, "session"},
+      // Finite doubles past float32's range are Inf to the model: refused, not stored.
+      {Op::kContextSet,
+       {{"session", "s"}, {"features", {1e39, 1}}},
+       StatusCode::kInvalidArgument,
+       "features[0]"},
+      {Op::kInfer, {{"features", {3.5e38, 0, 0, 0}}}, StatusCode::kInvalidArgument, "features[0]"},
       {Op::kContextAppend, {{"session", "s"}}, StatusCode::kInvalidArgument, "text"},
       {Op::kPullDense, json::object(), StatusCode::kUnknownOp, "not a worker op"},
       {Op::kInfer, {{"text", std::string(70000, 'a')}}, StatusCode::kTooLarge, "--max-text-bytes"},
