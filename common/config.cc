@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -274,9 +275,9 @@ void AddBuiltinOptions(CLI::App& app) {
 }
 
 // Also captures defaults from bound variables so --help and EffectiveConfig show them.
-// CLI11 reads an unsigned option with strtoull, which takes "-1" as 2^64-1 and clamps a
-// value past 2^64-1: such an option must be plain decimal digits that fit in 64 bits (a
-// narrower type is then range-checked by CLI11 itself). Applies to argv, environment and
+// Number checks CLI11 does not make. It reads an unsigned option with strtoull, which takes "-1" as
+// 2^64-1 and clamps a value past 2^64-1: such an option must be plain decimal digits that fit in 64
+// bits (a narrower type is then range-checked by CLI11 itself). Applies to argv, environment and
 // config file values alike, in `app` and its subcommands.
 void CheckUnsignedOptions(CLI::App& app) {
   static const CLI::Validator kUnsigned(
@@ -291,8 +292,23 @@ void CheckUnsignedOptions(CLI::App& app) {
         return std::string();
       },
       "");
+  // A floating-point option takes a finite number: strtod reads "nan" and "inf", which
+  // no option here means (0 or -1 mark "none" where one exists).
+  static const CLI::Validator kFinite(
+      [](std::string& v) -> std::string {
+        char* end = nullptr;
+        const double d = std::strtod(v.c_str(), &end);
+        if (end != v.c_str() && *end == '\0' && !std::isfinite(d)) {
+          return "must be a finite number, not '" + v + "'";
+        }
+        return std::string();  // other mistakes: CLI11's own message
+      },
+      "");
   for (CLI::Option* opt : app.get_options()) {
-    if (opt->get_type_name() == "UINT") opt->check(kUnsigned);
+    // The type name, then the descriptions of the checks already added ("FLOAT:...").
+    const std::string type = opt->get_type_name();
+    if (type == "UINT" || type.rfind("UINT:", 0) == 0) opt->check(kUnsigned);
+    if (type == "FLOAT" || type.rfind("FLOAT:", 0) == 0) opt->check(kFinite);
   }
   for (CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
     CheckUnsignedOptions(*sub);

@@ -6,10 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <random>
 #include <thread>
 
 #include "common/config.h"
@@ -190,7 +193,7 @@ int DryRun(const Flags& f, Workload* w, double recorded_ms) {
     last_ms = std::max(last_ms, e.t_ms);
   }
   PrintHistogram(s);
-  const double ms = recorded_ms > 0 ? recorded_ms : last_ms;
+  const double ms = std::max(recorded_ms * std::max<uint32_t>(f.loop, 1), last_ms);
   std::printf("virtual duration %.1f s; timed replay at --speed %g would take %.1f s\n", ms / 1000,
               f.speed, ms / 1000 / f.speed);
   return 0;
@@ -374,6 +377,13 @@ int Main(int argc, char** argv) {
   }
   ReplayOptions ro;
   if (auto st = ReplayOptionsOf(f, &ro); !st.ok()) return Fail(st);
+  if (!f.ps.empty()) {
+    // A running cluster remembers (sender, seq) pairs: a second replay with the same
+    // sender ids would have every push dropped as a duplicate. Fresh random ids per run
+    // (in process the shards are new each run, and fixed ids keep runs identical).
+    std::random_device rd;
+    ro.sender_base = ((uint64_t{rd()} << 32) | rd() | (uint64_t{1} << 62)) & ~uint64_t{0xffff};
+  }
   ro.events = events.get();
   if (ro.eval_every == 0) ro.eval_every = std::max<uint64_t>(1, workload->expected_pushes / 20);
   ProgressLine progress(f.quiet);
@@ -381,8 +391,9 @@ int Main(int argc, char** argv) {
   auto replayer = Replayer::Create(model->get(), workload->batches.get(), ClusterOptionsOf(f), ro);
   if (!replayer.ok()) return Fail(replayer.status());
   Pacer pacer(f.speed, f.max_gap_ms);
-  const auto deadline =
-      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(f.duration_s * 1000));
+  // At most ten years: a larger --duration-s would overflow the clock (and means "none").
+  const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(
+                                           std::min(f.duration_s, 10 * 365 * 86400.0) * 1000));
   auto next = [&](Event* e) {
     if (!workload->Next(e)) return false;
     if (f.mode == "timed") pacer.Wait(e->t_ms);

@@ -88,6 +88,7 @@ StatusOr<TraceSteps> LoadTraceSteps(const std::string& path, std::vector<std::st
   std::map<std::string, uint32_t> worker_index;
   learn_chunk = std::max<uint32_t>(learn_chunk, 1);
   TraceRecord r;
+  size_t learns_kept = 0;  // learn records taken (each may make several steps)
   while (true) {
     ONLINEPS_ASSIGN_OR_RETURN(bool more, reader->Next(&r));
     if (!more) break;
@@ -95,10 +96,11 @@ StatusOr<TraceSteps> LoadTraceSteps(const std::string& path, std::vector<std::st
     out.duration_ms = std::max(out.duration_ms, static_cast<double>(r.t_us) / 1000.0);
     const bool learn = (r.kind == RecordKind::kCall && r.tool == "learn" && !r.is_error) ||
                        (r.kind == RecordKind::kLearn && !r.arguments.is_null());
-    if (!learn || (limit && out.steps.size() >= limit)) {
+    if (!learn || (limit && learns_kept >= limit)) {
       ++out.skipped;
       continue;
     }
+    ++learns_kept;
     const std::string where = path + ":" + std::to_string(reader->line());
     ONLINEPS_ASSIGN_OR_RETURN(auto examples, LearnExamples(r.arguments, out.labels, where));
     auto [it, added] = worker_index.emplace(r.worker, static_cast<uint32_t>(out.workers.size()));
@@ -162,6 +164,14 @@ std::vector<Event> TraceEvents(const TraceSteps& steps, std::optional<Delay> ove
                    [&](uint64_t a, uint64_t b) { return pull_at[a] < pull_at[b]; });
   std::vector<Event> events;
   events.reserve(2 * n);
+  // Loop l replays the trace's times shifted by l spans, so timed mode keeps pacing
+  // every loop (the same times again would run loops after the first unpaced).
+  const size_t per_loop = steps.steps.size();
+  double span = steps.duration_ms;
+  for (const TraceStep& s : steps.steps) span = std::max(span, s.t_ms);
+  auto time_of = [&](uint64_t k) {
+    return steps.steps[k % per_loop].t_ms + static_cast<double>(k / per_loop) * span;
+  };
   size_t next_pull = 0;
   for (uint64_t k = 0; k < n; ++k) {
     while (next_pull < n && pull_at[order[next_pull]] <= k) {
@@ -172,7 +182,7 @@ std::vector<Event> TraceEvents(const TraceSteps& steps, std::optional<Delay> ove
       e.worker = s.worker;
       e.batch = j;
       e.version = pull_at[j];
-      e.t_ms = s.t_ms;
+      e.t_ms = time_of(j);
       events.push_back(e);
     }
     const TraceStep& s = steps.steps[k % steps.steps.size()];
@@ -182,7 +192,7 @@ std::vector<Event> TraceEvents(const TraceSteps& steps, std::optional<Delay> ove
     e.batch = k;
     e.version = pull_at[k];
     e.expected_tau = k - pull_at[k];
-    e.t_ms = s.t_ms;
+    e.t_ms = time_of(k);
     events.push_back(e);
   }
   for (size_t i = 0; i < events.size(); ++i) events[i].seq = i;

@@ -209,6 +209,24 @@ TEST_F(ConfigTest, UnsignedOptionsRefuseNegativeAndOverflowingValues) {
   EXPECT_EQ(senders, 0u);
 }
 
+// A floating-point option takes a finite number (strtod reads "nan" and "inf"), checked
+// beside the checks the option has already.
+TEST_F(ConfigTest, FloatOptionsRefuseNanAndInf) {
+  double rate = 0.5, norm = 1;
+  app_.add_option("--rate", rate, "Rate");
+  app_.add_option("--norm", norm, "Norm")->check(CLI::NonNegativeNumber);
+  for (const char* bad : {"nan", "inf", "-inf", "NaN", "1e400"}) {
+    for (const char* flag : {"--rate", "--norm"}) {
+      StatusOr<ParseResult> r = Parse({flag, bad});
+      ASSERT_FALSE(r.ok()) << flag << " " << bad << " was taken";
+      EXPECT_NE(r.status().message().find(flag), std::string::npos) << r.status().message();
+    }
+  }
+  ASSERT_TRUE(Parse({"--rate", "-2.5e3", "--norm", "0"}).ok());
+  EXPECT_EQ(rate, -2500.0);
+  EXPECT_EQ(norm, 0.0);
+}
+
 TEST_F(ConfigTest, UnknownFlagIsInvalidArgument) {
   StatusOr<ParseResult> r = Parse({"--nope"});
   ASSERT_FALSE(r.ok());

@@ -10,6 +10,7 @@ learn concurrently, so some pushes are stale. Then, with the cluster gone:
   - --dry-run prints the expected histogram without running anything;
   - a damaged trace (a bad middle line) is refused naming the line.
 """
+import csv
 import json
 import os
 import signal
@@ -136,6 +137,35 @@ def main():
         fail("a staleness override of 3 left the parameters unchanged")
     if rc["staleness"]["max"] != 3 or rc["staleness"]["p50"] != 3:
         fail(f"override fixed:3 measured {rc['staleness']}")
+
+    # --limit keeps the first N learn records, however many pushes each makes (two
+    # examples each: four pushes at --learn-chunk 1).
+    lim, _ = replay(trace, os.path.join(work, "lim"), "--limit", "4", "--learn-chunk", "1")
+    if lim["workload"]["learn_steps"] != 8:
+        fail(f"--limit 4 --learn-chunk 1 kept {lim['workload']['learn_steps']} steps, not 8")
+
+    # Loops go on in time: every loop is paced in timed mode, so the schedule's virtual
+    # time never runs backwards between two evaluations.
+    loop, _ = replay(trace, os.path.join(work, "loop"), "--loop", "3", "--eval-every", "5")
+    with open(os.path.join(work, "loop", "curve.csv")) as f:
+        rows = list(csv.DictReader(f))
+    times = [float(r["virtual_ms"]) for r in rows]
+    if len(times) < 3 or any(b < a for a, b in zip(times, times[1:])):
+        fail(f"--loop 3: virtual_ms goes backwards: {times}")
+
+    # Against a running cluster, a second replay trains on: its pushes are not taken for
+    # the first one's retries (each run has its own sender ids).
+    shard = opslib.Proc("ps-live", [f"{BIN}/onlineps_ps", "--listen", "tcp://127.0.0.1:0",
+                                    "--admin-port", "-1"], work)
+    try:
+        ep = endpoint(shard, "the live shard")
+        first, _ = replay(trace, os.path.join(work, "live1"), "--ps", ep)
+        second, _ = replay(trace, os.path.join(work, "live2"), "--ps", ep)
+        if first["result"]["params_sha256"] == second["result"]["params_sha256"]:
+            fail("a second --ps replay left the cluster's parameters unchanged "
+                 "(its pushes were dropped as duplicates)")
+    finally:
+        shard.stop(signal.SIGKILL)
 
     dry = subprocess.run([f"{BIN}/onlineps_replay", "--trace", trace, "--model", "text",
                           "--dry-run", "--staleness", "fixed:2"],
