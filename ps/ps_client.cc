@@ -487,10 +487,41 @@ StatusOr<std::vector<std::map<std::string, std::string>>> PsClientImpl::TableInf
 
 Status PsClientImpl::WaitForShards(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
+  const size_t n = num_shards();
   Status last;
   while (Clock::now() < deadline) {
-    last = Broadcast(Op::kPing, NewHeader(Op::kPing, ""));
-    if (last.ok()) return last;
+    // Each shard says which it is: a list in the wrong order or of the wrong length would
+    // send dense slices (which carry no keys to check) to the wrong shards.
+    auto wrong = std::make_shared<std::vector<std::string>>(n);
+    auto call = NewCall(static_cast<int>(n), nullptr);
+    for (size_t s = 0; s < n; ++s) {
+      auto p = NewPart(call, s, Op::kPing, "");
+      p->header = NewHeader(Op::kPing, "");
+      p->on_reply = [s, n, wrong](const Header& h, const Frames&) {
+        auto shard = h.spec.find("shard");
+        auto of = h.spec.find("num_shards");
+        if (shard != h.spec.end() && of != h.spec.end() &&
+            (shard->second != std::to_string(s) || of->second != std::to_string(n))) {
+          (*wrong)[s] = "position " + std::to_string(s) + " of the list is shard " + shard->second +
+                        " of " + of->second;
+        }
+        return Status::Ok();
+      };
+      Send(std::move(p));
+    }
+    last = Ticket(call).Wait();
+    if (last.ok()) {
+      std::string problems;
+      for (size_t s = 0; s < n; ++s) {
+        if (wrong->at(s).empty()) continue;
+        problems += (problems.empty() ? "" : "; ") + wrong->at(s) + " (" + options_.shards[s] + ")";
+      }
+      if (problems.empty()) return last;
+      return FailedPrecondition("the shard list does not match the shards: " + problems +
+                                ". Name all " + std::to_string(n) +
+                                " shards, shard i at position i, as each was started "
+                                "(--shard-index, --num-shards)");
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return last.ok() ? DeadlineExceeded("shards did not answer") : last;

@@ -131,7 +131,9 @@ class PsClient {
   // shard's "stat.*" figures (docs/protocol.md, "table_info").
   virtual StatusOr<std::vector<std::map<std::string, std::string>>> TableInfo(
       const std::string& name) = 0;
-  // Waits until every shard answers a ping, or the timeout passes.
+  // Waits until every shard answers a ping, or the timeout passes. kFailedPrecondition
+  // (at once) when a shard says it is not the one at its position of the list, or the
+  // list's length is not the shard count (the shards were given in the wrong order).
   virtual Status WaitForShards(std::chrono::milliseconds timeout) = 0;
   // Asks every shard to write a checkpoint now.
   virtual Status Checkpoint() = 0;

@@ -59,8 +59,14 @@ class ReplayerImpl : public Replayer {
   }
 
   Status Init() {
-    if (cluster_.shards.empty()) ONLINEPS_RETURN_IF_ERROR(StartInprocShards());
+    const bool external = !cluster_.shards.empty();
+    if (!external) ONLINEPS_RETURN_IF_ERROR(StartInprocShards());
     ONLINEPS_ASSIGN_OR_RETURN(eval_, Connect(options_.sender_base - 1));
+    if (external) {
+      // A --ps list in the wrong order, or missing a shard, is refused before any push.
+      Status st = eval_->WaitForShards(cluster_.timeout);
+      if (!st.ok()) return st.WithContext("--ps");
+    }
     for (const worker::ParamInfo& p : model_->params()) {
       Status st = eval_->CreateTable(worker::TableSpecFor(p, options_.table_template));
       if (!st.ok()) return st.WithContext("creating table '" + p.name + "'");

@@ -2,6 +2,11 @@
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <vector>
+
 #include "ps/ps_client.h"
 #include "ps/shard_server.h"
 
@@ -14,6 +19,7 @@ class PsSmokeTest : public ::testing::TestWithParam<std::string> {};
 // `mem_prefix`), and a client of all of them; stopped when it goes.
 struct Cluster {
   std::vector<std::unique_ptr<ShardServer>> servers;
+  std::vector<std::string> endpoints;
   std::unique_ptr<PsClient> client;
   ~Cluster() {
     client.reset();
@@ -39,6 +45,7 @@ std::unique_ptr<Cluster> StartCluster(const std::string& scheme, uint32_t n,
     }
     co.shards.push_back(*ep);
   }
+  c->endpoints = co.shards;
   auto client = PsClient::Connect(co);
   if (!client.ok()) {
     ADD_FAILURE() << client.status().ToString();
@@ -140,6 +147,32 @@ TEST_P(PsSmokeTest, SparsePushOfFramesAppliesAsTheArrayPush) {
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
     EXPECT_NE(st.message().find("dim 2"), std::string::npos) << st.message();
   }
+}
+
+// A client given the shards in the wrong order, or only some of them, is told so when it
+// waits for them: dense slices carry no keys a shard could check, so they would be read
+// and written at the wrong shards.
+TEST_P(PsSmokeTest, AShardListInTheWrongOrderOrOfTheWrongLengthIsRefused) {
+  static std::atomic<int> runs{0};
+  auto c = StartCluster(GetParam(), 2, "smoke-order-" + std::to_string(runs++) + "-");
+  ASSERT_NE(c, nullptr);
+  const std::vector<std::string> eps = c->endpoints;
+  auto wait = [](std::vector<std::string> shards) {
+    PsClientOptions o;
+    o.shards = std::move(shards);
+    auto client = PsClient::Connect(o);
+    EXPECT_TRUE(client.ok()) << client.status().ToString();
+    return client.ok() ? (*client)->WaitForShards(std::chrono::milliseconds(3000))
+                       : client.status();
+  };
+  EXPECT_TRUE(wait(eps).ok());
+  const Status reversed = wait({eps[1], eps[0]});
+  EXPECT_EQ(reversed.code(), StatusCode::kFailedPrecondition) << reversed.ToString();
+  EXPECT_NE(reversed.message().find("position 0 of the list is shard 1 of 2"), std::string::npos)
+      << reversed.ToString();
+  const Status partial = wait({eps[0]});
+  EXPECT_EQ(partial.code(), StatusCode::kFailedPrecondition) << partial.ToString();
+  EXPECT_NE(partial.message().find("shard 0 of 2"), std::string::npos) << partial.ToString();
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, PsSmokeTest, ::testing::Values("mem", "tcp"));
