@@ -120,6 +120,11 @@ StatusOr<std::vector<FileEntry>> ReadConfigFile(const std::string& path) {
   if (!std::filesystem::exists(path, ec)) {
     return NotFound("config file '" + path + "' not found");
   }
+  // A directory opens as a stream that reads nothing: it would pass as an empty file
+  // (a Kubernetes ConfigMap mounted at the file's path is a directory).
+  if (std::filesystem::is_directory(path, ec)) {
+    return InvalidArgument("config file '" + path + "' is a directory");
+  }
   std::ifstream in(path);
   if (!in) return InvalidArgument("cannot read config file '" + path + "'");
   std::vector<FileEntry> entries;
@@ -129,6 +134,7 @@ StatusOr<std::vector<FileEntry>> ReadConfigFile(const std::string& path) {
     if (!entry.ok()) return entry.status().WithContext(path + ":" + std::to_string(line_no));
     if (entry.value()) entries.push_back(std::move(*entry.value()));
   }
+  if (in.bad()) return InvalidArgument("cannot read config file '" + path + "'");
   return entries;
 }
 

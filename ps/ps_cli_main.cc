@@ -219,7 +219,9 @@ int main(int argc, char** argv) {
   app.add_option("--shards", common.shards,
                  "Shard endpoints in shard order (comma separated; all but curve-keygen)")
       ->delimiter(',');
-  app.add_option("--timeout-ms", common.timeout_ms, "Per-call timeout")->capture_default_str();
+  app.add_option("--timeout-ms", common.timeout_ms, "Per-call timeout")
+      ->check(CLI::Range(1, 3600000))
+      ->capture_default_str();
   onlineps::AddLoggingFlags(app, &log);
   onlineps::CurveFlags curve;
   onlineps::AddCurveFlags(app, &curve, /*server=*/false, /*client=*/true);
@@ -228,13 +230,19 @@ int main(int argc, char** argv) {
       "curve-keygen", "Write a new CURVE certificate FILE (mode 0600) and its public key FILE.pub");
   keygen->add_option("file", keygen_path, "Certificate path")->required();
   auto* demo_cmd = app.add_subcommand("demo", "Asynchronous linear-regression workload");
-  demo_cmd->add_option("--workers", demo.workers, "Worker threads")->capture_default_str();
-  demo_cmd->add_option("--steps", demo.steps, "Pushes per worker")->capture_default_str();
+  demo_cmd->add_option("--workers", demo.workers, "Worker threads")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  demo_cmd->add_option("--steps", demo.steps, "Pushes per worker")
+      ->check(CLI::Range(1, 100000000))
+      ->capture_default_str();
   demo_cmd->add_option("--lr", demo.lr, "SGD learning rate")->capture_default_str();
   demo_cmd->add_option("--staleness", demo.staleness, "Staleness policy")->capture_default_str();
   auto* pat = app.add_subcommand("push-pattern", "Push a deterministic gradient pattern");
   pat->add_option("--worker", pattern.worker, "Worker number (changes the pattern)");
-  pat->add_option("--pushes", pattern.pushes, "Pushes to each table")->capture_default_str();
+  pat->add_option("--pushes", pattern.pushes, "Pushes to each table")
+      ->check(CLI::Range(1, 100000000))
+      ->capture_default_str();
   pat->add_option("--dense-size", pattern.dense_size, "Dense elements")->capture_default_str();
   pat->add_option("--sparse-keys", pattern.sparse_keys, "Sparse keys")->capture_default_str();
   auto* pull = app.add_subcommand("pull", "Print a table (dense) or rows (sparse)");

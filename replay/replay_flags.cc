@@ -142,7 +142,9 @@ void AddPsFlags(CLI::App& app, Flags* f) {
   app.add_option("--shards", f->shards, "In-process shards")
       ->check(CLI::Range(1u, 256u))
       ->capture_default_str();
-  app.add_option("--ps-timeout-ms", f->ps_timeout_ms, "Per PS call")->capture_default_str();
+  app.add_option("--ps-timeout-ms", f->ps_timeout_ms, "Per PS call")
+      ->check(CLI::Range(1, 3600000))
+      ->capture_default_str();
   app.add_option("--optimizer", f->optimizer, "sgd | adagrad | ftrl | adam")->capture_default_str();
   app.add_option("--lr", f->lr,
                  "Learning rate (ftrl: its alpha unless --opt-param alpha= is given)")

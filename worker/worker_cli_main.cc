@@ -34,7 +34,9 @@ int main(int argc, char** argv) {
                  "MCP port)")
       ->envname("ONLINEPS_WORKER")
       ->capture_default_str();
-  app.add_option("--timeout-ms", timeout_ms, "Deadline of the call")->capture_default_str();
+  app.add_option("--timeout-ms", timeout_ms, "Deadline of the call")
+      ->check(CLI::Range(1, 3600000))
+      ->capture_default_str();
   app.add_option("op", op_name,
                  "infer | learn | context_set | context_append | "
                  "context_clear | context_get | worker_stats | model_info")

@@ -1,6 +1,7 @@
 #include "common/config.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -169,6 +170,17 @@ TEST_F(ConfigTest, MissingFileIsNotFound) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
   EXPECT_NE(r.status().message().find("/nonexistent/onlineps.toml"), std::string::npos);
+}
+
+// A directory where the file should be (a ConfigMap mounted at the file's path) is an
+// error, not an empty file that leaves every default in place.
+TEST_F(ConfigTest, ADirectoryForTheConfigFileIsAnError) {
+  const std::string dir = ::testing::TempDir() + "config_test_dir_" + std::to_string(getpid());
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  StatusOr<ParseResult> r = Parse({"--config", dir});
+  ::rmdir(dir.c_str());
+  ASSERT_FALSE(r.ok()) << "a directory was read as an empty config file";
+  EXPECT_NE(r.status().message().find("is a directory"), std::string::npos) << r.status().message();
 }
 
 TEST_F(ConfigTest, BadFlagValueNamesTheFlag) {
