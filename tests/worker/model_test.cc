@@ -24,6 +24,7 @@ namespace onlineps::worker {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using Keys = std::vector<std::vector<uint64_t>>;
 
 const char kTinyModel[] = ONLINEPS_TESTDATA_DIR "/tiny_model.pt";
@@ -797,6 +798,21 @@ TEST(TorchScriptModelTest, ForwardThatRejectsTheInputIsInvalidArgument) {
   const std::vector<Example> batch = {{"", {1, 2, 3}, 0}};
   EXPECT_EQ(model->Infer(batch, {}, p.View()).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(model->Gradients(batch, {}, p.View()).status().code(), StatusCode::kInvalidArgument);
+}
+
+// The TorchScript interpreter's error starts with a header line ("The following operation
+// failed ..."); the client is told the cause from the end of it instead.
+TEST(TorchScriptModelTest, AForwardErrorNamesItsCauseNotTheInterpretersHeader) {
+  std::unique_ptr<Model> model = MustCreate(FrozenOptions(kFrozenHead));
+  ASSERT_NE(model, nullptr);
+  const OwnedParams p = FileParams(*model);
+  Example five;  // the model takes 6 features
+  five.features = {1, 2, 3, 4, 5};
+  const auto r = model->Infer({five}, {}, p.View());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("shapes cannot be multiplied"));
+  EXPECT_THAT(r.status().message(), Not(HasSubstr("The following operation failed")));
 }
 
 // Several threads share one model; each call must give the single-threaded answer.
