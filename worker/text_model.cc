@@ -52,6 +52,7 @@ class TextModel : public Model {
 
   StatusOr<std::vector<std::vector<uint64_t>>> SparseKeys(
       const std::vector<Example>& batch, const ContextInput& context) const override {
+    ONLINEPS_RETURN_IF_ERROR(CheckTextInput(batch));
     return Guarded("text model keys", [&]() -> StatusOr<std::vector<std::vector<uint64_t>>> {
       std::vector<std::vector<uint64_t>> keys(params_.size());
       std::unordered_set<uint64_t> seen;
@@ -68,6 +69,7 @@ class TextModel : public Model {
 
   StatusOr<InferOutput> Infer(const std::vector<Example>& batch, const ContextInput& context,
                               const ParamView& view) override {
+    ONLINEPS_RETURN_IF_ERROR(CheckTextInput(batch));
     return Guarded("text model infer", [&]() -> StatusOr<InferOutput> {
       ONLINEPS_RETURN_IF_ERROR(CheckParamView(params_, view));
       ONLINEPS_ASSIGN_OR_RETURN(Bags bags, MakeBags(batch, context, *view.sparse[kEmbed]));
@@ -80,6 +82,7 @@ class TextModel : public Model {
   StatusOr<GradOutput> Gradients(const std::vector<Example>& batch, const ContextInput& context,
                                  const ParamView& view) override {
     if (batch.empty()) return InvalidArgument("gradients of an empty batch");
+    ONLINEPS_RETURN_IF_ERROR(CheckTextInput(batch));
     return Guarded("text model gradients", [&]() -> StatusOr<GradOutput> {
       ONLINEPS_RETURN_IF_ERROR(CheckParamView(params_, view));
       ONLINEPS_RETURN_IF_ERROR(CheckLabels(batch, options_.labels.size()));
@@ -96,6 +99,18 @@ class TextModel : public Model {
   }
 
  private:
+  // The text model reads an example's text only: features sent to it would be ignored,
+  // and a learn of them would move the output layer on an empty input.
+  static Status CheckTextInput(const std::vector<Example>& batch) {
+    for (size_t e = 0; e < batch.size(); ++e) {
+      if (!batch[e].features.empty()) {
+        return InvalidArgument("example " + std::to_string(e) +
+                               ": the text model reads 'text', not 'features'");
+      }
+    }
+    return Status::Ok();
+  }
+
   // Context tokens count only with a positive weight; with weight 0 they are not fetched.
   std::vector<uint64_t> ContextKeys(const ContextInput& context) const {
     if (options_.context_weight <= 0 || context.text.empty()) return {};

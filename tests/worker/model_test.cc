@@ -313,6 +313,22 @@ TEST(TextModelTest, ExampleWithoutFeaturesScoresTheBiasAlone) {
   EXPECT_TRUE(g->sparse[0].keys.empty());
 }
 
+// Features sent to the text model are refused, not ignored (a learn of them moved the
+// output layer on an empty input).
+TEST(TextModelTest, FeaturesAreRefusedNotIgnored) {
+  std::unique_ptr<Model> model = MustCreate(TextOptions());
+  FakePs ps(*model, 6, 0.5);
+  const std::vector<Example> text = {{"fine words", {}, 0}};
+  OwnedParams p = FetchFor(*model, ps, text, {});
+  const std::vector<Example> batch = {{"fine words", {}, 0}, {"", {1, 2, 3}, 1}};
+  for (const Status& st :
+       {model->SparseKeys(batch, {}).status(), model->Infer(batch, {}, p.View()).status(),
+        model->Gradients(batch, {}, p.View()).status()}) {
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_THAT(st.message(), HasSubstr("example 1: the text model reads 'text'"));
+  }
+}
+
 TEST(TextModelTest, ContextChangesPredictionsAndParamsStayUntouched) {
   std::unique_ptr<Model> model = MustCreate(TextOptions());
   FakePs ps(*model, 5, 0.3);
