@@ -244,10 +244,40 @@ StatusOr<TraceRecord> RecordFromJson(const json& j) {
 
 // ---- TraceReader ----
 
-TraceReader::TraceReader(std::string path, std::ifstream in)
-    : path_(std::move(path)), in_(std::move(in)) {}
+namespace {
 
-StatusOr<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string& path) {
+// std::getline that reads at most `max` bytes of a line (then sets *too_long and stops,
+// for the caller to refuse the file), so that a file with no newline (/dev/zero) cannot
+// take all memory or time. Sets
+// eofbit when the input ends, as std::getline does: after a line without '\n' too.
+bool GetBoundedLine(std::istream& in, size_t max, std::string* line, bool* too_long) {
+  line->clear();
+  *too_long = false;
+  std::streambuf* buf = in.rdbuf();
+  bool any = false;
+  for (;;) {
+    const int c = buf->sbumpc();
+    if (c == std::char_traits<char>::eof()) {
+      in.setstate(std::ios::eofbit);
+      return any;
+    }
+    any = true;
+    if (c == '\n') return true;
+    if (line->size() == max) {
+      *too_long = true;  // the caller stops here: the rest is not read
+      return true;
+    }
+    line->push_back(static_cast<char>(c));
+  }
+}
+
+}  // namespace
+
+TraceReader::TraceReader(std::string path, std::ifstream in, size_t max_line_bytes)
+    : path_(std::move(path)), in_(std::move(in)), max_line_bytes_(max_line_bytes) {}
+
+StatusOr<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string& path,
+                                                         size_t max_line_bytes) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return NotFound("trace " + path + ": no such file");
   if (std::filesystem::is_directory(path, ec)) {
@@ -255,10 +285,17 @@ StatusOr<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string& path
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) return Unavailable("trace " + path + ": " + std::strerror(errno));
-  std::unique_ptr<TraceReader> r(new TraceReader(path, std::move(in)));
+  std::unique_ptr<TraceReader> r(new TraceReader(path, std::move(in), max_line_bytes));
   std::string line;
-  if (!std::getline(r->in_, line)) return InvalidArgument(path + ":1: empty trace file");
+  bool too_long = false;
+  if (!GetBoundedLine(r->in_, max_line_bytes, &line, &too_long)) {
+    return InvalidArgument(path + ":1: empty trace file");
+  }
   r->line_ = 1;
+  if (too_long) {
+    return InvalidArgument(path + ":1: header longer than " + std::to_string(max_line_bytes) +
+                           " bytes");
+  }
   if (!line.empty() && line.back() == '\r') line.pop_back();
   if (NestsDeeperThan(line, kMaxDepth)) {
     return InvalidArgument(path + ":1: header nests deeper than " + std::to_string(kMaxDepth) +
@@ -279,10 +316,15 @@ StatusOr<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string& path
 
 StatusOr<bool> TraceReader::Next(TraceRecord* out) {
   std::string line;
-  while (std::getline(in_, line)) {
+  bool too_long = false;
+  while (GetBoundedLine(in_, max_line_bytes_, &line, &too_long)) {
     ++line_;
-    // getline sets eof only when the line ended without '\n': the file's last bytes.
+    // eof is set only when the line ended without '\n': the file's last bytes.
     const bool unterminated = in_.eof();
+    if (too_long) {
+      return DataLoss(Where() + ": longer than " + std::to_string(max_line_bytes_) +
+                      " bytes (the bridge records calls of at most --max-request-bytes)");
+    }
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     if (NestsDeeperThan(line, kMaxDepth)) {

@@ -80,7 +80,10 @@ class TraceReader {
   // Opens `path` and parses the header. kNotFound: no such file; kInvalidArgument (naming
   // "path:1"): empty file, first line not a JSON object, format not "onlineps-trace",
   // unknown format_version, or a header field of the wrong type.
-  static StatusOr<std::unique_ptr<TraceReader>> Open(const std::string& path);
+  // Lines longer than `max_line_bytes` are refused (the file is not read on).
+  static constexpr size_t kMaxLineBytes = size_t{256} << 20;
+  static StatusOr<std::unique_ptr<TraceReader>> Open(const std::string& path,
+                                                     size_t max_line_bytes = kMaxLineBytes);
 
   const TraceHeader& header() const { return header_; }
 
@@ -96,11 +99,12 @@ class TraceReader {
   uint64_t line() const { return record_line_; }  // line number of the last record returned
 
  private:
-  TraceReader(std::string path, std::ifstream in);
+  TraceReader(std::string path, std::ifstream in, size_t max_line_bytes);
   std::string Where() const { return path_ + ":" + std::to_string(line_); }
 
   const std::string path_;
   std::ifstream in_;
+  size_t max_line_bytes_;
   TraceHeader header_;
   uint64_t line_ = 0;         // lines consumed so far
   uint64_t record_line_ = 0;  // line of the last record returned

@@ -322,6 +322,36 @@ TEST_F(TraceTest, CutOffLastLineEndsTheTraceAndIsReported) {
   EXPECT_FALSE(*more);
 }
 
+// A line past the limit is refused, naming it, without reading it (or the rest of the
+// file) into memory: a file with no newline (/dev/zero) cannot take all memory.
+TEST_F(TraceTest, LinesLongerThanTheLimitAreRefusedNamingThem) {
+  const std::string record = R"({"kind":"push","seq":1,"t_us":10,"tau":0})";
+  const std::string text = std::string(kHeaderLine) + "\n" + record + "\n" +
+                           R"({"kind":"push","seq":2,"t_us":10,"note":")" + std::string(5000, 'x') +
+                           "\"}\n" + record + "\n";
+  const std::string path = WriteFile("long.jsonl", text);
+  auto r = TraceReader::Open(path, 1000);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  TraceRecord rec;
+  auto first = (*r)->Next(&rec);
+  ASSERT_TRUE(first.ok() && *first);
+  auto second = (*r)->Next(&rec);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(second.status().message().find(path + ":3"), std::string::npos)
+      << second.status().ToString();
+  EXPECT_NE(second.status().message().find("longer than 1000 bytes"), std::string::npos);
+  // The header too.
+  auto header = TraceReader::Open(path, 20);
+  ASSERT_FALSE(header.ok());
+  EXPECT_NE(header.status().message().find(":1: header longer than 20 bytes"), std::string::npos)
+      << header.status().ToString();
+  // The default limit reads it all.
+  auto all = TraceReader::Open(path);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(ReadAllRecords(all->get()).size(), 3u);
+}
+
 TEST_F(TraceTest, CompleteLastLineWithoutNewlineAndBlankLinesAreRead) {
   const std::string text = std::string(kHeaderLine) + "\n\n" +
                            R"({"kind":"pull","seq":1,"t_us":1})"
