@@ -113,6 +113,7 @@ void AddLearnFlags(CLI::App& app, Flags* f) {
   app.add_option("--staleness-param", f->staleness_params, "Policy parameter NAME=VALUE (repeat)");
   app.add_option("--max-staleness", s.table_template.max_staleness,
                  "Bounded staleness s (-1: unbounded)")
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40))
       ->capture_default_str();
   app.add_option("--clip-norm", s.table_template.clip_norm,
                  "Shards scale each push of this worker's tables to at most this L2 norm (0: off)")

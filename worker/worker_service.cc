@@ -115,6 +115,17 @@ void WorkerService::WarnIfCapsDiffer(const ps::TableSpec& asked) {
 Status WorkerService::Start() {
   if (started_.exchange(true)) return Status::Ok();
   const auto& params = model_->params();
+  // A per-table freshness bound (--freshness) must name one of the model's tables: a
+  // misspelt one would leave the table it meant on the default bound, unnoticed.
+  for (const auto& [table, bound] : options_.cache.tables) {
+    if (std::none_of(params.begin(), params.end(),
+                     [&](const ParamInfo& p) { return p.name == table; })) {
+      std::string names;
+      for (const ParamInfo& p : params) names += (names.empty() ? "" : ", ") + p.name;
+      return InvalidArgument("--freshness names table '" + table +
+                             "', which this model does not have (its tables: " + names + ")");
+    }
+  }
   for (const ps::TableSpec& spec : TableSpecs()) {
     Status st = client_->CreateTable(spec);
     if (!st.ok()) {

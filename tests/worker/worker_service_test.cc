@@ -319,6 +319,22 @@ TEST_F(WorkerServiceTest, LocalGroupPushesTheSumOfItsMembersOncePerRound) {
   for (auto& m : members) EXPECT_TRUE(m->Stop().ok());
 }
 
+// A per-table freshness bound naming a table the model does not have (a typo) is refused
+// at start, naming the model's tables, instead of leaving the meant table on the default.
+TEST_F(WorkerServiceTest, AFreshnessBoundOfAnUnknownTableIsRefusedAtStart) {
+  auto model = CreateModel(Text());
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  auto client = Client(endpoints_);
+  WorkerServiceOptions o;
+  o.table_template.optimizer_params["lr"] = 0.5;
+  o.cache.tables["text/out.wieght"].max_age_ms = 50;
+  WorkerService service(client.get(), model->get(), o);
+  const Status st = service.Start();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("'text/out.wieght'"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("text/out.weight"), std::string::npos) << st.ToString();
+}
+
 TEST_F(WorkerServiceTest, TimeTriggerPushesAnAccumulatedGradientWithoutMoreLearns) {
   WorkerServiceOptions o;
   o.accumulate_examples = 1000;
