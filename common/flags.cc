@@ -1,5 +1,8 @@
 #include "common/flags.h"
 
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <utility>
 
 namespace onlineps {
@@ -14,6 +17,26 @@ void AddLoggingFlags(CLI::App& app, LogOptions* options) {
       ->check(CLI::Validator(valid_level, "LEVEL"));
   app.add_option("--log-format", options->format, "Log line format")
       ->check(CLI::IsMember({"text", "json"}));
+}
+
+CLI::Validator NumberIn(double lo, double hi) {
+  auto g = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return std::string(buf);
+  };
+  const std::string want =
+      std::isinf(hi) ? "a number >= " + g(lo) : "a number from " + g(lo) + " to " + g(hi);
+  return CLI::Validator(
+      [lo, hi, want](std::string& v) -> std::string {
+        char* end = nullptr;
+        const double d = std::strtod(v.c_str(), &end);
+        if (end == v.c_str() || *end != '\0' || !(d >= lo && d <= hi)) {
+          return "must be " + want + ", not '" + v + "'";
+        }
+        return std::string();
+      },
+      std::isinf(hi) ? ">= " + g(lo) : "in [" + g(lo) + ", " + g(hi) + "]");
 }
 
 void AddCurveFlags(CLI::App& app, CurveFlags* f, bool server, bool client) {

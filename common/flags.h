@@ -14,6 +14,11 @@
 
 namespace onlineps {
 
+// A check that a number lies in [lo, hi] (hi infinite: no upper bound), with a message
+// that reads well for fractions and huge bounds (CLI::Range and CLI::NonNegativeNumber
+// print doubles with %f: 0.000000 to 1797693134862315708145...).
+CLI::Validator NumberIn(double lo, double hi);
+
 // Adds --log-level and --log-format bound to `options` (which must outlive `app`).
 void AddLoggingFlags(CLI::App& app, LogOptions* options);
 

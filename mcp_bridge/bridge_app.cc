@@ -131,7 +131,7 @@ void AddRoutingFlags(CLI::App& app, Flags* f) {
                  "host:port resolved periodically; each address is a worker (headless Service)");
   app.add_option("--load-factor", f->router.load_factor,
                  "Bounded loads: no worker above this times the mean session count")
-      ->check(CLI::Range(1.0, 100.0))
+      ->check(onlineps::NumberIn(1.0, 100.0))
       ->capture_default_str();
   app.add_option("--virtual-nodes", f->router.virtual_nodes, "Hash-ring points per worker")
       ->check(CLI::Range(1, 10000))

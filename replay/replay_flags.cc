@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/config.h"
+#include "common/flags.h"
 #include "replay/models.h"
 #include "replay/report.h"
 
@@ -60,7 +61,7 @@ void AddWorkloadFlags(CLI::App& app, Flags* f) {
                  "Seed of the train/test split (digits, spam-assassin, csv, npz)")
       ->capture_default_str();
   app.add_option("--test-fraction", f->test_fraction, "Share held out for testing (seeded splits)")
-      ->check(CLI::Range(0.01, 0.99))
+      ->check(NumberIn(0.01, 0.99))
       ->capture_default_str();
   app.add_flag("--no-shuffle", f->no_shuffle, "Keep the file order (online setting)");
   app.add_option("--batch", f->batch, "Examples per push")
@@ -171,7 +172,7 @@ void AddOutputFlags(CLI::App& app, Flags* f) {
       ->check(CLI::IsMember({"logical", "timed"}))
       ->capture_default_str();
   app.add_option("--speed", f->speed, "timed: gaps divided by this factor")
-      ->check(CLI::PositiveNumber)
+      ->check(NumberIn(1e-9, 1e12))
       ->capture_default_str();
   app.add_option("--max-gap-ms", f->max_gap_ms, "timed: longest wait between events (0: no cap)")
       ->capture_default_str();

@@ -57,14 +57,19 @@ StatusOr<std::vector<std::string>> Cells(const std::string& line) {
   return cells;
 }
 
+// A cell or label as quoted in a message: at most 40 bytes of it.
+std::string Clipped(const std::string& s) {
+  return s.size() <= 40 ? s : s.substr(0, 40) + "... (" + std::to_string(s.size()) + " bytes)";
+}
+
 // A finite number, or why not ("" when it is one).
 std::string NumberOf(const std::string& cell, double* out) {
   if (cell.empty()) return "is empty (a missing value)";
   char* end = nullptr;
   errno = 0;
   *out = std::strtod(cell.c_str(), &end);
-  if (*end != '\0') return "'" + cell.substr(0, 40) + "' is not a number";
-  if (!std::isfinite(*out)) return "is " + cell + " (NaN or Inf)";
+  if (*end != '\0') return "'" + Clipped(cell) + "' is not a number";
+  if (!std::isfinite(*out)) return "is " + Clipped(cell) + " (NaN or Inf)";
   return "";
 }
 
@@ -239,7 +244,7 @@ Status AssignLabels(const std::string& train_path, const Table& train, const std
     for (size_t i = 0; test && i < test->labels.size(); ++i) {
       if (!integer(test->labels[i], &v) || v > top) {
         return DataLoss(test_path + ":" + std::to_string(test->lines[i]) + ": label '" +
-                        test->labels[i] + "' out of range: the training labels are 0.." +
+                        Clipped(test->labels[i]) + "' out of range: the training labels are 0.." +
                         std::to_string(top));
       }
       test_y->push_back(v);
@@ -255,7 +260,8 @@ Status AssignLabels(const std::string& train_path, const Table& train, const std
     auto it = id.find(test->labels[i]);
     if (it == id.end()) {
       return DataLoss(test_path + ":" + std::to_string(test->lines[i]) + ": label '" +
-                      test->labels[i] + "' does not occur in the training file " + train_path);
+                      Clipped(test->labels[i]) + "' does not occur in the training file " +
+                      train_path);
     }
     test_y->push_back(it->second);
   }
@@ -879,7 +885,7 @@ StatusOr<Dataset> LoadLibsvm(const std::string& name, const std::string& path,
     auto it = id.find(std::strtod(test.labels[i].c_str(), nullptr));
     if (it == id.end()) {
       return DataLoss(o.test_file + ":" + std::to_string(test.lines[i]) + ": label '" +
-                      test.labels[i] + "' does not occur in the training file " + path);
+                      Clipped(test.labels[i]) + "' does not occur in the training file " + path);
     }
     test_y.push_back(it->second);
   }

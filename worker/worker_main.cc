@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <thread>
@@ -117,7 +118,7 @@ void AddLearnFlags(CLI::App& app, Flags* f) {
       ->capture_default_str();
   app.add_option("--clip-norm", s.table_template.clip_norm,
                  "Shards scale each push of this worker's tables to at most this L2 norm (0: off)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(onlineps::NumberIn(0, HUGE_VAL))
       ->capture_default_str();
   // Caps of the sparse tables this worker creates (docs/operations.md, "Memory"): a
   // stream of always-new keys (the text model hashes every word) cannot grow a shard
