@@ -295,6 +295,8 @@ StatusOr<WorkerService::Read> WorkerService::ReadParams(const std::vector<Exampl
         ONLINEPS_RETURN_IF_ERROR(cache_.Sparse(p.name, rows.keys.data(), rows.keys.size(),
                                                rows.values.data(), &r.base[i], &r.read[i]));
       }
+      // One entry per shard, 0 where no row was read (docs/protocol.md, infer replies).
+      r.read[i].resize(client_->num_shards(), 0);
       r.view.sparse[i] = &rows;
     }
     for (uint64_t v : r.read[i]) r.version = std::max(r.version, v);

@@ -570,6 +570,17 @@ TEST_F(WorkerServiceTest, WithoutReadOwnWritesTheCachedCopyServesUntilItsBound) 
   EXPECT_EQ(after->version, before->version);
 }
 
+// An infer reports one version per shard for every table, 0 where it read no row of a
+// shard: here a text with no words reads no embedding row at all.
+TEST_F(WorkerServiceTest, AnInferThatReadsNoRowsReportsZeroPerShard) {
+  StartWorker(Text(), WorkerServiceOptions());
+  auto r = service_->Infer("", {Example{"?!", {}, -1}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->versions.count("text/embed")) << "no versions for the embedding table";
+  EXPECT_EQ(r->versions.at("text/embed"), (ps::VersionVector{0, 0}));
+  for (const auto& [table, per_shard] : r->versions) EXPECT_EQ(per_shard.size(), 2u) << table;
+}
+
 TEST_F(WorkerServiceTest, ContextChangesOnlyItsOwnSessionsPredictions) {
   StartWorker(Text(), WorkerServiceOptions());
   ASSERT_TRUE(service_->context().Set("A", {"terrible awful horrible context"}, {}).ok());
