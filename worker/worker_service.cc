@@ -117,7 +117,8 @@ Status WorkerService::Start() {
   const auto& params = model_->params();
   // A per-table freshness bound (--freshness) must name one of the model's tables: a
   // misspelt one would leave the table it meant on the default bound, unnoticed.
-  for (const auto& [table, bound] : options_.cache.tables) {
+  for (const auto& entry : options_.cache.tables) {
+    const std::string& table = entry.first;
     if (std::none_of(params.begin(), params.end(),
                      [&](const ParamInfo& p) { return p.name == table; })) {
       std::string names;
