@@ -344,11 +344,18 @@ void Tools::LearnNext(std::shared_ptr<LearnRun> run) {
         ToolResult failed = Guarded([&] {
           if (r.ok()) return ToolResult();
           const bool unknown = r.status().code() == StatusCode::kDeadlineExceeded;
+          // The worker answered DEADLINE_EXCEEDED itself when its push to the PS got no
+          // answer: the outcome is as unknown, for another reason.
+          const bool silent =
+              r.status().message().find(worker::kNoWorkerAnswer) != std::string::npos;
           std::string m = "learn failed on examples " + std::to_string(l.done) + ".." +
                           std::to_string(l.done + n - 1) + ": " + WorkerError(r.status());
-          m += unknown ? ". Their outcome is unknown: the worker did not "
-                         "answer, so they may or may not have been applied."
-                       : ". They were not applied.";
+          m += !unknown ? ". They were not applied."
+               : silent ? ". Their outcome is unknown: the worker did not answer, so they may "
+                          "or may not have been applied."
+                        : ". Their outcome is unknown: the worker's push to the parameter "
+                          "servers got no answer in time, so they may or may not have been "
+                          "applied.";
           if (l.done > 0) {
             m += " Examples 0.." + std::to_string(l.done - 1) + " were learned.";
           }

@@ -71,7 +71,8 @@ class WorkerClientImpl : public WorkerClient {
 
   // Ends a call without its reply: kDeadlineExceeded, its outcome unknown.
   void Fail(const Pending& p, const std::string& why) {
-    p.done(DeadlineExceeded(std::string(OpName(p.op)) + " to " + options_.endpoint + ": " + why));
+    p.done(DeadlineExceeded(std::string(OpName(p.op)) + " to " + options_.endpoint + ": " + why +
+                            kNoWorkerAnswer));
   }
 
   // Registers the call and sends it. Callers past max_inflight wait for a free id until

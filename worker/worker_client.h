@@ -27,6 +27,11 @@ struct WorkerClientOptions {
   TransportOptions transport;
 };
 
+// Ends the message of every call the client ended without the worker's answer (its
+// deadline passed, the connection dropped, the worker left the ring, shutdown). A
+// DEADLINE_EXCEEDED the worker itself answered (its own PS call timed out) lacks it.
+inline constexpr char kNoWorkerAnswer[] = " (no answer from the worker)";
+
 class WorkerClient {
  public:
   static StatusOr<std::unique_ptr<WorkerClient>> Connect(WorkerClientOptions options);

@@ -12,6 +12,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,6 +45,11 @@ class StandInWorker {
   }
   // From now on worker_stats is held too: the worker hangs.
   void GoSilent() { silent_ = true; }
+  // From now on learns are answered at once with `status` instead of held.
+  void AnswerLearns(Status status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    learn_answer_ = std::move(status);
+  }
   bool WaitHeld(size_t n) {
     for (int i = 0; i < 10000 && held() < n; ++i) std::this_thread::sleep_for(1ms);
     return held() >= n;
@@ -53,6 +59,14 @@ class StandInWorker {
   void OnRequest(const Incoming& in) {
     auto h = DecodeHeader(in.frames[0].data(), in.frames[0].size());
     if (!h.ok()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (h->op == Op::kLearn && learn_answer_.has_value()) {
+        (void)server_->Send(in.peer,
+                            {Frame::FromString(EncodeHeader(MakeReply(*h, *learn_answer_)))});
+        return;
+      }
+    }
     if (h->op != Op::kWorkerStats || silent_) {
       std::lock_guard<std::mutex> lock(mu_);
       ++held_;  // never answered
@@ -68,6 +82,7 @@ class StandInWorker {
   std::mutex mu_;
   size_t held_ = 0;
   std::atomic<bool> silent_{false};
+  std::optional<Status> learn_answer_;  // guarded by mu_
 };
 
 // The parts of a bridge below the MCP layer. Heap-allocated and never freed when a test
@@ -217,6 +232,29 @@ TEST(BackendTest, ACallEndedBecauseItsWorkerLeftTheRingEndsWithoutAnotherProbe) 
   EXPECT_EQ(status.code(), StatusCode::kDeadlineExceeded) << status.ToString();
   EXPECT_NE(status.message().find("left the ring"), std::string::npos) << status.ToString();
   EXPECT_LT(ended - left, 300ms) << "the learn waited for another probe of the departed worker";
+  parts->pool->Stop();
+  delete parts;
+}
+
+// A call the worker never answered says so (worker::kNoWorkerAnswer); a DEADLINE_EXCEEDED
+// the worker answered itself (its PS push timed out) does not: the bridge's learn error
+// names the right cause of the unknown outcome from it.
+TEST(BackendTest, ACallTheWorkerNeverAnsweredIsToldFromOneItAnsweredAsTimedOut) {
+  StandInWorker worker({{"instance", "stand-in"}, {"labels", json::array()}});
+  BackendOptions b;
+  b.learn_timeout = 300ms;
+  auto* parts = new Parts({worker.endpoint()}, b);
+  ASSERT_TRUE(parts->pool->Start().ok());
+  std::optional<Status> held = CallWithin(parts, "s", Op::kLearn, 5000ms);
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(held->code(), StatusCode::kDeadlineExceeded) << held->ToString();
+  EXPECT_NE(held->message().find(worker::kNoWorkerAnswer), std::string::npos) << held->ToString();
+  worker.AnswerLearns(DeadlineExceeded("push_batch on shard 0 got no answer in 5000 ms"));
+  std::optional<Status> answered = CallWithin(parts, "s", Op::kLearn, 5000ms);
+  ASSERT_TRUE(answered.has_value());
+  EXPECT_EQ(answered->code(), StatusCode::kDeadlineExceeded) << answered->ToString();
+  EXPECT_EQ(answered->message().find(worker::kNoWorkerAnswer), std::string::npos)
+      << answered->ToString();
   parts->pool->Stop();
   delete parts;
 }
