@@ -56,11 +56,18 @@ class ProgressLine {
   Clock::time_point start_;
 };
 
+// Set by SIGINT / SIGTERM: the run ends after the event in progress.
+std::atomic<bool> g_stop{false};
+
+void OnSignal(int) { g_stop = true; }
+
 // Sleeps so events keep their recorded gaps, scaled by 1/speed and capped at max_gap_ms.
 class Pacer {
  public:
   Pacer(double speed, double max_gap_ms) : speed_(speed), max_gap_ms_(max_gap_ms) {}
-  void Wait(double t_ms) {
+  // Sleeps until event time t_ms is due, in steps of at most 100 ms so that `stop`
+  // (Ctrl-C) ends the wait at once.
+  void Wait(double t_ms, const std::atomic<bool>* stop) {
     if (!started_) {
       started_ = true;
       start_ = Clock::now();
@@ -70,8 +77,13 @@ class Pacer {
     if (max_gap_ms_ > 0) gap = std::min(gap, max_gap_ms_);
     last_t_ = std::max(last_t_, t_ms);
     elapsed_ms_ += gap / speed_;
-    std::this_thread::sleep_until(
-        start_ + std::chrono::microseconds(static_cast<int64_t>(elapsed_ms_ * 1000)));
+    // At most ~30 years ahead: a trace's absurd timestamps must not overflow the clock.
+    const auto until = start_ + std::chrono::microseconds(
+                                    static_cast<int64_t>(std::min(elapsed_ms_ * 1000, 1e15)));
+    for (auto now = Clock::now(); now < until && !stop->load(); now = Clock::now()) {
+      std::this_thread::sleep_for(
+          std::min<Clock::duration>(until - now, std::chrono::milliseconds(100)));
+    }
   }
 
  private:
@@ -203,10 +215,6 @@ int Fail(const Status& st) {
   std::fprintf(stderr, "onlineps_replay: %s\n", st.ToString().c_str());
   return 1;
 }
-
-std::atomic<bool> g_stop{false};
-
-void OnSignal(int) { g_stop = true; }
 
 void PrintLatencyRow(const std::string& name, const ToolStats& t) {
   std::printf("  %-16s %7llu %7llu %7llu %7llu %9.1f %9.1f %9.1f", name.c_str(),
@@ -391,12 +399,17 @@ int Main(int argc, char** argv) {
   auto replayer = Replayer::Create(model->get(), workload->batches.get(), ClusterOptionsOf(f), ro);
   if (!replayer.ok()) return Fail(replayer.status());
   Pacer pacer(f.speed, f.max_gap_ms);
+  // Ctrl-C or SIGTERM ends the run after the event in progress: the figures so far and
+  // the manifest are written as for a run that ended.
+  ::signal(SIGINT, OnSignal);
+  ::signal(SIGTERM, OnSignal);
   // At most ten years: a larger --duration-s would overflow the clock (and means "none").
   const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(
                                            std::min(f.duration_s, 10 * 365 * 86400.0) * 1000));
   auto next = [&](Event* e) {
     if (!workload->Next(e)) return false;
-    if (f.mode == "timed") pacer.Wait(e->t_ms);
+    if (f.mode == "timed") pacer.Wait(e->t_ms, &g_stop);
+    if (g_stop) return false;
     return f.duration_s <= 0 || Clock::now() < deadline;
   };
   spdlog::info("replaying {} updates on {} ({} mode)", workload->expected_pushes,

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: opslib
 import opslib  # noqa: E402
@@ -166,6 +167,27 @@ def main():
                  "(its pushes were dropped as duplicates)")
     finally:
         shard.stop(signal.SIGKILL)
+
+    # Ctrl-C ends an in-process run after the event in progress: it exits 0 and writes
+    # the figures so far and its manifest.
+    sig_out = os.path.join(work, "sig")
+    p = subprocess.Popen([f"{BIN}/onlineps_replay", "--trace", trace, "--model", "text",
+                          "--out", sig_out, "--quiet", "--no-plots", "--mode", "timed",
+                          "--speed", "0.5", "--loop", "100"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2)
+    p.send_signal(signal.SIGINT)
+    try:
+        out, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        fail("an interrupted replay did not stop within 30 s")
+    if p.returncode != 0 or not os.path.exists(os.path.join(sig_out, "manifest.json")):
+        fail(f"interrupted replay: exit {p.returncode}, no manifest?\n{out}\n{err}")
+    with open(os.path.join(sig_out, "manifest.json")) as f:
+        pushes = json.load(f)["result"]["pushes"]
+    if not 0 < pushes < 100 * len(learns):
+        fail(f"interrupted replay reports {pushes} pushes")
 
     dry = subprocess.run([f"{BIN}/onlineps_replay", "--trace", trace, "--model", "text",
                           "--dry-run", "--staleness", "fixed:2"],
