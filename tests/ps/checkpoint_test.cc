@@ -1153,6 +1153,23 @@ TEST_F(CheckpointTest, ADeltaAfterAMissingOneIsDataLossNamingBoth) {
   EXPECT_TRUE(fs::exists(DeltaPath(path_, 3))) << "the evidence is left alone";
 }
 
+// Starts `server`, connects a client and creates the sparse table "e" (dim 4) on it; null
+// (with the test failed) when any step fails.
+std::unique_ptr<PsClient> StartWithTableE(ShardServer* server) {
+  auto ep = server->Start();
+  if (!ep.ok()) {
+    ADD_FAILURE() << ep.status().ToString();
+    return nullptr;
+  }
+  auto client = ConnectClient({*ep});
+  if (client == nullptr) return nullptr;
+  if (Status st = client->CreateTable(SparseE(4)); !st.ok()) {
+    ADD_FAILURE() << st.ToString();
+    return nullptr;
+  }
+  return client;
+}
+
 // Deltas without the full checkpoint they continue cannot be restored; starting empty
 // would silently drop the shard and then delete them at its first checkpoint.
 TEST_F(CheckpointTest, ShardServerRefusesDeltasWhoseCheckpointIsMissing) {
@@ -1161,11 +1178,8 @@ TEST_F(CheckpointTest, ShardServerRefusesDeltasWhoseCheckpointIsMissing) {
   ShardServerOptions o = ServerOptions(name, 0, dir_, /*num_shards=*/1);
   {
     ShardServer server(o, std::make_shared<prometheus::Registry>());
-    auto ep = server.Start();
-    ASSERT_TRUE(ep.ok()) << ep.status().ToString();
-    auto client = ConnectClient({*ep});
+    auto client = StartWithTableE(&server);
     ASSERT_NE(client, nullptr);
-    ASSERT_TRUE(client->CreateTable(SparseE(4)).ok());
     const auto keys = KeyRange(0, 1000);
     ASSERT_TRUE(
         client->PushSparse("e", keys.data(), 1000, Grad(4000, 1).data(), {}, nullptr).Wait().ok());
@@ -1201,11 +1215,8 @@ TEST_F(CheckpointTest, ShardServerWritesAFullCheckpointAfterAFailedOne) {
   const ShardServerOptions o =
       ServerOptions("ckpt-failed-" + std::to_string(counter++), 0, dir_ + "/ck", 1);
   ShardServer server(o, std::make_shared<prometheus::Registry>());
-  auto ep = server.Start();
-  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
-  auto client = ConnectClient({*ep});
+  auto client = StartWithTableE(&server);
   ASSERT_NE(client, nullptr);
-  ASSERT_TRUE(client->CreateTable(SparseE(4)).ok());
   const auto keys = KeyRange(0, 1000);
   auto push = [&](size_t n, int step) {
     ASSERT_TRUE(
