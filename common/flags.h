@@ -19,6 +19,10 @@ namespace onlineps {
 // print doubles with %f: 0.000000 to 1797693134862315708145...).
 CLI::Validator NumberIn(double lo, double hi);
 
+// The range every --*-timeout-ms flag of a call's deadline takes: 1 ms to 1 hour (0 and
+// negative values would fail every call later as "no answer in -1 ms").
+inline CLI::Range TimeoutMs() { return CLI::Range(1, 3600000); }
+
 // Adds --log-level and --log-format bound to `options` (which must outlive `app`).
 void AddLoggingFlags(CLI::App& app, LogOptions* options);
 

@@ -139,16 +139,16 @@ void AddRoutingFlags(CLI::App& app, Flags* f) {
   app.add_option("--health-interval-ms", f->health_interval_ms, "Worker probe period")
       ->capture_default_str();
   app.add_option("--health-timeout-ms", f->health_timeout_ms, "Worker probe deadline")
-      ->check(CLI::Range(1, 3600000))
+      ->check(onlineps::TimeoutMs())
       ->capture_default_str();
   app.add_option("--wait-workers-s", f->wait_workers_s,
                  "At start, wait this long for a healthy worker before serving")
       ->capture_default_str();
   app.add_option("--infer-timeout-ms", f->infer_timeout_ms, "Deadline of an infer or context call")
-      ->check(CLI::Range(1, 3600000))
+      ->check(onlineps::TimeoutMs())
       ->capture_default_str();
   app.add_option("--learn-timeout-ms", f->learn_timeout_ms, "Deadline of one learn chunk")
-      ->check(CLI::Range(1, 3600000))
+      ->check(onlineps::TimeoutMs())
       ->capture_default_str();
 }
 

@@ -220,7 +220,7 @@ int main(int argc, char** argv) {
                  "Shard endpoints in shard order (comma separated; all but curve-keygen)")
       ->delimiter(',');
   app.add_option("--timeout-ms", common.timeout_ms, "Per-call timeout")
-      ->check(CLI::Range(1, 3600000))
+      ->check(onlineps::TimeoutMs())
       ->capture_default_str();
   onlineps::AddLoggingFlags(app, &log);
   onlineps::CurveFlags curve;

@@ -175,7 +175,10 @@ class PsClientImpl : public PsClient {
   void Shutdown();
   StatusOr<std::shared_ptr<const TableMeta>> Meta(const std::string& table);
   void CacheMeta(const TableSpec& spec);
-  Status Broadcast(Op op, const Header& h);
+  // Sends `h` as `op` to every shard and waits for every reply; `each(shard, reply)`, when
+  // given, sees each shard's reply header (on a client thread).
+  Status Broadcast(Op op, const Header& h,
+                   std::function<void(size_t, const Header&)> each = nullptr);
   Ticket Failed(const Status& st, Callback done);
   void FillPushReply(PushReply* r, size_t shard, const Header& h);
   // Rows or elements per part of a pull of `units` of `unit_bytes` each: as many as
@@ -428,13 +431,17 @@ void PsClientImpl::CacheMeta(const TableSpec& spec) {
   meta_[spec.name] = std::move(m);
 }
 
-Status PsClientImpl::Broadcast(Op op, const Header& h) {
+Status PsClientImpl::Broadcast(Op op, const Header& h,
+                               std::function<void(size_t, const Header&)> each) {
   auto call = NewCall(static_cast<int>(num_shards()), nullptr);
   for (size_t s = 0; s < num_shards(); ++s) {
     auto p = NewPart(call, s, op, h.table);
     p->header = h;
     p->header.op = op;
-    p->on_reply = [](const Header&, const Frames&) { return Status::Ok(); };
+    p->on_reply = [s, each](const Header& reply, const Frames&) {
+      if (each) each(s, reply);
+      return Status::Ok();
+    };
     Send(std::move(p));
   }
   return Ticket(call).Wait();
@@ -493,23 +500,15 @@ Status PsClientImpl::WaitForShards(std::chrono::milliseconds timeout) {
     // Each shard says which it is: a list in the wrong order or of the wrong length would
     // send dense slices (which carry no keys to check) to the wrong shards.
     auto wrong = std::make_shared<std::vector<std::string>>(n);
-    auto call = NewCall(static_cast<int>(n), nullptr);
-    for (size_t s = 0; s < n; ++s) {
-      auto p = NewPart(call, s, Op::kPing, "");
-      p->header = NewHeader(Op::kPing, "");
-      p->on_reply = [s, n, wrong](const Header& h, const Frames&) {
-        auto shard = h.spec.find("shard");
-        auto of = h.spec.find("num_shards");
-        if (shard != h.spec.end() && of != h.spec.end() &&
-            (shard->second != std::to_string(s) || of->second != std::to_string(n))) {
-          (*wrong)[s] = "position " + std::to_string(s) + " of the list is shard " + shard->second +
-                        " of " + of->second;
-        }
-        return Status::Ok();
-      };
-      Send(std::move(p));
-    }
-    last = Ticket(call).Wait();
+    last = Broadcast(Op::kPing, NewHeader(Op::kPing, ""), [n, wrong](size_t s, const Header& h) {
+      auto shard = h.spec.find("shard");
+      auto of = h.spec.find("num_shards");
+      if (shard != h.spec.end() && of != h.spec.end() &&
+          (shard->second != std::to_string(s) || of->second != std::to_string(n))) {
+        (*wrong)[s] = "position " + std::to_string(s) + " of the list is shard " + shard->second +
+                      " of " + of->second;
+      }
+    });
     if (last.ok()) {
       std::string problems;
       for (size_t s = 0; s < n; ++s) {

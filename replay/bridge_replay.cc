@@ -145,10 +145,7 @@ class Run {
     for (uint32_t loop = 0; loop < o_.loop; ++loop) {
       for (size_t i = 0; i < calls_.calls.size(); ++i) {
         const double due_ms = loop * loop_ms + offsets[i];
-        // At most ~30 years ahead: a trace's absurd times must not overflow the clock
-        // (they wrapped to the past, and everything was sent at once).
-        const auto due =
-            start_ + std::chrono::microseconds(static_cast<int64_t>(std::min(due_ms * 1000, 1e15)));
+        const auto due = PacedAt(start_, due_ms);
         // Sleep in short steps so Ctrl-C and --duration-s act at once.
         while (Clock::now() < due && !Stopped()) {
           std::this_thread::sleep_until(

@@ -7,7 +7,9 @@
 #ifndef ONLINEPS_REPLAY_BRIDGE_REPLAY_H_
 #define ONLINEPS_REPLAY_BRIDGE_REPLAY_H_
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -51,6 +53,14 @@ StatusOr<BridgeCalls> LoadBridgeCalls(const std::string& path, uint64_t limit);
 // How long a paced run of `calls` takes at `speed` with gaps capped at `max_gap_ms`
 // (0: no cap), `loop` times over, in ms of wall time, if the bridge keeps up.
 double PacedDurationMs(const BridgeCalls& calls, double speed, double max_gap_ms, uint32_t loop);
+
+// When a paced event `ms` after `start` is due, both replay modes: at most ~30 years
+// ahead, so that a trace's absurd times cannot overflow the clock (they wrapped into the
+// past, and everything was sent at once).
+inline std::chrono::steady_clock::time_point PacedAt(std::chrono::steady_clock::time_point start,
+                                                     double ms) {
+  return start + std::chrono::microseconds(static_cast<int64_t>(std::min(ms * 1000, 1e15)));
+}
 
 struct BridgeReplayOptions {
   std::string url;  // http://host:port/path

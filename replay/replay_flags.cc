@@ -144,7 +144,7 @@ void AddPsFlags(CLI::App& app, Flags* f) {
       ->check(CLI::Range(1u, 256u))
       ->capture_default_str();
   app.add_option("--ps-timeout-ms", f->ps_timeout_ms, "Per PS call")
-      ->check(CLI::Range(1, 3600000))
+      ->check(TimeoutMs())
       ->capture_default_str();
   app.add_option("--optimizer", f->optimizer, "sgd | adagrad | ftrl | adam")->capture_default_str();
   app.add_option("--lr", f->lr,
@@ -205,7 +205,7 @@ void AddBridgeFlags(CLI::App& app, Flags* f) {
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   app.add_option("--call-timeout-ms", f->call_timeout_ms, "--bridge: per tool call")
-      ->check(CLI::Range(1, 3600000))
+      ->check(TimeoutMs())
       ->capture_default_str();
 }
 

@@ -77,9 +77,7 @@ class Pacer {
     if (max_gap_ms_ > 0) gap = std::min(gap, max_gap_ms_);
     last_t_ = std::max(last_t_, t_ms);
     elapsed_ms_ += gap / speed_;
-    // At most ~30 years ahead: a trace's absurd timestamps must not overflow the clock.
-    const auto until = start_ + std::chrono::microseconds(
-                                    static_cast<int64_t>(std::min(elapsed_ms_ * 1000, 1e15)));
+    const auto until = PacedAt(start_, elapsed_ms_);
     for (auto now = Clock::now(); now < until && !stop->load(); now = Clock::now()) {
       std::this_thread::sleep_for(
           std::min<Clock::duration>(until - now, std::chrono::milliseconds(100)));

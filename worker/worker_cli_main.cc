@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
       ->envname("ONLINEPS_WORKER")
       ->capture_default_str();
   app.add_option("--timeout-ms", timeout_ms, "Deadline of the call")
-      ->check(CLI::Range(1, 3600000))
+      ->check(onlineps::TimeoutMs())
       ->capture_default_str();
   app.add_option("op", op_name,
                  "infer | learn | context_set | context_append | "

@@ -256,7 +256,7 @@ void AddGroupFlags(CLI::App& app, Flags* f) {
       ->capture_default_str();
   app.add_option("--group-timeout-ms", f->group_timeout_ms,
                  "A round waiting longer for a member fails; the worker then pushes directly")
-      ->check(CLI::Range(1, 3600000))
+      ->check(onlineps::TimeoutMs())
       ->capture_default_str();
 }
 
@@ -319,7 +319,7 @@ void AddServingFlags(CLI::App& app, Flags* f) {
       ->check(CLI::Range(0, 100000))
       ->capture_default_str();
   app.add_option("--ps-timeout-ms", f->ps_timeout_ms, "Deadline of each PS call")
-      ->check(CLI::Range(1, 3600000))
+      ->check(onlineps::TimeoutMs())
       ->capture_default_str();
   app.add_option("--sender-id", f->sender_id, "PS sender id (0: random per process)")
       ->capture_default_str();
