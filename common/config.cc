@@ -280,12 +280,11 @@ void AddBuiltinOptions(CLI::App& app) {
   }
 }
 
-// Also captures defaults from bound variables so --help and EffectiveConfig show them.
 // Number checks CLI11 does not make. It reads an unsigned option with strtoull, which takes "-1" as
 // 2^64-1 and clamps a value past 2^64-1: such an option must be plain decimal digits that fit in 64
 // bits (a narrower type is then range-checked by CLI11 itself). Applies to argv, environment and
 // config file values alike, in `app` and its subcommands.
-void CheckUnsignedOptions(CLI::App& app) {
+void CheckNumberOptions(CLI::App& app) {
   static const CLI::Validator kUnsigned(
       [](std::string& v) -> std::string {
         if (v.empty() ||
@@ -317,12 +316,13 @@ void CheckUnsignedOptions(CLI::App& app) {
     if (type == "FLOAT" || type.rfind("FLOAT:", 0) == 0) opt->check(kFinite);
   }
   for (CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
-    CheckUnsignedOptions(*sub);
+    CheckNumberOptions(*sub);
   }
 }
 
+// Also captures defaults from bound variables so --help and EffectiveConfig show them.
 void PrepareOptions(CLI::App& app, const std::string& env_prefix) {
-  CheckUnsignedOptions(app);
+  CheckNumberOptions(app);
   for (CLI::Option* opt : app.get_options()) {
     if (IsBuiltin(app, opt) || opt->get_lnames().empty()) continue;
     if (opt->get_envname().empty()) {

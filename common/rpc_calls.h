@@ -231,7 +231,8 @@ class RpcCalls {
   // each queue stays in deadline order: calls made with the same timeout (most of them)
   // share a queue, appended at its back and, as their replies come in order, dropped
   // from its front by Take. A deadline that fits no queue, with every queue in use, goes
-  // to a heap. Neither grows with the calls answered, only with those in flight; one
+  // to a heap. The queues grow with the calls in flight, not with those answered (the
+  // heap, for the few calls that fit no queue, keeps each deadline until it passes); one
   // heap of every deadline would keep each until it passed (calls/s x timeout entries)
   // and cost its timer a pop per call.
   void AddDeadline(Clock::time_point deadline, uint32_t id) REQUIRES(mu_) {

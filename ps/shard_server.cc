@@ -130,15 +130,15 @@ StatusOr<std::string> ShardServer::Start() {
     if (ec) return Unavailable("cannot look for the checkpoint " + path + ": " + ec.message());
     // Deltas hold only the changes since the full file: without it they cannot be
     // restored, and starting empty would delete them at the first checkpoint.
-    if (const std::vector<DeltaFile> orphans =
-            have_checkpoint ? std::vector<DeltaFile>() : DeltaFiles(path);
-        !orphans.empty()) {
-      return DataLoss("the checkpoint " + path + " is missing but " +
-                      std::to_string(orphans.size()) + " delta(s) after it remain (" +
-                      orphans.front().path +
-                      "): they hold only the changes since that file. Put the file back, or "
-                      "move the deltas away to start this shard empty (--no-restore starts it "
-                      "empty and removes them at its first checkpoint)");
+    if (!have_checkpoint) {
+      if (const std::vector<DeltaFile> orphans = DeltaFiles(path); !orphans.empty()) {
+        return DataLoss("the checkpoint " + path + " is missing but " +
+                        std::to_string(orphans.size()) + " delta(s) after it remain (" +
+                        orphans.front().path +
+                        "): they hold only the changes since that file. Put the file back, or "
+                        "move the deltas away to start this shard empty (--no-restore starts it "
+                        "empty and removes them at its first checkpoint)");
+      }
     }
   }
   if (have_checkpoint) {
