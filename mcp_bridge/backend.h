@@ -27,7 +27,7 @@
 namespace onlineps::bridge {
 
 struct BackendOptions {
-  std::chrono::milliseconds infer_timeout{5000};
+  std::chrono::milliseconds infer_timeout{6000};
   std::chrono::milliseconds learn_timeout{30000};
   // A worker's copy of a context older than this is re-sent (the worker drops idle
   // contexts after its --context-ttl-s, 1800 s by default).

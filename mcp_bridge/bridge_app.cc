@@ -48,7 +48,7 @@ struct Flags {
   bridge::ContextStoreOptions context;
   bridge::StateDirOptions state;
   int64_t context_ttl_s = 1800, context_resync_s = 600;
-  int64_t infer_timeout_ms = 5000, learn_timeout_ms = 30000;
+  int64_t infer_timeout_ms = 6000, learn_timeout_ms = 30000;
   int64_t first_request_timeout_ms = 5000;
   bridge::ToolsOptions tools;
   std::string record;

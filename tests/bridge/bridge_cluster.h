@@ -44,6 +44,7 @@ class BridgeCluster {
     workers_.push_back(std::move(p));
     return ep;
   }
+  pid_t ShardPid() const { return shard_->pid(); }
   pid_t WorkerPid(size_t i) const { return workers_[i]->pid(); }
   void KillWorker(size_t i) {
     workers_[i]->Stop(SIGKILL, std::chrono::milliseconds(10000));

@@ -12,6 +12,7 @@
 
 #include "ps/ps_client.h"
 #include "tests/bridge/bridge_cluster.h"
+#include "worker/worker_client.h"
 
 namespace onlineps::testing {
 namespace {
@@ -292,6 +293,28 @@ TEST(BridgeRoutingTest, ALearnInFlightToAKilledWorkerEndsAtOnce) {
       "session served again after %lld ms; get_context took %lld ms meanwhile\n",
       static_cast<long long>(learn_ms), static_cast<long long>(recovered_ms),
       static_cast<long long>(get_context_ms));
+}
+
+// A hung shard, every deadline at its default: the worker's PS call gives up first and
+// its error (naming the shard) reaches the agent, rather than the bridge's own timeout,
+// which would only say that the worker did not answer.
+TEST(BridgeRoutingTest, AHungShardIsNamedInTheToolErrorWithDefaultDeadlines) {
+  BridgeCluster cluster;
+  ASSERT_TRUE(cluster.StartShard());
+  const std::string w = cluster.StartWorker();
+  const int port = cluster.StartBridge({w}, {"--health-timeout-ms", "1000"});
+  ASSERT_GT(port, 0);
+  McpHttp c(port);
+  ASSERT_FALSE(c.Initialize().empty());
+  ASSERT_FALSE(c.Call("infer", {{"text", "hello"}}).value("isError", true));
+  ASSERT_EQ(kill(cluster.ShardPid(), SIGSTOP), 0);
+  // Words the worker holds no rows of: it must pull them from the hung shard.
+  const json r = c.Call("infer", {{"text", "zebra quantum xylophone marmalade"}});
+  kill(cluster.ShardPid(), SIGCONT);
+  EXPECT_TRUE(r.value("isError", false)) << r.dump();
+  const std::string text = r.dump();
+  EXPECT_NE(text.find("shard 0"), std::string::npos) << text;
+  EXPECT_EQ(text.find(worker::kNoWorkerAnswer), std::string::npos) << text;
 }
 
 TEST(BridgeRoutingTest, WorkersFromDns) {
