@@ -6,6 +6,7 @@
 
 #include "common/partition.h"
 #include "ps/apply_helper.h"
+#include "ps/optimizers.h"
 
 namespace onlineps::ps {
 
@@ -172,9 +173,9 @@ void DenseTable::ApplyLocked(const float* g, const float* w_bak, float lr_scale)
 }
 
 void DenseTable::ApplyDeltaLocked(const float* delta) {
-  const float scale = static_cast<float>(spec_.delta_scale);
+  const float scale = internal::SaturateToFloat(spec_.delta_scale);
   float* __restrict w = w_.data();
-  for (uint64_t i = 0; i < n_; ++i) w[i] += scale * delta[i];
+  for (uint64_t i = 0; i < n_; ++i) w[i] = internal::Saturate(w[i] + scale * delta[i]);
   AfterApplyLocked();
 }
 
@@ -185,7 +186,7 @@ bool DenseTable::AccumulateLocked(const float* g, const float* w_bak, uint64_t t
     g = scratch_.data();
   }
   float* __restrict acc = acc_.data();
-  for (uint64_t i = 0; i < n_; ++i) acc[i] += g[i];
+  for (uint64_t i = 0; i < n_; ++i) acc[i] = internal::Saturate(acc[i] + g[i]);
   acc_tau_sum_ += tau;
   if (++acc_count_ < spec_.accumulate) return false;
   if (spec_.accumulate_mean) {

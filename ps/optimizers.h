@@ -5,6 +5,8 @@
 #ifndef ONLINEPS_PS_OPTIMIZERS_H_
 #define ONLINEPS_PS_OPTIMIZERS_H_
 
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstddef>
 #include <string_view>
@@ -102,13 +104,36 @@ class Adam final : public Optimizer {
   const AdamOptions options_;
 };
 
-// Loop helpers shared by optimizers.cc and staleness_policies.cc; not part of the
-// update-rule API.
+// Loop helpers shared by the kernels (optimizers.cc, staleness_policies.cc) and the
+// tables' own loops (delta pushes, sums, Polyak averages); not part of the update-rule API.
 namespace internal {
 
 // Elements per kernel block. GCC -O2 (very-cheap cost model) vectorizes only loops
 // whose trip count is a known multiple of the vector width, hence fixed-size blocks.
 inline constexpr size_t kBlock = 8;
+
+// x clamped to the float range: +-Inf becomes +-FLT_MAX, NaN stays NaN (never hidden).
+// Every value a kernel stores, and every product that could meet a zero or an opposite
+// infinity, goes through it, so a finite push never leaves Inf or NaN in a table: a step
+// past the range saturates instead (e.g. Adagrad's accumulator after a gradient above
+// 1.8e19). Two vector instructions (max, min) per 8 floats.
+inline float Saturate(float x) { return std::min(std::max(x, -FLT_MAX), FLT_MAX); }
+// Saturate on one block in place, for the hot loops (SGD, deltas): GCC turns the scalar
+// form into compares and blends, the SSE form is one max and one min per 4 floats. A NaN
+// (which no finite input yields) becomes -FLT_MAX here.
+inline void SaturateBlock(float* __restrict x) {
+#if defined(__SSE__)
+  const __m128 lo = _mm_set1_ps(-FLT_MAX), hi = _mm_set1_ps(FLT_MAX);
+  _mm_storeu_ps(x, _mm_min_ps(_mm_max_ps(_mm_loadu_ps(x), lo), hi));
+  _mm_storeu_ps(x + 4, _mm_min_ps(_mm_max_ps(_mm_loadu_ps(x + 4), lo), hi));
+#else
+  for (size_t j = 0; j < kBlock; ++j) x[j] = Saturate(x[j]);
+#endif
+}
+// The same for a per-call constant computed in double, narrowed to float.
+inline float SaturateToFloat(double x) {
+  return static_cast<float>(std::min(std::max(x, -double{FLT_MAX}), double{FLT_MAX}));
+}
 
 // out[j] = sqrt(in[j]) for one block. std::sqrt may set errno, which keeps GCC from
 // vectorizing it without -fno-math-errno; the SSE intrinsic has no such path.

@@ -5,6 +5,7 @@
 
 #include "common/partition.h"
 #include "ps/cpu_clones.h"
+#include "ps/optimizers.h"
 
 namespace onlineps::ps {
 
@@ -93,18 +94,19 @@ void InitValues(const TableSpec& spec, uint64_t index, float* out, size_t n, boo
     const uint64_t elem = sparse_row ? i : index + i;
     const uint64_t h1 = Mix64(row_key + 2 * elem + 1);
     if (spec.init == "uniform") {
-      out[i] = static_cast<float>((2.0 * Unit(h1) - 1.0) * spec.init_value);
+      out[i] = internal::SaturateToFloat((2.0 * Unit(h1) - 1.0) * spec.init_value);
     } else {  // normal, Box-Muller
       const double u1 = 1.0 - Unit(h1), u2 = Unit(Mix64(h1 ^ 0x5bd1e995ULL));
-      out[i] = static_cast<float>(spec.init_value * std::sqrt(-2.0 * std::log(u1)) *
-                                  std::cos(6.283185307179586 * u2));
+      out[i] = internal::SaturateToFloat(spec.init_value * std::sqrt(-2.0 * std::log(u1)) *
+                                         std::cos(6.283185307179586 * u2));
     }
   }
 }
 
 void PolyakStep(float* w_avg, const float* w, size_t n, uint64_t t, uint64_t t0) {
+  using internal::Saturate;
   const float mu = 1.0f / static_cast<float>(t > t0 + 1 ? t - t0 : 1);
-  for (size_t i = 0; i < n; ++i) w_avg[i] += (w[i] - w_avg[i]) * mu;
+  for (size_t i = 0; i < n; ++i) w_avg[i] = Saturate(w_avg[i] + Saturate(w[i] - w_avg[i]) * mu);
 }
 
 }  // namespace onlineps::ps

@@ -6,10 +6,12 @@
 #include <optional>
 #include <thread>
 #include <type_traits>
+#include <unordered_map>
 
 #include "common/clock.h"
 #include "common/partition.h"
 #include "ps/apply_helper.h"
+#include "ps/optimizers.h"
 
 namespace onlineps::ps {
 
@@ -454,13 +456,13 @@ int64_t SparseTable::FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms,
 }
 
 void SparseTable::ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const float* g, bool delta,
-                           float lr_scale, uint64_t step, bool compensate) {
+                           float lr_scale, uint64_t step, bool compensate, bool step_average) {
   s.Preserve(slot);
   s.MarkChanged(slot);
   float* row = s.rows.Floats(slot);
   if (delta) {
-    const float scale = static_cast<float>(spec_.delta_scale);
-    for (uint32_t j = 0; j < dim_; ++j) row[j] += scale * g[j];
+    const float scale = internal::SaturateToFloat(spec_.delta_scale);
+    for (uint32_t j = 0; j < dim_; ++j) row[j] = internal::Saturate(row[j] + scale * g[j]);
   } else {
     float* opt[4];
     float* pol[4];
@@ -478,8 +480,10 @@ void SparseTable::ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const floa
     rules_.Apply(row, opt, pol, g, w_bak, dim_, lr_scale, step, &s.scratch);
   }
   if (spec_.polyak && step > spec_.polyak_start) {
-    PolyakStep(row + row_floats_ - dim_, row, dim_, ++s.AvgCount(slot) + spec_.polyak_start,
-               spec_.polyak_start);
+    if (step_average) {
+      PolyakStep(row + row_floats_ - dim_, row, dim_, ++s.AvgCount(slot) + spec_.polyak_start,
+                 spec_.polyak_start);
+    }
   } else if (spec_.polyak) {
     std::memcpy(row + row_floats_ - dim_, row, dim_ * sizeof(float));
   }
@@ -517,11 +521,25 @@ StatusOr<PushResult> SparseTable::PushChecked(const PushRequest& req) {
   }
   const float lr_scale = rules_.policy().LrScale(tau);
   const uint64_t step = v + 1;
+  // A row's Polyak average takes one step per push, after the push's last occurrence of
+  // its key (a stripe's keys are applied in push order): the weights between two
+  // occurrences are never seen by a pull, so they are not averaged in.
+  std::vector<bool> repeated_later;
+  if (spec_.polyak && req.num_keys > 1) {
+    std::unordered_map<uint64_t, uint32_t> last;
+    last.reserve(req.num_keys);
+    for (size_t i = 0; i < req.num_keys; ++i) last[req.keys[i]] = static_cast<uint32_t>(i);
+    if (last.size() < req.num_keys) {
+      repeated_later.assign(req.num_keys, false);
+      for (size_t i = 0; i < req.num_keys; ++i) repeated_later[i] = last[req.keys[i]] != i;
+    }
+  }
   auto apply = [&](Stripe& s, uint32_t i) {
     int64_t slot = FindOrCreate(s, req.keys[i], req.now_ms, &res.evicted);
     if (slot < 0) return;  // not admitted yet: the touch is counted, the gradient dropped
     ApplyRow(s, static_cast<uint32_t>(slot), req.sender, req.values + size_t{i} * dim_, req.delta,
-             lr_scale, step, /*compensate=*/true);
+             lr_scale, step, /*compensate=*/true,
+             /*step_average=*/repeated_later.empty() || !repeated_later[i]);
   };
   // RETURN_VALUES: read after every key of the stripe, so a key pushed twice reads as
   // both left it. Without it no second pass at all.
@@ -585,7 +603,7 @@ StatusOr<PushResult> SparseTable::Accumulate(const PushRequest& req, uint64_t ta
     for (size_t i = 0; i < req.num_keys; ++i) {
       auto& sum = acc_[req.keys[i]];
       if (sum.empty()) sum.assign(dim_, 0.0f);
-      for (uint32_t j = 0; j < dim_; ++j) sum[j] += g[i * dim_ + j];
+      for (uint32_t j = 0; j < dim_; ++j) sum[j] = internal::Saturate(sum[j] + g[i * dim_ + j]);
     }
     acc_tau_sum_ += tau;
     if (++acc_count_ < spec_.accumulate) {
@@ -615,7 +633,8 @@ void SparseTable::ApplyAccumulated(float lr_scale, uint64_t now_ms,
     int64_t slot = FindOrCreate(s, key, now_ms, evicted);
     if (slot >= 0) {
       ApplyRow(s, static_cast<uint32_t>(slot), 0, sum.data(), false, lr_scale, step,
-               /*compensate=*/false);  // each contribution was compensated on arrival
+               /*compensate=*/false,  // each contribution was compensated on arrival
+               /*step_average=*/true);
     }
   }
   acc_.clear();

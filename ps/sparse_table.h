@@ -93,8 +93,10 @@ class SparseTable : public Table {
   // REQUIRES: stripe locked. Slot of key, creating the row if admitted; -1 if not.
   // A row evicted to make room is added to `evicted`.
   int64_t FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms, std::vector<uint64_t>* evicted);
+  // step_average: a Polyak table's average takes its step for this push (false for all
+  // but the last occurrence of a key the push repeats).
   void ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const float* g, bool delta,
-                float lr_scale, uint64_t step, bool compensate);
+                float lr_scale, uint64_t step, bool compensate, bool step_average);
   // DC-ASGD for accumulation: rewrites g (a private copy) row by row.
   void CompensateEach(const PushRequest& req, float* g);
   Status LoadAccumulator(ByteReader* r, uint64_t version);

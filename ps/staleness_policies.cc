@@ -8,6 +8,7 @@ namespace onlineps::ps {
 
 using internal::ForEachBlock;
 using internal::kBlock;
+using internal::Saturate;
 using internal::SqrtBlock;
 
 float LrOverTau::LrScale(uint64_t tau) const {
@@ -17,6 +18,13 @@ float LrOverTau::LrScale(uint64_t tau) const {
 
 // The product is written lambda * g * g * (w - w_bak), left to right, so that lambda = 0
 // yields exactly +-0 and g + 0 == g bit for bit: compensation off means no change at all.
+// Its factors are saturated to the float range before they meet (an overflowed g * g
+// times a zero w - w_bak would be NaN), and so is the compensated gradient.
+namespace {
+inline float Compensated(float g, float lambda, float w, float bak) {
+  return Saturate(g + Saturate(Saturate(lambda * g * g) * Saturate(w - bak)));
+}
+}  // namespace
 
 void DcConstant::Compensate(float* g, const float* w, const float* w_bak, float* const* /*state*/,
                             size_t n) const {
@@ -24,7 +32,7 @@ void DcConstant::Compensate(float* g, const float* w, const float* w_bak, float*
   ForEachBlock(
       n,
       [lambda](float* __restrict gb, const float* __restrict wb, const float* __restrict bak) {
-        for (size_t j = 0; j < kBlock; ++j) gb[j] += lambda * gb[j] * gb[j] * (wb[j] - bak[j]);
+        for (size_t j = 0; j < kBlock; ++j) gb[j] = Compensated(gb[j], lambda, wb[j], bak[j]);
       },
       g, w, w_bak);
 }
@@ -41,13 +49,12 @@ void DcAdaptive::Compensate(float* g, const float* w, const float* w_bak, float*
           const float* __restrict bak) {
         float shifted[kBlock], root[kBlock];
         for (size_t j = 0; j < kBlock; ++j) {
-          ms[j] = m * ms[j] + one_minus_m * gb[j] * gb[j];
-          shifted[j] = ms[j] + eps;
+          ms[j] = Saturate(m * ms[j] + one_minus_m * gb[j] * gb[j]);
+          shifted[j] = Saturate(ms[j] + eps);
         }
         SqrtBlock(shifted, root);
         for (size_t j = 0; j < kBlock; ++j) {
-          const float lambda_t = lambda0 / root[j];
-          gb[j] += lambda_t * gb[j] * gb[j] * (wb[j] - bak[j]);
+          gb[j] = Compensated(gb[j], Saturate(lambda0 / root[j]), wb[j], bak[j]);
         }
       },
       g, state[0], w, w_bak);

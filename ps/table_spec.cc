@@ -1,6 +1,7 @@
 #include "ps/table_spec.h"
 
 #include <cerrno>
+#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -172,6 +173,15 @@ Status Validate(const TableSpec& s) {
   }
   if (s.accumulate == 0) return InvalidArgument("accumulate must be >= 1");
   if (s.clip_norm < 0) return InvalidArgument("clip_norm must be >= 0 (0: no clip)");
+  // Both are used as floats: past the float range they would be Inf.
+  if (!(std::abs(s.delta_scale) <= FLT_MAX)) {
+    return InvalidArgument("delta_scale must be within the float range (|x| <= 3.4e38), got " +
+                           FormatDouble(s.delta_scale));
+  }
+  if (!(std::abs(s.init_value) <= FLT_MAX)) {
+    return InvalidArgument("init_value must be within the float range (|x| <= 3.4e38), got " +
+                           FormatDouble(s.init_value));
+  }
   if (s.dc_max_backups == 0) return InvalidArgument("dc_max_backups must be >= 1");
   if (s.max_staleness < -1) return InvalidArgument("max_staleness must be >= 0, or -1 for none");
   auto opt = CreateOptimizer(s.optimizer, s.optimizer_params);

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -525,6 +526,70 @@ TEST_P(TableKindTest, PolyakAveragedPullReturnsRunningMeanOfIterates) {
   }
 }
 
+// Finite pushes past what float arithmetic holds (|g| > 1.8e19 squares to Inf; deltas
+// that sum past 3.4e38): every rule keeps the table finite, saturating at the float
+// range, and the weights still move on later pushes. Before, FTRL's weight became NaN
+// for good, Adagrad's and Adam's froze (an Inf accumulator), a delta left Inf, and DC
+// compensation of a huge gradient at w == w_bak gave Inf * 0.
+TEST_P(TableKindTest, FinitePushesBeyondFloatArithmeticKeepTheTableFinite) {
+  struct Case {
+    std::string optimizer, staleness;
+    float g;
+  };
+  for (const Case& c : std::vector<Case>{{"sgd", "none", 3e38f},
+                                         {"adagrad", "none", 2e19f},
+                                         {"ftrl", "none", 2e19f},
+                                         {"adam", "none", 1e21f},
+                                         {"sgd", "dc_constant", 1e30f},
+                                         {"adagrad", "dc_adaptive", 1e30f}}) {
+    SCOPED_TRACE(c.optimizer + " " + c.staleness + " g=" + std::to_string(c.g));
+    TableSpec spec = Spec();
+    spec.optimizer = c.optimizer;
+    spec.optimizer_params = c.optimizer == "ftrl" ? std::map<std::string, double>{{"alpha", 0.1}}
+                                                  : std::map<std::string, double>{{"lr", 0.01}};
+    spec.staleness = c.staleness;
+    spec.polyak = true;
+    auto t = NewTable(spec);
+    ASSERT_NE(t, nullptr);
+    Pull(*t, 1);  // the DC backup: w == w_bak
+    MustPush(*t, 1, 0, std::vector<float>(kFloats, c.g));
+    const std::vector<float> after = Pull(*t, 1);
+    ASSERT_EQ(after.size(), kFloats);
+    for (float x : after) EXPECT_TRUE(std::isfinite(x)) << x;
+    for (float x : Pull(*t, 1, nullptr, /*averaged=*/true)) EXPECT_TRUE(std::isfinite(x)) << x;
+    EXPECT_NE(after[0], static_cast<float>(kW0)) << "the push moved nothing";
+    // A later push as large, the other way, moves the weights back (a saturated state is
+    // not a frozen one: an Inf accumulator made every later step 0).
+    MustPush(*t, 1, 1, std::vector<float>(kFloats, -c.g));
+    const std::vector<float> later = Pull(*t, 1);
+    ASSERT_EQ(later.size(), kFloats);
+    for (float x : later) EXPECT_TRUE(std::isfinite(x)) << x;
+    EXPECT_GT(later[0], after[0]);
+  }
+  // Deltas that sum past the range saturate at it.
+  auto t = NewTable(Spec());
+  ASSERT_NE(t, nullptr);
+  for (int i = 0; i < 2; ++i) MustPush(*t, 1, i, std::vector<float>(kFloats, 3e38f), true);
+  for (float x : Pull(*t, 1)) EXPECT_EQ(x, std::numeric_limits<float>::max());
+}
+
+TEST(TableSpecRangeTest, DeltaScaleAndInitValuePastTheFloatRangeAreRefused) {
+  for (const char* field : {"delta_scale", "init_value"}) {
+    TableSpec s;
+    s.name = "t";
+    s.shape = {4};
+    auto m = EncodeSpec(s);
+    m[field] = "1e300";
+    auto bad = DecodeSpec(m);
+    ASSERT_FALSE(bad.ok()) << field;
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(bad.status().message(), HasSubstr(field));
+    EXPECT_THAT(bad.status().message(), HasSubstr("float range"));
+    m[field] = "-3e38";
+    EXPECT_TRUE(DecodeSpec(m).ok()) << field;
+  }
+}
+
 TEST_P(TableKindTest, AveragedPullWithoutPolyakIsInvalidArgument) {
   auto t = NewTable(Spec());
   ASSERT_NE(t, nullptr);
@@ -719,6 +784,12 @@ TEST(SparseTableTest, LargeCallsApplyAsSmallOnesDo) {
   auto big = NewTable(spec), small = NewTable(spec);
   ASSERT_NE(big, nullptr);
   ASSERT_NE(small, nullptr);
+  // The same calls as `big` on one thread (a row cap turns the two-thread apply off): the
+  // reference for the averages, which step once per call for a key the call repeats.
+  TableSpec capped = spec;
+  capped.max_rows = 1u << 30;
+  auto serial = NewTable(capped);
+  ASSERT_NE(serial, nullptr);
   std::vector<uint64_t> keys(12000);
   for (size_t i = 0; i < keys.size(); ++i) keys[i] = (i % 9000) * 2654435761u + 1;  // repeats
   std::vector<float> g(keys.size() * 8);
@@ -735,6 +806,8 @@ TEST(SparseTableTest, LargeCallsApplyAsSmallOnesDo) {
     auto r = big->Push(req);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     ASSERT_TRUE(r->values_read);
+    req.values_after = nullptr;
+    ASSERT_TRUE(serial->Push(req).ok());
     // The same keys in calls of 1,000 (one thread each), then the values read back.
     for (size_t from = 0; from < keys.size(); from += 1000) {
       const std::vector<uint64_t> k(keys.begin() + from, keys.begin() + from + 1000);
@@ -747,8 +820,26 @@ TEST(SparseTableTest, LargeCallsApplyAsSmallOnesDo) {
   ExpectBitEqual(Pull(*big, 1, nullptr, false, 0, true, keys),
                  Pull(*small, 1, nullptr, false, 0, true, keys));
   ExpectBitEqual(Pull(*big, 1, nullptr, true, 0, true, keys),
-                 Pull(*small, 1, nullptr, true, 0, true, keys));
+                 Pull(*serial, 1, nullptr, true, 0, true, keys));
   EXPECT_EQ(big->Stats().rows, 9000u);
+}
+
+// A key a push repeats is one update of its row: the Polyak average takes one step, with
+// the weights after the push's last occurrence (the weights in between are never pulled).
+TEST(SparseTableTest, PolyakAverageStepsOncePerPushForARepeatedKey) {
+  TableSpec spec = SparseSpec(1);
+  spec.optimizer_params = {{"lr", 0.5}};
+  spec.init = "zeros";
+  spec.polyak = true;
+  auto t = NewTable(spec);
+  ASSERT_NE(t, nullptr);
+  MustPush(*t, 1, 0, {1.0f}, false, 0, {1});                    // w = -0.5
+  MustPush(*t, 1, 1, {1.0f, 3.0f, 2.0f}, false, 0, {1, 1, 7});  // w = -2.5; key 7: -1
+  EXPECT_EQ(Pull(*t, 1, nullptr, false, 0, true, {1, 7}), (std::vector<float>{-2.5f, -1.0f}));
+  // Key 1: mean of -0.5 and -2.5 (not of -0.5, -1.0 and -2.5); key 7: its only iterate.
+  ExpectNear(Pull(*t, 1, nullptr, /*averaged=*/true, 0, true, {1, 7}), {-1.5, -1.0});
+  MustPush(*t, 1, 2, {-1.0f}, false, 0, {1});  // w = -2.0
+  ExpectNear(Pull(*t, 1, nullptr, true, 0, true, {1}), {(-0.5 - 2.5 - 2.0) / 3});
 }
 
 TEST(SparseTableTest, PullOfUnknownRowDoesNotCreateItButPushDoes) {
