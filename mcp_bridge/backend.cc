@@ -46,6 +46,7 @@ void Backend::EnsureContextAsync(const std::string& session, const std::string& 
     op = Op::kContextSet;
     body["items"] = ctx->items;
     body["features"] = ctx->features;
+    body["revision"] = ctx->revision;
   }
   const std::optional<uint64_t> revision =
       ctx ? std::optional<uint64_t>(ctx->revision) : std::nullopt;
@@ -106,16 +107,59 @@ void Backend::Attempt(const std::string& session, Op op, std::shared_ptr<const j
     pool_->ReportFailureAsync(
         worker, [s, worker, finish](bool) { (*finish)(s.WithContext("worker " + worker)); });
   };
-  auto send = [this, worker, op, body = std::move(body), finish, failed](const Status& context) {
+  if (session.empty()) {
+    return pool_->CallAsync(worker, op, *body, TimeoutOf(op),
+                            [worker, finish, failed](StatusOr<json> reply) {
+                              if (!reply.ok()) return failed(reply.status());
+                              (*finish)(Routed{std::move(*reply), worker, 1});
+                            });
+  }
+  SendWithContext(session, worker, op, std::move(body), finish, failed,
+                  /*may_resend_context=*/true);
+}
+
+void Backend::SendWithContext(const std::string& session, const std::string& worker, Op op,
+                              std::shared_ptr<const json> body, std::shared_ptr<RoutedDone> finish,
+                              std::function<void(const Status&)> failed, bool may_resend_context) {
+  EnsureContextAsync(session, worker, [=](const Status& context) {
     if (!context.ok()) return failed(context);
-    pool_->CallAsync(worker, op, *body, TimeoutOf(op),
-                     [worker, finish, failed](StatusOr<json> reply) {
-                       if (!reply.ok()) return failed(reply.status());
-                       (*finish)(Routed{std::move(*reply), worker, 1});
-                     });
-  };
-  if (session.empty()) return send(Status::Ok());
-  EnsureContextAsync(session, worker, std::move(send));
+    // The call names the context revision the worker was sent, which it must still hold:
+    // a worker that restarted (or dropped the context) since refuses before doing
+    // anything, and the context is sent again. The bridge learns of a restart only from
+    // its probes, which a worker back within a probe period can slip past.
+    const std::optional<uint64_t> revision = SentRevision(session, worker);
+    json named;
+    if (revision) {
+      named = *body;
+      named["context_revision"] = *revision;
+    }
+    pool_->CallAsync(
+        worker, op, revision ? named : *body, TimeoutOf(op), [=](StatusOr<json> reply) {
+          if (!reply.ok() && may_resend_context &&
+              reply.status().code() == StatusCode::kFailedPrecondition &&
+              reply.status().message().find(::onlineps::worker::kContextNotHeld) !=
+                  std::string::npos) {
+            spdlog::info(
+                "backend: {} no longer holds the context of a session ({}); sending it "
+                "again",
+                worker, reply.status().message());
+            Forget({session});
+            return SendWithContext(session, worker, op, body, finish, failed, false);
+          }
+          if (!reply.ok()) return failed(reply.status());
+          (*finish)(Routed{std::move(*reply), worker, 1});
+        });
+  });
+}
+
+std::optional<uint64_t> Backend::SentRevision(const std::string& session,
+                                              const std::string& worker) {
+  MutexLock lock(&mu_);
+  auto it = copies_.find(session);
+  if (it == copies_.end() || it->second.worker != worker || it->second.revision == 0) {
+    return std::nullopt;
+  }
+  return it->second.revision;
 }
 
 StatusOr<Routed> Backend::Call(const std::string& session, Op op, json body) {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "mcp_bridge/context_store.h"
 #include "mcp_bridge/router.h"
 #include "mcp_bridge/worker_pool.h"
+#include "worker/worker_client.h"
 
 namespace onlineps::bridge {
 
@@ -72,6 +74,14 @@ class Backend {
   // worker chosen ("" when none) before `done` can run.
   void Attempt(const std::string& session, Op op, std::shared_ptr<const nlohmann::json> body,
                RoutedDone done, std::string* tried);
+  // After the context: sends `op` naming the context revision the worker holds; once
+  // more, with the context re-sent, if the worker says it no longer holds it.
+  void SendWithContext(const std::string& session, const std::string& worker, Op op,
+                       std::shared_ptr<const nlohmann::json> body,
+                       std::shared_ptr<RoutedDone> finish,
+                       std::function<void(const Status&)> failed, bool may_resend_context);
+  // The revision of the session's context last sent to `worker`, if any.
+  std::optional<uint64_t> SentRevision(const std::string& session, const std::string& worker);
   Status EnsureContext(const std::string& session, const std::string& worker);
   // Makes sure `worker` holds the session's current context, then `then(status)`.
   void EnsureContextAsync(const std::string& session, const std::string& worker,

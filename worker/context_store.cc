@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "common/clock.h"
+#include "worker/worker_client.h"
 
 namespace onlineps::worker {
 namespace {
@@ -72,7 +73,7 @@ SessionContext* ContextStore::FindLive(const std::string& session, int64_t now) 
 }
 
 Status ContextStore::Set(const std::string& session, std::vector<std::string> items,
-                         std::vector<float> features) {
+                         std::vector<float> features, uint64_t revision) {
   ONLINEPS_RETURN_IF_ERROR(CheckSession(session));
   if (features.size() > options_.max_features) {
     return InvalidArgument(
@@ -84,6 +85,7 @@ Status ContextStore::Set(const std::string& session, std::vector<std::string> it
   c.items.assign(std::make_move_iterator(items.begin()), std::make_move_iterator(items.end()));
   c.features = std::move(features);
   c.updated_ms = now;
+  c.revision = revision;
   MutexLock lock(&mu_);
   FindLive(session, now);  // sweeps expired sessions before one may be evicted for room
   Trim(&c);
@@ -99,6 +101,7 @@ Status ContextStore::Append(const std::string& session, std::string item) {
   if (c == nullptr) c = &sessions_.Put(session, SessionContext{});
   c->items.push_back(std::move(item));
   c->updated_ms = now;
+  c->revision = 0;  // no longer what the bridge sent
   Trim(c);
   return Status::Ok();
 }
@@ -118,19 +121,39 @@ std::optional<SessionContext> ContextStore::Get(const std::string& session) {
   return *c;
 }
 
+namespace {
+ContextInput InputOf(const SessionContext& c) {
+  ContextInput in;
+  for (size_t i = 0; i < c.items.size(); ++i) {
+    if (i > 0) in.text += ' ';
+    in.text += c.items[i];
+  }
+  in.features = c.features;
+  return in;
+}
+}  // namespace
+
 ContextInput ContextStore::Input(const std::string& session) {
   const int64_t now = now_();
   MutexLock lock(&mu_);
   SessionContext* c = FindLive(session, now);
-  ContextInput in;
-  if (c == nullptr) return in;
+  if (c == nullptr) return ContextInput{};
   c->updated_ms = now;
-  for (size_t i = 0; i < c->items.size(); ++i) {
-    if (i > 0) in.text += ' ';
-    in.text += c->items[i];
+  return InputOf(*c);
+}
+
+StatusOr<ContextInput> ContextStore::InputAt(const std::string& session, uint64_t revision) {
+  const int64_t now = now_();
+  MutexLock lock(&mu_);
+  SessionContext* c = FindLive(session, now);
+  if (c == nullptr || c->revision != revision) {
+    return FailedPrecondition(
+        "this worker " + std::string(kContextNotHeld) + " " + std::to_string(revision) +
+        (c == nullptr ? " (it holds none: restarted, or dropped as idle or for room)"
+                      : " (it holds revision " + std::to_string(c->revision) + ")"));
   }
-  in.features = c->features;
-  return in;
+  c->updated_ms = now;
+  return InputOf(*c);
 }
 
 void ContextStore::Expire() {

@@ -33,6 +33,7 @@ struct SessionContext {
   std::deque<std::string> items;  // oldest first
   std::vector<float> features;
   int64_t updated_ms = 0;
+  uint64_t revision = 0;  // the bridge's revision of this context; 0: none given, or appended
 };
 
 struct ContextStoreStats {
@@ -50,7 +51,7 @@ class ContextStore {
   // Replaces the session's context. Errors: kInvalidArgument (empty or too long session
   // id, too many features), kTooLarge never: text over the bounds keeps its newest part.
   Status Set(const std::string& session, std::vector<std::string> items,
-             std::vector<float> features);
+             std::vector<float> features, uint64_t revision = 0);
   // Appends one text item, dropping the oldest items past the bounds.
   Status Append(const std::string& session, std::string item);
   // Removes the session's context. Returns whether there was one.
@@ -59,6 +60,9 @@ class ContextStore {
   std::optional<SessionContext> Get(const std::string& session);
   // The input the session's context adds to a forward pass (empty if none).
   ContextInput Input(const std::string& session);
+  // The same, only if the session's context is held at `revision` (Set's, > 0): else
+  // kFailedPrecondition whose message holds kContextNotHeld (worker_client.h).
+  StatusOr<ContextInput> InputAt(const std::string& session, uint64_t revision);
 
   // Drops sessions idle past the TTL. Called by reads and periodically by the owner.
   void Expire();

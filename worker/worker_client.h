@@ -31,6 +31,10 @@ struct WorkerClientOptions {
 // deadline passed, the connection dropped, the worker left the ring, shutdown). A
 // DEADLINE_EXCEEDED the worker itself answered (its own PS call timed out) lacks it.
 inline constexpr char kNoWorkerAnswer[] = " (no answer from the worker)";
+// In the FAILED_PRECONDITION a worker answers, before doing anything, to an infer or learn
+// naming a `context_revision` of the session's context it does not hold (it restarted,
+// or dropped the context as idle or for room): the caller re-sends the context.
+inline constexpr char kContextNotHeld[] = "does not hold the session's context at revision";
 
 class WorkerClient {
  public:

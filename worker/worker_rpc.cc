@@ -145,7 +145,14 @@ StatusOr<json> ContextOp(WorkerService* service, Op op, const json& body) {
         ONLINEPS_ASSIGN_OR_RETURN(features,
                                   FloatsOf(body["features"], "features", kMaxContextFeatures));
       }
-      ONLINEPS_RETURN_IF_ERROR(store.Set(session, std::move(items), std::move(features)));
+      uint64_t revision = 0;
+      if (const auto r = body.find("revision"); r != body.end() && !r->is_null()) {
+        if (!r->is_number_unsigned()) {
+          return InvalidArgument("\"revision\" must be a non-negative integer");
+        }
+        revision = r->get<uint64_t>();
+      }
+      ONLINEPS_RETURN_IF_ERROR(store.Set(session, std::move(items), std::move(features), revision));
       return ContextJson(store.Get(session));
     }
     case Op::kContextAppend: {
@@ -320,11 +327,23 @@ json ModelInfoJson(const Model& model) {
 
 namespace {
 constexpr size_t kMaxSession = 256;
+
+// The bridge names the revision of the session's context it last sent this worker.
+StatusOr<std::optional<uint64_t>> ContextRevisionOf(const json& body, const std::string& session) {
+  const auto it = body.find("context_revision");
+  if (it == body.end() || it->is_null()) return std::optional<uint64_t>();
+  if (!it->is_number_unsigned() || it->get<uint64_t>() == 0) {
+    return InvalidArgument("\"context_revision\" must be a positive integer");
+  }
+  if (session.empty()) return InvalidArgument("\"context_revision\" needs a \"session\"");
+  return std::optional<uint64_t>(it->get<uint64_t>());
+}
 }  // namespace
 
 StatusOr<LearnRequest> LearnRequestOf(WorkerService* service, json& body) {
   LearnRequest req;
   ONLINEPS_ASSIGN_OR_RETURN(req.session, SessionOf(body, kMaxSession));
+  ONLINEPS_ASSIGN_OR_RETURN(req.context_revision, ContextRevisionOf(body, req.session));
   ONLINEPS_ASSIGN_OR_RETURN(req.batch, ExamplesOf(body, service->model().labels(),
                                                   /*need_labels=*/true, service->limits()));
   return req;
@@ -335,14 +354,16 @@ StatusOr<json> HandleWorkerOp(WorkerService* service, Op op, json& body) {
   switch (op) {
     case Op::kLearn: {
       ONLINEPS_ASSIGN_OR_RETURN(LearnRequest req, LearnRequestOf(service, body));
-      ONLINEPS_ASSIGN_OR_RETURN(LearnReply r, service->Learn(req.session, req.batch));
+      ONLINEPS_ASSIGN_OR_RETURN(LearnReply r,
+                                service->Learn(req.session, req.batch, req.context_revision));
       return ToJson(r);
     }
     case Op::kInfer: {
       ONLINEPS_ASSIGN_OR_RETURN(std::string session, SessionOf(body, kMaxSession));
+      ONLINEPS_ASSIGN_OR_RETURN(std::optional<uint64_t> revision, ContextRevisionOf(body, session));
       ONLINEPS_ASSIGN_OR_RETURN(
           auto batch, ExamplesOf(body, model.labels(), /*need_labels=*/false, service->limits()));
-      ONLINEPS_ASSIGN_OR_RETURN(InferReply r, service->Infer(session, batch));
+      ONLINEPS_ASSIGN_OR_RETURN(InferReply r, service->Infer(session, batch, revision));
       return ToJson(r);
     }
     case Op::kContextSet:

@@ -7,6 +7,7 @@
 #define ONLINEPS_WORKER_WORKER_RPC_H_
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -55,6 +56,7 @@ StatusOr<nlohmann::json> HandleWorkerOp(WorkerService* service, Op op, nlohmann:
 // A learn body, checked and parsed as HandleWorkerOp does (texts are moved out of it).
 struct LearnRequest {
   std::string session;
+  std::optional<uint64_t> context_revision;  // the body's "context_revision", if any
   std::vector<Example> batch;
 };
 StatusOr<LearnRequest> LearnRequestOf(WorkerService* service, nlohmann::json& body);

@@ -216,7 +216,7 @@ void WorkerServer::HandleLearn(Job&& job, nlohmann::json body) {
     if (--learns_in_flight_ == 0) learns_cv_.SignalAll();
   };
   try {
-    service_->LearnAsync(req->session, req->batch, done);
+    service_->LearnAsync(req->session, req->batch, done, req->context_revision);
   } catch (const std::exception& e) {
     // Before any push (the model's pass): answered here, so the session is not left
     // waiting for an answer that will never come.

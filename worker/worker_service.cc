@@ -388,10 +388,18 @@ void WorkerService::RunInferPass(const std::vector<InferSlot*>& slots) {
   for (InferSlot* s : slots) s->run = shared;
 }
 
+StatusOr<ContextInput> WorkerService::ContextOf(const std::string& session,
+                                                std::optional<uint64_t> context_revision) {
+  if (session.empty()) return ContextInput{};
+  if (context_revision) return context_.InputAt(session, *context_revision);
+  return context_.Input(session);
+}
+
 StatusOr<InferReply> WorkerService::Infer(const std::string& session,
-                                          const std::vector<Example>& batch) {
+                                          const std::vector<Example>& batch,
+                                          std::optional<uint64_t> context_revision) {
   ONLINEPS_RETURN_IF_ERROR(CheckBatch(batch, /*need_labels=*/false));
-  const ContextInput ctx = session.empty() ? ContextInput{} : context_.Input(session);
+  ONLINEPS_ASSIGN_OR_RETURN(const ContextInput ctx, ContextOf(session, context_revision));
   std::shared_ptr<InferRun> run;
   size_t offset = 0;
   if (options_.batch_infer && ctx.empty()) {
@@ -441,10 +449,12 @@ Status WorkerService::CheckFinite(const GradOutput& g) {
   return st;
 }
 
-Status WorkerService::StartLearn(const std::string& session, const std::vector<Example>& batch,
-                                 Pushes* pushes, LearnReply* reply, bool* kept) {
+Status WorkerService::StartLearn(const std::string& session,
+                                 std::optional<uint64_t> context_revision,
+                                 const std::vector<Example>& batch, Pushes* pushes,
+                                 LearnReply* reply, bool* kept) {
   ONLINEPS_RETURN_IF_ERROR(CheckBatch(batch, /*need_labels=*/true));
-  const ContextInput ctx = session.empty() ? ContextInput{} : context_.Input(session);
+  ONLINEPS_ASSIGN_OR_RETURN(const ContextInput ctx, ContextOf(session, context_revision));
   ONLINEPS_ASSIGN_OR_RETURN(Read read, ReadParams(batch, ctx));
   if (local_) ONLINEPS_RETURN_IF_ERROR(local_->Substitute(&read.view, &read.base));
   ONLINEPS_ASSIGN_OR_RETURN(GradOutput grads, model_->Gradients(batch, ctx, read.view));
@@ -486,27 +496,31 @@ StatusOr<LearnReply> WorkerService::EndLearn(LearnReply reply, bool kept) {
 }
 
 StatusOr<LearnReply> WorkerService::Learn(const std::string& session,
-                                          const std::vector<Example>& batch) {
+                                          const std::vector<Example>& batch,
+                                          std::optional<uint64_t> context_revision) {
   // Local-steps mode reads and updates one local copy: its learns run one at a time.
   std::unique_lock<std::mutex> local_lock;
   if (local_) local_lock = std::unique_lock<std::mutex>(local_->mu());
   LearnReply reply;
   Pushes pushes;
   bool kept = false;
-  ONLINEPS_RETURN_IF_ERROR(StartLearn(session, batch, &pushes, &reply, &kept));
+  ONLINEPS_RETURN_IF_ERROR(StartLearn(session, context_revision, batch, &pushes, &reply, &kept));
   ONLINEPS_RETURN_IF_ERROR(FinishPushes(pushes, options_.reply_when, &reply));
   if (local_ && reply.dense_pushed) local_->Reset();
   return EndLearn(std::move(reply), kept);
 }
 
 void WorkerService::LearnAsync(const std::string& session, const std::vector<Example>& batch,
-                               LearnDone done) {
-  if (local_ || options_.reply_when != ReplyWhen::kApplied) return done(Learn(session, batch));
+                               LearnDone done, std::optional<uint64_t> context_revision) {
+  if (local_ || options_.reply_when != ReplyWhen::kApplied) {
+    return done(Learn(session, batch, context_revision));
+  }
   auto run = std::make_shared<LearnRun>();
   run->done = std::move(done);
   Pushes pushes;
   pushes.run = run;
-  if (Status st = StartLearn(session, batch, &pushes, &run->head, &run->kept); !st.ok()) {
+  if (Status st = StartLearn(session, context_revision, batch, &pushes, &run->head, &run->kept);
+      !st.ok()) {
     return run->done(std::move(st));  // nothing was pushed: StartLearn pushes last
   }
   SendQueued(&pushes);

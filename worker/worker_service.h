@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -151,14 +152,20 @@ class WorkerService {
   // Flushes accumulated gradients, waits for in-flight pushes, stops threads. Idempotent.
   Status Stop();
 
-  StatusOr<InferReply> Infer(const std::string& session, const std::vector<Example>& batch);
-  StatusOr<LearnReply> Learn(const std::string& session, const std::vector<Example>& batch);
+  // context_revision (the bridge's): refuse with kFailedPrecondition (kContextNotHeld)
+  // unless the session's context is held at that revision, before anything is read or
+  // pushed; nullopt: use whatever context the session has here.
+  StatusOr<InferReply> Infer(const std::string& session, const std::vector<Example>& batch,
+                             std::optional<uint64_t> context_revision = std::nullopt);
+  StatusOr<LearnReply> Learn(const std::string& session, const std::vector<Example>& batch,
+                             std::optional<uint64_t> context_revision = std::nullopt);
   // The same without waiting for the pushes: `done` gets the outcome exactly once, on
   // the PS client's thread that got the last push's reply, or on this one before
   // LearnAsync returns (an error, nothing pushed, and the local-steps and kQueued modes,
   // which run Learn). `batch` may go once LearnAsync returns. `done` must not block.
   using LearnDone = std::function<void(StatusOr<LearnReply>)>;
-  void LearnAsync(const std::string& session, const std::vector<Example>& batch, LearnDone done);
+  void LearnAsync(const std::string& session, const std::vector<Example>& batch, LearnDone done,
+                  std::optional<uint64_t> context_revision = std::nullopt);
   // Pushes whatever the accumulators hold now.
   Status Flush();
 
@@ -240,8 +247,12 @@ class WorkerService {
   // Learn up to its pushes: reads, gradients, and the pushes queued in `pushes` (sparse
   // ones started at once when pushes are not batched; local-steps mode: under the
   // caller's lock of local_->mu()).
-  Status StartLearn(const std::string& session, const std::vector<Example>& batch, Pushes* pushes,
-                    LearnReply* reply, bool* kept);
+  Status StartLearn(const std::string& session, std::optional<uint64_t> context_revision,
+                    const std::vector<Example>& batch, Pushes* pushes, LearnReply* reply,
+                    bool* kept);
+  // The session's context input (none without a session), checked at context_revision.
+  StatusOr<ContextInput> ContextOf(const std::string& session,
+                                   std::optional<uint64_t> context_revision);
   // The last of Learn: the outcome once the pushes are done, and the stats.
   StatusOr<LearnReply> EndLearn(LearnReply reply, bool kept);
   // Folds one push's outcome into `out` (`first`: the first error).

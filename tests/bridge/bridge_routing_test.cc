@@ -295,6 +295,55 @@ TEST(BridgeRoutingTest, ALearnInFlightToAKilledWorkerEndsAtOnce) {
       static_cast<long long>(get_context_ms));
 }
 
+// A worker killed and back at its address before any probe sees it: the bridge still
+// thinks it holds the session's context, but every call names the revision it was sent,
+// so the new process refuses, the context is sent again, and the call is served with it
+// (before, it was answered, with success, from a model run without the context).
+TEST(BridgeRoutingTest, AWorkerBackBeforeAnyProbeGetsTheContextBeforeTheCall) {
+  BridgeCluster cluster;
+  ASSERT_TRUE(cluster.StartShard());
+  const std::string w = "tcp://127.0.0.1:" + std::to_string(FreePort());
+  ASSERT_EQ(cluster.StartWorker(w), w);
+  const int port = cluster.StartBridge({w}, {"--health-interval-ms", "600000"});
+  ASSERT_GT(port, 0);
+  McpHttp with(port), without(port);
+  ASSERT_FALSE(with.Initialize().empty());
+  ASSERT_FALSE(without.Initialize().empty());
+  for (int i = 0; i < 20; ++i) {  // so that the context's words weigh on the scores
+    without.Call("learn", {{"examples",
+                            {{{"text", "awful dreadful boring"}, {"label", "negative"}},
+                             {{"text", "lovely fine great"}, {"label", "positive"}}}}});
+  }
+  ASSERT_FALSE(
+      with.Call("set_context", {{"items", {"awful dreadful boring"}}}).value("isError", true));
+  const json before = with.Call("infer", {{"text", kProbe}});
+  ASSERT_FALSE(before.value("isError", true)) << before.dump();
+  const json plain = without.Call("infer", {{"text", kProbe}});
+  ASSERT_FALSE(plain.value("isError", true)) << plain.dump();
+  ASSERT_GT(MaxDiff(Scores(before), Scores(plain)), 1e-3) << "the context changes nothing";
+
+  cluster.KillWorker(0);
+  ASSERT_EQ(cluster.StartWorker(w), w);
+  const json after = with.Call("infer", {{"text", kProbe}});
+  ASSERT_FALSE(after.value("isError", true)) << after.dump();
+  EXPECT_LT(MaxDiff(Scores(after), Scores(before)), 1e-4)
+      << "served without the session's context: " << after.dump();
+  // A learn takes the same path: it must not run without the context either.
+  cluster.KillWorker(1);
+  ASSERT_EQ(cluster.StartWorker(w), w);
+  const json learned =
+      with.Call("learn", {{"examples", {{{"text", "a fine day"}, {"label", "positive"}}}}});
+  EXPECT_FALSE(learned.value("isError", true)) << learned.dump();
+  // The new process holds the session's context: it was sent before the learn ran.
+  worker::WorkerClientOptions o;
+  o.endpoint = w;
+  auto direct = worker::WorkerClient::Connect(o);
+  ASSERT_TRUE(direct.ok()) << direct.status().ToString();
+  auto stats = (*direct)->Call(Op::kWorkerStats, json::object());
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ((*stats)["context"]["sessions"], 1) << stats->dump();
+}
+
 // A hung shard, every deadline at its default: the worker's PS call gives up first and
 // its error (naming the shard) reaches the agent, rather than the bridge's own timeout,
 // which would only say that the worker did not answer.

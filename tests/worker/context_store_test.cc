@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "worker/worker_client.h"
+
 namespace onlineps::worker {
 namespace {
 
@@ -33,6 +35,28 @@ TEST_F(ContextStoreTest, SetThenGetAndInputJoinsItemsWithSpaces) {
   ContextInput in = store->Input("s1");
   EXPECT_EQ(in.text, "hello big world");
   EXPECT_EQ(in.features, (std::vector<float>{0.5f, 1.5f}));
+}
+
+// InputAt serves a context only at the revision the bridge set it with: a missing one
+// (never set, evicted, or a restarted worker), another revision, or one changed by an
+// append since is refused naming what is held, so the caller sends the context again.
+TEST_F(ContextStoreTest, InputAtServesOnlyTheRevisionTheContextWasSetWith) {
+  auto store = Make({});
+  auto missing = store->InputAt("s1", 3);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(missing.status().message(), HasSubstr(kContextNotHeld));
+  EXPECT_THAT(missing.status().message(), HasSubstr("holds none"));
+  ASSERT_TRUE(store->Set("s1", {"hello"}, {}, 3).ok());
+  auto held = store->InputAt("s1", 3);
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  EXPECT_EQ(held->text, "hello");
+  auto other = store->InputAt("s1", 4);
+  ASSERT_FALSE(other.ok());
+  EXPECT_THAT(other.status().message(), HasSubstr("holds revision 3"));
+  ASSERT_TRUE(store->Append("s1", "world").ok());  // no longer what the bridge sent
+  EXPECT_FALSE(store->InputAt("s1", 3).ok());
+  EXPECT_EQ(store->Input("s1").text, "hello world");  // without a revision: as it is
 }
 
 TEST_F(ContextStoreTest, UnknownSessionHasNoContextAndEmptyInput) {

@@ -772,6 +772,18 @@ TEST_F(WorkerServiceTest, RpcAnswersBadRequestsAndKeepsServing) {
        "features[0]"},
       {Op::kInfer, {{"features", {3.5e38, 0, 0, 0}}}, StatusCode::kInvalidArgument, "features[0]"},
       {Op::kContextAppend, {{"session", "s"}}, StatusCode::kInvalidArgument, "text"},
+      {Op::kInfer,
+       {{"session", "s"}, {"context_revision", -1}, {"features", {1, 2, 3, 4}}},
+       StatusCode::kInvalidArgument,
+       "context_revision"},
+      {Op::kLearn,
+       {{"context_revision", 2}, {"features", {1, 2, 3, 4}}, {"label", "b"}},
+       StatusCode::kInvalidArgument,
+       "needs a \"session\""},
+      {Op::kContextSet,
+       {{"session", "s"}, {"items", {"x"}}, {"revision", "one"}},
+       StatusCode::kInvalidArgument,
+       "revision"},
       {Op::kPullDense, json::object(), StatusCode::kUnknownOp, "not a worker op"},
       {Op::kInfer, {{"text", std::string(70000, 'a')}}, StatusCode::kTooLarge, "--max-text-bytes"},
       {Op::kInfer,
@@ -950,6 +962,32 @@ TEST_F(WorkerServiceTest, ContextOpsRoundTripOverRpc) {
   ASSERT_TRUE(clear.ok());
   EXPECT_EQ((*clear)["cleared"], true);
   EXPECT_EQ((*rpc_->Call(Op::kContextGet, {{"session", "s1"}}))["found"], false);
+}
+
+// A call naming a context revision the worker does not hold (it restarted, or dropped
+// the context) is refused before anything is read or pushed; after the caller sends the
+// context at that revision, the same call is served with it.
+TEST_F(WorkerServiceTest, ACallNamingAContextRevisionNotHeldIsRefusedBeforeItRuns) {
+  StartWorker(Text(), WorkerServiceOptions());
+  const json learn = {{"session", "s1"},
+                      {"context_revision", 7},
+                      {"examples", {{{"text", "a fine day"}, {"label", "pos"}}}}};
+  auto refused = rpc_->Call(Op::kLearn, learn);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find(kContextNotHeld), std::string::npos)
+      << refused.status().ToString();
+  auto stats = rpc_->Call(Op::kWorkerStats, json::object());
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ((*stats)["pushes"], 0) << "a refused learn pushed";
+  ASSERT_TRUE(
+      rpc_->Call(Op::kContextSet, {{"session", "s1"}, {"items", {"dull"}}, {"revision", 7}}).ok());
+  auto served = rpc_->Call(Op::kLearn, learn);
+  ASSERT_TRUE(served.ok()) << served.status().ToString();
+  json infer = {{"session", "s1"}, {"context_revision", 8}, {"text", "a fine day"}};
+  EXPECT_EQ(rpc_->Call(Op::kInfer, infer).status().code(), StatusCode::kFailedPrecondition);
+  infer["context_revision"] = 7;
+  EXPECT_TRUE(rpc_->Call(Op::kInfer, infer).ok());
 }
 
 TEST_F(WorkerServiceTest, TorchScriptDenseWeightsAreSeededOnceAcrossWorkers) {
