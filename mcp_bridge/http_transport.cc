@@ -803,25 +803,47 @@ void HttpTransport::Impl::Post(const HttpRequest& req, Answer& res,
     return;
   }
   // Streamed: progress notifications, then the response, as SSE events in chunks
-  // (HTTP/1.0: until the connection closes).
+  // (HTTP/1.0: until the connection closes). The SSE head goes out with the first
+  // notification: a call refused before it runs (the rate limit, a bad `_meta`, a reused
+  // request id) is answered as it would be without a stream, with its own status code.
   r.message = std::move(m);
-  const bool chunked = req.version() != 10;
+  const unsigned version = req.version();
+  const bool chunked = version != 10;
   const bool keep = keep_alive && chunked;
-  res.content_type = kSse;
-  res.headers.emplace_back("Cache-Control", "no-cache");
-  Responded(res.status);
-  conn->Send(Head(res, req.version(), keep, std::nullopt), false, false);
-  auto send = [&conn, chunked](const json& msg) {
+  Mutex stream_mu;
+  bool streaming = false;  // guarded by stream_mu
+  auto send = [&](const json& msg) {
     std::string event = "event: message\ndata: " + Dump(msg) + "\n\n";
     if (chunked) {
       char size[24];
       snprintf(size, sizeof(size), "%zx\r\n", event.size());
       event = size + event + "\r\n";
     }
+    MutexLock lock(&stream_mu);
+    if (!streaming) {
+      streaming = true;
+      res.content_type = kSse;
+      res.headers.emplace_back("Cache-Control", "no-cache");
+      Responded(res.status);
+      conn->Send(Head(res, version, keep, std::nullopt), false, false);
+    }
     conn->Send(std::move(event), false, false);
   };
   r.notify = send;
   Reply reply = mcp_->Handle(r);
+  bool streamed = false;
+  {
+    MutexLock lock(&stream_mu);
+    streamed = streaming;
+  }
+  if (!streamed) {
+    Answer a;
+    Respond(a, reply);
+    Responded(a.status);
+    conn->Finish(Frame(a, version, keep_alive), !keep_alive);
+    res.status = 0;  // answered
+    return;
+  }
   if (!reply.body.is_null()) send(reply.body);
   conn->Send(chunked ? "0\r\n\r\n" : "", true, !keep);
   res.status = 0;  // answered

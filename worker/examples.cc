@@ -20,15 +20,19 @@ bool HasExampleField(const json& request) {
 }
 
 Status CheckFeatures(const json& f, const std::string& where, const RequestLimits& limits) {
+  // No values is no input: a model would run (and a learn move its output layer) on
+  // nothing.
   if (f.is_binary()) {  // the worker's msgpack wire: little-endian float32
     const size_t bytes = f.get_binary().size();
     if (bytes % sizeof(float) != 0) {
       return Invalid(where + " binary is " + std::to_string(bytes) +
                      " bytes, not a whole number of float32 values");
     }
+    if (bytes == 0) return Invalid(where + " holds no values");
     return CheckFeatureCount(bytes / sizeof(float), where, limits);
   }
   if (!f.is_array()) return Invalid(where + " must be an array of numbers");
+  if (f.empty()) return Invalid(where + " holds no values");
   ONLINEPS_RETURN_IF_ERROR(CheckFeatureCount(f.size(), where, limits));
   for (size_t i = 0; i < f.size(); ++i) {
     // Finite as the float32 the model reads (3.5e38 is a finite double, Inf as float).
@@ -39,6 +43,24 @@ Status CheckFeatures(const json& f, const std::string& where, const RequestLimit
   }
   return Status::Ok();
 }
+
+}  // namespace
+
+std::optional<int64_t> LabelIndex(const json& v) {
+  if (v.is_number_unsigned() || v.is_number_integer()) {
+    const int64_t i = v.get<int64_t>();
+    if (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX) return std::nullopt;
+    return i >= 0 ? std::optional<int64_t>(i) : std::nullopt;
+  }
+  // JSON Schema's integer: 1.0 is one (Python clients send it).
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (d >= 0 && d <= 9007199254740992.0 && d == std::floor(d)) return static_cast<int64_t>(d);
+  }
+  return std::nullopt;
+}
+
+namespace {
 
 // One example. `where` names it in messages ("examples[3]"); for the top-level example
 // rule.top_level, and `top` is set: then fields other than the example's are not its.
@@ -69,7 +91,7 @@ Status CheckExample(const json& e, const std::string& where, bool top, const Exa
   if (rule.labelled) {
     if (!e.contains("label")) return Invalid(self + " needs a 'label'");
     const json& l = e["label"];
-    if (!l.is_string() && !(l.is_number_integer() && l.get<int64_t>() >= 0)) {
+    if (!l.is_string() && !LabelIndex(l)) {
       return Invalid(field("label") + " must be a label name or a non-negative index");
     }
   }
@@ -83,6 +105,7 @@ json TextProperty(const char* description) {
 json FeaturesProperty() {
   return {{"type", "array"},
           {"items", {{"type", "number"}}},
+          {"minItems", 1},
           {"description", "Dense input features (the mlp model)"}};
 }
 

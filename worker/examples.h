@@ -12,7 +12,9 @@
 #ifndef ONLINEPS_WORKER_EXAMPLES_H_
 #define ONLINEPS_WORKER_EXAMPLES_H_
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +43,10 @@ Status CheckExamples(const nlohmann::json& request, const ExampleRule& rule,
 std::vector<nlohmann::json*> ExamplesIn(nlohmann::json& request);
 // The same, as an array of examples that hold only their example fields.
 nlohmann::json ExampleArray(const nlohmann::json& request);
+
+// A label given as an index: a non-negative integer, or a float with an integral value
+// (JSON Schema counts 1.0 as an integer). nullopt for anything else.
+std::optional<int64_t> LabelIndex(const nlohmann::json& v);
 
 // The JSON Schema (2020-12) of one example, and the properties an infer (learn) request
 // takes beside "session": text, features, examples (and label). The request's

@@ -71,9 +71,9 @@ StatusOr<int64_t> LabelOf(const json& v, const std::string& where,
     for (const auto& l : labels) known += (known.empty() ? "" : ", ") + l;
     return InvalidArgument(where + " '" + s + "' is not a label of this model (" + known + ")");
   }
-  if (v.is_number_integer()) {
-    const auto i = v.get<int64_t>();
-    if (i >= 0 && i < static_cast<int64_t>(labels.size())) return i;
+  if (const std::optional<int64_t> i = LabelIndex(v);
+      i && *i < static_cast<int64_t>(labels.size())) {
+    return *i;
   }
   return InvalidArgument(where + " must be a label name or an index below " +
                          std::to_string(labels.size()));

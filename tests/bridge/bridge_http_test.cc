@@ -189,6 +189,35 @@ TEST_F(BridgeHttpTest, PerSessionRateLimitIsAClearError) {
   EXPECT_NE(message.find("--rate-limit"), std::string::npos);
 }
 
+// A call that would stream (a learn with a progress token) but is refused before it
+// runs gets the same status code as without the stream, not a 200 event stream holding
+// the error: 429 past the rate limit, 400 for a request id still in flight.
+TEST_F(BridgeHttpTest, AStreamingCallRefusedBeforeItRunsGetsItsStatusCode) {
+  McpHttp c(Start({"--rate-limit", "1", "--rate-burst", "2", "--learn-chunk", "1"}));
+  ASSERT_FALSE(c.Initialize().empty());
+  const json learn = {{"name", "learn"},
+                      {"arguments",
+                       {{"examples",
+                         {{{"text", "great fun"}, {"label", "positive"}},
+                          {{"text", "dull mess"}, {"label", "negative"}}}}}},
+                      {"_meta", {{"progressToken", "p"}}}};
+  int streamed = 0, limited = 0;
+  for (int id = 1; id <= 6; ++id) {
+    HttpReply r = c.Send(Request(id, "tools/call", learn));
+    if (r.status == 200) {
+      EXPECT_FALSE(r.events.empty()) << "a served learn with a token streams its progress";
+      ++streamed;
+    } else {
+      EXPECT_EQ(r.status, 429) << r.body.dump();
+      EXPECT_TRUE(r.events.empty()) << "a refusal came as an event stream";
+      EXPECT_NE(r.body.dump().find("--rate-limit"), std::string::npos) << r.body.dump();
+      ++limited;
+    }
+  }
+  EXPECT_GE(streamed, 1);
+  EXPECT_GE(limited, 1);
+}
+
 TEST_F(BridgeHttpTest, InvalidArgumentsAreToolErrorsNamingTheProblem) {
   McpHttp c(Start());
   ASSERT_FALSE(c.Initialize().empty());

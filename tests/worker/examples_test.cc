@@ -22,7 +22,11 @@ bool HasType(const json& v, const std::string& t) {
   if (t == "object") return v.is_object();
   if (t == "array") return v.is_array();
   if (t == "string") return v.is_string();
-  if (t == "integer") return v.is_number_integer();
+  // 2020-12: a number with a zero fractional part is an integer (1.0 is).
+  if (t == "integer") {
+    return v.is_number_integer() ||
+           (v.is_number_float() && v.get<double>() == std::floor(v.get<double>()));
+  }
   if (t == "number") return v.is_number();
   if (t == "boolean") return v.is_boolean();
   if (t == "null") return v.is_null();
@@ -119,7 +123,7 @@ const std::vector<json>& Features() {
   return v;
 }
 const std::vector<json>& Labels() {
-  static const std::vector<json> v = {"positive", 0, 3, -1, 1.5, true, json::array()};
+  static const std::vector<json> v = {"positive", 0, 3, -1, 1.5, 2.0, -2.0, true, json::array()};
   return v;
 }
 
@@ -211,6 +215,11 @@ TEST(ExamplesTest, ErrorsNameTheField) {
        &infer,
        "examples[1].text must be a string"},
       {{{"features", {1, "x"}}}, &infer, "features[1] is not a finite number"},
+      // No values is no input: the text model would learn from nothing.
+      {{{"features", json::array()}}, &infer, "features holds no values"},
+      {{{"examples", {{{"features", json::array()}, {"label", 0}}}}},
+       &learn,
+       "examples[0].features holds no values"},
       {{{"features", {1.0, std::nan("")}}}, &infer, "features[1] is not a finite number"},
       // Finite as a double, Inf as the float32 the model reads.
       {{{"features", {3.5e38, 1.0}}}, &infer, "features[0] is not a finite number"},

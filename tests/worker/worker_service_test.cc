@@ -772,6 +772,10 @@ TEST_F(WorkerServiceTest, RpcAnswersBadRequestsAndKeepsServing) {
        "features[0]"},
       {Op::kInfer, {{"features", {3.5e38, 0, 0, 0}}}, StatusCode::kInvalidArgument, "features[0]"},
       {Op::kContextAppend, {{"session", "s"}}, StatusCode::kInvalidArgument, "text"},
+      {Op::kLearn,
+       {{"features", json::array()}, {"label", "b"}},
+       StatusCode::kInvalidArgument,
+       "holds no values"},
       {Op::kInfer,
        {{"session", "s"}, {"context_revision", -1}, {"features", {1, 2, 3, 4}}},
        StatusCode::kInvalidArgument,
@@ -805,9 +809,12 @@ TEST_F(WorkerServiceTest, RpcAnswersBadRequestsAndKeepsServing) {
   auto ok = rpc_->Call(Op::kLearn, {{"features", {1, 2, 3, 4}}, {"label", "b"}});
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ((*ok)["outcome"], "applied");
+  // An index given as 1.0 is the integer 1 (JSON Schema's integer; Python sends it).
+  auto index = rpc_->Call(Op::kLearn, {{"features", {1, 2, 3, 4}}, {"label", 1.0}});
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
   auto stats = rpc_->Call(Op::kWorkerStats, json::object());
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ((*stats)["learn_requests"], 1);
+  EXPECT_EQ((*stats)["learn_requests"], 2);
   EXPECT_EQ(server_->stats().errors, cases.size());
 }
 
