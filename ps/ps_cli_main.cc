@@ -105,6 +105,7 @@ Status RunDemo(const Common& c, const DemoArgs& a) {
   std::normal_distribution<float> normal;
   for (float& x : w_star) x = normal(rng);
   std::atomic<int> done{0};
+  std::atomic<bool> failed{false}, stop{false};
   std::atomic<uint64_t> tau_sum{0}, tau_max{0};
   std::vector<std::thread> threads;
   std::vector<Status> errors(a.workers);
@@ -114,9 +115,10 @@ Status RunDemo(const Common& c, const DemoArgs& a) {
       std::normal_distribution<float> n01;
       std::vector<float> w(a.features), g(a.features), x(a.features);
       VersionVector v;
-      for (int step = 0; step < a.steps; ++step) {
+      for (int step = 0; step < a.steps && !stop.load(); ++step) {
         if (auto st = client->PullDense(spec.name, w.data(), &v).Wait(); !st.ok()) {
           errors[m] = st;
+          failed = true;
           return;
         }
         std::fill(g.begin(), g.end(), 0.0f);
@@ -131,6 +133,7 @@ Status RunDemo(const Common& c, const DemoArgs& a) {
         PushReply reply;
         if (auto st = client->PushDense(spec.name, g.data(), v, &reply).Wait(); !st.ok()) {
           errors[m] = st;
+          failed = true;
           return;
         }
         tau_sum += reply.max_tau;
@@ -144,14 +147,18 @@ Status RunDemo(const Common& c, const DemoArgs& a) {
   std::vector<float> w(a.features);
   VersionVector v;
   const int total = a.workers * a.steps;
+  // The monitor's own failure ends the run too, once the workers have stopped (returning
+  // with their threads still running aborted the process).
+  Status monitor;
   for (int last = -1; last < total;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     int now = done.load();
-    bool failed = false;
-    for (const Status& e : errors) failed |= !e.ok();
-    if (now == last && failed) break;
+    if (now == last && failed.load()) break;
     last = now;
-    ONLINEPS_RETURN_IF_ERROR(client->PullDense(spec.name, w.data(), &v).Wait());
+    if (Status st = client->PullDense(spec.name, w.data(), &v).Wait(); !st.ok()) {
+      monitor = st;
+      break;
+    }
     double dist = 0;
     for (int i = 0; i < a.features; ++i) dist += (w[i] - w_star[i]) * (w[i] - w_star[i]);
     uint64_t version = 0;
@@ -162,9 +169,10 @@ Status RunDemo(const Common& c, const DemoArgs& a) {
               << std::endl;
     if (now == total) break;
   }
+  stop = true;
   for (auto& t : threads) t.join();
   for (const Status& e : errors) ONLINEPS_RETURN_IF_ERROR(e);
-  return Status::Ok();
+  return monitor;
 }
 
 Status RunPull(const Common& c, const std::string& table, const std::vector<uint64_t>& keys) {

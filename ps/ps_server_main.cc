@@ -73,6 +73,11 @@ void AddFlags(CLI::App& app, onlineps::ps::ShardServerOptions* o, std::string* a
                  "every replica to register before electing the most up-to-date one present")
       ->check(CLI::Range(uint64_t{0}, uint64_t{86400000}))
       ->capture_default_str();
+  app.add_flag("--replica-accept-unknown-position", rep.accept_unknown_position,
+               "Start although the checkpoint's replica sidecar (.ckpt.replica) is missing or "
+               "unreadable: its data then ranks below every replica whose position is known "
+               "(first start with --replicas on an unreplicated shard's checkpoint; a damaged "
+               "sidecar)");
   app.add_option("--min-insync-replicas", rep.min_insync,
                  "sync: pushes wait (are not acknowledged) while fewer replicas than this, the "
                  "primary included, are in the in-sync replica set")
@@ -97,6 +102,17 @@ void AddFlags(CLI::App& app, onlineps::ps::ShardServerOptions* o, std::string* a
       ->capture_default_str();
 }
 
+// The port of a tcp:// endpoint ("" for any other kind, or none).
+std::string TcpPort(const std::string& endpoint) {
+  if (endpoint.rfind("tcp://", 0) != 0) return "";
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon < 6) return "";
+  const std::string port = endpoint.substr(colon + 1);
+  if (port.empty() || port.find_first_not_of("0123456789") != std::string::npos) return "";
+  const size_t digits = port.find_first_not_of('0');  // 07400 is 7400
+  return digits == std::string::npos ? "0" : port.substr(digits);
+}
+
 onlineps::Status CheckReplication(const onlineps::ps::ShardServerOptions& o) {
   const auto& rep = o.replication;
   if (rep.members.empty()) return onlineps::Status::Ok();
@@ -111,6 +127,25 @@ onlineps::Status CheckReplication(const onlineps::ps::ShardServerOptions& o) {
   if (o.listen.size() > 2 && o.listen.compare(o.listen.size() - 2, 2, ":0") == 0) {
     return onlineps::InvalidArgument("--listen " + o.listen +
                                      ": a replica needs a fixed port, the one --replicas names");
+  }
+  for (size_t i = 0; i < rep.members.size(); ++i) {
+    for (size_t j = i + 1; j < rep.members.size(); ++j) {
+      if (rep.members[i] == rep.members[j]) {
+        return onlineps::InvalidArgument(
+            "--replicas names " + rep.members[i] + " twice (replicas " + std::to_string(i) +
+            " and " + std::to_string(j) + "): each replica needs its own endpoint");
+      }
+    }
+  }
+  // The others reach this replica at the endpoint --replicas names for it: --listen must
+  // bind that port (its host may differ: 0.0.0.0 or * for a DNS name, say).
+  const std::string& mine = rep.members[rep.index];
+  if (const std::string want = TcpPort(mine), have = TcpPort(o.listen);
+      !want.empty() && !have.empty() && want != have) {
+    return onlineps::InvalidArgument(
+        "--listen " + o.listen + " binds port " + have + ", but --replicas names " + mine +
+        " for --replica-index " + std::to_string(rep.index) +
+        ": the other replicas would reach nothing there (is --replica-index right?)");
   }
   if (rep.lease_ms <= 2 * rep.heartbeat_ms) {
     return onlineps::InvalidArgument("--replica-lease-ms must exceed twice --replica-heartbeat-ms");

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <tuple>
 
+#include "common/hash.h"
+
 namespace onlineps::ps {
 
 namespace {
@@ -412,8 +414,21 @@ void ReplicaCore::MaybeCampaign(uint64_t now) {
     return wait("every in-sync replica restarted; a replica with more recent state takes over");
   }
   // A new group: wait for every replica (or bootstrap_wait_ms), then the best one starts.
+  // A replica holding data means etcd lost the group's records (wiped or replaced) while
+  // the replicas kept their checkpoints: forming the group is then an unclean election,
+  // and one not registered yet may hold the newest state, so it is waited for as long
+  // (unclean_wait_ms). Before, a replica 4 s late was overwritten by an older one's
+  // snapshot.
   const bool all = view_.members.size() >= config_.members.size();
-  if (!all && now - leaderless_since_ms_ < config_.bootstrap_wait_ms) return;
+  bool data = has_data_;
+  for (const auto& [index, reg] : view_.members) data = data || reg.data;
+  const uint64_t wait_ms = data ? std::max(config_.bootstrap_wait_ms, config_.unclean_wait_ms)
+                                : config_.bootstrap_wait_ms;
+  if (!all && now - leaderless_since_ms_ < wait_ms) {
+    if (data)
+      wait("no group in etcd, but replicas hold data; waiting for all replicas to register");
+    return;
+  }
   if (best() == config_.index)
     Campaign(now, false, all ? "new group" : "new group (not all replicas registered)");
 }
@@ -677,6 +692,17 @@ void ReplicaCore::OnReply(uint64_t now, size_t m, const Header& r) {
   }
   if (r.code != StatusCode::kOk || r.epoch != epoch_) {
     if (r.epoch > epoch_) read_now_ = true;  // maybe deposed: etcd says
+    if (auto grp = r.spec.find("grp");
+        grp != r.spec.end() && grp->second != GroupId() && now - last_group_log_ms_ >= 10000) {
+      // Configured as another group: two groups in different etcd namespaces each elect a
+      // primary, both acknowledging writes for the same shard.
+      spdlog::error(
+          "replica {}: replica {} ({}) belongs to another replica group: every replica of a "
+          "shard needs the same --etcd-prefix, --shard-index, --num-shards and --replicas "
+          "list. This group runs without it, and it may serve as a primary of its own",
+          config_.index, m, config_.members[m]);
+      last_group_log_ms_ = now;
+    }
     if ((r.code == StatusCode::kTooLarge || r.code == StatusCode::kMalformed) &&
         now - last_refusal_log_ms_ >= 10000) {
       // Not a matter of epochs: the backup cannot take what is sent (a smaller
@@ -927,8 +953,15 @@ Header ReplicaCore::StatusReply(const Header& req) const {
   return r;
 }
 
+std::string ReplicaCore::GroupId() const {
+  std::string all = config_.group;
+  for (const std::string& m : config_.members) all += "|" + m;
+  return Hex(HashString(all));
+}
+
 Header ReplicaCore::Refuse(const Header& req, StatusCode code, const std::string& why) {
   Header r = StatusReply(req);
+  r.spec["grp"] = GroupId();  // lets a sender of another group see that it is one
   r.code = code;
   r.message = why;
   return r;

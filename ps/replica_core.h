@@ -265,6 +265,8 @@ class ReplicaCore {
   // Backup.
   Header StatusReply(const Header& req) const;
   Header Refuse(const Header& req, StatusCode code, const std::string& why);
+  // A hash of this replica's group key and member list: equal on every replica of a group.
+  std::string GroupId() const;
   void ClearEarly();
   // Keeps one part of a snapshot; true when the snapshot is whole (in load_).
   bool AddSnapshotPart(const Header& h, const Frame& part, Header* reply);
@@ -314,7 +316,7 @@ class ReplicaCore {
   bool leader_known_ = false;
   Leader leader_;
   uint64_t leaderless_since_ms_ = 0;
-  uint64_t last_wait_log_ms_ = 0, last_refusal_log_ms_ = 0;
+  uint64_t last_wait_log_ms_ = 0, last_refusal_log_ms_ = 0, last_group_log_ms_ = 0;
   uint64_t stale_leader_removed_ = 0;  // epoch of my previous incarnation's leader key
   bool campaign_unclean_ = false;      // while a campaign's answer is applied
 

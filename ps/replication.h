@@ -43,6 +43,10 @@ struct ReplicationOptions {
   // Every ISR member lost its state: wait this long for every replica to register
   // before the most up-to-date one present is elected.
   uint64_t unclean_wait_ms = 30000;
+  // Start on a checkpoint whose sidecar (.ckpt.replica, its place in the group's history)
+  // is missing or unreadable; its data then ranks below every known position. Else such
+  // a start is refused: the data may be the newest anywhere.
+  bool accept_unknown_position = false;
   std::vector<std::string> etcd;                  // etcd endpoints (http://HOST:PORT); required
   std::string etcd_prefix = "/onlineps/default";  // keys of this cluster in etcd
   uint32_t shard = 0, num_shards = 1;             // set by the ShardServer

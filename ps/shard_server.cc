@@ -261,11 +261,42 @@ Status ShardServer::MakeReplica(bool restored, const std::string& tip) {
           r.exact = false;
         }
       }
+      const bool describes_this_file = !ec && side->checkpoint_bytes == bytes &&
+                                       side->checkpoint_checksum == CheckpointTrailer(tip);
+      if (!describes_this_file) {
+        // Written for another checkpoint (a copy restored from a backup, or a crash
+        // between a checkpoint and its sidecar): its position may be newer or older than
+        // this file's. Trusted, an old copy ranked as new won an unclean election and
+        // overwrote a replica holding more; unknown, it ranks below every known position.
+        spdlog::warn(
+            "replica sidecar {}.replica describes another checkpoint than {} (epoch {}, lsn {}): "
+            "this replica's place in the group's history is unknown; it ranks last in an "
+            "unclean election and reloads from the primary",
+            path, tip, r.log_epoch, r.lsn);
+        r.log_epoch = 0;
+        r.lsn = 0;
+      }
       spdlog::info("replica state of the checkpoint: epoch {}, lsn {}, {}", r.log_epoch, r.lsn,
                    r.exact ? "clean stop (keeps its place in the ISR)"
                            : "not a clean stop (reloads from the primary)");
-    } else if (side.status().code() != StatusCode::kNotFound) {
-      spdlog::warn("{}", side.status().ToString());
+    } else if (!options_.replication.accept_unknown_position) {
+      // Without it the checkpoint's data ranked as empty: a replica that alone held the
+      // newest updates (stopped cleanly, the only in-sync one) lost them to an older one.
+      return FailedPrecondition(
+          "the checkpoint " + tip + " holds data but its replica sidecar " + path +
+          ".replica, which records its place in the group's history, " +
+          (side.status().code() == StatusCode::kNotFound
+               ? std::string("is missing")
+               : "cannot be used (" + side.status().message() + ")") +
+          ". Restore the sidecar written with this checkpoint; or start with "
+          "--replica-accept-unknown-position (this replica's data then ranks below every "
+          "replica whose position is known: for a first start with --replicas on an "
+          "unreplicated shard's checkpoint, or to let it re-sync from the group)");
+    } else {
+      spdlog::warn(
+          "{}; starting as --replica-accept-unknown-position says: this replica's data "
+          "ranks last and it reloads from the primary",
+          side.status().ToString());
     }
   }
   Replica::Hooks hooks;

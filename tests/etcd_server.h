@@ -64,6 +64,15 @@ class EtcdServer {
     Launch();
     return ok_;
   }
+  // Kills it and starts it again on an empty data directory (etcd's disk lost or
+  // replaced): every key is gone and revisions start over. Returns whether it answers.
+  bool Wipe() {
+    proc_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_ + "/data", ec);
+    Launch();
+    return ok_;
+  }
 
  private:
   void Launch() {

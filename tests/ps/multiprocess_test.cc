@@ -169,5 +169,25 @@ TEST_F(MultiProcessTest, SigkilledShardsRestoreAFullCheckpointAndTheDeltaAfterIt
   for (auto& s : shards_) EXPECT_EQ(s->Stop(SIGTERM, milliseconds(10000)), 0);
 }
 
+// The demo's shard killed under it: every call fails, and the demo says so and exits 1
+// (its monitor returned with the worker threads running: "terminate called", exit 134).
+TEST(PsCliDemoTest, AShardKilledMidDemoIsAnErrorNotAnAbort) {
+  std::string ep;
+  auto shard = std::make_unique<Subprocess>(
+      std::vector<std::string>{ONLINEPS_BIN_DIR "/onlineps_ps", "--listen", "tcp://127.0.0.1:0",
+                               "--admin-port", "-1", "--log-level", "warn"});
+  ep = shard->WaitForLine("LISTENING ", milliseconds(10000));
+  ASSERT_FALSE(ep.empty());
+  Subprocess demo({ONLINEPS_BIN_DIR "/onlineps_ps_cli", "--shards", ep, "--timeout-ms", "1000",
+                   "--log-level", "off", "demo", "--steps", "100000000"},
+                  /*with_stderr=*/true);
+  ASSERT_FALSE(demo.WaitForLine("pushes applied", milliseconds(10000)).empty());
+  shard->Stop(SIGKILL, milliseconds(5000));
+  const std::string out = demo.ReadToEnd(milliseconds(30000));
+  EXPECT_EQ(demo.Wait(milliseconds(30000)), 1) << out;
+  EXPECT_EQ(out.find("terminate called"), std::string::npos) << out;
+  EXPECT_NE(out.find("onlineps_ps_cli"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace onlineps::ps

@@ -72,6 +72,12 @@ class ReplicationCluster : public ::testing::Test {
   }
 
   void Start(int s, int r) {
+    proc_[s][r] = std::make_unique<testing::Subprocess>(Argv(s, r));
+    ASSERT_FALSE(proc_[s][r]->WaitForLine("LISTENING ", std::chrono::milliseconds(10000)).empty());
+  }
+
+  // The command line of replica (s, r).
+  std::vector<std::string> Argv(int s, int r) const {
     std::vector<std::string> argv = {ONLINEPS_BIN_DIR "/onlineps_ps",
                                      "--shard-index",
                                      std::to_string(s),
@@ -100,8 +106,7 @@ class ReplicationCluster : public ::testing::Test {
       argv.push_back(ckpt_ + "/r" + std::to_string(r));
     }
     for (const auto& e : extra_) argv.push_back(e);
-    proc_[s][r] = std::make_unique<testing::Subprocess>(argv);
-    ASSERT_FALSE(proc_[s][r]->WaitForLine("LISTENING ", std::chrono::milliseconds(10000)).empty());
+    return argv;
   }
 
   // Kills replica (s, r) with `sig` and waits for it to exit.

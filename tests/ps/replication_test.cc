@@ -41,6 +41,64 @@ StatusOr<Header> SendRaw(const std::string& endpoint, const Header& h, Frames pa
   return *got;
 }
 
+// Replication flags that would leave a group without a working replica are refused at
+// start, naming the problem: an endpoint named twice (a group of one), and --listen on
+// another port than --replicas names for this replica (registered where nothing listens).
+TEST(ReplicationFlagsTest, AGroupThatCannotWorkIsRefusedAtStart) {
+  struct Case {
+    std::string listen, replicas, index, says;
+  } cases[] = {
+      {"tcp://127.0.0.1:23001", "tcp://127.0.0.1:23001,tcp://127.0.0.1:23001", "0",
+       "names tcp://127.0.0.1:23001 twice"},
+      {"tcp://127.0.0.1:23003", "tcp://127.0.0.1:23001,tcp://127.0.0.1:23002", "1",
+       "binds port 23003, but --replicas names tcp://127.0.0.1:23002 for --replica-index 1"},
+      {"tcp://0.0.0.0:23001", "tcp://ps-0.ps:23001,tcp://ps-1.ps:23001", "1", ""},  // fine
+  };
+  for (const Case& c : cases) {
+    testing::Subprocess p({ONLINEPS_BIN_DIR "/onlineps_ps", "--listen", c.listen, "--replicas",
+                           c.replicas, "--replica-index", c.index, "--etcd", "http://127.0.0.1:1",
+                           "--admin-port", "-1", "--log-level", "warn"},
+                          /*with_stderr=*/true);
+    if (c.says.empty()) {
+      // Accepted: it goes on to reach etcd (nothing there) instead of exiting 2.
+      EXPECT_TRUE(p.WaitForLine("onlineps_ps:", milliseconds(1500)).empty()) << c.listen;
+      continue;
+    }
+    const std::string out = p.ReadToEnd(milliseconds(10000));
+    EXPECT_EQ(p.Wait(milliseconds(10000)), 2) << out;
+    EXPECT_NE(out.find(c.says), std::string::npos) << out;
+  }
+}
+
+// Two replicas of one shard configured as different groups (another --etcd-prefix): each
+// elects itself in its own namespace and both serve as primaries. Nothing can stop that
+// from inside one group, but each sees the other refuse its stream as a member of another
+// group and says so at error level, naming the flags to check.
+TEST(ReplicationFlagsTest, AReplicaOfAnotherGroupIsReportedAsSuch) {
+  testing::EtcdServer etcd;
+  ASSERT_TRUE(etcd.ok());
+  const std::string a = "tcp://127.0.0.1:" + std::to_string(testing::FreeLoopbackPort());
+  const std::string b = "tcp://127.0.0.1:" + std::to_string(testing::FreeLoopbackPort());
+  std::vector<std::unique_ptr<testing::Subprocess>> replicas;
+  for (int r = 0; r < 2; ++r) {
+    replicas.push_back(std::make_unique<testing::Subprocess>(
+        std::vector<std::string>{
+            ONLINEPS_BIN_DIR "/onlineps_ps", "--listen", r ? b : a, "--replicas", a + "," + b,
+            "--replica-index", std::to_string(r), "--etcd", etcd.endpoint(), "--etcd-prefix",
+            r ? "/other" : "/onlineps/default", "--replica-heartbeat-ms", "50",
+            "--replica-lease-ms", "1000", "--admin-port", "-1", "--log-level", "warn"},
+        /*with_stderr=*/true));
+  }
+  for (auto& p : replicas) {
+    const std::string line = p->WaitForLine("[", milliseconds(15000));
+    bool found = false;
+    for (std::string l = line; !l.empty() && !found; l = p->WaitForLine("[", milliseconds(15000))) {
+      found = l.find("belongs to another replica group") != std::string::npos;
+    }
+    EXPECT_TRUE(found) << "no replica reported the other group";
+  }
+}
+
 class ReplicationTest : public ReplicationCluster {
  protected:
   // Every replica of shard 0 SIGTERMed at once, started again `down_ms` later; waits until
@@ -527,6 +585,63 @@ TEST_F(ReplicationTest, WholeGroupStoppedTwiceComesBackFromDeltas) {
   EXPECT_EQ(Event(0, p, "snapshot_loaded"), 0);
   EXPECT_GE(deltas, 1) << "no replica's final checkpoint was a delta";
   for (int r = 0; r < 2; ++r) EXPECT_EQ(Event(0, r, "unclean_election"), 0) << "replica " << r;
+  ExpectEveryAckOnce();
+}
+
+// A replica whose checkpoint holds data but whose sidecar (its place in the group's
+// history) is gone refuses to start, naming the file and the way out: ranked as empty,
+// the only in-sync replica (it acknowledged alone before a clean stop) lost every one of
+// those pushes to the other's older state. With --replica-accept-unknown-position it
+// starts, ranked last.
+TEST_F(ReplicationTest, ACheckpointWithoutItsSidecarIsRefusedNotRankedEmpty) {
+  Up(1, 2, /*checkpoints=*/true);
+  CreateTable();
+  Traffic(2);
+  std::this_thread::sleep_for(milliseconds(1000));
+  Join();
+  for (int r = 0; r < 2; ++r) Signal(0, r, SIGTERM);
+  const std::string sidecar = ckpt_ + "/r0/shard-0-of-1.ckpt.replica";
+  ASSERT_TRUE(std::ifstream(sidecar).good()) << "no sidecar at " << sidecar;
+  std::remove(sidecar.c_str());
+  {
+    testing::Subprocess p(Argv(0, 0), /*with_stderr=*/true);
+    const std::string out = p.ReadToEnd(milliseconds(15000));
+    EXPECT_NE(p.Wait(milliseconds(10000)), 0) << out;
+    EXPECT_NE(out.find("replica sidecar"), std::string::npos) << out;
+    EXPECT_NE(out.find("is missing"), std::string::npos) << out;
+    EXPECT_NE(out.find("--replica-accept-unknown-position"), std::string::npos) << out;
+  }
+  std::vector<std::string> argv = Argv(0, 0);
+  argv.push_back("--replica-accept-unknown-position");
+  testing::Subprocess accepted(argv, /*with_stderr=*/true);
+  EXPECT_FALSE(accepted.WaitForLine("LISTENING ", milliseconds(10000)).empty());
+}
+
+// etcd loses its data while the whole group is down, and the replica that acknowledged
+// last comes back 6 s after the other: with no group in etcd but data on disk, forming
+// the group is an unclean election, so the first waits for the second (whose state is
+// newer) instead of forming the group alone after the short bootstrap wait and making
+// the second reload its older snapshot (every push the second acknowledged alone lost).
+TEST_F(ReplicationTest, AGroupReformedAfterEtcdLostItsDataWaitsForTheNewestReplica) {
+  Up(1, 2, /*checkpoints=*/true);
+  CreateTable();
+  Traffic(2);
+  std::this_thread::sleep_for(milliseconds(800));
+  const int first = Primary(0);
+  ASSERT_GE(first, 0);
+  Signal(0, first, SIGTERM);  // the other takes over and acknowledges alone
+  const double alone = Now();
+  ASSERT_TRUE(WaitFor([&] { return AcksSince(alone + 0.3) > 50; }, milliseconds(10000)))
+      << "no pushes acknowledged by the remaining replica";
+  Join();
+  Signal(0, 1 - first, SIGTERM);
+  ASSERT_TRUE(etcd_.Wipe()) << "etcd did not come back";
+  Start(0, first);
+  std::this_thread::sleep_for(milliseconds(6000));
+  Start(0, 1 - first);
+  ASSERT_TRUE(WaitFor([&] { return Primary(0) >= 0; }, milliseconds(40000)))
+      << "no primary after etcd lost its data";
+  EXPECT_EQ(Primary(0), 1 - first) << "the replica with the older state formed the group";
   ExpectEveryAckOnce();
 }
 
