@@ -1,6 +1,7 @@
 #include "common/file_io.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -70,6 +71,37 @@ Status AtomicFileWriter::Commit(bool sync) {
     ::close(dfd);
   }
   return Status::Ok();
+}
+
+StatusOr<FileLock> FileLock::Acquire(const std::string& path, const std::string& what) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return Unavailable("cannot create the lock file " + path + " in the " + what + ": " +
+                       std::strerror(errno));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) {
+      return FailedPrecondition("another process is using the " + what + " (it holds " + path +
+                                "): two processes writing the same files lose one's data");
+    }
+    return Unavailable("cannot lock " + path + ": " + std::strerror(err));
+  }
+  return FileLock(fd);
+}
+
+FileLock& FileLock::operator=(FileLock&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace onlineps

@@ -43,6 +43,25 @@ class AtomicFileWriter {
   Status status_;
 };
 
+// An exclusive advisory lock (flock) on `path`, created 0600 when missing, held until the
+// object is destroyed or the process exits (the kernel drops it then, kill -9 included).
+// Acquire fails with kFailedPrecondition when another process holds it, naming `what`
+// (e.g. "checkpoint directory /data"), and with kUnavailable when the file cannot be
+// created or opened for writing (a read-only or missing directory).
+class FileLock {
+ public:
+  static StatusOr<FileLock> Acquire(const std::string& path, const std::string& what);
+  FileLock(FileLock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  FileLock& operator=(FileLock&& o) noexcept;
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  ~FileLock();
+
+ private:
+  explicit FileLock(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
+
 }  // namespace onlineps
 
 #endif  // ONLINEPS_COMMON_FILE_IO_H_

@@ -194,10 +194,14 @@ StatusOr<std::unique_ptr<StateDir>> StateDir::Open(StateDirOptions options,
                                                    const std::vector<std::string>& kinds) {
   if (options.path.empty()) return InvalidArgument("--state-dir: empty path");
   ONLINEPS_RETURN_IF_ERROR(OpenTop(options.path));
+  // One bridge per directory: two would each rewrite the other's sessions and contexts.
+  auto lock =
+      FileLock::Acquire((fs::path(options.path) / "lock").string(), "--state-dir " + options.path);
+  if (!lock.ok()) return lock.status();
   for (const std::string& kind : kinds) {
     ONLINEPS_RETURN_IF_ERROR(OpenKind(options.path, fs::path(options.path) / kind));
   }
-  return std::unique_ptr<StateDir>(new StateDir(std::move(options)));
+  return std::unique_ptr<StateDir>(new StateDir(std::move(options), std::move(*lock)));
 }
 
 std::string StateDir::HashOf(const std::string& key) { return Sha256Hex(key); }

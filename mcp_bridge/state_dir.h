@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/file_io.h"
 #include "common/status.h"
 
 namespace onlineps::bridge {
@@ -65,12 +66,14 @@ class StateDir {
   std::string FileOf(const std::string& kind, const std::string& hash) const;
 
  private:
-  explicit StateDir(StateDirOptions options) : options_(std::move(options)) {}
+  StateDir(StateDirOptions options, FileLock lock)
+      : options_(std::move(options)), lock_(std::move(lock)) {}
   // Rewrites a record of the old format under its hash; returns the hash, or "" when it
   // could not (then the file is removed or, when the write failed, left for next time).
   std::string Convert(const std::string& kind, const std::string& file, nlohmann::json* value);
 
   const StateDirOptions options_;
+  FileLock lock_;  // DIR/lock: one bridge per directory
 };
 
 }  // namespace onlineps::bridge

@@ -500,15 +500,18 @@ Status PsClientImpl::WaitForShards(std::chrono::milliseconds timeout) {
     // Each shard says which it is: a list in the wrong order or of the wrong length would
     // send dense slices (which carry no keys to check) to the wrong shards.
     auto wrong = std::make_shared<std::vector<std::string>>(n);
-    last = Broadcast(Op::kPing, NewHeader(Op::kPing, ""), [n, wrong](size_t s, const Header& h) {
-      auto shard = h.spec.find("shard");
-      auto of = h.spec.find("num_shards");
-      if (shard != h.spec.end() && of != h.spec.end() &&
-          (shard->second != std::to_string(s) || of->second != std::to_string(n))) {
-        (*wrong)[s] = "position " + std::to_string(s) + " of the list is shard " + shard->second +
-                      " of " + of->second;
-      }
-    });
+    auto counts = std::make_shared<std::vector<std::string>>(n);  // what each says it is of
+    last = Broadcast(
+        Op::kPing, NewHeader(Op::kPing, ""), [n, wrong, counts](size_t s, const Header& h) {
+          auto shard = h.spec.find("shard");
+          auto of = h.spec.find("num_shards");
+          if (of != h.spec.end()) (*counts)[s] = of->second;
+          if (shard != h.spec.end() && of != h.spec.end() &&
+              (shard->second != std::to_string(s) || of->second != std::to_string(n))) {
+            (*wrong)[s] = "position " + std::to_string(s) + " of the list is shard " +
+                          shard->second + " of " + of->second;
+          }
+        });
     if (last.ok()) {
       std::string problems;
       for (size_t s = 0; s < n; ++s) {
@@ -516,10 +519,15 @@ Status PsClientImpl::WaitForShards(std::chrono::milliseconds timeout) {
         problems += (problems.empty() ? "" : "; ") + wrong->at(s) + " (" + options_.shards[s] + ")";
       }
       if (problems.empty()) return last;
-      return FailedPrecondition("the shard list does not match the shards: " + problems +
-                                ". Name all " + std::to_string(n) +
-                                " shards, shard i at position i, as each was started "
-                                "(--shard-index, --num-shards)");
+      // The count to name is the shards' own, when they agree on one (not the list's).
+      std::string all = counts->at(0);
+      for (const std::string& c : *counts) {
+        if (c != all) all.clear();
+      }
+      return FailedPrecondition(
+          "the shard list does not match the shards: " + problems + ". Name all " +
+          (all.empty() ? std::string() : all + " ") +
+          "shards, shard i at position i, as each was started (--shard-index, --num-shards)");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

@@ -100,6 +100,21 @@ std::string ShardServer::checkpoint_path() const {
          std::to_string(options_.num_shards) + ".ckpt";
 }
 
+void ShardServer::WarnOfOtherShardCounts() const {
+  const std::string prefix = "shard-" + std::to_string(options_.shard) + "-of-";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(options_.checkpoint_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0 || e.path().extension() != ".ckpt") continue;
+    spdlog::warn(
+        "starting empty: there is no {} in {}, but there is {}, written with another shard "
+        "count. A restore cannot change the shard count (keys move between shards): start "
+        "with the --num-shards it was written with to serve that state",
+        std::filesystem::path(checkpoint_path()).filename().string(), options_.checkpoint_dir,
+        name);
+  }
+}
+
 std::shared_ptr<const ShardServer::TableMap> ShardServer::tables() const {
   return std::atomic_load(&tables_);
 }
@@ -120,6 +135,15 @@ StatusOr<std::string> ShardServer::Start() {
     std::error_code ec;
     std::filesystem::create_directories(options_.checkpoint_dir, ec);
     if (ec) return Unavailable("cannot create " + options_.checkpoint_dir + ": " + ec.message());
+    // One process per checkpoint file: two shards on one file each overwrite the other's
+    // checkpoints (an empty one replaced a full one). Creating the lock file also tells a
+    // read-only directory now, not at the first checkpoint.
+    auto lock =
+        FileLock::Acquire(path + ".lock", "checkpoint directory " + options_.checkpoint_dir +
+                                              " as shard " + std::to_string(options_.shard) +
+                                              " of " + std::to_string(options_.num_shards));
+    if (!lock.ok()) return lock.status();
+    checkpoint_lock_.emplace(std::move(*lock));
   }
   bool restored = false;
   std::string tip;  // the last file of the restored checkpoint chain
@@ -141,6 +165,7 @@ StatusOr<std::string> ShardServer::Start() {
       }
     }
   }
+  if (!have_checkpoint && !path.empty() && options_.restore) WarnOfOtherShardCounts();
   if (have_checkpoint) {
     restored = true;
     auto restored = RestoreCheckpoint(path, {options_.shard, options_.num_shards}, &dedup_);
@@ -373,6 +398,7 @@ void ShardServer::Stop() {
       if (!ec && replica_->ExactState()) WriteSidecar(/*clean=*/true, *st, bytes);
     }
   }
+  checkpoint_lock_.reset();  // nothing more is written: another process may take over
   spdlog::info("shard {}/{} stopped", options_.shard, options_.num_shards);
 }
 

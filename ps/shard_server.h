@@ -8,9 +8,11 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/file_io.h"
 #include "common/mutex.h"
 #include "common/periodic_thread.h"
 #include "common/status.h"
@@ -85,6 +87,8 @@ class ShardServer {
   // Null when the shard is not replicated.
   const Replica* replica() const { return replica_.get(); }
   std::string checkpoint_path() const;
+  // No checkpoint of this shard count: warns of one written with another count.
+  void WarnOfOtherShardCounts() const;
   std::shared_ptr<Table> FindTable(const std::string& name) const;
 
  private:
@@ -165,7 +169,9 @@ class ShardServer {
   std::unique_ptr<Metrics> metrics_;
 
   std::unique_ptr<ServerTransport> transport_;
-  std::unique_ptr<Replica> replica_;             // null when not replicated
+  std::unique_ptr<Replica> replica_;  // null when not replicated
+  // Held from Start on: a second process on the same checkpoint file is refused.
+  std::optional<FileLock> checkpoint_lock_;
   std::unique_ptr<Watchers> watchers_;           // table-change notices; answers through transport_
   std::unique_ptr<CheckpointQueue> ckpt_queue_;  // checkpoint ops; answers through transport_
   // Lock order: order_mu_ -> ckpt_mu_ -> apply_gate_ -> tables_mu_ -> held_mu_ (each

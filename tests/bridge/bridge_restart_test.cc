@@ -91,7 +91,7 @@ TEST_F(BridgeRestartTest, SessionsAndContextsSurviveAKill9) {
   ASSERT_FALSE(before.value("isError", true)) << before.dump();
   const std::vector<std::string> ids = {alice.session(), bob.session(), carol.session()};
   // Alice's and Bob's sessions; their contexts and Alice's named one (Carol's went).
-  EXPECT_EQ(ExpectPrivate(dir_ + "/state", ids), 5u);
+  EXPECT_EQ(ExpectPrivate(dir_ + "/state", ids), 6u);  // with the lock file
 
   cluster_.KillBridge();
   port = StartBridge();
@@ -119,7 +119,7 @@ TEST_F(BridgeRestartTest, SessionsAndContextsSurviveAKill9) {
   EXPECT_EQ(status, 404);  // still bound to Alice's identity
   c2.Call("get_context", json::object(), &status);
   EXPECT_EQ(status, 404);                              // ended before the crash: stays ended
-  EXPECT_EQ(ExpectPrivate(dir_ + "/state", ids), 5u);  // after a restart and use: still so
+  EXPECT_EQ(ExpectPrivate(dir_ + "/state", ids), 6u);  // after a restart and use: still so
   EXPECT_EQ(a2.Delete(), 200);
 
   // Without the directory the loss is explicit.
@@ -151,6 +151,28 @@ TEST_F(BridgeRestartTest, AnUnusableStateDirIsAClearStartError) {
                      "--admin-port", "-1", "--state-dir", dir_ + "/not-a-dir"});
   // Exits with the usage code at once (bridge_state_test checks the message names it).
   EXPECT_EQ(bridge.Wait(std::chrono::milliseconds(20000)), 2);
+}
+
+// One bridge per --state-dir: a second one on the same directory exits at once, naming
+// it, instead of running beside the first and rewriting its sessions.
+TEST_F(BridgeRestartTest, ASecondBridgeOnTheSameStateDirExitsNamingIt) {
+  const std::vector<std::string> argv = {ONLINEPS_BIN_DIR "/onlineps_mcp_bridge",
+                                         "--workers",
+                                         worker_,
+                                         "--port",
+                                         "0",
+                                         "--admin-port",
+                                         "-1",
+                                         "--state-dir",
+                                         dir_ + "/state"};
+  Subprocess first(argv);
+  ASSERT_FALSE(first.WaitForLine("LISTENING ", kProcessStart).empty());
+  Subprocess second(argv, /*with_stderr=*/true);
+  const std::string out = second.ReadToEnd(std::chrono::milliseconds(20000));
+  EXPECT_EQ(second.Wait(std::chrono::milliseconds(20000)), 2) << out;
+  EXPECT_NE(out.find("another process is using the --state-dir " + dir_ + "/state"),
+            std::string::npos)
+      << out;
 }
 
 }  // namespace

@@ -176,7 +176,8 @@ TEST_F(BridgeStateTest, UnreadableFilesAreSetAsideAndTheRestLoads) {
   const std::string old_torn = path_ + "/contexts/" + Hex(std::string(32, 'a')) + ".json";
   std::ofstream(old_torn) << "{\"key\": \"aaaa";
   std::ofstream(good + ".tmp") << "half a write";
-  dir = Open();  // a restart
+  dir.reset();  // a restart
+  dir = Open();
   EXPECT_FALSE(fs::exists(good + ".tmp"));
   auto records = dir->Load("contexts");
   ASSERT_EQ(records.size(), 1u);
@@ -196,6 +197,20 @@ TEST_F(BridgeStateTest, OpenNamesAPathItCannotUse) {
   auto d = StateDir::Open({file, false}, {"contexts"});
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find(file), std::string::npos) << d.status().ToString();
+}
+
+// One bridge per directory: a second Open of the same path is refused while the first
+// holds it (two bridges would each rewrite the other's sessions), and allowed after.
+TEST_F(BridgeStateTest, ASecondBridgeOnTheSameDirectoryIsRefused) {
+  auto first = StateDir::Open({path_, false}, {"contexts"});
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  auto second = StateDir::Open({path_, false}, {"contexts"});
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("--state-dir " + path_), std::string::npos)
+      << second.status().ToString();
+  first->reset();
+  EXPECT_TRUE(StateDir::Open({path_, false}, {"contexts"}).ok());
 }
 
 TEST_F(BridgeStateTest, ContextsSurviveARestartAndRevisionsMoveOn) {
@@ -336,7 +351,7 @@ TEST_F(BridgeStateTest, FoldersAre0700AndFiles0600WhateverTheUmask) {
   ASSERT_EQ(ModeOf(file + ".tmp"), 0644u);
   ASSERT_TRUE((*dir)->Put("contexts", H("a"), {{"items", {"x"}}}).ok());
   ASSERT_TRUE((*dir)->Put("sessions", H("b"), {{"version", "2025-06-18"}}).ok());
-  EXPECT_EQ(ExpectPrivate(root, {}), 2u);
+  EXPECT_EQ(ExpectPrivate(root, {}), 3u);  // and the lock file
 }
 
 TEST_F(BridgeStateTest, AnExistingDirectoryOpenToOthersIsTightened) {
@@ -398,7 +413,7 @@ TEST_F(BridgeStateTest, NoFileShowsASessionIdYetARestartFindsItsRecords) {
         200);
     ASSERT_TRUE(store->Set("alice/m:" + sid, {"likes thrillers"}, {0.5f}).ok());
     ASSERT_TRUE(store->Set("alice/s:notes", {"named"}, {}).ok());
-    EXPECT_EQ(ExpectPrivate(path_, {sid}), 3u);
+    EXPECT_EQ(ExpectPrivate(path_, {sid}), 4u);  // and the lock file
   }
   auto dir = Open();  // a restart: the records are known by hash only
   auto server = Server();
@@ -418,7 +433,7 @@ TEST_F(BridgeStateTest, NoFileShowsASessionIdYetARestartFindsItsRecords) {
   EXPECT_EQ(c->items, std::vector<std::string>{"likes thrillers"});
   EXPECT_EQ(c->features, std::vector<float>{0.5f});
   EXPECT_TRUE(store->Get("alice/s:notes").has_value());
-  EXPECT_EQ(ExpectPrivate(path_, {sid}), 3u);
+  EXPECT_EQ(ExpectPrivate(path_, {sid}), 4u);
   EXPECT_TRUE(server->EndSession(sid, "alice"));
   EXPECT_FALSE(fs::exists(File(*dir, "sessions", sid)));
   EXPECT_EQ(server->sessions(), 0u);
@@ -474,7 +489,7 @@ TEST_F(BridgeStateTest, OldFormatFilesAreConvertedKeepingTheirLastUse) {
   EXPECT_EQ(server->Persist(dir.get()), 2u);
   auto store = Store();
   EXPECT_EQ(store->Persist(dir.get()), 2u);
-  EXPECT_EQ(ExpectPrivate(path_, {sid}), 4u);  // the old names are gone, with the keys
+  EXPECT_EQ(ExpectPrivate(path_, {sid}), 5u);  // the old names are gone (the lock file stays)
   for (const auto& [kind, key] : old) {
     const std::string file = File(*dir, kind, key);
     EXPECT_FALSE(fs::exists(path_ + "/" + kind + "/" + LegacyName(key)));

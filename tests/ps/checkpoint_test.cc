@@ -772,6 +772,33 @@ TEST_F(CheckpointTest, ShardServerRefusesToStartFromCorruptCheckpoint) {
   EXPECT_EQ(ReadFile(path), bytes);  // the evidence is left alone
 }
 
+// Two shard processes on one checkpoint file would each overwrite the other's
+// checkpoints (an empty shard's replaced a full one): the second is refused at start,
+// naming the directory; once the first stops, the file is free again.
+TEST_F(CheckpointTest, ASecondShardOnTheSameCheckpointFileIsRefused) {
+  static std::atomic<int> counter{0};
+  const std::string name = "ckpt-lock-" + std::to_string(counter++);
+  ShardServerOptions o = ServerOptions(name, 0, dir_);
+  ShardServer first(o, std::make_shared<prometheus::Registry>());
+  ASSERT_TRUE(first.Start().ok());
+  ShardServerOptions o2 = ServerOptions(name + "-b", 0, dir_);
+  ShardServer second(o2, std::make_shared<prometheus::Registry>());
+  auto r = second.Start();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("another process is using the checkpoint directory " + dir_),
+            std::string::npos)
+      << r.status().ToString();
+  // Another shard index in the same directory is another file: allowed.
+  ShardServer other(ServerOptions(name + "-c", 1, dir_), std::make_shared<prometheus::Registry>());
+  EXPECT_TRUE(other.Start().ok());
+  other.Stop();
+  first.Stop();
+  ShardServer third(ServerOptions(name + "-d", 0, dir_), std::make_shared<prometheus::Registry>());
+  EXPECT_TRUE(third.Start().ok());
+  third.Stop();
+}
+
 TEST_F(CheckpointTest, ShardServerWithRestoreOffStartsEmpty) {
   static std::atomic<int> counter{0};
   const std::string name = "ckpt-norestore-" + std::to_string(counter++);
