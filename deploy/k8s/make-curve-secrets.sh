@@ -6,13 +6,15 @@
 #   deploy/k8s/make-curve-secrets.sh --keys ./curve-keys -o curve-secrets.yaml
 #
 # Each Secret holds one component's own certificate (key `cert`, both keys) and the
-# public keys it needs: `server.pub` (the key of the servers it connects to) and
-# `allow` (the client keys it admits: the shards admit the workers and their own key,
-# the workers admit the bridge). No secret key is shared between components and none is
-# written to git. The shards' own key is on their allow list because the replicas of a
-# replicated shard (components/replication) connect to each other with the shards'
-# certificate; Secrets made before it was added refuse that, so remake them for a
-# replicated cluster.
+# public keys it needs: `server.pub` (the key of the servers it connects to; the shards'
+# is their own, for `kubectl exec onlineps-ps-0 -- onlineps_ps_cli`) and `allow` (the
+# client keys it admits: the shards admit the workers and their own key, the workers
+# admit the bridge). No secret key is shared between components and none is written to
+# git. The shards' own key is on their allow list because the replicas of a replicated
+# shard (components/replication) and onlineps_ps_cli in a PS pod connect with the
+# shards' certificate; Secrets made before it was added refuse that, and Secrets made
+# before onlineps-curve-ps had `server.pub` cannot be mounted by the PS pods: remake
+# them (components/curve/kustomization.yaml shows how to add server.pub by hand).
 #
 # Options:
 #   -n, --namespace NS  namespace of the Secrets (default onlineps)
@@ -112,7 +114,7 @@ yaml=$dir/secrets.yaml
   # Every document starts with ---, so the output can follow other YAML (cat render.yaml -).
   echo "# onlineps CURVE Secrets made by deploy/k8s/make-curve-secrets.sh: SECRET KEYS, never commit."
   echo "---"
-  secret onlineps-curve-ps ps "cert=$dir/ps" "allow=$dir/ps.allow"
+  secret onlineps-curve-ps ps "cert=$dir/ps" "server.pub=$dir/ps.pub" "allow=$dir/ps.allow"
   echo "---"
   secret onlineps-curve-worker worker "cert=$dir/worker" "server.pub=$dir/ps.pub" \
     "allow=$dir/worker.allow"

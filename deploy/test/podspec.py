@@ -13,7 +13,11 @@ for both; a StatefulSet's index is its pod-index label) it writes OUT_DIR/<pod>/
   spec.sh  shell assignments: container (its name), image, command_set (1 when `command` replaces the
            ENTRYPOINT), the DNS names the pod answers to (its own, the StatefulSet's
            <pod>.<serviceName>, every Service selecting it), the admin port, the probes,
-           preStop, the grace period, the security context, volumes, limits
+           preStop, the grace period, the security context, volumes, limits. `claims`
+           are "<volume>:<mountPath>" for run_pods.sh's named volumes: a StatefulSet
+           claim's is <template>-<pod>, a PersistentVolumeClaim volume's the claim's
+           name (one volume for every pod that mounts it, as the claim is; it must be a
+           PersistentVolumeClaim of the render)
 and OUT_DIR/pods: "<pod> <component>" lines in workload order. One container per pod
 (the onlineps manifests have no sidecars); anything else in the render is refused.
 Workloads are onlineps' own and etcd's (components/etcd; its component is `etcd`).
@@ -118,7 +122,7 @@ def shell(name, value):
     return f"{name}={shlex.quote(str(value))}"
 
 
-def pod_spec(w, c, pod, services):
+def pod_spec(w, c, pod, services, objects):
     spec = w["spec"]["template"]["spec"]
     ports = {p["name"]: p["containerPort"] for p in c.get("ports", []) if "name" in p}
     aliases = [pod["name"]]
@@ -148,11 +152,19 @@ def pod_spec(w, c, pod, services):
         out.update(probe(c, kind, ports))
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
     claims = {t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])}
+    pvcs = {o["metadata"]["name"] for o in objects if o["kind"] == "PersistentVolumeClaim"}
     tmpfs, claim_mounts, secret_mounts = [], [], []
     for m in c.get("volumeMounts", []):
         v = volumes.get(m["name"])
         if m["name"] in claims:  # the StatefulSet's PVC <template>-<pod>
             claim_mounts.append(f"{m['name']}-{pod['name']}:{m['mountPath']}")
+        elif v is not None and "persistentVolumeClaim" in v:  # e.g. components/bridge-state
+            claim = v["persistentVolumeClaim"]["claimName"]
+            if claim not in pvcs:
+                fail(f"pod {pod['name']}: volume {m['name']}: PersistentVolumeClaim {claim} is not in the render")
+            if m.get("readOnly") or v["persistentVolumeClaim"].get("readOnly") or m.get("subPath"):
+                fail(f"pod {pod['name']}: volume {m['name']}: a read-only or subPath claim mount is not handled")
+            claim_mounts.append(f"{claim}:{m['mountPath']}")
         elif v is not None and "emptyDir" in v:
             tmpfs.append(f"{m['mountPath']}:{v['emptyDir'].get('sizeLimit', '64Mi')}")
         elif v is not None and "secret" in v:
@@ -213,7 +225,7 @@ def main():
             with open(os.path.join(d, "argv"), "w", encoding="utf-8") as f:
                 f.write("".join(a + "\0" for a in argv))
             with open(os.path.join(d, "spec.sh"), "w", encoding="utf-8") as f:
-                f.writelines(shell(k, v) + "\n" for k, v in pod_spec(w, c, pod, services).items())
+                f.writelines(shell(k, v) + "\n" for k, v in pod_spec(w, c, pod, services, objects).items())
             pods.append(f"{pod['name']} {labels.get('app.kubernetes.io/component', '')}\n")
     with open(os.path.join(out_dir, "pods"), "w", encoding="utf-8") as f:
         f.writelines(pods)

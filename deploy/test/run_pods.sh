@@ -6,12 +6,15 @@
 # deploy/k8s/overlays/replicated instead (3 etcd members, 2 shards x 2 replicas, CURVE,
 # workers, bridge) and checks a failover: shard 0's primary SIGKILLed, the backup takes
 # over, learn/infer go on with the learned state, the killed replica rejoins in sync.
+# With --overlay bridge-state it runs deploy/k8s/overlays/bridge-state (the base with the
+# bridge's sessions on a volume claim) through the base's checks, and replaces the bridge
+# pod on the same volume: the new bridge must serve the old MCP session id.
 # An on-demand CI job (deploy/README.md, "Pod test"), not part of ctest or .ci/run: it
 # builds images (~20 min on 2 cores) and needs root, podman and the Debian archive.
 #
 # Usage: deploy/test/run_pods.sh [options]
-#   --overlay NAME   base (default) or replicated (needs etcd-server on the host: its
-#                    etcd stands in for the etcd image, see deploy/README.md)
+#   --overlay NAME   base (default), bridge-state, or replicated (needs etcd-server on
+#                    the host: its etcd stands in for the etcd image, see deploy/README.md)
 #   --prebuilt DIR   images from the binaries in DIR (a bookworm host build, e.g. build/bin)
 #                    instead of compiling in the image build (saves the ~15 min compile)
 #   --no-build       use the images already in podman's storage
@@ -23,10 +26,10 @@
 #   --cleanup        remove the pods, network and volumes of an earlier --keep run, exit
 # Every pod gets its container's exact args and environment from the render
 # (deploy/test/podspec.py), its user, read-only root, dropped capabilities, tmpfs for
-# emptyDirs, a named volume per StatefulSet claim, the tokens Secret (and, replicated,
-# the CURVE Secrets of make-curve-secrets.sh) as read-only mounts, and the DNS names of
-# its StatefulSet and Services as network aliases on a podman network. podman cannot do
-# the rest of Kubernetes; see deploy/README.md.
+# emptyDirs, a named volume per StatefulSet claim and per PersistentVolumeClaim, the
+# tokens Secret (and, replicated, the CURVE Secrets of make-curve-secrets.sh) as
+# read-only mounts, and the DNS names of its StatefulSet and Services as network aliases
+# on a podman network. podman cannot do the rest of Kubernetes; see deploy/README.md.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -40,7 +43,7 @@ while (($#)); do
     --base) base=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     --cleanup) cleanup_only=1; shift ;;
-    -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_pods: unknown argument '$1' (--help)" >&2; exit 2 ;;
   esac
 done
@@ -53,6 +56,7 @@ done
 [ "$(id -u)" -eq 0 ] || die "needs root (rootful podman: pod networking and volume ownership)"
 case $overlay in
   base) kdir=$root/deploy/k8s/base ;;
+  bridge-state) kdir=$root/deploy/k8s/overlays/bridge-state ;;
   replicated)
     kdir=$root/deploy/k8s/overlays/replicated
     # The etcd image (gcr.io/etcd-development/etcd) is not pulled: no registry but the
@@ -61,7 +65,7 @@ case $overlay in
     # (etcdctl beside it, as in the image).
     etcd_bin=$(command -v etcd) || die "--overlay replicated needs etcd-server (apt-get install etcd-server)"
     ;;
-  *) die "--overlay '$overlay': base or replicated (the others need a GPU or differ only in settings)" ;;
+  *) die "--overlay '$overlay': base, bridge-state or replicated (the others need a GPU or differ only in settings)" ;;
 esac
 
 # podman settings that work on a cgroup v1/v2 hybrid host without systemd (this CI
@@ -147,7 +151,7 @@ if [ "$build" -eq 1 ]; then
   build_image "$worker" Dockerfile.worker onlineps_worker onlineps_worker_cli
 fi
 images=("$slim" "$worker")
-[ "$overlay" = base ] || images+=("$base")  # the etcd stand-in runs in it
+if [ "$overlay" = replicated ]; then images+=("$base"); fi  # the etcd stand-in runs in it
 for image in "${images[@]}"; do
   podman image exists "$image" || die "no image $image (run without --no-build)"
 done
@@ -284,7 +288,7 @@ say "started ${#pods[@]} pods on podman network $net"
 for pod in "${pods[@]}"; do wait_startup "$pod"; done
 say "every startup probe passed after $((SECONDS - started)) s"
 for pod in "${pods[@]}"; do check_probes "$pod"; done
-say "/livez /readyz /healthz 200 on every pod's admin port$([ "$overlay" = base ] || echo " (etcd: its liveness and readiness /health)")"
+say "/livez /readyz /healthz 200 on every pod's admin port$([ "$overlay" != replicated ] || echo " (etcd: its liveness and readiness /health)")"
 
 # --- MCP through the bridge, as a client of the Service onlineps-mcp-bridge -------------------
 bridge=$(grep ' mcp-bridge$' "$work/pods/pods" | head -n 1 | cut -d' ' -f1)
@@ -327,23 +331,22 @@ say "MCP initialize, 6 learn calls and infer through the bridge: good -> positiv
 # --- the shards as onlineps_ps_cli sees them --------------------------------------------------
 mapfile -t ps_pods < <(grep ' ps$' "$work/pods/pods" | cut -d' ' -f1)
 ps0=${ps_pods[0]} ps1=${ps_pods[1]}
-cli_pod=$ps1 cli_env=()
+cli_pod=$ps1
 if [ "$overlay" = replicated ]; then
   # Replicas per shard (the pod annotation, given to the start script by the downward API).
   R=$(sed -n 's/^PS_REPLICAS_PER_SHARD=//p' "$work/pods/$ps0/env")
   cli_pod=${ps_pods[R]}  # a replica of shard 1: shard 0's are killed below
-  # With CURVE the shards admit their own key (replicas connect with it): the CLI in a PS
-  # pod uses the pod's certificate (ONLINEPS_CURVE_CERT) and its public key as the server's.
-  grep -q '^ONLINEPS_CURVE_CERT=' "$work/pods/$cli_pod/env" &&
-    cli_env=(-e "ONLINEPS_CURVE_SERVER_KEY=$(sed -n 's/^ONLINEPS_CURVE_CERT=//p' "$work/pods/$cli_pod/env")")
 fi
-cli() { podman exec "${cli_env[@]}" "$(ctr "$cli_pod")" /usr/local/bin/onlineps_ps_cli --log-level warn "$@"; }
+# The pod's own environment, as `kubectl exec` gives it: with CURVE the PS container has
+# its certificate (which the shards admit) and their public key (ONLINEPS_CURVE_SERVER_KEY,
+# read by the CLI only; components/curve).
+cli() { podman exec "$(ctr "$cli_pod")" /usr/local/bin/onlineps_ps_cli --log-level warn "$@"; }
 state() {  # the model as the shards hold it: rows and versions per shard, the dense values
   cli info --table text/embed | grep -oE '^shard [0-9]+|(elements|rows|version)=[0-9]+' &&
     cli pull --table text/out.weight && cli pull --table text/out.bias
 }
 
-if [ "$overlay" = base ]; then
+if [ "$overlay" != replicated ]; then
   # --- SIGKILL a shard; the StatefulSet's replacement restores it from its volume ------------
   podman exec "$(ctr "$ps0")" /usr/local/bin/onlineps_ps_cli checkpoint >"$work/out" 2>&1 ||
     { cat "$work/out" >&2; fail_pod "$ps0" "onlineps_ps_cli checkpoint (kubectl exec in the README)"; }
@@ -502,6 +505,24 @@ stop_pod() {  # POD: preStop hook, SIGTERM, then SIGKILL after the grace period
   code=$(podman inspect -f '{{.State.ExitCode}}' "$(ctr "$pod")")
   [ "$code" = 0 ] || fail_pod "$pod" "exit code $code after SIGTERM (expected 0: drained)"
 }
+if [ "$overlay" = bridge-state ]; then
+  # --- the bridge's sessions on its claim: a new bridge pod (strategy Recreate: the old one
+  # stops first) on the same volume serves the session of the old one ------------------------
+  stop_pod "$bridge"
+  podman pod rm -f -t 0 "$bridge" >/dev/null
+  started=$SECONDS
+  start_pod "$bridge"
+  wait_startup "$bridge"
+  check_probes "$bridge"
+  bridge_url="http://$(pod_ip "$bridge"):8080/mcp"
+  good=$(infer_label good) ||
+    fail_pod "$bridge" "MCP infer on the old session ($sid) after the bridge was replaced on its state volume"
+  [ "$good" = positive ] || fail_pod "$bridge" "infer after the bridge was replaced: good -> $good"
+  learn_all || fail_pod "$bridge" "MCP learn on the old session after the bridge was replaced"
+  say "$bridge replaced on its state volume (Ready after $((SECONDS - started)) s): the old MCP session id" \
+    "goes on (infer good -> positive, learn)"
+fi
+
 # etcd last: a SIGTERMed primary hands its shard over through etcd.
 mapfile -t stop_lines < <(grep -v ' etcd$' "$work/pods/pods"; grep ' etcd$' "$work/pods/pods" || true)
 for line in "${stop_lines[@]}"; do

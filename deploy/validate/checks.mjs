@@ -150,6 +150,24 @@ function checkOtherContainer(w, c) {
   if (!c.image || !/:[A-Za-z0-9_.-]+$/.test(c.image) || /:latest$/.test(c.image)) fail(what, `image ${c.image} is not pinned to a tag`);
 }
 
+// The API server refuses rollingUpdate settings beside a strategy that does not roll
+// (apps validation): a Deployment's `strategy: {type: Recreate, rollingUpdate: ...}`
+// ("may not be specified when strategy `type` is 'Recreate'"), a StatefulSet's
+// `updateStrategy: {type: OnDelete, rollingUpdate: ...}`. A strategic-merge patch that
+// sets Recreate over the base's RollingUpdate keeps the base's rollingUpdate unless it
+// deletes it (`rollingUpdate: null`), and the schemas accept the result.
+function checkStrategy(w, what) {
+  // (A DaemonSet's OnDelete with rollingUpdate is accepted, so not checked.)
+  const field = { Deployment: "strategy", StatefulSet: "updateStrategy" }[w.kind];
+  const type = field && w.spec[field]?.type;
+  if (!field || type === undefined || type === "RollingUpdate") return;
+  const ru = w.spec[field].rollingUpdate;
+  if (ru !== undefined && ru !== null) {
+    fail(what, `${field}.type is ${type} but ${field}.rollingUpdate is set (${JSON.stringify(ru)}): ` +
+      `the API server refuses it; delete it in the patch that sets ${type} (rollingUpdate: null)`);
+  }
+}
+
 // Every problem of the rendered objects, as "<object>: <what is wrong>" lines.
 // external: names of Secrets created out of band. Not reentrant (one `problems` list).
 export function checkManifests(objects, { external = new Set() } = {}) {
@@ -205,6 +223,7 @@ export function checkManifests(objects, { external = new Set() } = {}) {
     }
     const replicas = w.spec.replicas ?? 1;
     if (!Number.isInteger(replicas) || replicas < 1) fail(what, `replicas ${JSON.stringify(w.spec.replicas)} is not a positive integer`);
+    checkStrategy(w, what);
   }
 
   // Every Service selects some workload's pods and its named targetPorts exist there.

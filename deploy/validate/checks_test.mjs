@@ -5,8 +5,9 @@
 // key-file layout), checks that each passes, then breaks one thing at a time and checks
 // that checks.mjs refuses it naming the problem: the CURVE and Secret wiring on the
 // first; the replicated layout, the etcd reference, the etcd StatefulSet, its
-// NetworkPolicy and CURVE being required on the second. A few variants that must pass
-// (an etcd outside the render, 3 replicas per shard, ...) are checked too. The cases
+// NetworkPolicy and CURVE being required on the second; update strategies the API server
+// refuses (Recreate with rollingUpdate) on the first. A few variants that must pass
+// (an etcd outside the render, 3 replicas per shard, a Recreate bridge, ...) are checked too. The cases
 // run in this process (checkManifests); checks.mjs itself runs twice as a command, on
 // an intact and a broken render, for its exit status.
 //
@@ -56,13 +57,14 @@ const secret = (name, data) => ({
 
 const keys = Object.fromEntries(["ps", "worker", "bridge"].map((r) => [r, { pub: key(), sec: key() }]));
 const objectsOf = (f) => parseAllDocuments(readFileSync(f, "utf8")).map((d) => d.toJS()).filter(Boolean);
-// psAllow: the shards' allow list; a replicated cluster's admits the shards' own key.
+// psAllow: the shards' allow list (make-curve-secrets.sh: the workers' key and the
+// shards' own, for the replicas and for onlineps_ps_cli in a PS pod).
 const secrets = (psAllow) => [
-  secret("onlineps-curve-ps", { cert: certFile(keys.ps), allow: psAllow }),
+  secret("onlineps-curve-ps", { cert: certFile(keys.ps), "server.pub": pubFile(keys.ps.pub), allow: psAllow }),
   secret("onlineps-curve-worker", { cert: certFile(keys.worker), "server.pub": pubFile(keys.ps.pub), allow: pubFile(keys.bridge.pub) }),
   secret("onlineps-curve-bridge", { cert: certFile(keys.bridge), "server.pub": pubFile(keys.worker.pub) }),
 ];
-const curveBase = [...objectsOf(curveRender), ...secrets(pubFile(keys.worker.pub))];
+const curveBase = [...objectsOf(curveRender), ...secrets(pubFile(keys.worker.pub) + pubFile(keys.ps.pub))];
 const replicatedBase = [...objectsOf(replicatedRender), ...secrets(pubFile(keys.worker.pub) + pubFile(keys.ps.pub))];
 
 const find = (objs, kind, name) => objs.find((o) => o.kind === kind && o.metadata.name === name);
@@ -121,6 +123,14 @@ const curveCases = [
   ["a CURVE Secret missing from the render", (o) => {
     o.splice(o.indexOf(find(o, "Secret", "onlineps-curve-ps")), 1);
   }, "Secret onlineps-curve-ps is neither in the render nor declared external"],
+  // `kubectl exec onlineps-ps-0 -- onlineps_ps_cli checkpoint` (deploy/README.md) in a
+  // CURVE cluster: the CLI gets the PS container's env.
+  ["no server key for the CLI in the PS pods", (o) => dropEnv(ps(o), "ONLINEPS_CURVE_SERVER_KEY"),
+    "gets ONLINEPS_CURVE_CERT and refuses to run without the shards' public key"],
+  ["the PS pods get the workers' key as the shards'", (o) => setData(o, "onlineps-curve-ps", "server.pub", pubFile(keys.worker.pub)),
+    "is not the shards' own public key"],
+  ["the shards do not admit their own key (the CLI in a PS pod)", (o) => setData(o, "onlineps-curve-ps", "allow", pubFile(keys.worker.pub)),
+    "onlineps_ps_cli in a PS pod connects with it"],
 ];
 
 // The replicated render (components/replication + etcd + curve).
@@ -227,6 +237,21 @@ const replicatedCases = [
   }, "is not pinned to a tag"],
 ];
 
+// Update strategies the API server refuses, on the CURVE render (any render would do).
+const strategyCases = [
+  ["a Recreate Deployment that keeps the base's rollingUpdate", (o) => {
+    find(o, "Deployment", "onlineps-mcp-bridge").spec.strategy = { type: "Recreate", rollingUpdate: { maxSurge: 1, maxUnavailable: 0 } };
+  }, "Deployment onlineps/onlineps-mcp-bridge: strategy.type is Recreate but strategy.rollingUpdate is set"],
+  ["an OnDelete StatefulSet with rollingUpdate", (o) => {
+    psSet(o).spec.updateStrategy = { type: "OnDelete", rollingUpdate: { partition: 0 } };
+  }, "updateStrategy.type is OnDelete but updateStrategy.rollingUpdate is set"],
+];
+const curveAccepted = [
+  ["a Recreate bridge without rollingUpdate (components/bridge-state)", (o) => {
+    find(o, "Deployment", "onlineps-mcp-bridge").spec.strategy = { type: "Recreate" };
+  }],
+];
+
 // Variants of the replicated render that must pass.
 const replicatedAccepted = [
   ["an etcd outside the render, declared external", (o) => {
@@ -269,9 +294,10 @@ function expectAccepted(base, variants) {
     if (found.length > 0) bad.push(`${what}: refused:\n  ${found.join("\n  ")}`);
   }
 }
-expectAccepted(curveBase, [["the intact CURVE render with matching Secrets", () => {}]]);
+expectAccepted(curveBase, [["the intact CURVE render with matching Secrets", () => {}], ...curveAccepted]);
 expectAccepted(replicatedBase, [["the intact replicated render with matching Secrets", () => {}], ...replicatedAccepted]);
 expectRefused(curveBase, curveCases);
+expectRefused(curveBase, strategyCases);
 expectRefused(replicatedBase, replicatedCases);
 
 // checks.mjs as a command: exit 0 on the intact render, 1 on a broken one.
@@ -299,5 +325,5 @@ if (bad.length > 0) {
   for (const b of bad) console.error(`checks_test.mjs: ${b}`);
   process.exit(1);
 }
-console.log(`checks_test.mjs: the intact CURVE and replicated renders and ${replicatedAccepted.length} variants pass; ` +
-  `${curveCases.length} broken CURVE and ${replicatedCases.length} broken replicated ones are refused`);
+console.log(`checks_test.mjs: the intact CURVE and replicated renders and ${curveAccepted.length + replicatedAccepted.length} variants pass; ` +
+  `${curveCases.length} broken CURVE, ${replicatedCases.length} broken replicated and ${strategyCases.length} bad update strategies are refused`);

@@ -8,12 +8,19 @@
 // `items` maps that very file name; files not readable by others need the pod's fsGroup
 // (kubelet makes Secret files root-owned, group fsGroup). Across components: CURVE is on
 // for the PS, the workers and the bridge or for none of them, and each CURVE client has
-// the servers' key. When the Secrets are in the render (make-curve-secrets.sh output
-// added to it), their keys must fit together: the workers' server key is the PS's public
-// key, the bridge's is the workers', each allow list admits its clients, no public-key
-// file holds a secret key; with replicated shards, the shards' allow list admits their
-// own key (replicas connect to each other with it, and ZAP would refuse them
-// otherwise). No ConfigMap may hold a secret key or an ONLINEPS_CURVE_* name.
+// the servers' key. So has every pod where onlineps_ps_cli runs through `kubectl exec`
+// (deploy/README.md: the PS pods; the worker image has no onlineps_ps_cli): the exec'd
+// CLI gets the container's env, ONLINEPS_CURVE_CERT included, and refuses to run without
+// ONLINEPS_CURVE_SERVER_KEY; in a PS container that name is read by the CLI only
+// (onlineps_ps has no --curve-server-key: its replicas call each other with its own
+// public key). When the
+// Secrets are in the render (make-curve-secrets.sh output added to it), their keys must
+// fit together: the workers' server key is the PS's public key, the bridge's is the
+// workers', the PS container's is the PS's own, each allow list admits its clients, no
+// public-key file holds a secret key; the shards' allow list admits their own key when
+// the shards are replicated (replicas connect to each other with it, and ZAP would refuse
+// them otherwise) or when the CLI runs in the PS pods (it connects with the pod's
+// certificate). No ConfigMap may hold a secret key or an ONLINEPS_CURVE_* name.
 
 const CURVE_ENV = ["ONLINEPS_CURVE_CERT", "ONLINEPS_CURVE_SERVER_KEY", "ONLINEPS_CURVE_ALLOW"];
 const KEY_LINE = /^\s*(public|secret)-key\s*=\s*"?([^"\s]{40})"?\s*(?:#.*)?$/;
@@ -114,10 +121,12 @@ export function checkSecretFiles(ctx) {
     if (ctx.env(b)?.ONLINEPS_TOKENS_FILE) checkFile(ctx, `${ctx.id(b)} container ${c.name}`, b, c, "ONLINEPS_TOKENS_FILE", { secretOnly: true });
   }
 
+  // cli: onlineps_ps_cli runs in these pods (kubectl exec, deploy/README.md) and reads
+  // the container's ONLINEPS_CURVE_CERT and ONLINEPS_CURVE_SERVER_KEY.
   const parts = [
-    ["PS", ctx.ps ? [ctx.ps] : [], { server: true, client: false }],
-    ["worker", ctx.workers, { server: true, client: true }],
-    ["bridge", ctx.bridges, { server: false, client: true }],
+    ["PS", ctx.ps ? [ctx.ps] : [], { server: true, client: false, cli: true }],
+    ["worker", ctx.workers, { server: true, client: true, cli: false }],
+    ["bridge", ctx.bridges, { server: false, client: true, cli: false }],
   ];
   const on = [], off = []; // workloads with and without CURVE
   const files = new Map(); // role -> {cert, server, allow} of its first workload
@@ -135,8 +144,11 @@ export function checkSecretFiles(ctx) {
       }
       if (kind.client && !set.includes("ONLINEPS_CURVE_SERVER_KEY")) {
         ctx.fail(what, `CURVE is on but ONLINEPS_CURVE_SERVER_KEY is not set: the ${role} cannot reach its servers`);
+      } else if (kind.cli && !set.includes("ONLINEPS_CURVE_SERVER_KEY")) {
+        ctx.fail(what, "CURVE is on but ONLINEPS_CURVE_SERVER_KEY is not set: `kubectl exec ... -- onlineps_ps_cli` in the pod " +
+          "(deploy/README.md) gets ONLINEPS_CURVE_CERT and refuses to run without the shards' public key");
       }
-      if (!kind.client && env.ONLINEPS_CURVE_SERVER_KEY) ctx.fail(what, `ONLINEPS_CURVE_SERVER_KEY is set but the ${role} has no --curve-server-key (it connects to no ZeroMQ server)`);
+      if (!kind.client && !kind.cli && env.ONLINEPS_CURVE_SERVER_KEY) ctx.fail(what, `ONLINEPS_CURVE_SERVER_KEY is set but the ${role} has no --curve-server-key (it connects to no ZeroMQ server)`);
       if (!kind.server && env.ONLINEPS_CURVE_ALLOW) ctx.fail(what, `ONLINEPS_CURVE_ALLOW is set but the ${role} has no --curve-allow (it serves no ZeroMQ clients)`);
       const got = {};
       got.cert = checkFile(ctx, what, w, c, "ONLINEPS_CURVE_CERT", { secretOnly: true });
@@ -179,6 +191,7 @@ function checkKeysFit(ctx, files) {
   };
   expect("worker", "PS", "PS's");
   expect("bridge", "worker", "workers'");
+  expect("PS", "PS", "shards' own"); // for onlineps_ps_cli in the PS pods
   const admits = (server, client) => {
     const f = files.get(server);
     const keys = fileKeys(f?.allow);
@@ -190,13 +203,15 @@ function checkKeysFit(ctx, files) {
   admits("PS", "worker");
   admits("worker", "bridge");
   // Replicas of a shard are each other's CURVE clients, with the shards' certificate
-  // (unless --curve-replica-keys names certificates of their own).
-  if (ctx.replicated && !ctx.env(ctx.ps)?.ONLINEPS_CURVE_REPLICA_KEYS) {
-    const f = files.get("PS");
-    const keys = fileKeys(f?.allow);
-    if (keys && pub.has("PS") && !keys.some((l) => l.kind !== "secret" && l.key === pub.get("PS"))) {
-      ctx.fail(f.what, `ONLINEPS_CURVE_ALLOW (${f.allow.name}/${f.allow.key}) does not admit the shards' own key ${pub.get("PS")}: ` +
-        "replicas connect to each other with it and would be refused (make-curve-secrets.sh adds it)");
-    }
+  // (unless --curve-replica-keys names certificates of their own); so is onlineps_ps_cli
+  // run in a PS pod (the pod's certificate, the server key of the PS container).
+  const f = files.get("PS");
+  const why = [];
+  if (ctx.replicated && !ctx.env(ctx.ps)?.ONLINEPS_CURVE_REPLICA_KEYS) why.push("replicas connect to each other with it");
+  if (f?.server) why.push("onlineps_ps_cli in a PS pod connects with it");
+  const keys = fileKeys(f?.allow);
+  if (why.length > 0 && keys && pub.has("PS") && !keys.some((l) => l.kind !== "secret" && l.key === pub.get("PS"))) {
+    ctx.fail(f.what, `ONLINEPS_CURVE_ALLOW (${f.allow.name}/${f.allow.key}) does not admit the shards' own key ${pub.get("PS")}: ` +
+      `${why.join(", and ")}, and would be refused (make-curve-secrets.sh adds it)`);
   }
 }

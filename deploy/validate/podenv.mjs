@@ -14,6 +14,12 @@
 // binary reads (a misspelt name would otherwise be ignored silently). Workloads that
 // are not onlineps (app.kubernetes.io/name != onlineps, e.g. etcd) are skipped.
 //
+// onlineps_ps_cli runs in the PS pods through `kubectl exec` (deploy/README.md), with the
+// container's env (not what the start script exports): ONLINEPS_* names it reads are
+// accepted in the PS container too, and the PS's first pod gets one more case, the CLI
+// with that env (`onlineps_ps_cli checkpoint`), which must see the shards and, with CURVE
+// (ONLINEPS_CURVE_CERT set), the server key (the CLI refuses CURVE without one).
+//
 // One case per pod: a Deployment's first pod, and every pod of a StatefulSet, with the
 // downward API filled in as the kubelet would (pod name, pod-index label, annotations)
 // and $(VAR) references expanded as the kubelet expands them. For each case N:
@@ -36,6 +42,8 @@ if (!render || !helpDir || !outDir) {
 }
 
 const POD_INDEX = "apps.kubernetes.io/pod-index";
+// binary of a container -> the CLI run in its pods with `kubectl exec` (in the same image).
+const EXEC_CLI = { onlineps_ps: "onlineps_ps_cli" };
 const REPLICAS_PER_SHARD = "onlineps.io/replicas-per-shard";
 
 const reads = new Map(); // binary -> Set of env names
@@ -91,7 +99,8 @@ function containerEnv(c, pod) {
 }
 
 function checkNames(c, binary, what) {
-  const own = reads.get(binary);
+  const cli = EXEC_CLI[binary];
+  const own = new Set([...reads.get(binary), ...(reads.get(cli) || [])]);
   for (const src of c.envFrom || []) {
     const cm = src.configMapRef && configMaps.get(src.configMapRef.name);
     if (!cm || checkedMaps.has(cm.metadata.name)) continue;
@@ -101,7 +110,9 @@ function checkNames(c, binary, what) {
     }
   }
   for (const e of c.env || []) {
-    if (e.name.startsWith("ONLINEPS_") && !own.has(e.name)) problems.push(`${what}: env ${e.name} is not read by ${binary} (no such flag)`);
+    if (e.name.startsWith("ONLINEPS_") && !own.has(e.name)) {
+      problems.push(`${what}: env ${e.name} is not read by ${binary}${cli ? ` nor by ${cli} (run there with kubectl exec)` : ""} (no such flag)`);
+    }
   }
 }
 
@@ -140,6 +151,28 @@ function cases(w, c, shellScript) {
   return out;
 }
 
+// The CLI of EXEC_CLI in the first pod of workload w: one case, or a problem.
+function execCase(w, c, binary, what) {
+  const cli = EXEC_CLI[binary];
+  if (!cli) return null;
+  if (!reads.has(cli)) {
+    problems.push(`${what}: ${cli} (run in its pods with kubectl exec) has no --help in ${helpDir}`);
+    return null;
+  }
+  const [k] = cases(w, c, false);
+  const env = containerEnv(c, k.pod);
+  const expect = [];
+  const exec = `\`kubectl exec ${k.pod.name} -- ${cli} checkpoint\``;
+  if (!env.ONLINEPS_SHARDS) problems.push(`${what}: ONLINEPS_SHARDS is not set: ${exec} has no shards to call`);
+  if (env.ONLINEPS_CURVE_CERT) {
+    expect.push(`curve-cert = ${env.ONLINEPS_CURVE_CERT}`);
+    if (!env.ONLINEPS_CURVE_SERVER_KEY) {
+      problems.push(`${what}: ONLINEPS_CURVE_CERT without ONLINEPS_CURVE_SERVER_KEY: ${exec} refuses CURVE without the shards' public key`);
+    } else expect.push(`curve-server-key = ${env.ONLINEPS_CURVE_SERVER_KEY}`);
+  }
+  return { pod: k.pod, env, argv: [`/usr/local/bin/${cli}`, "checkpoint"], expect, binary: cli, exec: true };
+}
+
 let n = 0;
 let skipped = 0;
 for (const w of objects.filter((o) => ["Deployment", "StatefulSet", "DaemonSet"].includes(o.kind))) {
@@ -162,19 +195,21 @@ for (const w of objects.filter((o) => ["Deployment", "StatefulSet", "DaemonSet"]
     }
     checkNames(c, binary, what);
     const shellScript = /(^|\/)(ba|da)?sh$/.test(argv[0] || "") && argv[1] === "-c";
-    for (const k of cases(w, c, shellScript)) {
-      const env = containerEnv(c, k.pod);
+    const exec = execCase(w, c, binary, what);
+    for (const k of [...cases(w, c, shellScript), ...(exec ? [exec] : [])]) {
+      const env = k.env ?? containerEnv(c, k.pod);
       for (const [key, v] of Object.entries(env)) {
         if (/[\n\r\0]/.test(String(v))) problems.push(`${what}: env ${key} contains a newline`);
       }
       n++;
       writeFileSync(join(outDir, `${n}.env`), Object.entries(env).map(([key, v]) => `${key}=${v}`).join("\n") + "\n");
-      writeFileSync(join(outDir, `${n}.argv`), argv.map((a) => expand(a, env) + "\0").join(""));
+      writeFileSync(join(outDir, `${n}.argv`), (k.argv ?? argv).map((a) => expand(a, env) + "\0").join(""));
       writeFileSync(join(outDir, `${n}.expect`), (k.expect || []).map((l) => l + "\n").join(""));
       if (k.refuse) writeFileSync(join(outDir, `${n}.refuse`), k.refuse);
       const label = k.pod.labels[POD_INDEX];
       const podWhat = label === undefined && w.kind === "StatefulSet" ? `${k.pod.name} without the ${POD_INDEX} label` : k.pod.name;
-      lines.push(`${n} ${binary} ${w.kind}/${w.metadata.name}/${c.name} pod ${podWhat}${label !== undefined && !k.pod.name.endsWith(`-${label}`) ? ` labelled ${label}` : ""}`);
+      const via = k.exec ? ` (kubectl exec ${k.binary})` : "";
+      lines.push(`${n} ${k.binary ?? binary} ${w.kind}/${w.metadata.name}/${c.name} pod ${podWhat}${label !== undefined && !k.pod.name.endsWith(`-${label}`) ? ` labelled ${label}` : ""}${via}`);
     }
   }
 }
