@@ -246,6 +246,10 @@ Status ApplyEntry(CLI::App& app, const FileEntry& entry, const std::string& path
     return InvalidArgument(where + ": unknown key '" + entry.key + "'" +
                            Suggestion(app, entry.key));
   }
+  // An empty list (what --print-config writes for a list option left empty) leaves the
+  // option at its default: CLI11 reads "[]" as a value with no items, which options that
+  // take one or more refuse.
+  if (entry.value == "[]") return Status::Ok();
   try {
     SetDefault(opt, entry.value);
   } catch (const CLI::Error& e) {
@@ -284,19 +288,35 @@ void AddBuiltinOptions(CLI::App& app) {
 // 2^64-1 and clamps a value past 2^64-1: such an option must be plain decimal digits that fit in 64
 // bits (a narrower type is then range-checked by CLI11 itself). Applies to argv, environment and
 // config file values alike, in `app` and its subcommands.
+//
+// CLI11 also reads integers with base 0: "010" is 8 and "0x10" is 16. Both kinds of integer
+// option take decimal digits only, without a leading 0 (a signed one may start with '-'),
+// and a signed one must fit in 64 bits too (past that it was accepted, clamped).
+std::string DecimalProblem(const std::string& v, bool sign_allowed) {
+  const size_t start = sign_allowed && !v.empty() && v[0] == '-' ? 1 : 0;
+  if (v.size() == start || !std::all_of(v.begin() + static_cast<std::ptrdiff_t>(start), v.end(),
+                                        [](char c) { return c >= '0' && c <= '9'; })) {
+    return sign_allowed ? "must be a whole number, not '" + v + "'"
+                        : "must be a whole number >= 0, not '" + v + "'";
+  }
+  if (v.size() > start + 1 && v[start] == '0') {
+    return "'" + v + "': write numbers in decimal without a leading 0 (it would be read as octal)";
+  }
+  errno = 0;
+  if (sign_allowed) {
+    (void)std::strtoll(v.c_str(), nullptr, 10);
+  } else {
+    (void)std::strtoull(v.c_str(), nullptr, 10);
+  }
+  if (errno == ERANGE) return "'" + v + "' is out of range";
+  return std::string();
+}
+
 void CheckNumberOptions(CLI::App& app) {
   static const CLI::Validator kUnsigned(
-      [](std::string& v) -> std::string {
-        if (v.empty() ||
-            !std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-          return "must be a whole number >= 0, not '" + v + "'";
-        }
-        errno = 0;
-        (void)std::strtoull(v.c_str(), nullptr, 10);
-        if (errno == ERANGE) return "'" + v + "' is too large";
-        return std::string();
-      },
-      "");
+      [](std::string& v) -> std::string { return DecimalProblem(v, /*sign_allowed=*/false); }, "");
+  static const CLI::Validator kSigned(
+      [](std::string& v) -> std::string { return DecimalProblem(v, /*sign_allowed=*/true); }, "");
   // A floating-point option takes a finite number: strtod reads "nan" and "inf", which
   // no option here means (0 or -1 mark "none" where one exists).
   static const CLI::Validator kFinite(
@@ -313,6 +333,7 @@ void CheckNumberOptions(CLI::App& app) {
     // The type name, then the descriptions of the checks already added ("FLOAT:...").
     const std::string type = opt->get_type_name();
     if (type == "UINT" || type.rfind("UINT:", 0) == 0) opt->check(kUnsigned);
+    if (type == "INT" || type.rfind("INT:", 0) == 0) opt->check(kSigned);
     if (type == "FLOAT" || type.rfind("FLOAT:", 0) == 0) opt->check(kFinite);
   }
   for (CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
@@ -387,6 +408,22 @@ std::string EffectiveValue(const CLI::Option& opt) {
   return "[" + joined + "]";
 }
 
+// As a config file line's value: a list of several values as an array whose items are
+// quoted where needed ("[a|b,c]" quoted whole read back as one string).
+std::string PrintedValue(const CLI::Option& opt) {
+  if (opt.count() > 0) {
+    const CLI::results_t results = opt.reduced_results();
+    if (results.size() != 1) {
+      std::string joined;
+      for (const std::string& r : results) {
+        joined += (joined.empty() ? "" : ", ") + QuoteIfNeeded(OptionValue(opt, r));
+      }
+      return "[" + joined + "]";
+    }
+  }
+  return QuoteIfNeeded(EffectiveValue(opt));
+}
+
 }  // namespace
 
 std::string EnvNameForFlag(const std::string& long_name, const std::string& env_prefix) {
@@ -403,7 +440,7 @@ std::string EffectiveConfig(const CLI::App& app) {
   }
   for (const CLI::Option* opt : app.get_options()) {
     if (IsBuiltin(app, opt) || opt->get_lnames().empty()) continue;
-    out << opt->get_lnames()[0] << " = " << QuoteIfNeeded(EffectiveValue(*opt)) << "\n";
+    out << opt->get_lnames()[0] << " = " << PrintedValue(*opt) << "\n";
   }
   return out.str();
 }

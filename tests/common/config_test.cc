@@ -221,6 +221,35 @@ TEST_F(ConfigTest, UnsignedOptionsRefuseNegativeAndOverflowingValues) {
   EXPECT_EQ(senders, 0u);
 }
 
+// Integers are decimal: CLI11 alone reads "010" as octal 8 and "0x10" as 16 (a port or a
+// shard count quietly became another), and a signed option past 64 bits was clamped.
+TEST_F(ConfigTest, IntegerOptionsAreDecimalFromEverySource) {
+  int64_t offset = 0;
+  uint64_t count = 0;
+  app_.add_option("--offset", offset, "Signed");
+  app_.add_option("--count", count, "Unsigned");
+  for (const char* flag : {"--num-shards", "--offset", "--count"}) {
+    for (const char* bad : {"010", "0x10", "00", "-0x1", "99999999999999999999999"}) {
+      if (std::string(flag) != "--offset" && bad[0] == '-') continue;
+      StatusOr<ParseResult> r = Parse({flag, bad});
+      ASSERT_FALSE(r.ok()) << flag << " " << bad << " was taken";
+      EXPECT_NE(r.status().message().find(flag), std::string::npos) << r.status().message();
+    }
+  }
+  StatusOr<ParseResult> octal = Parse({"--num-shards", "010"});
+  ASSERT_FALSE(octal.ok());
+  EXPECT_NE(octal.status().message().find("decimal"), std::string::npos)
+      << octal.status().message();
+  setenv("ONLINEPS_NUM_SHARDS", "010", 1);
+  EXPECT_FALSE(Parse({}).ok()) << "010 from the environment was taken as " << flags_.num_shards;
+  unsetenv("ONLINEPS_NUM_SHARDS");
+  EXPECT_FALSE(Parse({"--config", WriteFile("num-shards = 010\n")}).ok())
+      << "010 from a file was taken as " << flags_.num_shards;
+  ASSERT_TRUE(Parse({"--num-shards", "10", "--offset", "-12", "--count", "0"}).ok());
+  EXPECT_EQ(flags_.num_shards, 10);
+  EXPECT_EQ(offset, -12);
+}
+
 // A floating-point option takes a finite number (strtod reads "nan" and "inf"), checked
 // beside the checks the option has already.
 TEST_F(ConfigTest, FloatOptionsRefuseNanAndInf) {
@@ -275,6 +304,30 @@ TEST_F(ConfigTest, PrintedConfigReadsBack) {
   EXPECT_EQ(flags.num_shards, 9);
   EXPECT_EQ(flags.host, "my host");
   EXPECT_EQ(flags.peers, (std::vector<std::string>{"a", "b"}));
+}
+
+// What --print-config writes reads back for lists too: an empty one ("peers = []") was
+// refused by options that need a value, and items with characters that need quotes were
+// written as one quoted string "[a|b,c]" that read back as a single item.
+TEST_F(ConfigTest, PrintedListsReadBackEmptyOrWithQuotedItems) {
+  CLI::App app("lists");
+  std::vector<std::string> required_list, shards;
+  app.add_option("--members", required_list, "At least one when given")->expected(1, 8);
+  app.add_option("--shards", shards, "Shards")->delimiter(',');
+  const char* argv[] = {"prog", "--shards", "tcp://a:1|tcp://b:2,tcp://c:3"};
+  ASSERT_TRUE(ParseFlags(app, 3, argv, out_).ok());
+  const std::string printed = EffectiveConfig(app);
+  EXPECT_NE(printed.find("members = []"), std::string::npos) << printed;
+  const std::string path = WriteFile(printed);
+  CLI::App again("again");
+  std::vector<std::string> members2, shards2;
+  again.add_option("--members", members2, "")->expected(1, 8);
+  again.add_option("--shards", shards2, "")->delimiter(',');
+  const char* argv2[] = {"prog", "--config", path.c_str()};
+  StatusOr<ParseResult> r = ParseFlags(again, 3, argv2, out_);
+  ASSERT_TRUE(r.ok()) << r.status().ToString() << "\n" << printed;
+  EXPECT_TRUE(members2.empty());
+  EXPECT_EQ(shards2, (std::vector<std::string>{"tcp://a:1|tcp://b:2", "tcp://c:3"})) << printed;
 }
 
 // `!--no-cache` (giving it turns caching off) means the same from every source: CLI11 2.1
