@@ -22,10 +22,20 @@
   run-local-port-taken
                scripts/run_local.sh with a shard's port already taken stops within seconds
                and prints the shard's own "Address already in use" line.
+  run-local-bad-values
+               scripts/run_local.sh refuses each bad flag value (not a number, out of
+               range, a missing value, an MCP port that the cluster's ports take, an
+               unknown name) at once with exit 2 and a message naming the flag and what
+               it takes, before it sets anything up: no /tmp/onlineps-local.* directory.
+  run-local-sigterm
+               SIGTERM to run_local.sh's own PID (not its process group) while its PS
+               workload runs stops the whole cluster within seconds, exit 0, and no
+               process it started is left.
 """
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -130,7 +140,7 @@ def final_checkpoint():
             opslib.wait_until(lambda: "LISTENING " in shard.stdout() or not shard.alive(), 30,
                               "the shard to listen")
             if broken:
-                os.rmdir(ckpt)
+                shutil.rmtree(ckpt)  # with the lock file the shard holds from its start
                 with open(ckpt, "w") as f:
                     f.write("not a directory\n")
                 # An on-demand checkpoint fails at once with the reason, not after retries.
@@ -252,13 +262,13 @@ def run(args, timeout=30, env=None):
     return r, time.monotonic() - t0
 
 
-def expect(args, code, pattern, within_s):
+def expect(args, code, pattern, within_s, env=None):
     """Runs args; its exit code is `code` and its output matches `pattern`, within_s."""
     # A right answer that came too late runs once more before failing: under a loaded
     # 2-core CI run a process start alone can lose seconds, while a path that really
     # waits (a connect timeout, a 30 s wait for shards) is slow both times.
     for attempt in (1, 2):
-        r, took = run(args, timeout=max(60, within_s * 3))
+        r, took = run(args, timeout=max(60, within_s * 3), env=env)
         out = r.stdout + r.stderr
         if r.returncode != code or not re.search(pattern, out):
             fail(f"{' '.join(args)}: exit {r.returncode} (want {code}), output does not match "
@@ -339,11 +349,169 @@ def run_local_port_taken():
           "setup and build checks)")
 
 
+def run_local_bad_values():
+    script = os.path.join(ROOT, "scripts", "run_local.sh")
+    with open(script) as f:
+        if "mktemp -d /tmp/onlineps-local." not in f.read():
+            fail("run_local.sh no longer makes its data dir with mktemp: update this check")
+    # A mktemp first on PATH records each directory run_local.sh makes, so that a data dir
+    # left by a refused value is seen even while other tests make their own.
+    shim = tempfile.mkdtemp(prefix="onlineps-badvalues.")
+    made = os.path.join(shim, "made")
+    with open(os.path.join(shim, "mktemp"), "w") as f:
+        f.write(f'#!/bin/sh\nd=$("{shutil.which("mktemp")}" "$@") || exit $?\n'
+                f'echo "$d" >>"{made}"\necho "$d"\n')
+    os.chmod(os.path.join(shim, "mktemp"), 0o755)
+    env = dict(os.environ, PATH=shim + os.pathsep + os.environ["PATH"],
+               ONLINEPS_JOBS=os.environ.get("ONLINEPS_JOBS", "2"))
+    base = 26000 + (os.getpid() % 10) * 600  # were a value accepted, its cluster's own ports
+    common = ["bash", script, "--exit", "--base-port", str(base), "--mcp-port", str(base + 450)]
+    ranges = {"--shards": (1, 100), "--workers": (1, 100), "--steps": (1, 100000000),
+              "--base-port": (1024, 65034), "--mcp-port": (1024, 65535), "--replicas": (1, 5)}
+    bad = [("--shards", "abc"), ("--shards", "0"), ("--shards", "-1"), ("--shards", "101"),
+           ("--workers", "abc"), ("--workers", "0"), ("--steps", "0"), ("--steps", "abc"),
+           ("--base-port", "abc"), ("--base-port", "70000"), ("--base-port", "80"),
+           ("--base-port", "65100"),  # no room for P+501
+           ("--mcp-port", "0"), ("--mcp-port", "65536"), ("--replicas", "9")]
+    cases = [([flag, v], rf"{flag} must be an integer from {ranges[flag][0]} to {ranges[flag][1]}, "
+                         rf"got '{v}'") for flag, v in bad]
+    cases += [
+        (["--mcp-port", str(base + 200)],  # worker 0's port
+         rf"--mcp-port {base + 200} is one of the cluster's ports "
+         rf"\(P\+200 of --base-port {base}\)"),
+        (["--replicas", "2", "--shards", "21"],
+         r"with --replicas 2, --shards must be at most 20 \(ports P\+i\+20r\), got '21'"),
+        (["--optimizer", "bogus"], r"--optimizer must be sgd, adagrad, ftrl or adam, got 'bogus'"),
+        (["--staleness", "bogus"], r"--staleness must be none, lr_over_tau, dc_constant or "
+                                   r"dc_adaptive, got 'bogus'"),
+        (["--model", "bogus"], r"--model must be text or mlp, got 'bogus'"),
+        (["--shards"], r"--shards needs a value"),
+    ]
+    try:
+        for extra, pattern in cases:
+            expect(common + extra, 2, "run_local: " + pattern, 5, env=env)
+            if os.path.exists(made):
+                with open(made) as f:
+                    fail(f"run_local.sh {' '.join(extra)} left {f.read().split()} behind")
+    finally:
+        if os.path.exists(made):
+            with open(made) as f:
+                for d in f.read().split():
+                    shutil.rmtree(d, ignore_errors=True)
+        shutil.rmtree(shim, ignore_errors=True)
+    print(f"ops_cli_test: run-local-bad-values PASS ({len(cases)} values refused, exit 2, "
+          "no data dir)")
+
+
+def descendants(root_pid):
+    """{pid: start time} of root_pid's processes and theirs, from /proc."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append((int(entry), fields[19]))
+    found, todo = {}, [root_pid]
+    while todo:
+        for pid, start in children.get(todo.pop(), []):
+            found[pid] = start
+            todo.append(pid)
+    return found
+
+
+def still_running(procs):
+    """Those of procs ({pid: start time}) that still run (neither gone, nor a zombie, nor
+    their pid reused)."""
+    left = []
+    for pid, start in procs.items():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and fields[19] == start:
+            left.append(pid)
+    return left
+
+
+def run_local_sigterm():
+    base = 26000 + (os.getpid() % 10) * 600  # its own range, P..P+501
+    env = dict(os.environ, ONLINEPS_JOBS=os.environ.get("ONLINEPS_JOBS", "2"))
+    # mlp: no MCP demo, so the PS workload (that never ends on its own here) comes sooner.
+    args = ["bash", os.path.join(ROOT, "scripts", "run_local.sh"), "--base-port", str(base),
+            "--mcp-port", str(base + 450), "--shards", "1", "--workers", "1", "--model", "mlp",
+            "--steps", "100000000"]
+    log = tempfile.NamedTemporaryFile("w+", prefix="onlineps-sigterm.", suffix=".log",
+                                      delete=False)
+    p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                         env=env, start_new_session=True)
+
+    def output():
+        with open(log.name) as f:
+            return f.read()
+
+    data = None  # its data dir, removed at the end
+    try:
+        deadline = time.monotonic() + 600  # setup and build checks come first
+        while "asynchronous PS workload" not in output():
+            if p.poll() is not None or time.monotonic() > deadline:
+                fail(f"run_local.sh did not reach its PS workload:\n{output()[-3000:]}")
+            time.sleep(0.2)
+        time.sleep(1)  # the workload runs
+        procs = descendants(p.pid)
+        cmdlines = []
+        for pid in procs:
+            try:
+                with open(f"/proc/{pid}/cmdline") as f:
+                    cmdlines.append(f.read().split("\0"))
+            except OSError:
+                pass
+        for argv in cmdlines:
+            if "--checkpoint-dir" in argv[:-1]:
+                data = os.path.dirname(argv[argv.index("--checkpoint-dir") + 1])
+        if not any(os.path.basename(argv[0]) == "onlineps_ps_cli" for argv in cmdlines):
+            fail(f"no PS workload runs under run_local.sh:\n{output()[-3000:]}")
+        t0 = time.monotonic()
+        os.kill(p.pid, signal.SIGTERM)
+        try:
+            code = p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            fail(f"run_local.sh still ran 15 s after SIGTERM to its PID:\n{output()[-2000:]}")
+        took = time.monotonic() - t0
+        left = still_running(procs)
+        while left and time.monotonic() - t0 < took + 2:
+            time.sleep(0.1)
+            left = still_running(procs)
+        if code != 0:
+            fail(f"run_local.sh exited {code} on SIGTERM (want 0):\n{output()[-2000:]}")
+        if left:
+            fail(f"processes of run_local.sh still run after it exited: {left}")
+        if "run_local: cluster stopped" not in output():
+            fail(f"run_local.sh did not say it stopped the cluster:\n{output()[-2000:]}")
+        if took > 8:
+            fail(f"run_local.sh took {took:.1f} s to stop after SIGTERM (want < 8 s)")
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        log.close()
+        if data and os.path.basename(data).startswith("onlineps-local."):
+            shutil.rmtree(data, ignore_errors=True)
+        os.unlink(log.name)
+    print(f"ops_cli_test: run-local-sigterm PASS (stopped {len(procs)} processes in {took:.1f} s, "
+          "exit 0)")
+
+
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
     checks = {"json-logs": json_logs, "precedence": precedence, "docs-flags": docs_flags,
               "final-checkpoint": final_checkpoint, "bad-flags": bad_flags,
-              "run-local-port-taken": run_local_port_taken}
+              "run-local-port-taken": run_local_port_taken,
+              "run-local-bad-values": run_local_bad_values, "run-local-sigterm": run_local_sigterm}
     if mode not in checks:
         print(f"usage: ops_cli_test.py {'|'.join(checks)}")
         sys.exit(2)
