@@ -27,6 +27,18 @@ inline int WaitForShutdownSignal() {
   return sig;
 }
 
+// A shutdown signal already delivered to this process (taken, so it is handled once), or
+// 0 when none is pending. For start-up waits that must end when the process is stopped.
+inline int TakePendingShutdownSignal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  const timespec now{0, 0};
+  const int sig = sigtimedwait(&set, nullptr, &now);
+  return sig > 0 ? sig : 0;
+}
+
 }  // namespace onlineps
 
 #endif  // ONLINEPS_COMMON_SIGNALS_H_

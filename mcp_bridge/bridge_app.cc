@@ -227,14 +227,18 @@ onlineps::Status Finish(Flags* f) {
   return onlineps::Status::Ok();
 }
 
-void WaitForWorker(const bridge::WorkerPool& pool, int64_t seconds) {
+// Returns the shutdown signal that ended the wait, or 0: a bridge stopped while it waits
+// (a pod deleted before its workers are up) exits at once, not after the wait, serving.
+int WaitForWorker(const bridge::WorkerPool& pool, int64_t seconds) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
   while (pool.healthy() == 0 && std::chrono::steady_clock::now() < deadline) {
+    if (const int sig = onlineps::TakePendingShutdownSignal(); sig != 0) return sig;
     std::this_thread::sleep_for(milliseconds(100));
   }
   if (pool.healthy() == 0) {
     spdlog::warn("no healthy worker yet; calls fail with a clear error until one answers");
   }
+  return 0;
 }
 
 }  // namespace
@@ -281,7 +285,10 @@ int RunBridge(int argc, char** argv, const std::function<void(McpServer*)>& exte
     spdlog::error("{}", s.ToString());
     return 2;
   }
-  WaitForWorker(pool, f.wait_workers_s);
+  if (const int sig = WaitForWorker(pool, f.wait_workers_s); sig != 0) {
+    spdlog::info("signal {} while waiting for a worker: exiting", sig);
+    return 0;
+  }
   bridge::ContextStore contexts(f.context);
   if (state) {
     spdlog::info("state: {} contexts restored from {}", contexts.Persist(state.get()),

@@ -2,12 +2,14 @@
 // the same directory, sessions go on with their contexts, still bound to their
 // identity; ended sessions stay ended; and the directory shows other users nothing.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "tests/bridge/bridge_cluster.h"
 
@@ -151,6 +153,25 @@ TEST_F(BridgeRestartTest, AnUnusableStateDirIsAClearStartError) {
                      "--admin-port", "-1", "--state-dir", dir_ + "/not-a-dir"});
   // Exits with the usage code at once (bridge_state_test checks the message names it).
   EXPECT_EQ(bridge.Wait(std::chrono::milliseconds(20000)), 2);
+}
+
+// A bridge stopped while it waits for its first healthy worker (a pod deleted before the
+// workers are up) exits at once: it ended the whole --wait-workers-s wait, then bound its
+// port and said it served, before it looked at the signal.
+TEST_F(BridgeRestartTest, SigtermWhileWaitingForWorkersExitsAtOnce) {
+  Subprocess bridge({ONLINEPS_BIN_DIR "/onlineps_mcp_bridge", "--workers",
+                     "tcp://127.0.0.1:" + std::to_string(FreePort()), "--port", "0", "--admin-port",
+                     "-1", "--wait-workers-s", "30", "--log-level", "info"},
+                    /*with_stderr=*/true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto sent = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(bridge.pid(), SIGTERM), 0);
+  const int rc = bridge.Wait(std::chrono::milliseconds(20000));
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - sent)
+          .count();
+  EXPECT_EQ(rc, 0);
+  EXPECT_LT(ms, 2000) << "the bridge waited out --wait-workers-s";
 }
 
 // One bridge per --state-dir: a second one on the same directory exits at once, naming
