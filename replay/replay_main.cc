@@ -58,8 +58,30 @@ class ProgressLine {
 
 // Set by SIGINT / SIGTERM: the run ends after the event in progress.
 std::atomic<bool> g_stop{false};
+std::atomic<int> g_signal{0};
 
-void OnSignal(int) { g_stop = true; }
+void OnSignal(int sig) {
+  g_signal = sig;
+  g_stop = true;
+}
+
+// An interrupted run says so: in the manifest ("interrupted": the signal, null for a run
+// that ended by itself, with what was planned) and in the exit code (128 + the signal,
+// as a shell reports it), so a script cannot take its figures for a whole run's.
+void MarkInterruption(nlohmann::json* manifest, const nlohmann::json& planned) {
+  const int sig = g_signal.load();
+  (*manifest)["interrupted"] =
+      sig == 0
+          ? nlohmann::json(nullptr)
+          : nlohmann::json{{"signal", sig == SIGINT ? "SIGINT" : "SIGTERM"}, {"planned", planned}};
+}
+int ExitCodeOf(int code) {
+  const int sig = g_signal.load();
+  if (sig == 0) return code;
+  std::fprintf(stderr, "replay: interrupted by %s: the figures cover the part replayed\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM");
+  return 128 + sig;
+}
 
 // Sleeps so events keep their recorded gaps, scaled by 1/speed and capped at max_gap_ms.
 class Pacer {
@@ -288,6 +310,7 @@ int BridgeMain(const Flags& f, const CLI::App& app, int argc, char** argv) {
                                {"recorded_span_s", calls->span_ms / 1000}}},
                              {"libraries", LibraryVersions()},
                              {"result", r->ToJson()}};
+  MarkInterruption(&manifest, {{"calls", calls->calls.size() * f.loop}});
   if (auto st = WriteJson(f.out + "/manifest.json", manifest); !st.ok()) return Fail(st);
   std::printf(
       "sent %llu calls in %.2f s (%.1f calls/s; pacing alone %.2f s)%s\n",
@@ -312,7 +335,7 @@ int BridgeMain(const Flags& f, const CLI::App& app, int argc, char** argv) {
               static_cast<unsigned long long>(r->reinitialized));
   for (const auto& e : r->first_errors) std::printf("  error: %s\n", e.c_str());
   std::printf("wrote %s/calls.csv and %s/manifest.json\n", f.out.c_str(), f.out.c_str());
-  return r->all.new_errors > 0 ? 3 : 0;
+  return ExitCodeOf(r->all.new_errors > 0 ? 3 : 0);
 }
 
 int Main(int argc, char** argv) {
@@ -428,10 +451,11 @@ int Main(int argc, char** argv) {
                              {"libraries", LibraryVersions()},
                              {"seeds", {{"seed", f.seed}, {"split_seed", f.split_seed}}},
                              {"result", ResultJson(*result)}};
+  MarkInterruption(&manifest, {{"updates", workload->expected_pushes}});
   Status st = WriteOutputs(f, manifest, *result);
   if (!st.ok()) return Fail(st);
   PrintSummary(f, *result);
-  return 0;
+  return ExitCodeOf(0);
 }
 
 }  // namespace

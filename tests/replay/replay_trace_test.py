@@ -168,8 +168,9 @@ def main():
     finally:
         shard.stop(signal.SIGKILL)
 
-    # Ctrl-C ends an in-process run after the event in progress: it exits 0 and writes
-    # the figures so far and its manifest.
+    # Ctrl-C ends an in-process run after the event in progress: it writes the figures so
+    # far and its manifest, which says it was interrupted, and exits 130 (128 + SIGINT), so
+    # that no script takes the part for a whole run.
     sig_out = os.path.join(work, "sig")
     p = subprocess.Popen([f"{BIN}/onlineps_replay", "--trace", trace, "--model", "text",
                           "--out", sig_out, "--quiet", "--no-plots", "--mode", "timed",
@@ -182,12 +183,18 @@ def main():
     except subprocess.TimeoutExpired:
         p.kill()
         fail("an interrupted replay did not stop within 30 s")
-    if p.returncode != 0 or not os.path.exists(os.path.join(sig_out, "manifest.json")):
-        fail(f"interrupted replay: exit {p.returncode}, no manifest?\n{out}\n{err}")
+    if p.returncode != 130 or not os.path.exists(os.path.join(sig_out, "manifest.json")):
+        fail(f"interrupted replay: exit {p.returncode} (want 130), no manifest?\n{out}\n{err}")
     with open(os.path.join(sig_out, "manifest.json")) as f:
-        pushes = json.load(f)["result"]["pushes"]
+        manifest = json.load(f)
+    pushes = manifest["result"]["pushes"]
     if not 0 < pushes < 100 * len(learns):
         fail(f"interrupted replay reports {pushes} pushes")
+    marker = manifest.get("interrupted")
+    if not marker or marker.get("signal") != "SIGINT" or "updates" not in marker.get("planned", {}):
+        fail(f"the manifest of an interrupted replay does not say so: {marker!r}")
+    if "interrupted by SIGINT" not in err:
+        fail(f"an interrupted replay does not say so:\n{err}")
 
     dry = subprocess.run([f"{BIN}/onlineps_replay", "--trace", trace, "--model", "text",
                           "--dry-run", "--staleness", "fixed:2"],
