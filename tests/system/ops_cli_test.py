@@ -249,6 +249,11 @@ def docs_flags():
             missing.append(f"env {name}")
     if missing:
         fail("not documented in docs/configuration.md: " + ", ".join(missing))
+    # The --help blocks are the binaries' own, defaults and ranges included.
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_flag_docs.py"),
+                        "--bin", BIN, "--check"], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        fail(f"the --help blocks of docs/configuration.md are stale:\n{r.stdout}{r.stderr}")
     print(f"ops_cli_test: docs-flags PASS (env read directly: {sorted(env_names)})")
 
 
