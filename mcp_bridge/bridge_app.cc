@@ -382,7 +382,7 @@ int RunBridge(int argc, char** argv, const std::function<void(McpServer*)>& exte
   bridge::HttpTransport http(f.http, &mcp);
   auto port = http.Start();
   if (!port.ok()) {
-    spdlog::error("{}", port.status().ToString());
+    spdlog::error("{} (--host {} --port {})", port.status().ToString(), f.http.host, f.http.port);
     return 2;
   }
   if (metrics) metrics->SetHttp(&http);

@@ -247,7 +247,10 @@ int main(int argc, char** argv) {
   }
   auto endpoint = server.Start();
   if (!endpoint.ok()) {
-    spdlog::error("cannot start shard: {}", endpoint.status().ToString());
+    spdlog::error("cannot start shard: {}{}", endpoint.status().ToString(),
+                  endpoint.status().code() == onlineps::StatusCode::kAlreadyExists
+                      ? " (--listen: another process is on that port?)"
+                      : "");
     return 1;
   }
   // Machine-readable line for launchers and tests that bind port 0.

@@ -510,7 +510,8 @@ int Run(Flags& f) {
   worker::WorkerServer server(&service, f.server);
   auto endpoint = server.Start();
   if (!endpoint.ok()) {
-    spdlog::error("cannot serve on {}: {}", f.server.listen, endpoint.status().ToString());
+    spdlog::error("cannot serve on {} (--listen): {}", f.server.listen,
+                  endpoint.status().ToString());
     return 1;
   }
   worker::WorkerMetrics metrics(&service, &server, admin->registry());
