@@ -282,7 +282,7 @@ void ReplicaCore::ApplyView(uint64_t now, const std::vector<KvEntry>& entries, u
     stale_leader_removed_ = v.leader.epoch;
     KvCall call;
     call.kind = KvCall::Kind::kTxn;
-    call.txn = group_.RemoveLeader(v.leader.epoch);
+    call.txn = group_.RemoveLeader(v.leader.epoch, v.epoch_base);
     remove_stale_id_ = Call(now, KvPurpose::kRemoveStale, std::move(call));
     return;
   }
@@ -437,8 +437,13 @@ void ReplicaCore::Campaign(uint64_t now, bool unclean, const std::string& why) {
   spdlog::info("replica {}: campaigning for primary: {}", config_.index, why);
   KvCall call;
   call.kind = KvCall::Kind::kTxn;
+  // A new group's epochs start above every epoch a replica registered (and the base
+  // before, should a group have formed without writing its ISR): after etcd lost its data,
+  // revisions start over, and epochs of the new history must still rank above the old.
+  uint64_t base = std::max(view_.epoch_base, log_epoch_);
+  for (const auto& [index, reg] : view_.members) base = std::max(base, reg.log_epoch);
   call.txn = group_.Campaign(view_, Member{config_.index, config_.incarnation},
-                             config_.members[config_.index], lease_);
+                             config_.members[config_.index], lease_, base);
   role_ = Role::kCampaigning;
   campaign_id_ = Call(now, KvPurpose::kCampaign, std::move(call));
   pending_[campaign_id_].unclean = unclean;
@@ -508,7 +513,7 @@ void ReplicaCore::WriteIsr(uint64_t now) {
   if (role_ == Role::kPrimary && desired == isr_ && isr_writing_.empty()) return;
   KvCall call;
   call.kind = KvCall::Kind::kTxn;
-  call.txn = group_.WriteIsr(epoch_, isr_absent_, isr_mod_revision_, desired);
+  call.txn = group_.WriteIsr(epoch_, view_.epoch_base, isr_absent_, isr_mod_revision_, desired);
   for (const Member& m : desired)
     if (std::find(isr_writing_.begin(), isr_writing_.end(), m) == isr_writing_.end())
       isr_writing_.push_back(m);
@@ -859,7 +864,7 @@ void ReplicaCore::StepDown(uint64_t now, const std::string& why) {
     // Give the leadership up in etcd too, should etcd still hold it.
     KvCall call;
     call.kind = KvCall::Kind::kTxn;
-    call.txn = group_.RemoveLeader(epoch_);
+    call.txn = group_.RemoveLeader(epoch_, view_.epoch_base);
     Call(now, KvPurpose::kResign, std::move(call));
   }
 }

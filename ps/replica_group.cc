@@ -14,6 +14,12 @@ uint64_t JsonU64(const json& j, const char* key) {
   return j[key].get<uint64_t>();
 }
 
+// The leader key's create revision for `epoch` under `base`; UINT64_MAX, which no key
+// has, when the epoch is below the base (of another base: the compare then fails).
+uint64_t Revision(uint64_t epoch, uint64_t base) {
+  return epoch > base ? epoch - base : UINT64_MAX;
+}
+
 }  // namespace
 
 std::string IncarnationHex(uint64_t v) {
@@ -33,6 +39,15 @@ GroupView ReplicaGroup::Parse(const std::vector<KvEntry>& entries,
                               std::vector<std::string>* skipped) const {
   GroupView v;
   const std::string members_prefix = prefix_ + "members/";
+  for (const KvEntry& e : entries) {  // the base first: the leader's epoch adds it
+    if (e.key != epoch_base_key()) continue;
+    json j = json::parse(e.value, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("base") && j["base"].is_number_unsigned()) {
+      v.epoch_base = j["base"].get<uint64_t>();
+    } else if (skipped) {
+      skipped->push_back(e.key);
+    }
+  }
   for (const KvEntry& e : entries) {
     if (e.key.compare(0, prefix_.size(), prefix_) != 0) continue;
     json j = json::parse(e.value, nullptr, /*allow_exceptions=*/false);
@@ -42,7 +57,7 @@ GroupView ReplicaGroup::Parse(const std::vector<KvEntry>& entries,
         v.has_leader = true;
         v.leader.index = static_cast<uint32_t>(JsonU64(j, "index"));
         v.leader.incarnation = ParseIncarnation(j.value("incarnation", std::string()));
-        v.leader.epoch = e.create_revision;
+        v.leader.epoch = v.epoch_base + e.create_revision;
         v.leader.lease = e.lease;
       } else if (e.key == isr_key()) {
         v.has_isr = true;
@@ -88,7 +103,7 @@ KvTxn ReplicaGroup::Register(uint32_t index, const std::string& endpoint,
 }
 
 KvTxn ReplicaGroup::Campaign(const GroupView& seen, const GroupMember& me,
-                             const std::string& endpoint, uint64_t lease) const {
+                             const std::string& endpoint, uint64_t lease, uint64_t new_base) const {
   json value = {
       {"index", me.index}, {"incarnation", IncarnationHex(me.incarnation)}, {"endpoint", endpoint}};
   KvTxn txn;
@@ -98,20 +113,23 @@ KvTxn ReplicaGroup::Campaign(const GroupView& seen, const GroupMember& me,
         {isr_key(), KvTxn::Compare::Target::kModRevision, seen.isr_mod_revision});
   } else {
     txn.compares.push_back({isr_key(), KvTxn::Compare::Target::kCreateRevision, 0});
+    txn.puts.push_back({epoch_base_key(), json{{"base", new_base}}.dump(), 0});
   }
   txn.puts.push_back({leader_key(), value.dump(), lease});
   txn.read_prefix = prefix_;
   return txn;
 }
 
-KvTxn ReplicaGroup::WriteIsr(uint64_t epoch, bool isr_absent, uint64_t isr_mod_revision,
+KvTxn ReplicaGroup::WriteIsr(uint64_t epoch, uint64_t base, bool isr_absent,
+                             uint64_t isr_mod_revision,
                              const std::vector<GroupMember>& members) const {
   json list = json::array();
   for (const GroupMember& m : members) {
     list.push_back({{"index", m.index}, {"incarnation", IncarnationHex(m.incarnation)}});
   }
   KvTxn txn;
-  txn.compares.push_back({leader_key(), KvTxn::Compare::Target::kCreateRevision, epoch});
+  txn.compares.push_back(
+      {leader_key(), KvTxn::Compare::Target::kCreateRevision, Revision(epoch, base)});
   if (isr_absent) {
     txn.compares.push_back({isr_key(), KvTxn::Compare::Target::kCreateRevision, 0});
   } else {
@@ -122,9 +140,10 @@ KvTxn ReplicaGroup::WriteIsr(uint64_t epoch, bool isr_absent, uint64_t isr_mod_r
   return txn;
 }
 
-KvTxn ReplicaGroup::RemoveLeader(uint64_t epoch) const {
+KvTxn ReplicaGroup::RemoveLeader(uint64_t epoch, uint64_t base) const {
   KvTxn txn;
-  txn.compares.push_back({leader_key(), KvTxn::Compare::Target::kCreateRevision, epoch});
+  txn.compares.push_back(
+      {leader_key(), KvTxn::Compare::Target::kCreateRevision, Revision(epoch, base)});
   txn.deletes.push_back(leader_key());
   return txn;
 }

@@ -1,8 +1,9 @@
 // ReplicaGroup: how a replica group is laid out in etcd (docs/protocol.md, "Replication"):
 // under the group's prefix, `members/<index>` (each replica's registration, on its
-// lease), `leader` (the primary's record, on its lease; its create revision is the
-// epoch) and `isr` (the in-sync replicas). This file owns the key names, the JSON values
-// and the transactions that change them; ReplicaCore decides when. Stateless.
+// lease), `leader` (the primary's record, on its lease; its create revision plus the
+// group's `epoch_base` is the epoch), `epoch_base` (written when the group forms) and
+// `isr` (the in-sync replicas). This file owns the key names, the JSON values and the
+// transactions that change them; ReplicaCore decides when. Stateless.
 #ifndef ONLINEPS_PS_REPLICA_GROUP_H_
 #define ONLINEPS_PS_REPLICA_GROUP_H_
 
@@ -44,6 +45,10 @@ struct GroupRegistration {
 // The group as one read of its keys returned.
 struct GroupView {
   bool has_leader = false, has_isr = false;
+  // Added to the leader key's create revision to make the epoch (`epoch_base`, written
+  // when a group forms): epochs stay above every epoch the replicas held before, even
+  // when etcd lost its data and its revisions started over. 0 when absent.
+  uint64_t epoch_base = 0;
   GroupLeader leader;
   uint64_t isr_epoch = 0, isr_mod_revision = 0;
   std::vector<GroupMember> isr;
@@ -67,17 +72,19 @@ class ReplicaGroup {
   // Puts `members/<index>` on `lease`.
   KvTxn Register(uint32_t index, const std::string& endpoint, const GroupRegistration& r,
                  uint64_t lease) const;
-  // Takes `leader` on `lease` if it is absent and `isr` is as `seen` read it.
+  // Takes `leader` on `lease` if it is absent and `isr` is as `seen` read it. A new group
+  // (no `isr`) also sets `epoch_base` to `new_base` (ignored otherwise).
   KvTxn Campaign(const GroupView& seen, const GroupMember& me, const std::string& endpoint,
-                 uint64_t lease) const;
-  // Writes `isr` if `leader` still has create revision `epoch` and `isr` has mod revision
-  // `isr_mod_revision` (or is absent, when `isr_absent`).
-  KvTxn WriteIsr(uint64_t epoch, bool isr_absent, uint64_t isr_mod_revision,
+                 uint64_t lease, uint64_t new_base = 0) const;
+  // Writes `isr` if `leader` still holds `epoch` (its create revision plus `base`) and
+  // `isr` has mod revision `isr_mod_revision` (or is absent, when `isr_absent`).
+  KvTxn WriteIsr(uint64_t epoch, uint64_t base, bool isr_absent, uint64_t isr_mod_revision,
                  const std::vector<GroupMember>& members) const;
-  // Deletes `leader` if its create revision is still `epoch`.
-  KvTxn RemoveLeader(uint64_t epoch) const;
+  // Deletes `leader` if it still holds `epoch` (its create revision plus `base`).
+  KvTxn RemoveLeader(uint64_t epoch, uint64_t base) const;
   std::string isr_key() const { return prefix_ + "isr"; }
   std::string leader_key() const { return prefix_ + "leader"; }
+  std::string epoch_base_key() const { return prefix_ + "epoch_base"; }
 
  private:
   const std::string prefix_;

@@ -48,22 +48,58 @@ TEST(ReplicaGroupTest, RegistrationsLeaderAndIsrReadBack) {
   EXPECT_FALSE(Txn(etcd, g.Campaign(empty, {0, 5}, "tcp://a:7000", 0)).succeeded);
   // The ISR: first write needs it absent, then its mod revision, and the leader's epoch.
   std::vector<GroupMember> isr{{1, reg.incarnation}};
-  EXPECT_FALSE(Txn(etcd, g.WriteIsr(v.leader.epoch + 1, true, 0, isr)).succeeded);
-  KvResult w = Txn(etcd, g.WriteIsr(v.leader.epoch, true, 0, isr));
+  EXPECT_FALSE(Txn(etcd, g.WriteIsr(v.leader.epoch + 1, 0, true, 0, isr)).succeeded);
+  KvResult w = Txn(etcd, g.WriteIsr(v.leader.epoch, 0, true, 0, isr));
   ASSERT_TRUE(w.succeeded);
   GroupView after = g.Parse(w.entries);
   ASSERT_TRUE(after.has_isr);
   EXPECT_EQ(after.isr, isr);
   EXPECT_EQ(after.isr_epoch, v.leader.epoch);
-  EXPECT_FALSE(Txn(etcd, g.WriteIsr(v.leader.epoch, true, 0, isr)).succeeded);
+  EXPECT_FALSE(Txn(etcd, g.WriteIsr(v.leader.epoch, 0, true, 0, isr)).succeeded);
   EXPECT_FALSE(
-      Txn(etcd, g.WriteIsr(v.leader.epoch, false, after.isr_mod_revision - 1, isr)).succeeded);
-  EXPECT_TRUE(Txn(etcd, g.WriteIsr(v.leader.epoch, false, after.isr_mod_revision, isr)).succeeded);
+      Txn(etcd, g.WriteIsr(v.leader.epoch, 0, false, after.isr_mod_revision - 1, isr)).succeeded);
+  EXPECT_TRUE(
+      Txn(etcd, g.WriteIsr(v.leader.epoch, 0, false, after.isr_mod_revision, isr)).succeeded);
   // A campaign on a stale view of the ISR loses even with the leader gone.
-  ASSERT_TRUE(Txn(etcd, g.RemoveLeader(v.leader.epoch)).succeeded);
+  ASSERT_TRUE(Txn(etcd, g.RemoveLeader(v.leader.epoch, 0)).succeeded);
   EXPECT_FALSE(Txn(etcd, g.Campaign(after, {0, 5}, "tcp://a:7000", 0)).succeeded);
   EXPECT_TRUE(
       Txn(etcd, g.Campaign(g.Parse(Range(etcd, g.prefix())), {0, 5}, "tcp://a:7000", 0)).succeeded);
+}
+
+// A new group's campaign writes the epoch base it is given, and every epoch is then that
+// base plus the leader key's create revision: after etcd lost its data (revisions start
+// over), a group formed with the replicas' highest epoch as its base still numbers its
+// epochs above every old one. The transactions that name an epoch compare the revision.
+TEST(ReplicaGroupTest, ANewGroupsEpochsStartAboveItsBase) {
+  sim::SimEtcd etcd;
+  ReplicaGroup g("/c/shard-0-of-1/");
+  GroupView empty = g.Parse(Range(etcd, g.prefix()));
+  EXPECT_EQ(empty.epoch_base, 0u);
+  KvResult won = Txn(etcd, g.Campaign(empty, {0, 5}, "tcp://a:7000", 0, /*new_base=*/1000));
+  ASSERT_TRUE(won.succeeded);
+  GroupView v = g.Parse(won.entries);
+  EXPECT_EQ(v.epoch_base, 1000u);
+  EXPECT_EQ(v.leader.epoch, 1000 + won.revision);
+  std::vector<GroupMember> isr{{0, 5}};
+  EXPECT_FALSE(Txn(etcd, g.WriteIsr(won.revision, v.epoch_base, true, 0, isr)).succeeded)
+      << "the raw revision is not the epoch";
+  KvResult w = Txn(etcd, g.WriteIsr(v.leader.epoch, v.epoch_base, true, 0, isr));
+  ASSERT_TRUE(w.succeeded);
+  GroupView after = g.Parse(w.entries);
+  EXPECT_EQ(after.isr_epoch, v.leader.epoch);
+  // An election with the ISR in place keeps the base (new_base is ignored).
+  ASSERT_TRUE(Txn(etcd, g.RemoveLeader(v.leader.epoch, v.epoch_base)).succeeded);
+  KvResult again = Txn(etcd, g.Campaign(g.Parse(Range(etcd, g.prefix())), {0, 5}, "tcp://a:7000", 0,
+                                        /*new_base=*/7));
+  ASSERT_TRUE(again.succeeded);
+  GroupView next = g.Parse(again.entries);
+  EXPECT_EQ(next.epoch_base, 1000u);
+  EXPECT_GT(next.leader.epoch, v.leader.epoch);
+  // A malformed base is skipped by name.
+  std::vector<std::string> skipped;
+  g.Parse({{"/c/shard-0-of-1/epoch_base", "{\"base\": -1}", 3, 3, 0}}, &skipped);
+  EXPECT_EQ(skipped, (std::vector<std::string>{"/c/shard-0-of-1/epoch_base"}));
 }
 
 TEST(ReplicaGroupTest, ForeignValuesAreSkippedByName) {

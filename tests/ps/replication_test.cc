@@ -645,6 +645,47 @@ TEST_F(ReplicationTest, AGroupReformedAfterEtcdLostItsDataWaitsForTheNewestRepli
   ExpectEveryAckOnce();
 }
 
+// etcd loses its data while the group serves. Epochs were etcd revisions, which start over
+// then: the group formed again numbered its epochs below those of before, so its clients
+// took the new primary for a deposed one (no push acknowledged until they restarted),
+// and a replica stopped before the loss, with an older state but a higher epoch, won the
+// next unclean election and the pushes acknowledged since were lost. A new group's epochs
+// now start above every epoch its replicas hold (the epoch base).
+TEST_F(ReplicationTest, EpochsAfterEtcdLostItsDataStayAboveTheOldOnes) {
+  Up(1, 2, /*checkpoints=*/true, {"--replica-unclean-wait-ms", "3000"});
+  CreateTable();
+  Traffic(2);
+  std::this_thread::sleep_for(milliseconds(800));
+  const int p = Primary(0);
+  ASSERT_GE(p, 0);
+  Signal(0, p, SIGTERM);  // a failover: the epoch moves on
+  ASSERT_TRUE(WaitFor([&] { return Primary(0) == 1 - p; }, milliseconds(15000)))
+      << "the other replica did not take over";
+  Start(0, p);
+  ASSERT_TRUE(WaitFor([&] { return Primary(0) == 1 - p && Field(0, 1 - p, "isr_size") == 2; },
+                      milliseconds(15000)))
+      << "the restarted replica did not rejoin";
+  const int q = 1 - p;
+  Signal(0, p, SIGTERM);  // its checkpoint keeps the epoch of before
+  ASSERT_TRUE(etcd_.Wipe()) << "etcd did not come back";
+  const double wiped = Now();
+  ASSERT_TRUE(WaitFor([&] { return AcksSince(wiped + 0.5) > 50; }, milliseconds(25000)))
+      << "the clients took no acknowledgement from the group formed after etcd lost its data";
+  Join();
+  {
+    auto client = PsClient::Connect(Options());
+    ASSERT_TRUE(client.ok());
+    ASSERT_TRUE((*client)->Checkpoint().ok());
+  }
+  Signal(0, q, SIGKILL);  // every acknowledged push is in its checkpoint, and only there
+  Start(0, p);
+  Start(0, q);
+  ASSERT_TRUE(WaitFor([&] { return Primary(0) >= 0; }, milliseconds(30000)))
+      << "no primary after the restart";
+  EXPECT_EQ(Primary(0), q) << "the replica stopped before etcd lost its data won";
+  ExpectEveryAckOnce();
+}
+
 // With CURVE, replication messages from a peer without the shard's key are refused
 // before the protocol sees them.
 TEST_F(ReplicationTest, CurveRefusesReplicationFromOtherKeys) {
