@@ -416,7 +416,7 @@ std::string PrintedValue(const CLI::Option& opt) {
     if (results.size() != 1) {
       std::string joined;
       for (const std::string& r : results) {
-        joined += (joined.empty() ? "" : ", ") + QuoteIfNeeded(OptionValue(opt, r));
+        joined += (joined.empty() ? "" : ",") + QuoteIfNeeded(OptionValue(opt, r));
       }
       return "[" + joined + "]";
     }

@@ -356,6 +356,10 @@ TEST(BridgeRoutingTest, AHungShardIsNamedInTheToolErrorWithDefaultDeadlines) {
   McpHttp c(port);
   ASSERT_FALSE(c.Initialize().empty());
   ASSERT_FALSE(c.Call("infer", {{"text", "hello"}}).value("isError", true));
+  // A learn first: rows of a table still at version 0 are their initial values, which
+  // a worker computes without asking the shard.
+  ASSERT_FALSE(c.Call("learn", {{"examples", {{{"text", "hello"}, {"label", "positive"}}}}})
+                   .value("isError", true));
   ASSERT_EQ(kill(cluster.ShardPid(), SIGSTOP), 0);
   // Words the worker holds no rows of: it must pull them from the hung shard.
   const json r = c.Call("infer", {{"text", "zebra quantum xylophone marmalade"}});
