@@ -7,6 +7,8 @@
 #include <fstream>
 #include <regex>
 
+#include "common/file_io.h"
+
 namespace onlineps {
 namespace {
 
@@ -99,6 +101,7 @@ Status WriteCurveCert(const std::string& path, const CurveKeyPair& keys) {
 
 StatusOr<CurveKeyPair> ReadCurveCert(const std::string& path) {
   ONLINEPS_ASSIGN_OR_RETURN(auto lines, ReadKeyLines(path));
+  WarnIfOpenToOthers(path, "--curve-cert");
   CurveKeyPair k;
   for (const auto& l : lines) {
     if (l.kind == "public") k.public_key = l.key;

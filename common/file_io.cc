@@ -1,10 +1,13 @@
 #include "common/file_io.h"
 
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -102,6 +105,17 @@ FileLock& FileLock::operator=(FileLock&& o) noexcept {
 
 FileLock::~FileLock() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+void WarnIfOpenToOthers(const std::string& path, const std::string& what) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || (st.st_mode & 007) == 0) return;
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  spdlog::warn(
+      "{} {} is mode {}: other users of this host can {} it; it holds secrets, make "
+      "it 0600 (or 0640)",
+      what, path, mode, (st.st_mode & 002) ? "change" : "read");
 }
 
 }  // namespace onlineps

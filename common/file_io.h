@@ -43,6 +43,11 @@ class AtomicFileWriter {
   Status status_;
 };
 
+// Warns (spdlog) when others than the owner and group may read or write the file at
+// `path`, naming `what` (e.g. "--tokens-file"): for files that hold secrets. Kubernetes
+// Secret volumes mounted with defaultMode 0440 pass; a 0644 key file does not.
+void WarnIfOpenToOthers(const std::string& path, const std::string& what);
+
 // An exclusive advisory lock (flock) on `path`, created 0600 when missing, held until the
 // object is destroyed or the process exits (the kernel drops it then, kill -9 included).
 // Acquire fails with kFailedPrecondition when another process holds it, naming `what`

@@ -17,6 +17,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/file_io.h"
 #include "common/mutex.h"
 
 namespace onlineps::bridge {
@@ -176,6 +177,7 @@ std::optional<std::string> DecodeHeaderValue(const std::string& v) {
 StatusOr<std::map<std::string, std::string>> LoadTokens(const std::string& path) {
   std::ifstream in(path);
   if (!in) return NotFound("--tokens-file " + path + ": cannot open");
+  WarnIfOpenToOthers(path, "--tokens-file");
   std::map<std::string, std::string> tokens;
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {

@@ -1,6 +1,9 @@
 #include "mcp_bridge/recorder.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -36,8 +39,25 @@ std::string RunId() {
 
 StatusOr<std::unique_ptr<Recorder>> Recorder::Open(const std::string& path, uint64_t max_bytes,
                                                    const json& header_fields) {
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) return Unavailable("--record " + path + ": " + std::strerror(errno));
+  // 0600 whatever the umask, and never through a symbolic link: the trace holds every
+  // call's arguments (contexts included), and a link planted at the path would have the
+  // bridge overwrite whatever it points to.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return Unavailable("--record " + path + ": " + std::strerror(errno) +
+                       (errno == ELOOP ? " (it is a symbolic link; give the file itself)" : ""));
+  }
+  if (::fchmod(fd, 0600) != 0) {  // an existing file keeps its mode through O_CREAT
+    const int err = errno;
+    ::close(fd);
+    return Unavailable("--record " + path + ": cannot make it 0600: " + std::strerror(err));
+  }
+  std::FILE* f = ::fdopen(fd, "w");
+  if (!f) {
+    const int err = errno;
+    ::close(fd);
+    return Unavailable("--record " + path + ": " + std::strerror(err));
+  }
   std::unique_ptr<Recorder> r(new Recorder(f, path, max_bytes));
   json header = header_fields.is_object() ? header_fields : json::object();
   header["kind"] = "header";

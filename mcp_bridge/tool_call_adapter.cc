@@ -3,9 +3,26 @@
 #include <algorithm>
 #include <optional>
 
+#include "common/sha256.h"
 #include "mcp_bridge/session_table.h"
 
 namespace onlineps::bridge {
+
+namespace {
+// The session as a trace names it: an MCP session's id is a bearer secret (whoever holds
+// it is that session), so "m:<id>" is recorded as "m:" and the first 32 hex digits of the
+// SHA-256 of the key, which keeps the trace's calls grouped by session without it. Other
+// keys (a tool's own `session` name) are kept.
+std::string TraceSessionKey(const std::string& key) {
+  // The kind ("m:" or "s:") starts the key or follows the identity's '/'.
+  for (size_t at = 0; at + 1 < key.size(); ++at) {
+    if ((at != 0 && key[at - 1] != '/') || key[at + 1] != ':') continue;
+    if (key[at] == 's') return key;
+    if (key[at] == 'm') return key.substr(0, at) + "m:" + Sha256Hex(key).substr(0, 32);
+  }
+  return key;
+}
+}  // namespace
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -146,7 +163,7 @@ void ToolCallAdapter::Trace(const ToolCall& call, const ToolResult& result, Cloc
   if (!recorder_ && !observer_) return;
   const auto end = Clock::now();
   TraceRecord rec;
-  rec.session = call.session;
+  rec.session = TraceSessionKey(call.session);
   rec.tool = call.name;
   if (recorder_) rec.arguments = call.arguments;  // the metrics observer does not read them
   rec.is_error = result.is_error;

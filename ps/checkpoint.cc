@@ -243,7 +243,8 @@ std::string SerializeShard(const ShardIdentity& id,
 StatusOr<uint64_t> WriteSnapshot(const std::string& path, ShardSnapshot* snap,
                                  uint64_t* trailer_out) {
   // Streamed through a 1 MiB buffer: the file is never held in memory.
-  AtomicFileWriter file(path);
+  // 0640: the model's parameters are not for every user of the host.
+  AtomicFileWriter file(path, 0640);
   uLong crc = crc32_z(0, Z_NULL, 0);
   auto spill = [&](std::string* b) {
     crc = crc32_z(crc, reinterpret_cast<const Bytef*>(b->data()), b->size());

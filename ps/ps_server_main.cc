@@ -211,6 +211,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.curve = *loaded;
+  if (!replica_keys.empty() && !options.curve.enabled()) {
+    // Without CURVE no key is checked: every peer would pass as a replica.
+    std::cerr << "onlineps_ps: --curve-replica-keys needs --curve-cert (CURVE on)\n";
+    return 2;
+  }
   if (!replica_keys.empty()) {
     auto keys = onlineps::ReadCurvePublicKeys(replica_keys);
     if (!keys.ok()) {

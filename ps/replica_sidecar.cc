@@ -51,7 +51,7 @@ Status WriteReplicaSidecar(const std::string& path, const ReplicaSidecar& s) {
                       {"clean", s.clean},
                       {"checkpoint_bytes", s.checkpoint_bytes},
                       {"checkpoint_checksum", s.checkpoint_checksum}};
-  return WriteFileAtomic(path, j.dump() + "\n", /*sync=*/true);
+  return WriteFileAtomic(path, j.dump() + "\n", /*sync=*/true, 0640);
 }
 
 }  // namespace onlineps::ps

@@ -1,7 +1,9 @@
 // The bridge's Streamable HTTP rules, through the real binary: status codes, JSON-RPC
 // errors, sessions, security checks, the stateless revision and recording.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <thread>
@@ -456,7 +458,15 @@ TEST_F(BridgeHttpTest, RecordWritesEveryToolCall) {
   EXPECT_EQ(lines[0]["format"], "onlineps-trace");
   EXPECT_EQ(lines[1]["tool"], "learn");
   EXPECT_EQ(lines[1]["seq"], 1);
-  EXPECT_EQ(lines[1]["session"], "m:" + c.session());
+  // The session id is a bearer secret: the trace names the session by a hash of it, the
+  // same for all its calls, and the file is the bridge user's alone.
+  const std::string recorded = lines[1]["session"];
+  EXPECT_EQ(recorded.rfind("m:", 0), 0u) << recorded;
+  EXPECT_EQ(recorded.find(c.session()), std::string::npos) << recorded;
+  EXPECT_EQ(lines[2]["session"], recorded);
+  struct stat st;
+  ASSERT_EQ(::stat(trace.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_EQ(lines[1]["worker"], worker_);
   EXPECT_GE(lines[1]["version"].get<int64_t>(), 1);
   EXPECT_EQ(lines[1]["summary"], "applied");
@@ -464,6 +474,28 @@ TEST_F(BridgeHttpTest, RecordWritesEveryToolCall) {
   EXPECT_EQ(lines[2]["arguments"]["text"], "lovely");
   EXPECT_TRUE(lines[3]["is_error"].get<bool>());
   EXPECT_GT(lines[2]["latency_us"].get<int64_t>(), 0);
+}
+
+// --record never writes through a symbolic link planted at its path (it would overwrite
+// whatever the link names): the bridge refuses to start, naming the path.
+TEST_F(BridgeHttpTest, RecordRefusesASymbolicLink) {
+  const std::string dir = ::testing::TempDir() + "/record_link_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  const std::string victim = dir + "/victim", link = dir + "/trace.jsonl";
+  std::ofstream(victim) << "keep me\n";
+  std::filesystem::remove(link);
+  std::filesystem::create_symlink(victim, link);
+  testing::Subprocess bridge({ONLINEPS_BIN_DIR "/onlineps_mcp_bridge", "--workers", worker_,
+                              "--port", "0", "--admin-port", "-1", "--record", link},
+                             /*with_stderr=*/true);
+  const std::string out = bridge.ReadToEnd(std::chrono::milliseconds(20000));
+  EXPECT_NE(bridge.Wait(std::chrono::milliseconds(20000)), 0) << out;
+  EXPECT_NE(out.find("symbolic link"), std::string::npos) << out;
+  std::ifstream in(victim);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "keep me");
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(BridgeHttpTest, MetricsCountToolCallsAndReadinessFollowsWorkers) {

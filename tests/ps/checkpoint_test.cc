@@ -274,6 +274,7 @@ TEST_F(CheckpointTest, SnapshotHoldsStateAtCutWhileUpdatesGoOn) {
   const uint64_t sparse_version = sparse->version();
   ShardSnapshot snap = SnapshotShard(id, {{"dense", dense}, {"sparse", sparse}}, dedup_);
   std::atomic<bool> stop{false};
+  std::atomic<int> pushed{0};
   std::thread updater([&] {
     for (int step = 2; !stop; ++step) {
       Push(*dense, Grad(15, step));
@@ -281,8 +282,14 @@ TEST_F(CheckpointTest, SnapshotHoldsStateAtCutWhileUpdatesGoOn) {
       std::vector<uint64_t> some(keys.rbegin(), keys.rbegin() + 5000);
       some.push_back(1000000 + step);  // and a new row
       Push(*sparse, Grad(some.size() * 3, step), some);
+      pushed++;
     }
   });
+  // Updates after the cut before the write starts too (the writer copies what they
+  // change first): on a loaded machine the write could end before the updater's first.
+  for (int i = 0; i < 2000 && pushed.load() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   auto bytes = WriteSnapshot(path_, &snap);
   stop = true;
   updater.join();
@@ -629,6 +636,8 @@ TEST_F(CheckpointTest, WriteIsAtomicAndLeavesNoTmpFile) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename());
   EXPECT_EQ(names, std::vector<std::string>{"shard.ckpt"});
+  // The model's parameters are not for every user of the host.
+  EXPECT_EQ(static_cast<unsigned>(fs::status(path_).permissions() & fs::perms::all), 0640u);
   Dedup d;
   auto r = ReadCheckpoint(path_, id_, &d);
   ASSERT_TRUE(r.ok()) << r.status().ToString();

@@ -70,6 +70,17 @@ TEST(ReplicationFlagsTest, AGroupThatCannotWorkIsRefusedAtStart) {
   }
 }
 
+// --curve-replica-keys names the keys that may replicate to this shard; without CURVE no
+// key is checked at all, so the flag alone would let every peer through: refused.
+TEST(ReplicationFlagsTest, ReplicaKeysWithoutCurveAreRefused) {
+  testing::Subprocess p({ONLINEPS_BIN_DIR "/onlineps_ps", "--listen", "tcp://127.0.0.1:0",
+                         "--admin-port", "-1", "--curve-replica-keys", "/dev/null"},
+                        /*with_stderr=*/true);
+  const std::string out = p.ReadToEnd(milliseconds(10000));
+  EXPECT_EQ(p.Wait(milliseconds(10000)), 2) << out;
+  EXPECT_NE(out.find("--curve-replica-keys needs --curve-cert"), std::string::npos) << out;
+}
+
 // Two replicas of one shard configured as different groups (another --etcd-prefix): each
 // elects itself in its own namespace and both serve as primaries. Nothing can stop that
 // from inside one group, but each sees the other refuse its stream as a member of another

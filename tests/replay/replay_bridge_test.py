@@ -16,6 +16,7 @@ auth and --record) is sent that trace by `onlineps_replay --bridge`:
     the bridge keeps serving.
 """
 import csv
+import hashlib
 import json
 import os
 import signal
@@ -192,8 +193,11 @@ def main():
         if len(got) != SESSIONS or any(not k.startswith("replayer/m:") for k in got):
             fail(f"bridge B saw sessions {sorted(got)}")
         for key, seq in got.items():
+            # A trace names an MCP session by a hash of its key (the id is a secret).
             sid = key.split("/m:", 1)[1]
-            src = [s for s, v in mcp.items() if next(iter(v)) == sid]
+            src = [s for s, v in mcp.items()
+                   if hashlib.sha256(f"replayer/m:{next(iter(v))}".encode()).hexdigest()[:32]
+                   == sid]
             if len(src) != 1:
                 fail(f"bridge B session {sid} matches no replayed session")
             want_tools = [c["tool"] for c in by_session[src[0]]]
