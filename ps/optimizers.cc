@@ -10,7 +10,7 @@ namespace onlineps::ps {
 
 using internal::ForEachBlock;
 using internal::kBlock;
-using internal::Saturate;
+using internal::SaturateBlock;
 using internal::SaturateToFloat;
 using internal::SqrtBlock;
 
@@ -18,8 +18,9 @@ using internal::SqrtBlock;
 // GCC drop the aliasing checks, which its -O2 cost model would otherwise refuse to emit.
 // Per-call constants are computed in double once and narrowed to float, so the inner
 // loops are pure float arithmetic. What they store is saturated to the float range
-// (internal::Saturate), and so are the products that could otherwise meet a zero or an
-// opposite infinity (Inf * 0, Inf - Inf: NaN).
+// (internal::SaturateBlock, a max and a min per 4 floats, applied to whole blocks so that
+// the loops stay vectorized), and so are the products that could otherwise meet a zero
+// or an opposite infinity (Inf * 0, Inf - Inf: NaN).
 
 namespace {
 
@@ -30,7 +31,7 @@ __attribute__((flatten)) ONLINEPS_AVX2_CLONES void SgdStep(float* w, const float
       n,
       [step](float* __restrict wb, const float* __restrict gb) {
         for (size_t j = 0; j < kBlock; ++j) wb[j] -= step * gb[j];
-        internal::SaturateBlock(wb);
+        SaturateBlock(wb);
       },
       w, g);
 }
@@ -54,10 +55,11 @@ void Adagrad::Apply(float* w, float* const* state, const float* g, size_t n,
       n,
       [step, eps](float* __restrict wb, float* __restrict acc, const float* __restrict gb) {
         float root[kBlock];
-        for (size_t j = 0; j < kBlock; ++j) acc[j] = Saturate(acc[j] + gb[j] * gb[j]);
+        for (size_t j = 0; j < kBlock; ++j) acc[j] += gb[j] * gb[j];
+        SaturateBlock(acc);
         SqrtBlock(acc, root);
-        for (size_t j = 0; j < kBlock; ++j)
-          wb[j] = Saturate(wb[j] - step * gb[j] / (root[j] + eps));
+        for (size_t j = 0; j < kBlock; ++j) wb[j] -= step * gb[j] / (root[j] + eps);
+        SaturateBlock(wb);
       },
       w, state[0], g);
 }
@@ -74,21 +76,35 @@ void Ftrl::Apply(float* w, float* const* state, const float* g, size_t n,
       n,
       [=](float* __restrict wb, float* __restrict z, float* __restrict nb,
           const float* __restrict gb) {
-        float n_new[kBlock], root_old[kBlock], root_new[kBlock];
-        for (size_t j = 0; j < kBlock; ++j) n_new[j] = Saturate(nb[j] + gb[j] * gb[j]);
+        float n_new[kBlock], root_old[kBlock], root_new[kBlock], sigma[kBlock], zg[kBlock],
+            sw[kBlock], denom[kBlock];
+        for (size_t j = 0; j < kBlock; ++j) n_new[j] = nb[j] + gb[j] * gb[j];
+        SaturateBlock(n_new);
         SqrtBlock(nb, root_old);
         SqrtBlock(n_new, root_new);
+        for (size_t j = 0; j < kBlock; ++j) sigma[j] = (root_new[j] - root_old[j]) * inv_alpha;
+        SaturateBlock(sigma);
         for (size_t j = 0; j < kBlock; ++j) {
-          const float sigma = Saturate((root_new[j] - root_old[j]) * inv_alpha);
-          const float zj = Saturate(Saturate(z[j] + gb[j]) - Saturate(sigma * wb[j]));
-          z[j] = zj;
+          zg[j] = z[j] + gb[j];
+          sw[j] = sigma[j] * wb[j];
+          denom[j] = (beta + root_new[j]) * inv_alpha;
+        }
+        SaturateBlock(zg);
+        SaturateBlock(sw);
+        SaturateBlock(denom);
+        for (size_t j = 0; j < kBlock; ++j) {
+          z[j] = zg[j] - sw[j];
           nb[j] = n_new[j];
+          denom[j] += l2;
+        }
+        SaturateBlock(z);
+        SaturateBlock(denom);
+        for (size_t j = 0; j < kBlock; ++j) {
           // Soft threshold without a branch: clamp(z) - z is -(z - sgn(z) l1) outside the
           // L1 ball and exactly +0 inside it. The denominator is 0 only when beta = l2 = 0
           // and n = 0, where the numerator is 0 too; the floor turns that 0/0 into 0.
-          const float shrunk = std::clamp(zj, -l1, l1) - zj;
-          const float denom = Saturate(Saturate((beta + root_new[j]) * inv_alpha) + l2);
-          wb[j] = shrunk / std::max(denom, FLT_MIN);
+          const float shrunk = std::clamp(z[j], -l1, l1) - z[j];
+          wb[j] = shrunk / std::max(denom[j], FLT_MIN);
         }
       },
       w, state[0], state[1], g);
@@ -111,16 +127,22 @@ void Adam::Apply(float* w, float* const* state, const float* g, size_t n,
       n,
       [=](float* __restrict wb, float* __restrict m, float* __restrict v,
           const float* __restrict gb) {
-        float v_hat[kBlock], root[kBlock];
+        float v_hat[kBlock], root[kBlock], sm[kBlock];
         for (size_t j = 0; j < kBlock; ++j) {
-          m[j] = Saturate(b1 * m[j] + one_minus_b1 * gb[j]);
-          v[j] = Saturate(b2 * v[j] + one_minus_b2 * gb[j] * gb[j]);
-          v_hat[j] = Saturate(v[j] * inv_correction2);
+          m[j] = b1 * m[j] + one_minus_b1 * gb[j];
+          v[j] = b2 * v[j] + one_minus_b2 * gb[j] * gb[j];
         }
+        SaturateBlock(m);
+        SaturateBlock(v);
+        for (size_t j = 0; j < kBlock; ++j) {
+          v_hat[j] = v[j] * inv_correction2;
+          sm[j] = step * m[j];
+        }
+        SaturateBlock(v_hat);
+        SaturateBlock(sm);
         SqrtBlock(v_hat, root);
-        for (size_t j = 0; j < kBlock; ++j) {
-          wb[j] = Saturate(wb[j] - Saturate(step * m[j]) / (root[j] + eps));
-        }
+        for (size_t j = 0; j < kBlock; ++j) wb[j] -= sm[j] / (root[j] + eps);
+        SaturateBlock(wb);
       },
       w, state[0], state[1], g);
 }

@@ -8,7 +8,7 @@ namespace onlineps::ps {
 
 using internal::ForEachBlock;
 using internal::kBlock;
-using internal::Saturate;
+using internal::SaturateBlock;
 using internal::SqrtBlock;
 
 float LrOverTau::LrScale(uint64_t tau) const {
@@ -19,10 +19,23 @@ float LrOverTau::LrScale(uint64_t tau) const {
 // The product is written lambda * g * g * (w - w_bak), left to right, so that lambda = 0
 // yields exactly +-0 and g + 0 == g bit for bit: compensation off means no change at all.
 // Its factors are saturated to the float range before they meet (an overflowed g * g
-// times a zero w - w_bak would be NaN), and so is the compensated gradient.
+// times a zero w - w_bak would be NaN), and so is the compensated gradient; on whole
+// blocks (internal::SaturateBlock), so that the loops stay vectorized.
 namespace {
-inline float Compensated(float g, float lambda, float w, float bak) {
-  return Saturate(g + Saturate(Saturate(lambda * g * g) * Saturate(w - bak)));
+// g += lambda[j] * g * g * (w - bak) for one block, `lambda` per element.
+inline void CompensateBlock(float* __restrict gb, const float* __restrict lambda,
+                            const float* __restrict wb, const float* __restrict bak) {
+  float p[kBlock], d[kBlock];
+  for (size_t j = 0; j < kBlock; ++j) {
+    p[j] = lambda[j] * gb[j] * gb[j];
+    d[j] = wb[j] - bak[j];
+  }
+  SaturateBlock(p);
+  SaturateBlock(d);
+  for (size_t j = 0; j < kBlock; ++j) p[j] *= d[j];
+  SaturateBlock(p);
+  for (size_t j = 0; j < kBlock; ++j) gb[j] += p[j];
+  SaturateBlock(gb);
 }
 }  // namespace
 
@@ -32,7 +45,9 @@ void DcConstant::Compensate(float* g, const float* w, const float* w_bak, float*
   ForEachBlock(
       n,
       [lambda](float* __restrict gb, const float* __restrict wb, const float* __restrict bak) {
-        for (size_t j = 0; j < kBlock; ++j) gb[j] = Compensated(gb[j], lambda, wb[j], bak[j]);
+        float l[kBlock];
+        for (size_t j = 0; j < kBlock; ++j) l[j] = lambda;
+        CompensateBlock(gb, l, wb, bak);
       },
       g, w, w_bak);
 }
@@ -47,15 +62,15 @@ void DcAdaptive::Compensate(float* g, const float* w, const float* w_bak, float*
       n,
       [=](float* __restrict gb, float* __restrict ms, const float* __restrict wb,
           const float* __restrict bak) {
-        float shifted[kBlock], root[kBlock];
-        for (size_t j = 0; j < kBlock; ++j) {
-          ms[j] = Saturate(m * ms[j] + one_minus_m * gb[j] * gb[j]);
-          shifted[j] = Saturate(ms[j] + eps);
-        }
+        float shifted[kBlock], root[kBlock], lambda_t[kBlock];
+        for (size_t j = 0; j < kBlock; ++j) ms[j] = m * ms[j] + one_minus_m * gb[j] * gb[j];
+        SaturateBlock(ms);
+        for (size_t j = 0; j < kBlock; ++j) shifted[j] = ms[j] + eps;
+        SaturateBlock(shifted);
         SqrtBlock(shifted, root);
-        for (size_t j = 0; j < kBlock; ++j) {
-          gb[j] = Compensated(gb[j], Saturate(lambda0 / root[j]), wb[j], bak[j]);
-        }
+        for (size_t j = 0; j < kBlock; ++j) lambda_t[j] = lambda0 / root[j];
+        SaturateBlock(lambda_t);
+        CompensateBlock(gb, lambda_t, wb, bak);
       },
       g, state[0], w, w_bak);
 }
