@@ -362,6 +362,9 @@ class TorchScriptModel : public Model {
 ParamInfo DenseInfo(const std::string& name, const torch::Tensor& t) {
   ParamInfo info{name, ParamKind::kDense, {}, "zeros", 0.0};
   for (int64_t d : t.sizes()) info.shape.push_back(static_cast<uint64_t>(d));
+  // A 0-dim parameter (a temperature, a logit scale) is a table of one element: a table
+  // needs a shape, and the values are copied by the parameter's own sizes.
+  if (info.shape.empty()) info.shape.push_back(1);
   info.initial = ToVector(t);
   return info;
 }

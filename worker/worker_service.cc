@@ -130,11 +130,11 @@ Status WorkerService::Start() {
   for (const ps::TableSpec& spec : TableSpecs()) {
     Status st = client_->CreateTable(spec);
     if (!st.ok()) {
-      if (st.code() == StatusCode::kFailedPrecondition) {  // another frozen base
-        return Status(st.code(), "creating table '" + spec.name + "': " + st.message());
-      }
+      // Only a table that exists with another spec may be another worker's doing.
       return Status(st.code(), "creating table '" + spec.name + "': " + st.message() +
-                                   " (another worker may have created it with other options)");
+                                   (st.code() == StatusCode::kAlreadyExists
+                                        ? " (another worker may have created it with other options)"
+                                        : ""));
     }
     if (spec.kind == ps::TableKind::kSparse) WarnIfCapsDiffer(spec);
   }

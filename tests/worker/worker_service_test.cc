@@ -1037,6 +1037,30 @@ TEST_F(WorkerServiceTest, TorchScriptDenseWeightsAreSeededOnceAcrossWorkers) {
   ASSERT_TRUE(again.Stop().ok());
 }
 
+// A 0-dim trainable parameter (a temperature) is a one-element table: seeded with the
+// file's value, read back into the parameter, and trained by a learn. Before, the worker
+// did not start ("table spec field 'shape' = ''", with a hint about another worker).
+TEST_F(WorkerServiceTest, TorchScriptScalarParameterIsAOneElementTable) {
+  ModelOptions m;
+  m.kind = "torchscript";
+  m.model_file = std::string(ONLINEPS_TESTDATA_DIR) + "/scalar_param.pt";
+  m.labels = {"x", "y", "z"};
+  m.table_prefix = "sc/";
+  StartWorker(m, WorkerServiceOptions());
+  std::string temp;
+  for (const ParamInfo& p : model_->params()) {
+    if (p.name.find("temp") != std::string::npos) temp = p.name;
+  }
+  ASSERT_FALSE(temp.empty()) << "no table for the scalar parameter";
+  EXPECT_EQ(PullDense(temp), std::vector<float>{1.5f});
+  auto infer = service_->Infer("", {Example{"", {1, 2, 3, 4}, -1}});
+  ASSERT_TRUE(infer.ok()) << infer.status().ToString();
+  ASSERT_TRUE(service_->Learn("", {Example{"", {1, 2, 3, 4}, 2}}).ok());
+  const std::vector<float> after = PullDense(temp);
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_NE(after[0], 1.5f) << "a learn did not move the temperature";
+}
+
 TEST_F(WorkerServiceTest, TorchScriptModelLoadsInfersAndTrainsThroughThePs) {
   ModelOptions m;
   m.kind = "torchscript";
