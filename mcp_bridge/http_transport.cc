@@ -771,6 +771,7 @@ void HttpTransport::Impl::Post(const HttpRequest& req, Answer& res,
   Request r;
   r.principal = principal;
   r.session_id = Header(req, "Mcp-Session-Id");
+  r.http = true;
   r.header_version = Header(req, "MCP-Protocol-Version");
   const RevisionChoice revision =
       ChooseRevision(m, r.session_id, r.header_version, TransportKind::kHttp);

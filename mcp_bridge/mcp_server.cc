@@ -222,6 +222,18 @@ void McpServer::HandleMessage(const RequestPtr& r, const ReplyDone& done) {
   }
   if (!m.contains("method")) {
     if (m.contains("id") && (m.contains("result") || m.contains("error"))) {
+      // A client's answer to a server request belongs to its session like any message
+      // over HTTP: 400 without the header, 404 for a session unknown or ended.
+      if (req.http && !req.stateless) {
+        if (req.session_id.empty()) {
+          return done(
+              Error(400, nullptr, kServerError, "Bad Request: Mcp-Session-Id header is required"));
+        }
+        if (!sessions_.Has(req.session_id, req.principal)) {
+          return done(
+              Error(404, nullptr, kSessionNotFound, "Session not found: initialize a new session"));
+        }
+      }
       if (response_handler_) response_handler_(m, req.session_id);
       return done(Accepted());
     }

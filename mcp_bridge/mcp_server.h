@@ -52,6 +52,7 @@ struct Request {
   std::string session_id;      // Mcp-Session-Id (HTTP) or the process session (stdio)
   std::string header_version;  // MCP-Protocol-Version header; "" when absent
   bool stateless = false;      // revision 2026-07-28 (no session): ChooseRevision
+  bool http = false;           // came over Streamable HTTP (its session is a header)
   // Sends a message related to this request before its response (SSE or stdio); null
   // when the transport cannot (a plain JSON response).
   std::function<void(const nlohmann::json&)> notify;

@@ -59,14 +59,17 @@ TEST_F(BridgeHttpTest, StatusCodesFollowTheSpec) {
   EXPECT_EQ(n.status, 202);
   EXPECT_TRUE(n.raw.empty());
   EXPECT_EQ(c.Send({{"jsonrpc", "2.0"}, {"id", 99}, {"result", json::object()}}).status, 202);
-  // A request without a session id: 400; an unknown one: 404.
+  // A request without a session id: 400; an unknown one: 404. A client's response too
+  // (it was 202 whatever its session).
   McpHttp none(port);
   EXPECT_EQ(none.Send(Request(1, "tools/list")).status, 400);
+  EXPECT_EQ(none.Send({{"jsonrpc", "2.0"}, {"id", 99}, {"result", json::object()}}).status, 400);
   McpHttp unknown(port);
   unknown.set_session("00000000000000000000000000000000");
   HttpReply u = unknown.Send(Request(1, "tools/list"));
   EXPECT_EQ(u.status, 404);
   EXPECT_EQ(u.body["error"]["code"], -32001);
+  EXPECT_EQ(unknown.Send({{"jsonrpc", "2.0"}, {"id", 99}, {"result", json::object()}}).status, 404);
   // An unsupported MCP-Protocol-Version header: 400.
   auto h = c.Headers();
   h.erase("MCP-Protocol-Version");
