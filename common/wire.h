@@ -73,6 +73,9 @@ inline constexpr uint32_t kFlagAveraged = 1u << 1;      // pull the Polyak-avera
 inline constexpr uint32_t kFlagNoBackup = 1u << 2;      // pull without recording a DC-ASGD backup
 inline constexpr uint32_t kFlagGroupAck = 1u << 3;      // local group: member got the result of seq
 inline constexpr uint32_t kFlagReturnValues = 1u << 4;  // push: reply carries the values after it
+// push with DELTA: the delta sets a table's initial values (a model file's weights): not
+// clipped by the table's clip_norm, which bounds gradients and training deltas.
+inline constexpr uint32_t kFlagSeed = 1u << 5;
 
 // A decoded header. Fields not meaningful for an op keep their defaults and are
 // omitted on encode. Keys on the wire are the short names in the comments.

@@ -99,8 +99,8 @@ StatusOr<PushResult> DenseTable::Push(const PushRequest& req) {
   }
   std::vector<float> clipped_values;
   bool clipped = false;
-  const float* values =
-      ClipToNorm(req.values, req.num_values, spec_.clip_norm, &clipped_values, &clipped);
+  const float* values = ClipToNorm(req.values, req.num_values, req.seed ? 0.0 : spec_.clip_norm,
+                                   &clipped_values, &clipped);
   PushResult res;
   if (!LockUnlessNoWait(req.no_wait)) {
     res.would_block = true;

@@ -276,7 +276,8 @@ std::unique_ptr<Pending> PsClientImpl::NewPart(const std::shared_ptr<Ticket::Sta
 }
 
 uint32_t PushFlags(const PushOptions& opts) {
-  return (opts.delta ? kFlagDelta : 0) | (opts.updated ? kFlagReturnValues : 0);
+  return (opts.delta ? kFlagDelta : 0) | (opts.delta && opts.seed ? kFlagSeed : 0) |
+         (opts.updated ? kFlagReturnValues : 0);
 }
 
 std::unique_ptr<Pending> PsClientImpl::NewPushPart(const std::shared_ptr<Ticket::State>& call,

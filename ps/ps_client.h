@@ -58,6 +58,9 @@ struct PullOptions {
 
 struct PushOptions {
   bool delta = false;  // values are parameter deltas, not gradients
+  // With delta: the deltas set the table's initial values (a model file's weights), which
+  // the table's clip_norm leaves whole (kFlagSeed).
+  bool seed = false;
   // Both non-zero: the push goes out as (sender, seq) instead of this client's own id and
   // next sequence number, so any client sending the same one-off push (e.g. several
   // workers seeding a table) gets it applied exactly once.

@@ -902,6 +902,7 @@ Status ShardServer::Push(const Header& h, const Frames& frames, std::shared_ptr<
   req.sender = h.sender;
   req.base_version = h.base_version;
   req.delta = h.flags & kFlagDelta;
+  req.seed = req.delta && (h.flags & kFlagSeed);
   req.now_ms = NowMs();
   const bool dense = h.op == Op::kPushDense;
   ONLINEPS_ASSIGN_OR_RETURN(req.num_values, FloatCount(frames, dense ? 1 : 2, "values"));

@@ -502,8 +502,8 @@ StatusOr<PushResult> SparseTable::Push(const PushRequest& req) {
   std::vector<float> clipped_values;
   bool clipped = false;
   PushRequest clipped_req = req;
-  clipped_req.values =
-      ClipToNorm(req.values, req.num_values, spec_.clip_norm, &clipped_values, &clipped);
+  clipped_req.values = ClipToNorm(req.values, req.num_values, req.seed ? 0.0 : spec_.clip_norm,
+                                  &clipped_values, &clipped);
   StatusOr<PushResult> res = PushChecked(clipped_req);
   if (clipped && !(res.ok() && res->would_block)) clipped_pushes_.fetch_add(1);
   return res;

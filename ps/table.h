@@ -41,6 +41,7 @@ struct PushRequest {
   uint64_t sender = 0;
   uint64_t base_version = 0;
   bool delta = false;              // values are a parameter delta (model / elastic averaging)
+  bool seed = false;               // with delta: a table's initial values (kFlagSeed): not clipped
   const uint64_t* keys = nullptr;  // sparse only
   size_t num_keys = 0;
   const float* values = nullptr;

@@ -189,6 +189,7 @@ Status WorkerService::SeedInitialValues() {
     // Every worker seeding this table sends the same (sender, seq): applied once.
     ps::PushOptions opts;
     opts.delta = true;
+    opts.seed = true;  // the file's values, whole: --clip-norm bounds gradients
     opts.sender = HashString("onlineps-seed:" + p.name) | 1;
     opts.seq = 1;
     ps::PushReply reply;

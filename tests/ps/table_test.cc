@@ -203,6 +203,33 @@ TEST_P(TableKindTest, ClipNormScalesLargePushesAndLeavesSmallOnes) {
   EXPECT_EQ(plain->Stats().clipped_pushes, 0u);
 }
 
+// A seed (a DELTA push flagged kFlagSeed: a model file's initial values) is applied whole:
+// clip_norm bounds gradients and training deltas, and clipped the seed, so a TorchScript
+// model started from its weights scaled down to the clip norm.
+TEST_P(TableKindTest, ASeedIsNotClippedAndOtherDeltasAre) {
+  TableSpec spec = Spec();
+  spec.clip_norm = 0.1;
+  spec.init_value = 0.0;
+  auto t = NewTable(spec);
+  ASSERT_NE(t, nullptr);
+  const std::vector<float> seed = {1.0f, -2.0f, 0.5f, 3.0f};
+  PushRequest req;
+  req.sender = 1;
+  req.delta = true;
+  req.seed = true;
+  req.values = seed.data();
+  req.num_values = seed.size();
+  if (IsSparse(*t)) {
+    req.keys = kKeys.data();
+    req.num_keys = kKeys.size();
+  }
+  ASSERT_TRUE(t->Push(req).ok());
+  EXPECT_EQ(Pull(*t, 1), seed);
+  EXPECT_EQ(t->Stats().clipped_pushes, 0u);
+  MustPush(*t, 1, 1, seed, /*delta=*/true);  // an ordinary delta is clipped
+  EXPECT_EQ(t->Stats().clipped_pushes, 1u);
+}
+
 TEST(TableSpecClipTest, NegativeClipNormIsRefusedAndZeroIsOff) {
   TableSpec s;
   s.name = "t";

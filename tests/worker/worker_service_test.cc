@@ -1061,6 +1061,30 @@ TEST_F(WorkerServiceTest, TorchScriptScalarParameterIsAOneElementTable) {
   EXPECT_NE(after[0], 1.5f) << "a learn did not move the temperature";
 }
 
+// --clip-norm bounds gradients, not the model file's weights: the seed is applied whole
+// (it was clipped to the norm, so the model started from shrunken weights, for good).
+TEST_F(WorkerServiceTest, TorchScriptSeedIsNotClippedByClipNorm) {
+  ModelOptions m;
+  m.kind = "torchscript";
+  m.model_file = std::string(ONLINEPS_TESTDATA_DIR) + "/scalar_param.pt";
+  m.labels = {"x", "y", "z"};
+  m.table_prefix = "clip/";
+  WorkerServiceOptions o;
+  o.table_template.clip_norm = 0.1;
+  StartWorker(m, o);
+  size_t checked = 0;
+  for (const ParamInfo& p : model_->params()) {
+    if (p.kind != ParamKind::kDense) continue;
+    const std::vector<float> w = PullDense(p.name);
+    ASSERT_EQ(w.size(), p.initial.size()) << p.name;
+    for (size_t j = 0; j < w.size(); ++j) EXPECT_FLOAT_EQ(w[j], p.initial[j]) << p.name;
+    double norm = 0;
+    for (float x : p.initial) norm += static_cast<double>(x) * x;
+    checked += std::sqrt(norm) > 0.1;
+  }
+  EXPECT_GT(checked, 0u) << "no table's initial values were above the clip norm";
+}
+
 TEST_F(WorkerServiceTest, TorchScriptModelLoadsInfersAndTrainsThroughThePs) {
   ModelOptions m;
   m.kind = "torchscript";
