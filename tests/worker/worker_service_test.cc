@@ -1037,16 +1037,21 @@ TEST_F(WorkerServiceTest, TorchScriptDenseWeightsAreSeededOnceAcrossWorkers) {
   ASSERT_TRUE(again.Stop().ok());
 }
 
-// A 0-dim trainable parameter (a temperature) is a one-element table: seeded with the
-// file's value, read back into the parameter, and trained by a learn. Before, the worker
-// did not start ("table spec field 'shape' = ''", with a hint about another worker).
-TEST_F(WorkerServiceTest, TorchScriptScalarParameterIsAOneElementTable) {
+// worker/testdata/scalar_param.pt (Linear(4, 3) times a 0-dim temperature) on `prefix`.
+ModelOptions ScalarModel(const std::string& prefix) {
   ModelOptions m;
   m.kind = "torchscript";
   m.model_file = std::string(ONLINEPS_TESTDATA_DIR) + "/scalar_param.pt";
   m.labels = {"x", "y", "z"};
-  m.table_prefix = "sc/";
-  StartWorker(m, WorkerServiceOptions());
+  m.table_prefix = prefix;
+  return m;
+}
+
+// A 0-dim trainable parameter (a temperature) is a one-element table: seeded with the
+// file's value, read back into the parameter, and trained by a learn. Before, the worker
+// did not start ("table spec field 'shape' = ''", with a hint about another worker).
+TEST_F(WorkerServiceTest, TorchScriptScalarParameterIsAOneElementTable) {
+  StartWorker(ScalarModel("sc/"), WorkerServiceOptions());
   std::string temp;
   for (const ParamInfo& p : model_->params()) {
     if (p.name.find("temp") != std::string::npos) temp = p.name;
@@ -1064,14 +1069,9 @@ TEST_F(WorkerServiceTest, TorchScriptScalarParameterIsAOneElementTable) {
 // --clip-norm bounds gradients, not the model file's weights: the seed is applied whole
 // (it was clipped to the norm, so the model started from shrunken weights, for good).
 TEST_F(WorkerServiceTest, TorchScriptSeedIsNotClippedByClipNorm) {
-  ModelOptions m;
-  m.kind = "torchscript";
-  m.model_file = std::string(ONLINEPS_TESTDATA_DIR) + "/scalar_param.pt";
-  m.labels = {"x", "y", "z"};
-  m.table_prefix = "clip/";
   WorkerServiceOptions o;
   o.table_template.clip_norm = 0.1;
-  StartWorker(m, o);
+  StartWorker(ScalarModel("clip/"), o);
   size_t checked = 0;
   for (const ParamInfo& p : model_->params()) {
     if (p.kind != ParamKind::kDense) continue;

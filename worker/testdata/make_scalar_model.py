@@ -11,6 +11,9 @@ import sys
 import torch
 from torch import nn
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_tiny_model import write_scripted  # noqa: E402
+
 
 class ScalarModel(nn.Module):
     def __init__(self) -> None:
@@ -22,17 +25,5 @@ class ScalarModel(nn.Module):
         return self.out(x) * self.temp
 
 
-def main() -> None:
-    # As make_tiny_model.py: a fixed seed and string hash give the same bytes each time.
-    if os.environ.get("PYTHONHASHSEED") != "0":
-        env = dict(os.environ, PYTHONHASHSEED="0")
-        os.execve(sys.executable, [sys.executable] + sys.argv, env)
-    torch.manual_seed(20261207)
-    module = torch.jit.script(ScalarModel())
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scalar_param.pt")
-    module.save(path)
-    print(f"wrote {path} ({os.path.getsize(path)} bytes)")
-
-
 if __name__ == "__main__":
-    main()
+    write_scripted(ScalarModel, "scalar_param.pt", 20261207)

@@ -24,18 +24,19 @@ class TinyModel(nn.Module):
         return self.out(self.embed(ids, offsets))
 
 
-def main() -> None:
+def write_scripted(make_module, file_name: str, seed: int) -> None:
+    """Scripts make_module() under `seed` and saves it as file_name beside this script."""
     # TorchScript writes a module's constants in set order: fix the string hash so the
     # same source gives the same bytes.
     if os.environ.get("PYTHONHASHSEED") != "0":
         env = dict(os.environ, PYTHONHASHSEED="0")
         os.execve(sys.executable, [sys.executable] + sys.argv, env)
-    torch.manual_seed(20261202)
-    module = torch.jit.script(TinyModel())
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_model.pt")
+    torch.manual_seed(seed)
+    module = torch.jit.script(make_module())
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), file_name)
     module.save(path)
     print(f"wrote {path} ({os.path.getsize(path)} bytes)")
 
 
 if __name__ == "__main__":
-    main()
+    write_scripted(TinyModel, "tiny_model.pt", 20261202)
