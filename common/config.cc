@@ -396,32 +396,22 @@ std::string QuoteIfNeeded(const std::string& v) {
   return out + "\"";
 }
 
-std::string EffectiveValue(const CLI::Option& opt) {
+// An option's effective value as a config file line's value (what --print-config writes):
+// a list of several values as an array whose items are quoted one by one where needed
+// ("[a|b,c]" quoted whole would read back as one string).
+std::string PrintedValue(const CLI::Option& opt) {
   if (opt.count() == 0) {
     std::string def = opt.get_default_str();
-    return def.empty() && opt.get_expected_max() == 0 ? "false" : OptionValue(opt, def);
+    return QuoteIfNeeded(def.empty() && opt.get_expected_max() == 0 ? "false"
+                                                                    : OptionValue(opt, def));
   }
-  CLI::results_t results = opt.reduced_results();
-  if (results.size() == 1) return OptionValue(opt, results[0]);
+  const CLI::results_t results = opt.reduced_results();
+  if (results.size() == 1) return QuoteIfNeeded(OptionValue(opt, results[0]));
   std::string joined;
-  for (const std::string& r : results) joined += (joined.empty() ? "" : ",") + r;
-  return "[" + joined + "]";
-}
-
-// As a config file line's value: a list of several values as an array whose items are
-// quoted where needed ("[a|b,c]" quoted whole read back as one string).
-std::string PrintedValue(const CLI::Option& opt) {
-  if (opt.count() > 0) {
-    const CLI::results_t results = opt.reduced_results();
-    if (results.size() != 1) {
-      std::string joined;
-      for (const std::string& r : results) {
-        joined += (joined.empty() ? "" : ",") + QuoteIfNeeded(OptionValue(opt, r));
-      }
-      return "[" + joined + "]";
-    }
+  for (const std::string& r : results) {
+    joined += (joined.empty() ? "" : ",") + QuoteIfNeeded(OptionValue(opt, r));
   }
-  return QuoteIfNeeded(EffectiveValue(opt));
+  return "[" + joined + "]";
 }
 
 }  // namespace

@@ -48,13 +48,7 @@ worker::RequestLimits LimitsOf(const ToolsOptions& o) {
 // A context's features (the context store bounds their count).
 std::string CheckFeatures(const json& f, const std::string& where) {
   if (!f.is_array()) return where + " must be an array of numbers";
-  for (size_t i = 0; i < f.size(); ++i) {
-    // Finite as the float32 a worker reads (3.5e38 is a finite double, Inf as float).
-    if (!f[i].is_number() || !std::isfinite(static_cast<float>(f[i].get<double>()))) {
-      return where + "[" + std::to_string(i) + "] is not a finite number (within float32's range)";
-    }
-  }
-  return "";
+  return worker::NonFiniteFeature(f, where);
 }
 
 // The examples of an infer or learn call, by the rule of worker/examples.h.

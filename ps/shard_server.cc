@@ -267,11 +267,11 @@ Status ShardServer::MakeReplica(bool restored, const std::string& tip) {
       r.incarnation = side->incarnation;
       r.log_epoch = side->log_epoch;
       r.lsn = side->lsn;
+      const bool describes_this_file = !ec && side->checkpoint_bytes == bytes &&
+                                       side->checkpoint_checksum == CheckpointTrailer(tip);
       // Only a clean stop's checkpoint holds exactly what its replica acknowledged: the
       // sidecar must say so and describe this very file (the chain's last).
-      r.exact = side->clean && !ec && side->checkpoint_bytes == bytes &&
-                side->checkpoint_checksum != 0 &&
-                side->checkpoint_checksum == CheckpointTrailer(tip);
+      r.exact = side->clean && side->checkpoint_checksum != 0 && describes_this_file;
       if (r.exact) {
         // From now on a crash is not a clean stop. If that cannot be recorded, a later
         // restart could keep this incarnation with a stale state: take a new one now.
@@ -286,8 +286,6 @@ Status ShardServer::MakeReplica(bool restored, const std::string& tip) {
           r.exact = false;
         }
       }
-      const bool describes_this_file = !ec && side->checkpoint_bytes == bytes &&
-                                       side->checkpoint_checksum == CheckpointTrailer(tip);
       if (!describes_this_file) {
         // Written for another checkpoint (a copy restored from a backup, or a crash
         // between a checkpoint and its sidecar): its position may be newer or older than

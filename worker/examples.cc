@@ -34,17 +34,20 @@ Status CheckFeatures(const json& f, const std::string& where, const RequestLimit
   if (!f.is_array()) return Invalid(where + " must be an array of numbers");
   if (f.empty()) return Invalid(where + " holds no values");
   ONLINEPS_RETURN_IF_ERROR(CheckFeatureCount(f.size(), where, limits));
-  for (size_t i = 0; i < f.size(); ++i) {
-    // Finite as the float32 the model reads (3.5e38 is a finite double, Inf as float).
-    if (!f[i].is_number() || !std::isfinite(static_cast<float>(f[i].get<double>()))) {
-      return Invalid(where + "[" + std::to_string(i) +
-                     "] is not a finite number (within float32's range)");
-    }
-  }
+  if (std::string m = NonFiniteFeature(f, where); !m.empty()) return Invalid(m);
   return Status::Ok();
 }
 
 }  // namespace
+
+std::string NonFiniteFeature(const json& f, const std::string& where) {
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (!f[i].is_number() || !std::isfinite(static_cast<float>(f[i].get<double>()))) {
+      return where + "[" + std::to_string(i) + "] is not a finite number (within float32's range)";
+    }
+  }
+  return "";
+}
 
 std::optional<int64_t> LabelIndex(const json& v) {
   if (v.is_number_unsigned() || v.is_number_integer()) {

@@ -44,6 +44,12 @@ std::vector<nlohmann::json*> ExamplesIn(nlohmann::json& request);
 // The same, as an array of examples that hold only their example fields.
 nlohmann::json ExampleArray(const nlohmann::json& request);
 
+// "" when every element of the JSON array `f` is a number finite as the float32 a model
+// reads (3.5e38 is a finite double, Inf as float), else "<where>[i] is not a finite
+// number (within float32's range)" for the first that is not. Examples' and contexts'
+// features alike.
+std::string NonFiniteFeature(const nlohmann::json& f, const std::string& where);
+
 // A label given as an index: a non-negative integer, or a float with an integral value
 // (JSON Schema counts 1.0 as an integer). nullopt for anything else.
 std::optional<int64_t> LabelIndex(const nlohmann::json& v);
