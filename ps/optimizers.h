@@ -113,14 +113,16 @@ namespace internal {
 inline constexpr size_t kBlock = 8;
 
 // x clamped to the float range: +-Inf becomes +-FLT_MAX, NaN stays NaN (never hidden).
-// Every value a kernel stores, and every product that could meet a zero or an opposite
-// infinity, goes through it, so a finite push never leaves Inf or NaN in a table: a step
+// Every value stored in a table, and every product that could meet a zero or an opposite
+// infinity, is saturated, so a finite push never leaves Inf or NaN in a table: a step
 // past the range saturates instead (e.g. Adagrad's accumulator after a gradient above
-// 1.8e19). Two vector instructions (max, min) per 8 floats.
+// 1.8e19). This scalar form serves the tables' own loops (delta pushes, sums, Polyak
+// averages); the kernels use SaturateBlock.
 inline float Saturate(float x) { return std::min(std::max(x, -FLT_MAX), FLT_MAX); }
-// Saturate on one block in place, for the hot loops (SGD, deltas): GCC turns the scalar
-// form into compares and blends, the SSE form is one max and one min per 4 floats. A NaN
-// (which no finite input yields) becomes -FLT_MAX here.
+// Saturate on one block in place, for the kernels (optimizers.cc, staleness_policies.cc):
+// GCC turns the scalar form into compares and blends and stops vectorizing the longer
+// kernels; the SSE form is one max and one min per 4 floats. A NaN (which no finite input
+// yields) becomes -FLT_MAX here.
 inline void SaturateBlock(float* __restrict x) {
 #if defined(__SSE__)
   const __m128 lo = _mm_set1_ps(-FLT_MAX), hi = _mm_set1_ps(FLT_MAX);

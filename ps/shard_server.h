@@ -87,11 +87,11 @@ class ShardServer {
   // Null when the shard is not replicated.
   const Replica* replica() const { return replica_.get(); }
   std::string checkpoint_path() const;
-  // No checkpoint of this shard count: warns of one written with another count.
-  void WarnOfOtherShardCounts() const;
   std::shared_ptr<Table> FindTable(const std::string& name) const;
 
  private:
+  // No checkpoint of this shard count: warns of one written with another count.
+  void WarnOfOtherShardCounts() const;
   struct Held {
     std::shared_ptr<Table> table;
     uint64_t sender;
