@@ -23,9 +23,11 @@ constexpr uint32_t kMinBits = 4;
 constexpr size_t kChunkBytes = 16 << 10;
 // Fresh memory is faulted in by the kernel in one call (MAP_POPULATE) where it is large:
 // on this project's VMs a page fault taken by a write costs ~17 us, populating ~0.7 us
-// a page. Index arrays from kMapBytes up; row chunks, once a store holds kHeapBytes of
-// them, from slabs of kSlabBytes (a store wastes at most one slab's tail).
-constexpr size_t kMapBytes = 256 << 10;
+// a page. Index arrays of a page or more (mapped, so that the pages of the array a rebuild
+// replaces go back to the kernel at once: an allocator would keep them); row chunks, once
+// a store holds kHeapBytes of them, from slabs of kSlabBytes (a store wastes at most one
+// slab's tail).
+constexpr size_t kMapBytes = 4096;
 constexpr size_t kHeapBytes = 1 << 20;
 constexpr size_t kSlabBytes = 128 << 10;
 
@@ -144,11 +146,14 @@ uint32_t RowStore::NewSlot() {
 
 uint32_t RowStore::FindMigrating(uint64_t key) {
   Migrate(kMigrateStep);
+  // The old array first: it still holds every key the store had when the rebuild began
+  // (a moved entry keeps its slot, and Erase marks both arrays), which is nearly every
+  // key a call looks up; only keys inserted since are in the current array alone.
   const uint32_t tag = TagOf(key);
-  size_t i = Probe(cur_, key, tag);
-  if (i != SIZE_MAX) return static_cast<uint32_t>(cur_.e[i]);
-  i = Probe(old_, key, tag);
-  return i == SIZE_MAX ? kNoSlot : static_cast<uint32_t>(old_.e[i]);
+  size_t i = Probe(old_, key, tag);
+  if (i != SIZE_MAX) return static_cast<uint32_t>(old_.e[i]);
+  i = Probe(cur_, key, tag);
+  return i == SIZE_MAX ? kNoSlot : static_cast<uint32_t>(cur_.e[i]);
 }
 
 uint32_t RowStore::Insert(uint64_t key) {
@@ -166,24 +171,25 @@ void RowStore::Erase(uint32_t slot) {
   const uint64_t key = KeyOf(slot);
   const uint32_t tag = TagOf(key);
   // A deleted mark, not a backward shift: the old array must keep every probe chain
-  // intact while it is being moved, and the next rebuild drops the marks.
-  size_t i = Probe(cur_, key, tag);
-  if (i != SIZE_MAX) {
-    cur_.e[i] = kDeleted;
-  } else if (i = Probe(old_, key, tag); i != SIZE_MAX) {
-    old_.e[i] = kDeleted;
+  // intact while it is being moved, and the next rebuild drops the marks. Marked in both
+  // arrays: an entry already moved is still in the old one, where a later Find would
+  // otherwise find the freed slot (its record still holds the key until the slot is
+  // reused): an evicted row read, and written, as if it were still in the table.
+  for (Buckets* b : {&cur_, &old_}) {
+    if (const size_t i = Probe(*b, key, tag); i != SIZE_MAX) b->e[i] = kDeleted;
   }
   --live_;
   free_slots_.push_back(slot);
 }
 
 void RowStore::Prefetch(uint64_t key) const {
-  if (cur_.e) __builtin_prefetch(&cur_.e[HomeOf(TagOf(key), cur_.bits)]);
+  const Buckets& b = old_.e ? old_ : cur_;  // where Find looks first
+  if (b.e) __builtin_prefetch(&b.e[HomeOf(TagOf(key), b.bits)]);
 }
 
 void RowStore::PrefetchRecord(uint64_t key) const {
   const uint32_t tag = TagOf(key);
-  for (const Buckets* b : {&cur_, &old_}) {
+  for (const Buckets* b : {&old_, &cur_}) {
     if (!b->e) continue;
     const size_t mask = b->capacity() - 1;
     for (size_t i = HomeOf(tag, b->bits);; i = (i + 1) & mask) {

@@ -1,12 +1,14 @@
 // RowStore (ps/row_store.h): every key found at its slot with its bytes intact across
 // the incremental index rebuilds of growth and of erase churn, checked against
-// std::unordered_map; slots reused; memory that follows the row count.
+// std::unordered_map; erased keys gone while a rebuild is under way; slots reused; memory
+// that follows the row count.
 #include "ps/row_store.h"
 
 #include <gtest/gtest.h>
 
 #include <random>
 #include <unordered_map>
+#include <vector>
 
 namespace onlineps::ps {
 namespace {
@@ -74,6 +76,36 @@ TEST(RowStoreTest, RandomInsertEraseMatchesReference) {
   }
   // Erased slots are reused: slots never outgrow the most rows held at once.
   EXPECT_LE(s.slot_end(), 5000u);
+}
+
+// Rows erased while the index grows (a TTL or max_rows eviction during a rebuild) are
+// gone from both arrays: a Find of an erased key once returned its freed slot, which the
+// next Insert gives to another key, so a push of the evicted key wrote that key's row.
+TEST(RowStoreTest, EraseDuringRebuildIsNotFoundAgain) {
+  constexpr size_t kFloats = 2;
+  RowStore s(8, kFloats);
+  std::vector<uint64_t> live;
+  std::mt19937_64 rng(3);
+  for (uint64_t k = 1; k <= 300000; ++k) {
+    const uint32_t fresh = s.Insert(k);
+    Fill(s, fresh, k, kFloats);
+    live.push_back(k);
+    if (k % 3 != 0) continue;
+    const size_t j = rng() % live.size();
+    const uint64_t key = live[j];
+    live[j] = live.back();
+    live.pop_back();
+    const uint32_t slot = s.Find(key);
+    ASSERT_NE(slot, RowStore::kNoSlot) << key;
+    s.Erase(slot);
+    ASSERT_EQ(s.Find(key), RowStore::kNoSlot) << "erased key " << key << " found at " << k;
+  }
+  ASSERT_EQ(s.size(), live.size());
+  for (const uint64_t key : live) {
+    const uint32_t slot = s.Find(key);
+    ASSERT_NE(slot, RowStore::kNoSlot) << key;
+    ASSERT_TRUE(Intact(s, slot, key, kFloats)) << key;
+  }
 }
 
 TEST(RowStoreTest, MemoryFollowsRowCount) {

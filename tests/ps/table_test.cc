@@ -922,6 +922,33 @@ TEST(SparseTableTest, MaxRowsEvictsLeastRecentlyUsedRow) {
   EXPECT_EQ(t->Stats().rows, 2u);
 }
 
+// TTL expiry goes on for the life of a table, and its erase churn rebuilds the stripe's
+// index now and then. A key expired while such a rebuild was under way used to be found
+// again at its freed slot: a pull read the expired row instead of a new one, and a push
+// would have written a row no longer in the table (and touched its freed LRU links).
+TEST(SparseTableTest, KeysExpiredDuringIndexRebuildsReadAsNew) {
+  TableSpec spec = SparseSpec(1);
+  spec.ttl_ms = 100;
+  auto t = NewTable(spec);
+  ASSERT_NE(t, nullptr);
+  constexpr uint64_t kBatch = 32;  // ~200 live rows a stripe: rebuilds move for a while
+  auto batch = [](uint64_t ms) {
+    std::vector<uint64_t> keys(kBatch);
+    for (uint64_t j = 0; j < kBatch; ++j) keys[j] = ms * kBatch + j;
+    return keys;
+  };
+  for (uint64_t ms = 1; ms <= 3000; ++ms) {
+    // lr 1 from 0.5: each row holds 0.5 - ms, unlike the init.
+    MustPush(*t, 1, 0, std::vector<float>(kBatch, static_cast<float>(ms)), false, ms, batch(ms));
+    t->Maintain(ms);  // expires the batch pushed at ms - 101
+    if (ms <= 101) continue;
+    ASSERT_EQ(Pull(*t, 1, nullptr, false, ms, true, batch(ms - 101)),
+              std::vector<float>(kBatch, 0.5f))
+        << "expired batch read after " << ms;
+  }
+  EXPECT_EQ(t->Stats().rows, 101 * kBatch);
+}
+
 TEST(SparseTableTest, PullTouchKeepsRowFromLruEviction) {
   TableSpec spec = SparseSpec(1);
   spec.max_rows = 2;
