@@ -115,6 +115,13 @@ void AddFlags(CLI::App& app, Flags* f) {
       ->capture_default_str();
   app.add_option("--max-sessions", f->mcp.max_sessions, "MCP sessions held at once")
       ->capture_default_str();
+  app.add_option("--max-sessions-per-client", f->mcp.max_sessions_per_client,
+                 "MCP sessions one client holds at once: one token's identity, or without "
+                 "--tokens-file one address (IPv6: per /64; not 127.0.0.1 and ::1, where a "
+                 "local proxy connects for all). A client past it ends its own least recently "
+                 "used session (one without a call in flight) for the new one, so it cannot "
+                 "lock others out. 0: no limit")
+      ->capture_default_str();
   app.add_option("--session-idle-s", f->session_idle_s, "An idle MCP session ends after this")
       ->capture_default_str();
   app.add_option("--rate-limit", f->mcp.rate_limit,

@@ -202,6 +202,10 @@ StatusOr<std::map<std::string, std::string>> LoadTokens(const std::string& path)
   return tokens;
 }
 
+// Bodies larger than this are read only after the request's Host, Origin and token
+// checks pass.
+constexpr uint64_t kAdmitBeforeBodyBytes = 64 << 10;
+
 // One accepted connection. Its socket is touched only on its strand: reads, writes and
 // timeouts there; a handler thread running the request hands bytes over with Send.
 class Connection : public std::enable_shared_from_this<Connection> {
@@ -227,6 +231,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Writes what the socket takes at once and starts reading the next request from here;
   // only the rest of a large answer, or a close, goes through the strand.
   void Finish(std::string bytes, bool close);
+  // The peer's address as connections are counted (ClientKey).
+  const std::string& client() const { return client_; }
 
  private:
   void ReadHeader();
@@ -263,6 +269,12 @@ class HttpTransport::Impl {
   void Stop();
 
   const HttpTransportOptions& options() const { return options_; }
+  // The Host, Origin and token checks of a request whose body is not read yet: false
+  // (with `res` the refusal) when they refuse it.
+  bool AdmitHeader(const HttpRequest& req, Answer& res) {
+    std::string principal;
+    return Admit(req, res, &principal);
+  }
   // A complete request from `conn`, on the I/O thread that read it: runs it right here
   // while another I/O thread is free to serve the sockets, else on a request thread.
   void Dispatch(std::shared_ptr<Connection> conn, HttpRequest req);
@@ -352,6 +364,17 @@ void Connection::ReadHeader() {
 
 void Connection::OnHeader(beast::error_code ec) {
   if (ec) return Refuse(ec);
+  // A large body is read only for a caller the checks admit: up to --max-request-bytes
+  // (and about twice that to parse) is otherwise anyone's to make the bridge hold. Small
+  // ones are checked with the rest of the request, once.
+  const auto length = parser_->content_length();
+  if (parser_->chunked() || (length && *length > kAdmitBeforeBodyBytes)) {
+    Answer a;
+    if (!owner_->AdmitHeader(parser_->get(), a)) {
+      owner_->Responded(a.status);
+      return Push(Frame(a, parser_->get().version(), false), true, true);
+    }
+  }
   if (parser_->get().version() != 10 &&
       beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
     // curl and others wait for this before a larger body.
@@ -770,6 +793,7 @@ void HttpTransport::Impl::Post(const HttpRequest& req, Answer& res,
   }
   Request r;
   r.principal = principal;
+  r.client_address = conn->client();
   r.session_id = Header(req, "Mcp-Session-Id");
   r.http = true;
   r.header_version = Header(req, "MCP-Protocol-Version");

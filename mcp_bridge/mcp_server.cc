@@ -84,7 +84,7 @@ McpServer::McpServer(McpServerOptions options, Tools* tools, Recorder* recorder,
                      std::function<void(const std::string&)> end_session)
     : options_(std::move(options)),
       end_session_(std::move(end_session)),
-      sessions_(options_.max_sessions, options_.session_idle) {
+      sessions_(options_.max_sessions, options_.max_sessions_per_client, options_.session_idle) {
   using std::placeholders::_1;
   using std::placeholders::_2;
   RegisterMethod("ping", Revisions::kStateful, std::bind(&McpServer::Ping, this, _1, _2));
@@ -297,10 +297,11 @@ Reply McpServer::Initialize(const Request& req) {
   }
   std::vector<std::string> expired;
   StatusOr<std::string> sid =
-      sessions_.Create(req.principal, version, std::move(capabilities), &expired);
+      sessions_.Create(req.principal, SessionTable::ClientOf(req.principal, req.client_address),
+                       version, std::move(capabilities), &expired);
   // Ending a session talks to its worker: never under the table's lock.
   EndKeys(expired);
-  if (!expired.empty()) spdlog::info("mcp: {} idle sessions expired", expired.size());
+  if (!expired.empty()) spdlog::info("mcp: {} sessions ended", expired.size());
   if (!sid.ok()) return Error(503, id, kServerError, sid.status().message());
   spdlog::debug("mcp: session {} initialized ({} requested, {} negotiated)", sid->substr(0, 8),
                 requested, version);

@@ -40,6 +40,9 @@ struct McpServerOptions {
   std::string name = "onlineps-mcp-bridge";
   std::string version = "0.1.0";
   size_t max_sessions = 10000;
+  // Sessions one client holds at once (its identity with auth, else its address; not
+  // loopback); past it, its least recently used session ends. 0: no limit.
+  size_t max_sessions_per_client = 1000;
   std::chrono::milliseconds session_idle{3600 * 1000};
   double rate_limit = 0;  // tools/call per second per session; 0: off
   double rate_burst = 20;
@@ -49,6 +52,7 @@ struct McpServerOptions {
 struct Request {
   nlohmann::json message;
   std::string principal;       // the caller's identity ("" when auth is off)
+  std::string client_address;  // the peer's address (IPv6: its /64); "" when not a network peer
   std::string session_id;      // Mcp-Session-Id (HTTP) or the process session (stdio)
   std::string header_version;  // MCP-Protocol-Version header; "" when absent
   bool stateless = false;      // revision 2026-07-28 (no session): ChooseRevision

@@ -39,8 +39,57 @@ std::string NewSessionId() {
 
 }  // namespace
 
-SessionTable::SessionTable(size_t max_sessions, std::chrono::milliseconds idle)
-    : max_sessions_(max_sessions), idle_(idle), last_sweep_(Clock::now()) {}
+SessionTable::SessionTable(size_t max_sessions, size_t max_per_client,
+                           std::chrono::milliseconds idle)
+    : max_sessions_(max_sessions),
+      max_per_client_(max_per_client),
+      idle_(idle),
+      last_sweep_(Clock::now()) {}
+
+std::string SessionTable::ClientOf(const std::string& principal, const std::string& address) {
+  if (!principal.empty()) return "identity " + principal;
+  if (address.empty() || address == "127.0.0.1" || address == "::1") return "";
+  return "address " + address;
+}
+
+void SessionTable::CountClient(const Session& s, int delta) {
+  if (s.client.empty()) return;
+  auto it = per_client_.try_emplace(s.client, 0).first;
+  it->second += delta;
+  if (it->second == 0) per_client_.erase(it);
+}
+
+bool SessionTable::EndOldestOf(const std::string& client, std::vector<std::string>* ended) {
+  // A scan, only when a client is at its limit: never on a call's path.
+  auto oldest = sessions_.end();
+  for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+    if (it->second.client == client && it->second.inflight.empty() &&
+        (oldest == sessions_.end() || it->second.used < oldest->second.used)) {
+      oldest = it;
+    }
+  }
+  auto oldest_restored = restored_.end();
+  for (auto it = restored_.begin(); it != restored_.end(); ++it) {
+    if (it->second.client == client &&
+        (oldest_restored == restored_.end() || it->second.used < oldest_restored->second.used)) {
+      oldest_restored = it;
+    }
+  }
+  if (oldest_restored != restored_.end() &&
+      (oldest == sessions_.end() || oldest_restored->second.used <= oldest->second.used)) {
+    // Unused since the restart: no worker holds its contexts (as in Sweep).
+    CountClient(oldest_restored->second, -1);
+    if (dir_) dir_->Remove(kKind, oldest_restored->first);
+    restored_.erase(oldest_restored);
+    return true;
+  }
+  if (oldest == sessions_.end()) return false;
+  ended->push_back(KeyOf(oldest->second.principal, oldest->first));
+  CountClient(oldest->second, -1);
+  if (dir_) dir_->Remove(kKind, StateDir::HashOf(oldest->first));
+  sessions_.erase(oldest);
+  return true;
+}
 
 std::string SessionTable::PrefixOf(const std::string& principal) {
   return principal.empty() ? std::string() : principal + "/";
@@ -56,6 +105,7 @@ std::vector<std::string> SessionTable::Sweep() {
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (last_sweep_ - it->second.used > idle_) {
       ended.push_back(KeyOf(it->second.principal, it->first));
+      CountClient(it->second, -1);
       if (dir_) dir_->Remove(kKind, StateDir::HashOf(it->first));
       it = sessions_.erase(it);
     } else {
@@ -66,6 +116,7 @@ std::vector<std::string> SessionTable::Sweep() {
   // by --context-ttl-s (their keys, which hold the ids, are not known here).
   for (auto it = restored_.begin(); it != restored_.end();) {
     if (last_sweep_ - it->second.used > idle_) {
+      CountClient(it->second, -1);
       if (dir_) dir_->Remove(kKind, it->first);
       it = restored_.erase(it);
     } else {
@@ -95,14 +146,27 @@ const SessionTable::Session* SessionTable::FindConst(const std::string& id) cons
 
 size_t SessionTable::CountLocked() const { return sessions_.size() + restored_.size(); }
 
-StatusOr<std::string> SessionTable::Create(const std::string& principal, const std::string& version,
-                                           json client_capabilities,
+StatusOr<std::string> SessionTable::Create(const std::string& principal, const std::string& client,
+                                           const std::string& version, json client_capabilities,
                                            std::vector<std::string>* ended) {
   std::string id;
   {
     MutexLock lock(&mu_);
     if (CountLocked() >= max_sessions_ || Clock::now() - last_sweep_ > kSweepEvery) {
       for (std::string& key : Sweep()) ended->push_back(std::move(key));
+    }
+    if (auto it = per_client_.find(client);
+        max_per_client_ != 0 && it != per_client_.end() && it->second >= max_per_client_) {
+      const size_t held = it->second;
+      if (!EndOldestOf(client, ended)) {
+        return ResourceExhausted("this client (" + client + ") holds " + std::to_string(held) +
+                                 " sessions, its limit (--max-sessions-per-client), each with "
+                                 "a call in flight; end one (DELETE) or try again later");
+      }
+      spdlog::info(
+          "mcp: {} holds {} sessions (--max-sessions-per-client): its least recently "
+          "used one ended for a new one",
+          client, held);
     }
     if (CountLocked() >= max_sessions_) {
       return ResourceExhausted("the bridge holds " + std::to_string(CountLocked()) +
@@ -113,12 +177,17 @@ StatusOr<std::string> SessionTable::Create(const std::string& principal, const s
     s.view.client_capabilities = std::move(client_capabilities);
     s.view.version = version;
     s.principal = principal;
+    s.client = client;
     s.used = s.touched = Clock::now();
+    CountClient(s, +1);
   }
   if (Status saved = Save(id); !saved.ok()) {
     spdlog::error("mcp: {}", saved.ToString());
     MutexLock lock(&mu_);
-    sessions_.erase(id);
+    if (auto it = sessions_.find(id); it != sessions_.end()) {
+      CountClient(it->second, -1);
+      sessions_.erase(it);
+    }
     return Unavailable("the bridge could not save the new session (" + saved.ToString() +
                        "); try again later");
   }
@@ -170,6 +239,7 @@ bool SessionTable::End(const std::string& id, const std::string& principal) {
     Session* s = Find(id);
     if (!s || s->principal != principal) return false;
     for (auto& [rid, c] : s->inflight) c->store(true);
+    CountClient(*s, -1);
     sessions_.erase(id);
   }
   // A Save racing this re-checks (Save).
@@ -224,9 +294,10 @@ size_t SessionTable::Persist(StateDir* dir) {
     if (!v.contains("version") || !v["version"].is_string() || !IsLegacyVersion(v["version"])) {
       problem = "no supported protocol version";
     } else if (!v.value("principal", json()).is_string() ||
+               !v.value("client", json("")).is_string() ||
                !v.value("log_level", json()).is_string() ||
                !v.value("client_capabilities", json()).is_object()) {
-      problem = "principal, log_level or client_capabilities missing or of the wrong type";
+      problem = "principal, client, log_level or client_capabilities missing or of the wrong type";
     } else if (CountLocked() >= max_sessions_) {
       problem = "the bridge is full (--max-sessions)";
     }
@@ -240,6 +311,8 @@ size_t SessionTable::Persist(StateDir* dir) {
     // Known by hash until a request brings its id (Find).
     Session& s = restored_[r.hash];
     s.principal = v["principal"];
+    s.client = v.value("client", "");  // absent in records of earlier versions: not counted
+    CountClient(s, +1);
     s.view.version = v["version"];
     s.view.log_level = v["log_level"];
     s.view.client_capabilities = v["client_capabilities"];
@@ -258,6 +331,7 @@ Status SessionTable::Save(const std::string& id) {
     if (it == sessions_.end()) return Status::Ok();
     const Session& s = it->second;
     record = {{"principal", s.principal},
+              {"client", s.client},
               {"version", s.view.version},
               {"log_level", s.view.log_level},
               {"client_capabilities", s.view.client_capabilities}};

@@ -1,5 +1,7 @@
 // SessionTable: the MCP sessions of the stateful revisions (2025-03-26 / 2025-06-18 /
-// 2025-11-25): bounded, idle-expired, bound to the caller's identity, with the calls in
+// 2025-11-25): bounded in total and per client (one client past its share ends its own
+// least recently used session, so that it cannot lock the others out), idle-expired,
+// bound to the caller's identity, with the calls in
 // flight on each (for notifications/cancelled). With Persist, sessions are kept in the
 // state directory and survive a restart. Ending a session's contexts is the caller's
 // job: the methods that end sessions return their keys (KeyOf). Thread-safe; no method
@@ -32,7 +34,13 @@ struct SessionView {
 
 class SessionTable {
  public:
-  SessionTable(size_t max_sessions, std::chrono::milliseconds idle);
+  // max_per_client: sessions one client (Create's `client`) holds at once; 0: no limit.
+  SessionTable(size_t max_sessions, size_t max_per_client, std::chrono::milliseconds idle);
+
+  // The key a client's sessions are counted by: its identity when it has one, else its
+  // address ("" for none, or loopback, where a local proxy connects for every client:
+  // not counted).
+  static std::string ClientOf(const std::string& principal, const std::string& address);
 
   // "<principal>/" ("" without one): the prefix of every routing key of that identity.
   static std::string PrefixOf(const std::string& principal);
@@ -44,11 +52,15 @@ class SessionTable {
   // held. Call before serving; `dir` outlives the table.
   size_t Persist(StateDir* dir);
 
-  // A new session (a fresh random id, never a client-chosen one). Sweeps idle sessions
-  // first when full or every 10 s, appending the ended keys to `*ended`. Errors:
-  // kResourceExhausted (full) or kUnavailable (not saved), with the message to send.
-  StatusOr<std::string> Create(const std::string& principal, const std::string& version,
-                               nlohmann::json client_capabilities, std::vector<std::string>* ended);
+  // A new session (a fresh random id, never a client-chosen one) of `principal`, counted
+  // for `client` (ClientOf). Sweeps idle sessions first when full or every 10 s; a client
+  // at its limit ends its least recently used session without a call in flight. Appends
+  // the ended sessions' keys to `*ended`. Errors: kResourceExhausted (full, or the client
+  // at its limit with a call in flight on every session) or kUnavailable (not saved),
+  // with the message to send.
+  StatusOr<std::string> Create(const std::string& principal, const std::string& client,
+                               const std::string& version, nlohmann::json client_capabilities,
+                               std::vector<std::string>* ended);
   // The live session `id` of `principal`, marked used; nullopt when there is none (404).
   std::optional<SessionView> Use(const std::string& id, const std::string& principal);
   // The session `id` as it is, without marking it used; nullopt when there is none.
@@ -77,6 +89,7 @@ class SessionTable {
  private:
   struct Session {
     std::string principal;
+    std::string client;  // ClientOf; "" not counted
     SessionView view;
     std::chrono::steady_clock::time_point used;
     std::chrono::steady_clock::time_point touched;  // last use the state directory knows of
@@ -89,10 +102,16 @@ class SessionTable {
   Session* Find(const std::string& id) REQUIRES(mu_);
   const Session* FindConst(const std::string& id) const REQUIRES(mu_);
   size_t CountLocked() const REQUIRES(mu_);
+  // Adds `delta` to the count of s's client.
+  void CountClient(const Session& s, int delta) REQUIRES(mu_);
+  // Ends the least recently used session of `client` without a call in flight, appending
+  // its key to `*ended`; false when every one has a call in flight.
+  bool EndOldestOf(const std::string& client, std::vector<std::string>* ended) REQUIRES(mu_);
   Status Save(const std::string& id);  // the session's record to dir_
 
   // Immutable after construction (dir_: after Persist, before serving).
   const size_t max_sessions_;
+  const size_t max_per_client_;
   const std::chrono::milliseconds idle_;
   StateDir* dir_ = nullptr;
 
@@ -101,6 +120,8 @@ class SessionTable {
   // Loaded from dir_ and unused since, by StateDir::HashOf(id); Find moves them.
   std::unordered_map<std::string, Session> restored_ GUARDED_BY(mu_);
   std::chrono::steady_clock::time_point last_sweep_ GUARDED_BY(mu_);
+  // Sessions held (live and restored) per counted client.
+  std::unordered_map<std::string, size_t> per_client_ GUARDED_BY(mu_);
 };
 
 }  // namespace onlineps::bridge

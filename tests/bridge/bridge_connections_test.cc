@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -200,6 +203,79 @@ TEST_F(BridgeConnectionsTest, RawHttpDetailsGetClearAnswers) {
   // The bridge still serves.
   McpHttp after(port);
   EXPECT_FALSE(after.Initialize().empty());
+}
+
+// With tokens, a large body is read only once its token is good: a request announcing
+// 4 MiB without one is answered 401 at once, without the bridge waiting for (and holding)
+// the body. Small bodies are checked with the rest of the request, as before.
+TEST_F(BridgeConnectionsTest, ALargeBodyIsNotReadBeforeItsTokenIsChecked) {
+  const std::string file = ::testing::TempDir() + "/bridge_tokens_large";
+  {
+    std::ofstream f(file);
+    f << "alice alice-token-0123456789\n";
+  }
+  std::filesystem::permissions(
+      file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  const int port = Start({"--tokens-file", file});
+  auto c = RawClient::Connect(port);
+  ASSERT_NE(c, nullptr);
+  const std::string head =
+      "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+      "Accept: application/json, text/event-stream\r\nContent-Length: 4000000\r\n\r\n";
+  const auto start = Clock::now();
+  ASSERT_TRUE(c->Send(head + "{\"jsonrpc\""));  // the body's first bytes only
+  std::optional<Reply> r = c->Read(milliseconds(3000));
+  ASSERT_TRUE(r.has_value()) << "no answer before the body: the bridge waited for it";
+  EXPECT_EQ(r->status, 401) << r->body;
+  EXPECT_LT(MsSince(start), 2000);
+  EXPECT_TRUE(c->WaitClosed(milliseconds(3000)));
+  // The same with the token is read and answered as usual (here: bad JSON, 400).
+  auto d = RawClient::Connect(port);
+  ASSERT_NE(d, nullptr);
+  const std::string body(100000, ' ');
+  ASSERT_TRUE(d->Send(PostRequest(body, "Authorization: Bearer alice-token-0123456789\r\n")));
+  std::optional<Reply> ok = d->Read(milliseconds(5000));
+  ASSERT_TRUE(ok.has_value());
+  EXPECT_EQ(ok->status, 400) << ok->body;
+}
+
+// One client address cannot hold every MCP session: past --max-sessions-per-client its
+// own least recently used session ends (404 to it), and another address's stays.
+TEST_F(BridgeConnectionsTest, OneAddressCannotTakeEverySession) {
+  const int port = Start({"--max-sessions", "10", "--max-sessions-per-client", "3"});
+  const std::string init =
+      R"({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25"}})";
+  auto open = [&](const char* source) {
+    auto c = RawClient::Connect(port, source);
+    EXPECT_NE(c, nullptr);
+    if (!c) return std::string();
+    c->Send(PostRequest(init));
+    std::optional<Reply> r = c->Read(milliseconds(5000));
+    EXPECT_TRUE(r.has_value());
+    if (!r) return std::string();
+    EXPECT_EQ(r->status, 200) << r->body;
+    return r->Header("mcp-session-id");
+  };
+  auto ping = [&](const char* source, const std::string& sid) {
+    auto c = RawClient::Connect(port, source);
+    if (!c) return 0;
+    c->Send(
+        PostRequest(kPing, "Mcp-Session-Id: " + sid + "\r\nMCP-Protocol-Version: 2025-11-25\r\n"));
+    std::optional<Reply> r = c->Read(milliseconds(5000));
+    return r ? r->status : 0;
+  };
+  const std::string other = open("127.0.0.3");
+  std::vector<std::string> mine;
+  for (int i = 0; i < 12; ++i) {
+    const std::string sid = open("127.0.0.2");
+    ASSERT_FALSE(sid.empty()) << "session " << i << " refused";
+    mine.push_back(sid);
+  }
+  EXPECT_EQ(ping("127.0.0.3", other), 200) << "another address's session ended";
+  for (int i = 0; i < 9; ++i) EXPECT_EQ(ping("127.0.0.2", mine[i]), 404) << i;
+  for (int i = 9; i < 12; ++i) EXPECT_EQ(ping("127.0.0.2", mine[i]), 200) << i;
+  // Another address still gets sessions: the bridge holds 4 of its 10.
+  EXPECT_FALSE(open("127.0.0.4").empty());
 }
 
 }  // namespace

@@ -211,6 +211,81 @@ TEST(McpServerTest, AnIdReusedWhileInFlightIsRefusedAndTheFirstKeepsIt) {
   EXPECT_TRUE(other->body.contains("result")) << other->body.dump();
 }
 
+// One client cannot take every session: past --max-sessions-per-client its own least
+// recently used session (without a call in flight) ends for the new one; other clients'
+// sessions stay. Clients are identities, or without auth addresses (loopback uncounted).
+TEST(McpServerTest, AClientPastItsSessionShareEndsItsOwnOldestSession) {
+  McpServerOptions o;
+  o.max_sessions = 100;
+  o.max_sessions_per_client = 3;
+  McpServer server(o, nullptr, nullptr, nullptr);
+  std::vector<Respond> pending;
+  ToolDefinition later;
+  later.declaration = {{"name", "later"}, {"inputSchema", {{"type", "object"}}}};
+  later.async_handler = [&](const json&, const CallContext&, Respond respond) {
+    pending.push_back(std::move(respond));
+  };
+  later.blocks = false;
+  server.RegisterTool(std::move(later));
+  auto init = [&](const std::string& principal, const std::string& address) {
+    Request req;
+    req.message = {{"jsonrpc", "2.0"},
+                   {"id", 1},
+                   {"method", "initialize"},
+                   {"params", {{"protocolVersion", "2025-11-25"}}}};
+    req.principal = principal;
+    req.client_address = address;
+    return server.Handle(req);
+  };
+  auto ping = [&](const std::string& principal, const std::string& sid) {
+    Request req;
+    req.message = {{"jsonrpc", "2.0"}, {"id", 2}, {"method", "ping"}};
+    req.principal = principal;
+    req.session_id = sid;
+    return server.Handle(req).http_status;
+  };
+  std::vector<std::string> alice;
+  for (int i = 0; i < 3; ++i) alice.push_back(init("alice", "10.0.0.1").new_session_id);
+  const std::string bob = init("bob", "10.0.0.1").new_session_id;
+  ASSERT_EQ(ping("alice", alice[0]), 200);  // alice[1] is now the least recently used
+  const Reply fourth = init("alice", "10.0.0.2");
+  ASSERT_FALSE(fourth.new_session_id.empty()) << fourth.body.dump();
+  EXPECT_EQ(ping("alice", alice[1]), 404) << "the least recently used session did not end";
+  EXPECT_EQ(ping("alice", alice[0]), 200);
+  EXPECT_EQ(ping("alice", alice[2]), 200);
+  EXPECT_EQ(ping("alice", fourth.new_session_id), 200);
+  EXPECT_EQ(ping("bob", bob), 200) << "another identity's session ended";
+
+  // A session with a call in flight is never the one ended: with one on each, refused.
+  for (const std::string& sid : {alice[0], alice[2], fourth.new_session_id}) {
+    Request call;
+    call.message = {{"jsonrpc", "2.0"},
+                    {"id", 7},
+                    {"method", "tools/call"},
+                    {"params", {{"name", "later"}, {"arguments", json::object()}}}};
+    call.principal = "alice";
+    call.session_id = sid;
+    server.HandleAsync(std::move(call), [](Reply) {});
+  }
+  ASSERT_EQ(pending.size(), 3u);
+  const Reply refused = init("alice", "10.0.0.1");
+  EXPECT_TRUE(refused.new_session_id.empty());
+  EXPECT_EQ(refused.http_status, 503);
+  EXPECT_NE(refused.body.dump().find("--max-sessions-per-client"), std::string::npos)
+      << refused.body.dump();
+  for (Respond& r : pending) r(Outcome::Ok({{"content", json::array()}}));
+
+  // Without auth a client is its address; loopback (a local proxy for every client) is
+  // not counted.
+  std::vector<std::string> far;
+  for (int i = 0; i < 4; ++i) far.push_back(init("", "192.0.2.7").new_session_id);
+  EXPECT_EQ(ping("", far[0]), 404);
+  EXPECT_EQ(ping("", far[3]), 200);
+  std::vector<std::string> local;
+  for (int i = 0; i < 5; ++i) local.push_back(init("", "127.0.0.1").new_session_id);
+  for (const std::string& sid : local) EXPECT_EQ(ping("", sid), 200);
+}
+
 TEST(McpServerTest, ClientResponsesGoToTheResponseHandler) {
   McpServer server({}, nullptr, nullptr, nullptr);
   std::vector<std::string> sessions;
