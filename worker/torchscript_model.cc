@@ -23,6 +23,7 @@
 #include "common/sha256.h"
 #include "worker/model.h"
 #include "worker/model_factories.h"
+#include "worker/model_file_check.h"
 #include "worker/torch_common.h"
 
 namespace onlineps::worker {
@@ -434,6 +435,7 @@ StatusOr<Described> DescribeParams(const ModelOptions& options, torch::jit::Modu
 
 StatusOr<std::unique_ptr<Model>> NewTorchScriptModel(const ModelOptions& options) {
   if (options.model_file.empty()) return InvalidArgument("torchscript model needs a model_file");
+  ONLINEPS_RETURN_IF_ERROR(CheckModelArchive(options.model_file));
   torch::jit::Module module;
   try {
     module = torch::jit::load(options.model_file, torch::Device(options.device));

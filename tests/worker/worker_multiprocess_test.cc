@@ -608,6 +608,43 @@ json InferScores(WorkerClient* client, const json& examples) {
   return scores;
 }
 
+// A model file damaged in storage or transfer (one bit of one weight) is refused at
+// start, naming the file and the entry; libtorch, which checks no CRC, loaded it and the
+// worker seeded the shards with the wrong weight.
+TEST(WorkerMultiProcessTest, ADamagedModelFileIsRefusedAtStart) {
+  std::string bytes;
+  {
+    std::ifstream f(ONLINEPS_TESTDATA_DIR "/frozen_head.pt", std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  // The first weight entry's data: after its local header, name and extra field.
+  size_t data = std::string::npos;
+  for (size_t at = bytes.find("PK\x03\x04"); at != std::string::npos;
+       at = bytes.find("PK\x03\x04", at + 4)) {
+    auto u16 = [&](size_t i) {
+      return static_cast<size_t>(static_cast<unsigned char>(bytes[i]) |
+                                 static_cast<unsigned char>(bytes[i + 1]) << 8);
+    };
+    if (bytes.substr(at + 30, u16(at + 26)).find("/data/0") != std::string::npos) {
+      data = at + 30 + u16(at + 26) + u16(at + 28);
+      break;
+    }
+  }
+  ASSERT_NE(data, std::string::npos);
+  bytes[data + 2] ^= 0x04;
+  const std::string damaged = ::testing::TempDir() + "/damaged_head.pt";
+  std::ofstream(damaged, std::ios::binary) << bytes;
+  Subprocess worker({ONLINEPS_BIN_DIR "/onlineps_worker", "--ps", "tcp://127.0.0.1:1", "--listen",
+                     "tcp://127.0.0.1:0", "--admin-port", "-1", "--model", "torchscript",
+                     "--model-file", damaged, "--labels", "a,b,c"},
+                    /*with_stderr=*/true);
+  const std::string said = worker.ReadToEnd(kStartTimeout);
+  EXPECT_EQ(worker.Wait(kStopTimeout), 2) << said;
+  EXPECT_NE(said.find("damaged_head.pt is damaged"), std::string::npos) << said;
+  EXPECT_NE(said.find("fails its CRC-32 check"), std::string::npos) << said;
+  EXPECT_EQ(said.find("LISTENING"), std::string::npos) << said;
+}
+
 TEST(WorkerMultiProcessTest, FrozenBackboneLearnsOnlyItsHead) {
   const std::string head_file = ONLINEPS_TESTDATA_DIR "/frozen_head.pt";
   const std::string other_file = ONLINEPS_TESTDATA_DIR "/frozen_head_other.pt";
