@@ -15,6 +15,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/periodic_thread.h"
+#include "common/port_probe.h"
 #include "common/signals.h"
 #include "common/transport.h"
 #include "mcp_bridge/backend.h"
@@ -286,6 +287,20 @@ int RunBridge(int argc, char** argv, const std::function<void(McpServer*)>& exte
     state = std::move(*opened);
   }
 
+  // The ports first: one taken is reported at once, not after --wait-workers-s.
+  if (f.transport == "http") {
+    if (Status st = onlineps::ProbeTcpBind(f.http.host, f.http.port); !st.ok()) {
+      spdlog::error("{} (--host {} --port {})", st.ToString(), f.http.host, f.http.port);
+      return 2;
+    }
+  }
+  if (f.admin_port > 0) {
+    if (Status st = onlineps::ProbeTcpBind(f.admin_host, f.admin_port); !st.ok()) {
+      spdlog::error("{} (--admin-host {} --admin-port {})", st.ToString(), f.admin_host,
+                    f.admin_port);
+      return 2;
+    }
+  }
   bridge::Router router(f.router);
   bridge::WorkerPool pool(f.pool, &router);
   if (auto s = pool.Start(); !s.ok()) {

@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "common/periodic_thread.h"
+#include "common/port_probe.h"
 #include "common/signals.h"
 #include "ps/ps_client.h"
 #include "ps/update_rule.h"
@@ -485,8 +486,12 @@ int Run(Flags& f) {
     }
     spdlog::info("admin endpoints on http://{}:{}/metrics", f.admin_host, *port);
   }
-  // The model first: a bad --device, --model-file or --trainable is reported at once,
-  // not after waiting for the shards.
+  // The RPC port and the model first: a port taken, a bad --device, --model-file or
+  // --trainable is reported at once, not after waiting for the shards.
+  if (Status st = onlineps::ProbeEndpointBind(f.server.listen); !st.ok()) {
+    spdlog::error("cannot serve on {} (--listen): {}", f.server.listen, st.ToString());
+    return 1;
+  }
   auto model = worker::CreateModel(f.model);
   if (!model.ok()) {
     spdlog::error("model: {}", model.status().ToString());

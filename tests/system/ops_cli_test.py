@@ -19,6 +19,10 @@
                unknown flag (exit 2), refuses out-of-range ports, and the worker refuses a
                bad --optimizer / --lr / --device before waiting for its shards (they are
                unreachable here); all within seconds.
+  ports-taken  a worker whose --listen port, and a bridge whose --port or --admin-port,
+               another process holds exits within seconds naming the flag and "Address
+               already in use", before waiting for its shards or workers (unreachable
+               here, with long waits).
   run-local-port-taken
                scripts/run_local.sh with a shard's port already taken stops within seconds
                and prints the shard's own "Address already in use" line.
@@ -301,19 +305,19 @@ def bad_flags():
     expect([b("onlineps_ps_cli"), "--shards", dead, "nosuchcmd"], 2,
            r"unknown subcommand 'nosuchcmd' \(expected one of: [a-z, -]+\)", 10)
     # Ports: flags in 0..65535 (-1 where it turns the admin port off); endpoints too.
-    expect([b("onlineps_mcp_bridge"), "--workers", dead, "--port", "70000"], 2,
+    expect([f"{BIN}/onlineps_mcp_bridge", "--workers", dead, "--port", "70000"], 2,
            r"--port: Value 70000 not in range 0 to 65535", 10)
     for name in ("onlineps_ps", "onlineps_mcp_bridge"):
         expect([b(name), "--admin-port", "65536"], 2, r"--admin-port: Value 65536 not in range", 10)
     expect([b("onlineps_ps"), "--listen", "tcp://127.0.0.1:70000", "--admin-port", "-1"], 1,
            r"port '70000' is not in 0\.\.65535", 10)
-    expect([b("onlineps_mcp_bridge"), "--workers", "tcp://127.0.0.1:99999"], 2,
+    expect([f"{BIN}/onlineps_mcp_bridge", "--workers", "tcp://127.0.0.1:99999"], 2,
            r"--workers: endpoint 'tcp://127.0.0.1:99999': port '99999' is not in 0\.\.65535", 10)
-    expect([b("onlineps_worker"), "--ps", "tcp://127.0.0.1:123456", "--admin-port", "-1"], 1,
+    expect([f"{BIN}/onlineps_worker", "--ps", "tcp://127.0.0.1:123456", "--admin-port", "-1"], 1,
            r"port '123456' is not in 0\.\.65535", 15)
     # The worker's learning and model flags fail at once, not after its 30 s wait for
     # shards that are not there.
-    worker = [b("onlineps_worker"), "--ps", dead, "--admin-port", "-1"]
+    worker = [f"{BIN}/onlineps_worker", "--ps", dead, "--admin-port", "-1"]
     expect(worker + ["--optimizer", "nope"], 2,
            r"unknown optimizer 'nope'; valid optimizer names: sgd, adagrad, ftrl, adam", 15)
     expect(worker + ["--lr", "-1"], 2, r"--optimizer sgd \(--lr, --opt-param\): optimizer "
@@ -327,6 +331,35 @@ def bad_flags():
     if "tcp://127.0.0.1:7200" not in r.stdout:
         fail(f"onlineps_worker_cli --help does not default to tcp://127.0.0.1:7200:\n{r.stdout}")
     print("ops_cli_test: bad-flags PASS")
+
+
+def ports_taken():
+    import socket
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    cases = [
+        ("worker", [f"{BIN}/onlineps_worker", "--ps", "tcp://127.0.0.1:1", "--listen",
+                    f"tcp://127.0.0.1:{port}", "--admin-port", "-1", "--model", "mlp",
+                    "--labels", "a,b"], "(--listen)"),
+        ("bridge", [f"{BIN}/onlineps_mcp_bridge", "--workers", "tcp://127.0.0.1:1", "--port",
+                    str(port), "--wait-workers-s", "60", "--admin-port", "-1"], "--port"),
+        ("bridge admin", [f"{BIN}/onlineps_mcp_bridge", "--workers", "tcp://127.0.0.1:1", "--port",
+                          "0", "--wait-workers-s", "60", "--admin-port", str(port)],
+         "--admin-port"),
+    ]
+    for name, args, flag in cases:
+        r, took = run(args, timeout=45)
+        said = r.stdout + r.stderr
+        if r.returncode == 0 or "Address already in use" not in said or flag not in said:
+            fail(f"{name} with port {port} taken: exit {r.returncode} after {took:.1f} s, "
+                 f"no 'Address already in use' naming {flag}:\n{said[-2000:]}")
+        if took > 20:
+            fail(f"{name} with port {port} taken took {took:.1f} s to say so")
+        print(f"ops_cli_test: {name}: exit {r.returncode} in {took:.1f} s")
+    taken.close()
+    print("ops_cli_test: ports-taken PASS")
 
 
 def run_local_port_taken():
@@ -515,7 +548,7 @@ if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
     checks = {"json-logs": json_logs, "precedence": precedence, "docs-flags": docs_flags,
               "final-checkpoint": final_checkpoint, "bad-flags": bad_flags,
-              "run-local-port-taken": run_local_port_taken,
+              "ports-taken": ports_taken, "run-local-port-taken": run_local_port_taken,
               "run-local-bad-values": run_local_bad_values, "run-local-sigterm": run_local_sigterm}
     if mode not in checks:
         print(f"usage: ops_cli_test.py {'|'.join(checks)}")
