@@ -214,7 +214,7 @@ ShardSnapshot SnapshotShard(const ShardIdentity& id,
   snap.id = id;
   snap.kind = kind;
   for (const auto& [name, table] : tables) {
-    snap.tables.push_back({EncodeSpec(table->spec()), table->BeginSnapshot(kind)});
+    snap.tables.push_back({EncodeSpec(table->spec()), table, table->BeginSnapshot(kind)});
   }
   ByteWriter w;
   dedup.Save(&w);

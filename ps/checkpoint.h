@@ -61,6 +61,9 @@ StatusOr<std::map<std::string, std::shared_ptr<Table>>> ParseShard(std::string_v
 struct ShardSnapshot {
   struct Entry {
     std::map<std::string, std::string> spec;  // EncodeSpec
+    // Keeps the table alive while its snapshot is written: a replica that loads its
+    // primary's snapshot meanwhile replaces the shard's tables. Destroyed after `table`.
+    std::shared_ptr<Table> owner;
     std::unique_ptr<TableSnapshot> table;
   };
   ShardIdentity id;

@@ -693,6 +693,16 @@ Status ShardServer::DispatchBatch(const Header& h, const Frames& frames, Header*
   }
   StatusOr<std::vector<Frames>> subs = SplitFrameGroups(h.shape, frames);
   if (!subs.ok()) return subs.status().WithContext("push_batch");
+  if (t_no_wait && subs->size() > 1) {
+    // On the I/O thread a later sub-push may find a lock taken and send the whole message
+    // to a handler thread, where it runs again: the sub-pushes applied here are then
+    // answered as duplicates, but one without a seq (dedup off) would apply twice. Such
+    // a batch goes to the handler thread before anything is applied.
+    for (const Frames& sub : *subs) {
+      auto decoded = DecodeHeader(sub[0].data(), sub[0].size());
+      if (decoded.ok() && decoded->seq == 0) return WouldBlock();
+    }
+  }
   for (const Frames& sub : *subs) {
     Header sub_reply;
     Frames sub_out;

@@ -90,6 +90,8 @@ class ShardServer {
   std::shared_ptr<Table> FindTable(const std::string& name) const;
 
  private:
+  friend class ShardServerTestPeer;  // loads a snapshot as a re-syncing replica does
+
   // No checkpoint of this shard count: warns of one written with another count.
   void WarnOfOtherShardCounts() const;
   struct Held {

@@ -7,6 +7,7 @@
 #include <thread>
 #include <type_traits>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "common/clock.h"
 #include "common/partition.h"
@@ -273,7 +274,7 @@ SparseTable::SparseTable(const TableSpec& spec, RuleSet rules)
       // A row cap is enforced per stripe, so small caps use fewer stripes to stay exact.
       num_stripes_(spec.max_rows == 0 ? kMaxStripes
                                       : std::clamp<size_t>(spec.max_rows / 1024, 1, kMaxStripes)),
-      rows_per_stripe_(spec.max_rows == 0 ? 0 : (spec.max_rows + num_stripes_ - 1) / num_stripes_),
+      rows_per_stripe_(spec.max_rows / num_stripes_ + (spec.max_rows % num_stripes_ != 0)),
       layout_(LayoutOf(spec)) {
   const size_t backups =
       std::max<size_t>(1024, spec.dc_max_backups * kBackupRowsPerWorker / num_stripes_);
@@ -423,12 +424,14 @@ StatusOr<PullResult> SparseTable::Pull(const PullRequest& req) {
 }
 
 int64_t SparseTable::FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms,
-                                  std::vector<uint64_t>* evicted) {
+                                  std::vector<uint64_t>* evicted, bool count_touch) {
   if (const uint32_t slot = s.rows.Find(key); slot != RowStore::kNoSlot) {
     s.Touch(slot, now_ms);
     return slot;
   }
   if (spec_.admit_after > 1) {
+    // The push's first occurrence of the key was not admitted: neither is this one.
+    if (!count_touch) return -1;
     uint32_t* count = s.admission.Find(key);
     const uint32_t touches = (count ? *count : 0) + 1;
     if (touches < spec_.admit_after) {
@@ -534,8 +537,20 @@ StatusOr<PushResult> SparseTable::PushChecked(const PushRequest& req) {
       for (size_t i = 0; i < req.num_keys; ++i) repeated_later[i] = last[req.keys[i]] != i;
     }
   }
+  // Admission counts one touch per push for a key the push repeats (docs/protocol.md).
+  std::vector<bool> seen_earlier;
+  if (spec_.admit_after > 1 && req.num_keys > 1) {
+    std::unordered_set<uint64_t> seen;
+    seen.reserve(req.num_keys);
+    for (size_t i = 0; i < req.num_keys; ++i) {
+      if (seen.insert(req.keys[i]).second) continue;
+      if (seen_earlier.empty()) seen_earlier.assign(req.num_keys, false);
+      seen_earlier[i] = true;
+    }
+  }
   auto apply = [&](Stripe& s, uint32_t i) {
-    int64_t slot = FindOrCreate(s, req.keys[i], req.now_ms, &res.evicted);
+    int64_t slot = FindOrCreate(s, req.keys[i], req.now_ms, &res.evicted,
+                                /*count_touch=*/seen_earlier.empty() || !seen_earlier[i]);
     if (slot < 0) return;  // not admitted yet: the touch is counted, the gradient dropped
     ApplyRow(s, static_cast<uint32_t>(slot), req.sender, req.values + size_t{i} * dim_, req.delta,
              lr_scale, step, /*compensate=*/true,
@@ -651,7 +666,11 @@ void SparseTable::Maintain(uint64_t now_ms) {
   for (size_t si = 0; si < num_stripes_; ++si) {
     Stripe& s = *stripes_[si];
     MutexLock lock(&s.mu);
-    while (s.tail != kNil && s.Links(s.tail).last_ms + spec_.ttl_ms < now_ms) s.Evict(s.tail);
+    // Written as a difference: last_ms + ttl_ms wraps for a ttl near 2^64 ("never").
+    auto expired = [&](uint64_t last_ms) {
+      return now_ms > last_ms && now_ms - last_ms > spec_.ttl_ms;
+    };
+    while (s.tail != kNil && expired(s.Links(s.tail).last_ms)) s.Evict(s.tail);
   }
 }
 

@@ -91,8 +91,10 @@ class SparseTable : public Table {
   bool TryLockStripes(const bool* touched) const;
   void UnlockStripes(const bool* touched) const;
   // REQUIRES: stripe locked. Slot of key, creating the row if admitted; -1 if not.
-  // A row evicted to make room is added to `evicted`.
-  int64_t FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms, std::vector<uint64_t>* evicted);
+  // A row evicted to make room is added to `evicted`. `count_touch` false: an occurrence
+  // of a key its push touched before, which is not counted for admission again.
+  int64_t FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms, std::vector<uint64_t>* evicted,
+                       bool count_touch = true);
   // step_average: a Polyak table's average takes its step for this push (false for all
   // but the last occurrence of a key the push repeats).
   void ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const float* g, bool delta,

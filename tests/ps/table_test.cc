@@ -949,6 +949,44 @@ TEST(SparseTableTest, KeysExpiredDuringIndexRebuildsReadAsNew) {
   EXPECT_EQ(t->Stats().rows, 101 * kBatch);
 }
 
+// ttl_ms takes any uint64, and 2^64-1 is the natural "never": last_ms + ttl_ms wrapped,
+// and every row was expired at the next maintenance tick (about once a second).
+TEST(SparseTableTest, AHugeTtlNeverExpiresARow) {
+  TableSpec spec = SparseSpec(1);
+  spec.ttl_ms = std::numeric_limits<uint64_t>::max();
+  auto t = NewTable(spec);
+  ASSERT_NE(t, nullptr);
+  MustPush(*t, 1, 0, {1.0f}, false, 1000, {42});
+  t->Maintain(1001);
+  t->Maintain(uint64_t{1} << 62);
+  EXPECT_EQ(t->Stats().rows, 1u) << "a TTL of 2^64-1 ms expired the row";
+  EXPECT_EQ(Pull(*t, 1, nullptr, false, 1001, true, {42}), std::vector<float>{-0.5f});
+  // A max_rows that large is no cap (its per-stripe share was computed with a wrap).
+  TableSpec capped = SparseSpec(1);
+  capped.max_rows = std::numeric_limits<uint64_t>::max() - 3;
+  auto c = NewTable(capped);
+  ASSERT_NE(c, nullptr);
+  for (uint64_t k = 1; k <= 100; ++k) MustPush(*c, 1, 0, {1.0f}, false, k, {k});
+  EXPECT_EQ(c->Stats().rows, 100u);
+  EXPECT_EQ(c->Stats().evicted_rows, 0u);
+}
+
+// admit_after counts pushes, not occurrences: a push that repeats a missing key counts
+// one touch, so a rare id seen several times in one minibatch is not admitted at once.
+TEST(SparseTableTest, APushRepeatingAKeyCountsOneAdmissionTouch) {
+  TableSpec spec = SparseSpec(1);
+  spec.admit_after = 2;
+  auto t = NewTable(spec);
+  ASSERT_NE(t, nullptr);
+  MustPush(*t, 1, 0, {1.0f, 1.0f, 1.0f}, false, 1000, {5, 5, 5});
+  EXPECT_EQ(t->Stats().rows, 0u) << "key 5 admitted by its first push";
+  EXPECT_EQ(Pull(*t, 1, nullptr, false, 1000, true, {5}), std::vector<float>{0.5f});
+  // The second push admits it, with every gradient the push carries for it.
+  MustPush(*t, 1, 0, {1.0f, 2.0f}, false, 1001, {5, 5});
+  EXPECT_EQ(t->Stats().rows, 1u);
+  EXPECT_EQ(Pull(*t, 1, nullptr, false, 1001, true, {5}), std::vector<float>{0.5f - 3.0f});
+}
+
 TEST(SparseTableTest, PullTouchKeepsRowFromLruEviction) {
   TableSpec spec = SparseSpec(1);
   spec.max_rows = 2;
