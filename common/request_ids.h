@@ -2,11 +2,16 @@
 // slot) with at most 65536 slots in flight; a slot's generation advances (mod 2^16,
 // skipping 0) every time the slot is reused, so ids are recycled and never overflow,
 // and a late reply to a recycled slot does not match the new request (its generation
-// differs). Id 0 is never issued. Not thread-safe: the owner locks.
+// differs). Slots are reused least recently freed first, so an id comes round again only
+// after about 65,536 x 65,535 others (last freed first, a caller that makes one call at a
+// time would reuse one slot, and its ids, every 65,535 calls: a reply a few seconds late
+// was taken as another call's answer). Id 0 is never issued. Not thread-safe: the owner
+// locks.
 #ifndef ONLINEPS_COMMON_REQUEST_IDS_H_
 #define ONLINEPS_COMMON_REQUEST_IDS_H_
 
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <vector>
 
@@ -18,15 +23,15 @@ class RequestIdPool {
 
   explicit RequestIdPool(uint32_t slots = kMaxSlots)
       : generation_(slots > kMaxSlots ? kMaxSlots : slots, 0) {
-    for (uint32_t i = static_cast<uint32_t>(generation_.size()); i > 0; --i) free_.push_back(i - 1);
+    for (uint32_t i = 0; i < generation_.size(); ++i) free_.push_back(i);
   }
 
   // A fresh id, or nullopt when every slot is in flight (the caller reports
   // RESOURCE_EXHAUSTED).
   std::optional<uint32_t> Acquire() {
     if (free_.empty()) return std::nullopt;
-    const uint32_t slot = free_.back();
-    free_.pop_back();
+    const uint32_t slot = free_.front();  // least recently freed: a slot's generation comes
+    free_.pop_front();                    // round again only after every slot was reused
     uint16_t& g = generation_[slot];
     g = static_cast<uint16_t>(g + 1);
     if (g == 0) g = 1;
@@ -62,7 +67,7 @@ class RequestIdPool {
 
  private:
   std::vector<uint16_t> generation_;
-  std::vector<uint32_t> free_;
+  std::deque<uint32_t> free_;
 };
 
 }  // namespace onlineps

@@ -303,10 +303,10 @@ std::optional<uint64_t> ParseSpecU64(const std::string& s) {
 
 StatusOr<std::vector<Frames>> SplitFrameGroups(const std::vector<uint64_t>& counts,
                                                const Frames& frames) {
-  uint64_t total = 0;
+  uint64_t total = 0;  // saturating: counts near 2^64 must not wrap to a match
   for (uint64_t k : counts) {
     if (k == 0) return Malformed("shape counts a group of 0 frames");
-    total += k;
+    total = k > UINT64_MAX - total ? UINT64_MAX : total + k;
   }
   if (frames.empty() || total != frames.size() - 1) {
     return Malformed("shape counts " + std::to_string(total) +

@@ -20,6 +20,13 @@ namespace onlineps::ps {
 
 using Clock = std::chrono::steady_clock;
 
+// t + d, saturating at the clock's end: "forever" (milliseconds::max()) must not wrap.
+Clock::time_point After(Clock::time_point t, std::chrono::milliseconds d) {
+  const auto room =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - t);
+  return d >= room ? Clock::time_point::max() : t + d;
+}
+
 struct Ticket::State {
   Mutex mu;
   CondVar cv;
@@ -271,7 +278,7 @@ std::unique_ptr<Pending> PsClientImpl::NewPart(const std::shared_ptr<Ticket::Sta
   p->call = call;
   p->shard = shard;
   p->header = NewHeader(op, table);
-  p->call_deadline = Clock::now() + options_.timeout;
+  p->call_deadline = After(Clock::now(), options_.timeout);
   return p;
 }
 
@@ -303,7 +310,7 @@ uint32_t PullFlags(const PullOptions& opts) {
 void PsClientImpl::Send(std::unique_ptr<Pending> p) {
   p->attempts++;
   p->attempt_deadline =
-      std::min(Clock::now() + p->held_for + options_.attempt_timeout, p->call_deadline);
+      std::min(After(After(Clock::now(), p->held_for), options_.attempt_timeout), p->call_deadline);
   const StatusOr<uint32_t> id = calls_.AddThen(
       &p, p->attempt_deadline,
       [this](uint32_t id, Pending& q) {
@@ -320,7 +327,13 @@ void PsClientImpl::Send(std::unique_ptr<Pending> p) {
         Status st = transport_->Send(out.first, std::move(out.second));
         if (!st.ok()) spdlog::debug("send to {} failed: {}", endpoints_[out.first], st.ToString());
       });
-  if (!id.ok()) p->call->Complete(id.status());
+  if (!id.ok()) {
+    // A resend may follow an attempt the shard applied: never report it as not sent.
+    if (p->attempts > 1 && id.status().code() == StatusCode::kResourceExhausted) {
+      return Retry(std::move(p), Clock::now(), Unavailable(id.status().message()));
+    }
+    p->call->Complete(id.status());
+  }
 }
 
 void PsClientImpl::Failover(size_t shard, size_t from, int64_t hint) {
@@ -345,8 +358,11 @@ void PsClientImpl::OnReply(size_t target, Frames&& frames) {
     spdlog::warn("undecodable reply from {}: {}", endpoints_[target], h.status().ToString());
     return;
   }
-  std::unique_ptr<Pending> p =
-      calls_.Take(h->request_id, [target](const Pending& q) { return q.target == target; });
+  // The id names the call; the target and the echoed table guard against a reply so late
+  // that its id was issued again (ids come round after 65,536 x 65,535 calls).
+  std::unique_ptr<Pending> p = calls_.Take(h->request_id, [&](const Pending& q) {
+    return q.target == target && q.header.table == h->table;
+  });
   if (!p) return;  // late or foreign
   const size_t shard = p->shard;
   Status st = ReplyStatus(*h);
@@ -369,7 +385,13 @@ void PsClientImpl::OnReply(size_t target, Frames&& frames) {
                  hint >= 0 ? DeadlineExceeded(st.message()) : Unavailable(st.message()));
   }
   if (st.code() == StatusCode::kUnavailable) return Retry(std::move(p), Clock::now(), st);
-  if (st.ok()) st = p->on_reply(*h, frames);
+  if (st.ok()) {
+    try {
+      st = p->on_reply(*h, frames);
+    } catch (const std::exception& e) {
+      st = Malformed(std::string("reply could not be read: ") + e.what());
+    }
+  }
   if (!st.ok())
     st = st.WithContext(std::string(OpName(p->header.op)) + " on shard " + std::to_string(shard));
   p->call->Complete(st);
@@ -536,7 +558,19 @@ Status PsClientImpl::WaitForShards(std::chrono::milliseconds timeout) {
 }
 
 Status PsClientImpl::Checkpoint() {
-  return Broadcast(Op::kCheckpoint, NewHeader(Op::kCheckpoint, ""));
+  // A checkpoint's answer comes when the file is written, however long that takes: one
+  // attempt for the whole call (a resend would only ask for another checkpoint). A ping
+  // first finds each group's live primary (attempts time out and fail over), since the
+  // checkpoint's one attempt cannot.
+  ONLINEPS_RETURN_IF_ERROR(Broadcast(Op::kPing, NewHeader(Op::kPing, "")));
+  auto call = NewCall(static_cast<int>(num_shards()), nullptr);
+  for (size_t s = 0; s < num_shards(); ++s) {
+    auto p = NewPart(call, s, Op::kCheckpoint, "");
+    p->held_for = options_.timeout;
+    p->on_reply = [](const Header&, const Frames&) { return Status::Ok(); };
+    Send(std::move(p));
+  }
+  return Ticket(call).Wait();
 }
 
 void PsClientImpl::FillPushReply(PushReply* r, size_t shard, const Header& h) {
@@ -1040,7 +1074,7 @@ Ticket PsClientImpl::Watch(size_t shard, const std::map<std::string, uint64_t>& 
   p->header.spec["wait_ms"] = std::to_string(wait.count());
   for (const auto& [table, version] : known) p->header.spec["t." + table] = std::to_string(version);
   p->held_for = wait;
-  p->call_deadline += wait;
+  p->call_deadline = After(p->call_deadline, wait);
   p->on_reply = [reply](const Header& h, const Frames& f) -> Status {
     WatchReply r;
     for (const auto& [k, v] : h.spec) {

@@ -183,6 +183,10 @@ TEST(WireTest, SplitFrameGroupsSharesFramesInTheCountedGroups) {
       std::string::npos)
       << short_by_one.status().ToString();
   EXPECT_FALSE(SplitFrameGroups({1}, Frames{}).ok());
+  // Counts whose sum wraps past 2^64 to the frame count (a hostile or broken peer): they
+  // once passed, and the split built a group from a reversed range (length_error).
+  auto wrapped = SplitFrameGroups({~uint64_t{0}, 7}, f);
+  EXPECT_EQ(wrapped.status().code(), StatusCode::kMalformed) << wrapped.status().ToString();
 }
 
 }  // namespace
