@@ -806,6 +806,7 @@ void HttpTransport::Impl::Post(const HttpRequest& req, Answer& res,
     return;
   }
   r.stateless = revision.stateless;
+  if (r.stateless) r.session_id.clear();  // ignored by 2026-07-28, never echoed
   if (r.stateless && m.is_object() && !CheckModernHeaders(req, m, res)) return;
   const bool stream =
       mcp_->WantsStream(m) && (r.stateless || mcp_->HasSession(r.session_id, r.principal));

@@ -24,11 +24,13 @@ json MetaOf(const json& m) {
 }
 
 // HTTP names the revision in the MCP-Protocol-Version header, and a message without a
-// session must name a known one there.
+// session must name a known one there. A 2026-07-28 request is stateless whatever
+// Mcp-Session-Id it carries: that revision ignores the header (a client that moved up
+// from a legacy session may still send it).
 RevisionChoice ChooseHttp(const json& m, const std::string& session_id,
                           const std::string& header_version, bool is_init) {
   RevisionChoice c;
-  const bool modern = session_id.empty() && header_version == kModernVersion;
+  const bool modern = header_version == kModernVersion;
   c.stateless = modern && !is_init;
   if (modern && is_init) {
     return Refuse(404, JsonRpcError(IdOf(m), kMethodNotFound,

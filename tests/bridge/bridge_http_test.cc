@@ -403,7 +403,8 @@ httplib::Headers ModernHeaders(const std::string& method, const std::string& nam
 }
 
 TEST_F(BridgeHttpTest, StatelessRevisionRoutesOnTheSessionHeader) {
-  McpHttp c(Start());
+  const int port = Start();
+  McpHttp c(port);
   HttpReply d = c.Post(Modern(1, "server/discover").dump(), ModernHeaders("server/discover"));
   ASSERT_EQ(d.status, 200) << d.raw;
   EXPECT_EQ(d.body["result"]["supportedVersions"][0], "2026-07-28");
@@ -444,6 +445,21 @@ TEST_F(BridgeHttpTest, StatelessRevisionRoutesOnTheSessionHeader) {
   vh.emplace("MCP-Protocol-Version", "2026-07-28");
   HttpReply v = c.Post(old.dump(), vh);
   EXPECT_EQ(v.status, 400);
+  // 2026-07-28 ignores Mcp-Session-Id: a client that moved up from a legacy session and
+  // still sends its id (here an ended one) is served statelessly, and no id is echoed.
+  McpHttp legacy(port);
+  const std::string sid = legacy.Initialize();
+  ASSERT_FALSE(sid.empty());
+  auto sh = ModernHeaders("tools/call", "get_context");
+  sh.emplace("Mcp-Param-Session", "s-42");
+  sh.emplace("Mcp-Session-Id", "ffffffffffffffffffffffffffffffff");
+  HttpReply carried = c.Post(get.dump(), sh);
+  ASSERT_EQ(carried.status, 200) << carried.raw;
+  EXPECT_EQ(carried.body["result"]["structuredContent"]["items"], json({"x"})) << carried.raw;
+  EXPECT_TRUE(carried.session_id.empty());
+  sh.erase("Mcp-Session-Id");
+  sh.emplace("Mcp-Session-Id", sid);
+  EXPECT_EQ(c.Post(get.dump(), sh).status, 200);
 }
 
 TEST_F(BridgeHttpTest, RecordWritesEveryToolCall) {

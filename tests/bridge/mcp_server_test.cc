@@ -331,6 +331,10 @@ TEST(ChooseRevisionTest, HttpAndStdioRules) {
   EXPECT_EQ(c.body["error"]["code"], kHeaderMismatch);
   c = ChooseRevision(list, "", kModernVersion, TransportKind::kHttp);
   EXPECT_TRUE(c.stateless && !c.refused());
+  // 2026-07-28 ignores Mcp-Session-Id: a request that still carries one is stateless.
+  c = ChooseRevision(list, "0123456789abcdef0123456789abcdef", kModernVersion,
+                     TransportKind::kHttp);
+  EXPECT_TRUE(c.stateless && !c.refused());
   c = ChooseRevision(list, "", "1999-01-01", TransportKind::kHttp);
   ASSERT_TRUE(c.refused());
   EXPECT_EQ(*c.http_status, 400);
