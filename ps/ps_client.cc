@@ -183,9 +183,11 @@ class PsClientImpl : public PsClient {
   StatusOr<std::shared_ptr<const TableMeta>> Meta(const std::string& table);
   void CacheMeta(const TableSpec& spec);
   // Sends `h` as `op` to every shard and waits for every reply; `each(shard, reply)`, when
-  // given, sees each shard's reply header (on a client thread).
+  // given, sees each shard's reply header (on a client thread). `timeout`: the call's, when
+  // shorter than options_.timeout.
   Status Broadcast(Op op, const Header& h,
-                   std::function<void(size_t, const Header&)> each = nullptr);
+                   std::function<void(size_t, const Header&)> each = nullptr,
+                   std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   Ticket Failed(const Status& st, Callback done);
   void FillPushReply(PushReply* r, size_t shard, const Header& h);
   // Rows or elements per part of a pull of `units` of `unit_bytes` each: as many as
@@ -455,10 +457,12 @@ void PsClientImpl::CacheMeta(const TableSpec& spec) {
 }
 
 Status PsClientImpl::Broadcast(Op op, const Header& h,
-                               std::function<void(size_t, const Header&)> each) {
+                               std::function<void(size_t, const Header&)> each,
+                               std::optional<std::chrono::milliseconds> timeout) {
   auto call = NewCall(static_cast<int>(num_shards()), nullptr);
   for (size_t s = 0; s < num_shards(); ++s) {
     auto p = NewPart(call, s, op, h.table);
+    if (timeout) p->call_deadline = std::min(p->call_deadline, After(Clock::now(), *timeout));
     p->header = h;
     p->header.op = op;
     p->on_reply = [s, each](const Header& reply, const Frames&) {
@@ -524,8 +528,13 @@ Status PsClientImpl::WaitForShards(std::chrono::milliseconds timeout) {
     // send dense slices (which carry no keys to check) to the wrong shards.
     auto wrong = std::make_shared<std::vector<std::string>>(n);
     auto counts = std::make_shared<std::vector<std::string>>(n);  // what each says it is of
+    // Each round's pings end by the deadline: WaitForShards(1 s) takes 1 s, not the
+    // 5 s call timeout (a probe thread waited it out at shutdown).
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     last = Broadcast(
-        Op::kPing, NewHeader(Op::kPing, ""), [n, wrong, counts](size_t s, const Header& h) {
+        Op::kPing, NewHeader(Op::kPing, ""),
+        [n, wrong, counts](size_t s, const Header& h) {
           auto shard = h.spec.find("shard");
           auto of = h.spec.find("num_shards");
           if (of != h.spec.end()) (*counts)[s] = of->second;
@@ -534,7 +543,8 @@ Status PsClientImpl::WaitForShards(std::chrono::milliseconds timeout) {
             (*wrong)[s] = "position " + std::to_string(s) + " of the list is shard " +
                           shard->second + " of " + of->second;
           }
-        });
+        },
+        std::max(left, std::chrono::milliseconds(1)));
     if (last.ok()) {
       std::string problems;
       for (size_t s = 0; s < n; ++s) {
