@@ -181,7 +181,7 @@ class Archive {
     uLong crc = crc32(0L, Z_NULL, 0);
     uint64_t produced = 0;
     Status st = Status::Ok();
-    for (uint64_t done = 0; done < e.packed && st.ok();) {
+    for (uint64_t done = 0; done < e.packed && st.ok() && produced <= e.size;) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(kBlock, e.packed - done));
       st = Read(data + done, in.data(), n, "entry '" + e.name + "'");
       if (!st.ok()) break;
@@ -200,6 +200,7 @@ class Archive {
         const size_t got = out.size() - z.avail_out;
         crc = crc32(crc, out.data(), static_cast<uInt>(got));
         produced += got;
+        if (produced > e.size) break;  // more than recorded: damaged (or a deflate bomb)
         if (r == Z_STREAM_END) break;
         if (r != Z_OK && r != Z_BUF_ERROR) {
           st = Damaged("entry '" + e.name + "' does not inflate");
