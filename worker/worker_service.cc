@@ -266,9 +266,12 @@ Status WorkerService::CheckBatch(const std::vector<Example>& batch, bool need_la
 }
 
 StatusOr<WorkerService::Read> WorkerService::ReadParams(const std::vector<Example>& batch,
-                                                        const ContextInput& ctx) {
+                                                        const ContextInput& ctx,
+                                                        bool* cache_failed) {
   const auto& params = model_->params();
   ONLINEPS_ASSIGN_OR_RETURN(auto keys, model_->SparseKeys(batch, ctx));
+  // From here on an error is the cache's (a pull), not the model's about an example.
+  if (cache_failed != nullptr) *cache_failed = true;
   Read r;
   r.view.dense.assign(params.size(), nullptr);
   r.view.sparse.assign(params.size(), nullptr);
@@ -303,12 +306,14 @@ StatusOr<WorkerService::Read> WorkerService::ReadParams(const std::vector<Exampl
     }
     for (uint64_t v : r.read[i]) r.version = std::max(r.version, v);
   }
+  if (cache_failed != nullptr) *cache_failed = false;
   return r;
 }
 
 StatusOr<WorkerService::InferRun> WorkerService::RunInfer(const std::vector<Example>& batch,
-                                                          const ContextInput& ctx) {
-  ONLINEPS_ASSIGN_OR_RETURN(Read read, ReadParams(batch, ctx));
+                                                          const ContextInput& ctx,
+                                                          bool* read_failed) {
+  ONLINEPS_ASSIGN_OR_RETURN(Read read, ReadParams(batch, ctx, read_failed));
   ONLINEPS_ASSIGN_OR_RETURN(InferOutput out, model_->Infer(batch, ctx, read.view));
   InferRun run;
   run.out = std::move(out);
@@ -378,8 +383,15 @@ void WorkerService::RunInferPass(const std::vector<InferSlot*>& slots) {
     s->offset = all.size();
     all.insert(all.end(), s->batch->begin(), s->batch->end());
   }
-  StatusOr<InferRun> run = RunInfer(all, ContextInput{});
+  bool read_failed = false;
+  StatusOr<InferRun> run = RunInfer(all, ContextInput{}, &read_failed);
   if (!run.ok()) {
+    // A read failed (a shard down, a deadline): the same for every call, and running
+    // each alone would wait for it once per call, one after another.
+    if (read_failed) {
+      for (InferSlot* s : slots) s->status = run.status();
+      return;
+    }
     // A model error names an example of the combined batch: run each call alone so that
     // each gets its own answer, and its own error naming its own example.
     for (InferSlot* s : slots) alone(s);
@@ -416,6 +428,25 @@ StatusOr<InferReply> WorkerService::Infer(const std::string& session,
   InferReply reply;
   reply.version = run->version;
   reply.versions = run->versions;
+  if (run->out.scores.size() != batch.size()) {
+    // A pass shared with other calls: a sparse table's versions are the oldest rows the
+    // whole pass read; a shard none of this call's rows came from is 0 for it.
+    ONLINEPS_ASSIGN_OR_RETURN(auto keys, model_->SparseKeys(batch, ContextInput{}));
+    const auto& params = model_->params();
+    const auto shards = static_cast<uint32_t>(client_->num_shards());
+    reply.version = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto& v = reply.versions[params[i].name];
+      if (params[i].kind == ParamKind::kSparse) {
+        std::vector<bool> read(shards, false);
+        for (uint64_t k : keys[i]) read[ShardOfKey(k, shards)] = true;
+        for (uint32_t sh = 0; sh < shards && sh < v.size(); ++sh) {
+          if (!read[sh]) v[sh] = 0;
+        }
+      }
+      for (uint64_t x : v) reply.version = std::max(reply.version, x);
+    }
+  }
   reply.params_age_ms = run->age_ms;
   const auto& labels = model_->labels();
   // The calls of one pass read disjoint ranges of its output.

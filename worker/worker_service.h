@@ -198,7 +198,10 @@ class WorkerService {
     bool done = false;
     CondVar cv;  // signalled when done, or when it may lead the next pass
   };
-  StatusOr<InferRun> RunInfer(const std::vector<Example>& batch, const ContextInput& ctx);
+  // `read_failed` (optional): set when the parameters could not be read (the same for
+  // every call of a shared pass), not the model's refusal of an example.
+  StatusOr<InferRun> RunInfer(const std::vector<Example>& batch, const ContextInput& ctx,
+                              bool* read_failed = nullptr);
   // Queues `me` and returns once a pass (led by this thread or another) has served it.
   Status CombineInfer(InferSlot* me);
   void RunInferPass(const std::vector<InferSlot*>& slots);
@@ -266,7 +269,9 @@ class WorkerService {
   Status SeedInitialValues();
   Status CheckBatch(const std::vector<Example>& batch, bool need_labels) const;
   Status CheckFinite(const GradOutput& grads);
-  StatusOr<Read> ReadParams(const std::vector<Example>& batch, const ContextInput& ctx);
+  // `cache_failed` (optional): set when the error is the cache's (a pull), not the model's.
+  StatusOr<Read> ReadParams(const std::vector<Example>& batch, const ContextInput& ctx,
+                            bool* cache_failed = nullptr);
   void PushSparse(const std::vector<ps::VersionVector>& base, const GradOutput& grads,
                   Pushes* pushes, LearnReply* out);
   void PushDense(size_t param, Accumulator::Batch batch, Pushes* pushes);

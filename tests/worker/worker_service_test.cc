@@ -953,6 +953,83 @@ TEST_F(WorkerServiceTest, BatchedInferErrorsStayWithTheirCallAndContextCallsRunA
   EXPECT_EQ(after.infer_passes - before.infer_passes, after.infer_requests - before.infer_requests);
 }
 
+// A call that shares a forward pass reports the versions of the rows it read itself
+// (docs/protocol.md: 0 where it read no row from a shard). It was given the pass's: a text
+// without words reported the embedding versions of another call's rows.
+TEST_F(WorkerServiceTest, BatchedInferVersionsAreTheCallersOwn) {
+  WorkerServiceOptions o;
+  o.batch_wait = std::chrono::milliseconds(200);
+  o.infer_passes = 1;
+  StartWorker(Text(), o);
+  const std::vector<Example> words = {Example{"lovely sunny day in the park", {}, 1}};
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(service_->Learn("", words).ok());
+  auto alone = service_->Infer("", {Example{"?!", {}, -1}});
+  ASSERT_TRUE(alone.ok());
+  EXPECT_EQ(alone->versions.at("text/embed"), (ps::VersionVector{0, 0}));
+  StatusOr<InferReply> empty = InferReply{}, full = InferReply{};
+  std::thread a([&] { full = service_->Infer("", words); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::thread b([&] { empty = service_->Infer("", {Example{"?!", {}, -1}}); });
+  a.join();
+  b.join();
+  ASSERT_TRUE(empty.ok() && full.ok());
+  const WorkerStats s = service_->stats();
+  ASSERT_LT(s.infer_passes, s.infer_requests) << "the two calls did not share a pass";
+  EXPECT_GT(full->version, 0u);
+  EXPECT_EQ(empty->versions.at("text/embed"), (ps::VersionVector{0, 0}))
+      << "got " << empty->versions.at("text/embed")[0] << "," << empty->versions.at("text/embed")[1]
+      << " version " << empty->version;
+}
+
+// A shard down during a batched pass fails every call of the pass after one PS timeout.
+// Each was run again alone, one after another, each waiting out its own pull timeout:
+// 4 calls with a 1 s timeout answered after 5 s.
+TEST_F(WorkerServiceTest, ABatchedInferWithADeadShardWaitsOneTimeoutNotOnePerCall) {
+  auto model = CreateModel(Mlp());
+  ASSERT_TRUE(model.ok());
+  model_ = std::move(*model);
+  ps::PsClientOptions co;
+  co.shards = endpoints_;
+  co.timeout = std::chrono::milliseconds(1000);
+  co.attempt_timeout = std::chrono::milliseconds(250);
+  auto c = ps::PsClient::Connect(co);
+  ASSERT_TRUE(c.ok());
+  client_ = std::move(*c);
+  WorkerServiceOptions o;
+  o.batch_wait = std::chrono::milliseconds(100);
+  o.infer_passes = 1;
+  o.cache.notices = false;
+  o.cache.refresh_interval_ms = 0;
+  o.cache.dense.max_age_ms = 50;
+  o.table_template.optimizer_params["lr"] = 0.5;
+  service_ = std::make_unique<WorkerService>(client_.get(), model_.get(), o);
+  ASSERT_TRUE(service_->Start().ok());
+  ASSERT_TRUE(service_->Infer("", Feats({{1, 2, 3, 4}}, {})).ok());
+  shards_[1]->Stop();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  constexpr int kCalls = 4;
+  std::vector<double> secs(kCalls);
+  std::vector<Status> st(kCalls);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kCalls; ++t) {
+    ts.emplace_back([&, t] {
+      const auto t0 = std::chrono::steady_clock::now();
+      st[t] = service_->Infer("", Feats({{1, 2, 3, float(t)}}, {})).status();
+      secs[t] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (auto& th : ts) th.join();
+  double worst = 0;
+  for (int t = 0; t < kCalls; ++t) {
+    EXPECT_FALSE(st[t].ok()) << "call " << t;
+    worst = std::max(worst, secs[t]);
+  }
+  EXPECT_LT(worst, 3.0) << "one PS timeout is 1 s; a call waited for several";
+  service_->Stop();
+  service_.reset();
+}
+
 TEST_F(WorkerServiceTest, ContextOpsRoundTripOverRpc) {
   StartWorker(Text(), WorkerServiceOptions());
   auto set = rpc_->Call(Op::kContextSet, {{"session", "s1"}, {"items", {"hello", "world"}}});
