@@ -537,8 +537,12 @@ StatusOr<LearnReply> WorkerService::Learn(const std::string& session,
   Pushes pushes;
   bool kept = false;
   ONLINEPS_RETURN_IF_ERROR(StartLearn(session, context_revision, batch, &pushes, &reply, &kept));
-  ONLINEPS_RETURN_IF_ERROR(FinishPushes(pushes, options_.reply_when, &reply));
+  const Status pushed = FinishPushes(pushes, options_.reply_when, &reply);
+  // A delta sent is never sent again, whatever came of it: on a failure (outcome unknown)
+  // shards that answered have applied it, and the next delta, measured from the same
+  // anchor, would apply its steps there twice. The local copy starts over from the PS.
   if (local_ && reply.dense_pushed) local_->Reset();
+  ONLINEPS_RETURN_IF_ERROR(pushed);
   return EndLearn(std::move(reply), kept);
 }
 

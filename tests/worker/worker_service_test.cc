@@ -718,6 +718,46 @@ TEST_F(WorkerServiceTest, LocalStepsPushOneDeltaEveryHLearns) {
   EXPECT_NE(PullDense(table), w0);
 }
 
+// A local-steps delta whose push fails (a shard down: the outcome is unknown, and it was
+// applied on the shards that answered) is not sent again inside the next delta: the local
+// copy starts over from the PS. Before, the next learn pushed the same H steps again, and
+// the shards that had applied them applied them twice.
+TEST_F(WorkerServiceTest, AFailedLocalStepsDeltaIsNotPushedAgain) {
+  auto model = CreateModel(Mlp());
+  ASSERT_TRUE(model.ok());
+  model_ = std::move(*model);
+  ps::PsClientOptions co;
+  co.shards = endpoints_;
+  co.timeout = std::chrono::milliseconds(1000);
+  co.attempt_timeout = std::chrono::milliseconds(250);
+  auto c = ps::PsClient::Connect(co);
+  ASSERT_TRUE(c.ok());
+  client_ = std::move(*c);
+  WorkerServiceOptions o;
+  o.local_steps = 2;
+  o.local_lr = 0.1;
+  o.cache.notices = false;
+  o.cache.refresh_interval_ms = 0;
+  o.cache.dense.max_age_ms = 600000;  // learns read the cached copy, not a pull
+  service_ = std::make_unique<WorkerService>(client_.get(), model_.get(), o);
+  ASSERT_TRUE(service_->Start().ok());
+  const std::string table = model_->params()[0].name;
+  std::shared_ptr<ps::Table> on0 = shards_[0]->FindTable(table);
+  ASSERT_NE(on0, nullptr);
+  auto learn = [&] { return service_->Learn("", Feats({{1, -1, 2, 0}}, {1})).status(); };
+  ASSERT_TRUE(learn().ok());  // local step 1 of 2: nothing pushed
+  const uint64_t before = on0->version();
+  shards_[1]->Stop();
+  EXPECT_FALSE(learn().ok()) << "step 2 pushes its delta, and shard 1 is down";
+  const uint64_t after_failed = on0->version();
+  EXPECT_EQ(after_failed, before + 1) << "shard 0 applied its part of the delta";
+  EXPECT_FALSE(learn().ok());
+  EXPECT_EQ(on0->version(), after_failed)
+      << "the failed delta was pushed again: shard 0 applied its steps twice";
+  service_->Stop();
+  service_.reset();
+}
+
 TEST_F(WorkerServiceTest, QueuedModeRepliesBeforeTheAckAndStopWaitsForIt) {
   WorkerServiceOptions o;
   o.reply_when = ReplyWhen::kQueued;
