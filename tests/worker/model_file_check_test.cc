@@ -74,21 +74,33 @@ TEST(ModelFileCheckTest, TruncatedAndForeignFilesAreRefused) {
   EXPECT_NE(missing.message().find("cannot open"), std::string::npos) << missing.ToString();
 }
 
+// A zip written by Python's zipfile: `writes` are its statements on `z`. "" on failure.
+std::string MakeZip(const std::string& name, const std::string& mode, const std::string& writes) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  const std::string make = "python3 -c \"import zipfile; z = zipfile.ZipFile('" + path + "', 'w'" +
+                           mode + "); " + writes + "; z.close()\"";
+  return std::system(make.c_str()) == 0 ? path : "";
+}
+
+// CheckModelArchive of a copy of `path` with one bit flipped `offset` bytes into the data
+// of the entry named `entry`.
+Status CheckFlipped(const std::string& path, const std::string& entry, size_t offset) {
+  std::string bytes = ReadAll(path);
+  const size_t at = DataOf(bytes, entry);
+  if (at == std::string::npos) return NotFound("no entry " + entry + " in " + path);
+  bytes[at + offset] ^= 0x01;
+  return CheckModelArchive(WriteTemp("flipped-" + entry.substr(entry.rfind('/') + 1), bytes));
+}
+
 // Deflated entries (torch.jit.save stores, but a re-zipped file may deflate) are
 // inflated and checked too.
 TEST(ModelFileCheckTest, DeflatedEntriesAreChecked) {
-  const std::string path = ::testing::TempDir() + "/deflated.zip";
-  const std::string make =
-      "python3 -c \"import zipfile; z = zipfile.ZipFile('" + path +
-      "', 'w', zipfile.ZIP_DEFLATED); z.writestr('m/data/0', b'0123456789' * 5000); "
-      "z.writestr('m/x', b'small'); z.close()\"";
-  ASSERT_EQ(std::system(make.c_str()), 0);
+  const std::string path = MakeZip("deflated.zip", ", zipfile.ZIP_DEFLATED",
+                                   "z.writestr('m/data/0', b'0123456789' * 5000); "
+                                   "z.writestr('m/x', b'small')");
+  ASSERT_FALSE(path.empty());
   EXPECT_TRUE(CheckModelArchive(path).ok()) << CheckModelArchive(path).ToString();
-  std::string bytes = ReadAll(path);
-  const size_t at = DataOf(bytes, "m/data/0");
-  ASSERT_NE(at, std::string::npos);
-  bytes[at + 40] ^= 0x01;
-  const Status s = CheckModelArchive(WriteTemp("deflated-bad.zip", bytes));
+  const Status s = CheckFlipped(path, "m/data/0", 40);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("m/data/0'"), std::string::npos) << s.ToString();
 }
@@ -96,17 +108,12 @@ TEST(ModelFileCheckTest, DeflatedEntriesAreChecked) {
 // More than 65,535 entries: the counts are in the zip64 end record, found through its
 // locator (as are the sizes of a model over 4 GiB).
 TEST(ModelFileCheckTest, Zip64ArchivesAreRead) {
-  const std::string path = ::testing::TempDir() + "/many.zip";
-  const std::string make = "python3 -c \"import zipfile; z = zipfile.ZipFile('" + path +
-                           "', 'w'); [z.writestr('m/%d' % i, b'x') for i in range(65600)]; "
-                           "z.writestr('m/data/0', b'weights' * 100); z.close()\"";
-  ASSERT_EQ(std::system(make.c_str()), 0);
+  const std::string path = MakeZip("many.zip", "",
+                                   "[z.writestr('m/%d' % i, b'x') for i in range(65600)]; "
+                                   "z.writestr('m/data/0', b'weights' * 100)");
+  ASSERT_FALSE(path.empty());
   EXPECT_TRUE(CheckModelArchive(path).ok()) << CheckModelArchive(path).ToString();
-  std::string bytes = ReadAll(path);
-  const size_t at = DataOf(bytes, "m/data/0");
-  ASSERT_NE(at, std::string::npos);
-  bytes[at + 3] ^= 0x01;
-  const Status s = CheckModelArchive(WriteTemp("many-bad.zip", bytes));
+  const Status s = CheckFlipped(path, "m/data/0", 3);
   EXPECT_NE(s.message().find("m/data/0' fails its CRC-32 check"), std::string::npos)
       << s.ToString();
 }

@@ -122,9 +122,24 @@ class WorkerServiceTest : public ::testing::Test {
     for (auto& s : shards_) s->Stop();
   }
 
-  static std::unique_ptr<ps::PsClient> Client(const std::vector<std::string>& shards) {
+  // With a shard down the final flush may fail: stops without the fixture's check.
+  void StopWithAShardDown() {
+    server_->Stop();
+    server_.reset();
+    static_cast<void>(service_->Stop());
+    service_.reset();
+  }
+
+  // ps_timeout (0: the client's default): the call timeout, with 4 attempts in it.
+  static std::unique_ptr<ps::PsClient> Client(
+      const std::vector<std::string>& shards,
+      std::chrono::milliseconds ps_timeout = std::chrono::milliseconds(0)) {
     ps::PsClientOptions o;
     o.shards = shards;
+    if (ps_timeout.count() > 0) {
+      o.timeout = ps_timeout;
+      o.attempt_timeout = ps_timeout / 4;
+    }
     auto c = ps::PsClient::Connect(o);
     EXPECT_TRUE(c.ok());
     return std::move(*c);
@@ -148,7 +163,8 @@ class WorkerServiceTest : public ::testing::Test {
   }
 
   // Starts model + service (+ RPC server) with `o`; through taps when `tap` is set.
-  void StartWorker(const ModelOptions& m, WorkerServiceOptions o, bool tap = false) {
+  void StartWorker(const ModelOptions& m, WorkerServiceOptions o, bool tap = false,
+                   std::chrono::milliseconds ps_timeout = std::chrono::milliseconds(0)) {
     auto model = CreateModel(m);
     ASSERT_TRUE(model.ok()) << model.status().ToString();
     model_ = std::move(*model);
@@ -160,7 +176,7 @@ class WorkerServiceTest : public ::testing::Test {
         shards.push_back(taps_.back()->endpoint());
       }
     }
-    client_ = Client(shards);
+    client_ = Client(shards, ps_timeout);
     if (o.table_template.optimizer_params.empty()) o.table_template.optimizer_params["lr"] = 0.5;
     service_ = std::make_unique<WorkerService>(client_.get(), model_.get(), o);
     ASSERT_TRUE(service_->Start().ok());
@@ -723,24 +739,13 @@ TEST_F(WorkerServiceTest, LocalStepsPushOneDeltaEveryHLearns) {
 // copy starts over from the PS. Before, the next learn pushed the same H steps again, and
 // the shards that had applied them applied them twice.
 TEST_F(WorkerServiceTest, AFailedLocalStepsDeltaIsNotPushedAgain) {
-  auto model = CreateModel(Mlp());
-  ASSERT_TRUE(model.ok());
-  model_ = std::move(*model);
-  ps::PsClientOptions co;
-  co.shards = endpoints_;
-  co.timeout = std::chrono::milliseconds(1000);
-  co.attempt_timeout = std::chrono::milliseconds(250);
-  auto c = ps::PsClient::Connect(co);
-  ASSERT_TRUE(c.ok());
-  client_ = std::move(*c);
   WorkerServiceOptions o;
   o.local_steps = 2;
   o.local_lr = 0.1;
   o.cache.notices = false;
   o.cache.refresh_interval_ms = 0;
   o.cache.dense.max_age_ms = 600000;  // learns read the cached copy, not a pull
-  service_ = std::make_unique<WorkerService>(client_.get(), model_.get(), o);
-  ASSERT_TRUE(service_->Start().ok());
+  StartWorker(Mlp(), o, /*tap=*/false, std::chrono::milliseconds(1000));
   const std::string table = model_->params()[0].name;
   std::shared_ptr<ps::Table> on0 = shards_[0]->FindTable(table);
   ASSERT_NE(on0, nullptr);
@@ -754,8 +759,7 @@ TEST_F(WorkerServiceTest, AFailedLocalStepsDeltaIsNotPushedAgain) {
   EXPECT_FALSE(learn().ok());
   EXPECT_EQ(on0->version(), after_failed)
       << "the failed delta was pushed again: shard 0 applied its steps twice";
-  service_->Stop();
-  service_.reset();
+  StopWithAShardDown();
 }
 
 TEST_F(WorkerServiceTest, QueuedModeRepliesBeforeTheAckAndStopWaitsForIt) {
@@ -1025,25 +1029,13 @@ TEST_F(WorkerServiceTest, BatchedInferVersionsAreTheCallersOwn) {
 // Each was run again alone, one after another, each waiting out its own pull timeout:
 // 4 calls with a 1 s timeout answered after 5 s.
 TEST_F(WorkerServiceTest, ABatchedInferWithADeadShardWaitsOneTimeoutNotOnePerCall) {
-  auto model = CreateModel(Mlp());
-  ASSERT_TRUE(model.ok());
-  model_ = std::move(*model);
-  ps::PsClientOptions co;
-  co.shards = endpoints_;
-  co.timeout = std::chrono::milliseconds(1000);
-  co.attempt_timeout = std::chrono::milliseconds(250);
-  auto c = ps::PsClient::Connect(co);
-  ASSERT_TRUE(c.ok());
-  client_ = std::move(*c);
   WorkerServiceOptions o;
   o.batch_wait = std::chrono::milliseconds(100);
   o.infer_passes = 1;
   o.cache.notices = false;
   o.cache.refresh_interval_ms = 0;
   o.cache.dense.max_age_ms = 50;
-  o.table_template.optimizer_params["lr"] = 0.5;
-  service_ = std::make_unique<WorkerService>(client_.get(), model_.get(), o);
-  ASSERT_TRUE(service_->Start().ok());
+  StartWorker(Mlp(), o, /*tap=*/false, std::chrono::milliseconds(1000));
   ASSERT_TRUE(service_->Infer("", Feats({{1, 2, 3, 4}}, {})).ok());
   shards_[1]->Stop();
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -1066,8 +1058,7 @@ TEST_F(WorkerServiceTest, ABatchedInferWithADeadShardWaitsOneTimeoutNotOnePerCal
     worst = std::max(worst, secs[t]);
   }
   EXPECT_LT(worst, 3.0) << "one PS timeout is 1 s; a call waited for several";
-  service_->Stop();
-  service_.reset();
+  StopWithAShardDown();
 }
 
 TEST_F(WorkerServiceTest, ContextOpsRoundTripOverRpc) {
