@@ -23,6 +23,11 @@ CLI::Validator NumberIn(double lo, double hi);
 // negative values would fail every call later as "no answer in -1 ms").
 inline CLI::Range TimeoutMs() { return CLI::Range(1, 3600000); }
 
+// The range of a lifetime in seconds (idle limits, TTLs): `lo` to 100 years. Longer ones
+// overflow once compared in nanoseconds, and wrapped into the past: every session or
+// context counted as expired at once.
+inline CLI::Range LifetimeS(int64_t lo) { return CLI::Range(lo, int64_t{100} * 365 * 86400); }
+
 // Adds --log-level and --log-format bound to `options` (which must outlive `app`).
 void AddLoggingFlags(CLI::App& app, LogOptions* options);
 

@@ -129,12 +129,22 @@ void Backend::SendWithContext(const std::string& session, const std::string& wor
     // its probes, which a worker back within a probe period can slip past.
     const std::optional<uint64_t> revision = SentRevision(session, worker);
     json named;
+    bool rewritten = false;
     if (revision) {
       named = *body;
       named["context_revision"] = *revision;
+      rewritten = true;
+    } else if (!contexts_->Get(session)) {
+      // The bridge holds no context for the session: the worker must use none, whatever
+      // copy it may still hold that the bridge no longer knows of (the bridge restarted,
+      // forgot an idle placement, or the session moved away and back, and the context
+      // was cleared meanwhile). Without a session the worker reads no context.
+      named = *body;
+      named.erase("session");
+      rewritten = true;
     }
     pool_->CallAsync(
-        worker, op, revision ? named : *body, TimeoutOf(op), [=](StatusOr<json> reply) {
+        worker, op, rewritten ? named : *body, TimeoutOf(op), [=](StatusOr<json> reply) {
           if (!reply.ok() && may_resend_context &&
               reply.status().code() == StatusCode::kFailedPrecondition &&
               reply.status().message().find(::onlineps::worker::kContextNotHeld) !=

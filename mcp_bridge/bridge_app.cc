@@ -124,6 +124,7 @@ void AddFlags(CLI::App& app, Flags* f) {
                  "lock others out. 0: no limit")
       ->capture_default_str();
   app.add_option("--session-idle-s", f->session_idle_s, "An idle MCP session ends after this")
+      ->check(onlineps::LifetimeS(1))
       ->capture_default_str();
   app.add_option("--rate-limit", f->mcp.rate_limit,
                  "tools/call per second per session (0: unlimited)")
@@ -145,12 +146,14 @@ void AddRoutingFlags(CLI::App& app, Flags* f) {
       ->check(CLI::Range(1, 10000))
       ->capture_default_str();
   app.add_option("--health-interval-ms", f->health_interval_ms, "Worker probe period")
+      ->check(onlineps::TimeoutMs())
       ->capture_default_str();
   app.add_option("--health-timeout-ms", f->health_timeout_ms, "Worker probe deadline")
       ->check(onlineps::TimeoutMs())
       ->capture_default_str();
   app.add_option("--wait-workers-s", f->wait_workers_s,
                  "At start, wait this long for a healthy worker before serving")
+      ->check(onlineps::LifetimeS(0))
       ->capture_default_str();
   app.add_option("--infer-timeout-ms", f->infer_timeout_ms, "Deadline of an infer or context call")
       ->check(onlineps::TimeoutMs())
@@ -169,7 +172,9 @@ void AddToolFlags(CLI::App& app, Flags* f) {
       ->capture_default_str();
   app.add_option("--context-max-features", f->context.max_features, "Features per context")
       ->capture_default_str();
-  app.add_option("--context-ttl-s", f->context_ttl_s, "A context unused this long is dropped")
+  app.add_option("--context-ttl-s", f->context_ttl_s,
+                 "A context unused this long is dropped (0: never)")
+      ->check(onlineps::LifetimeS(0))
       ->capture_default_str();
   app.add_option("--state-dir", f->state.path,
                  "Keep MCP sessions and contexts in this directory so that they survive a bridge "
@@ -180,6 +185,7 @@ void AddToolFlags(CLI::App& app, Flags* f) {
   app.add_option("--context-resync-s", f->context_resync_s,
                  "Re-send a context to its worker after this long (keep below the worker's "
                  "--context-ttl-s)")
+      ->check(onlineps::LifetimeS(1))
       ->capture_default_str();
   app.add_option("--max-examples", f->tools.max_examples,
                  "Examples per infer or learn call (an infer goes to the worker in one call: keep "

@@ -71,7 +71,10 @@ StatusOr<std::unique_ptr<Recorder>> Recorder::Open(const std::string& path, uint
                      {"run_us", "microseconds"}};
   header["start_unix_us"] = UnixUs();
   MutexLock lock(&r->mu_);
-  if (!r->WriteLine(header.dump())) return Unavailable("--record " + path + ": write failed");
+  // replace: a worker's labels and table names are bytes the bridge did not check as UTF-8.
+  if (!r->WriteLine(header.dump(-1, ' ', false, json::error_handler_t::replace))) {
+    return Unavailable("--record " + path + ": write failed");
+  }
   return r;
 }
 

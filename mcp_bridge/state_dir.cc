@@ -147,14 +147,37 @@ int64_t AgeMs(const std::string& file) {
 
 // The file's JSON object, or why there is none.
 std::string ReadObject(const fs::path& p, json* value) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in) return "cannot read it";
-  if (text.str().size() > kMaxRecordBytes) {
+  // Never through a link, never blocking (a FIFO), and never more than the limit: the
+  // size is checked before anything is read.
+  const int fd = ::open(p.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return std::string("cannot open it: ") + std::strerror(errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return "it is not a regular file";
+  }
+  if (static_cast<uint64_t>(st.st_size) > kMaxRecordBytes) {
+    ::close(fd);
     return "it is larger than " + std::to_string(kMaxRecordBytes) + " bytes";
   }
-  *value = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  std::string text(static_cast<size_t>(st.st_size) + 1, '\0');  // one more: it grew
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(fd);
+      return "cannot read it";
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  if (got > kMaxRecordBytes) {  // grew past the limit since fstat
+    return "it is larger than " + std::to_string(kMaxRecordBytes) + " bytes";
+  }
+  text.resize(got);
+  *value = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (value->is_discarded() || !value->is_object()) return "it is not a JSON object";
   return "";
 }

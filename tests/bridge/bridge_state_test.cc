@@ -2,11 +2,13 @@
 // bridge loads, and what another local user can learn from the directory (nothing).
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <random>
 #include <sstream>
@@ -505,6 +507,37 @@ TEST_F(BridgeStateTest, OldFormatFilesAreConvertedKeepingTheirLastUse) {
   EXPECT_EQ(c->items, std::vector<std::string>{"likes thrillers"});
   EXPECT_EQ(c->revision, 7u);
   EXPECT_TRUE(store->Get(named).has_value());
+}
+
+// A record that is not a regular file, or far past the record limit, is set aside without
+// stalling or ballooning the bridge's start: a FIFO blocked it forever, and a 512 MiB file
+// was read whole (and copied twice) before the 1 MiB limit was checked.
+TEST_F(BridgeStateTest, AFifoOrAHugeFileIsSetAsideWithoutReadingIt) {
+  auto dir = Open();
+  ASSERT_TRUE(dir->Put("contexts", H("good"), {{"items", {"a"}}}).ok());
+  const std::string fifo = File(*dir, "contexts", "fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto loading = std::async(std::launch::async, [&] { return dir->Load("contexts").size(); });
+  const bool done = loading.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  if (!done) {  // unblock the reader stuck in open(2), then fail
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) ::close(fd);
+  }
+  EXPECT_TRUE(done) << "Load blocked on a FIFO in the state directory";
+  EXPECT_EQ(loading.get(), 1u);
+  fs::remove(fifo);
+  fs::remove(fifo + ".bad");
+
+  const std::string huge = File(*dir, "contexts", "huge");
+  { std::ofstream(huge) << ""; }
+  fs::resize_file(huge, size_t{512} << 20);  // sparse: no disk used
+  struct rusage before, after;
+  ::getrusage(RUSAGE_SELF, &before);
+  EXPECT_EQ(dir->Load("contexts").size(), 1u);
+  ::getrusage(RUSAGE_SELF, &after);
+  const long grew_mib = (after.ru_maxrss - before.ru_maxrss) / 1024;
+  EXPECT_LT(grew_mib, 64) << "loading a 512 MiB record file raised the peak RSS by " << grew_mib
+                          << " MiB";
 }
 
 }  // namespace
