@@ -19,13 +19,14 @@ std::chrono::milliseconds Backend::TimeoutOf(Op op) const {
 
 Status Backend::EnsureContext(const std::string& session, const std::string& worker) {
   return Await<Status>([&](std::function<void(Status)> then) {
-    EnsureContextAsync(session, worker, std::move(then));
+    EnsureContextAsync(session, worker, [then](Status s, bool) { then(std::move(s)); });
   });
 }
 
 void Backend::EnsureContextAsync(const std::string& session, const std::string& worker,
-                                 std::function<void(Status)> then) {
+                                 std::function<void(Status, bool held)> then) {
   std::optional<Context> ctx = contexts_->Get(session);
+  const bool held = ctx.has_value();
   const uint64_t incarnation = pool_->Incarnation(worker);
   const auto now = std::chrono::steady_clock::now();
   bool current = false;
@@ -39,7 +40,7 @@ void Backend::EnsureContextAsync(const std::string& session, const std::string& 
   }
   // Outside the lock: `then` sends the call, and its answer (or a refusal) may run the
   // session's next call on this very thread, which comes back here.
-  if (current) return then(Status::Ok());
+  if (current) return then(Status::Ok(), held);
   json body = {{"session", session}};
   Op op = Op::kContextClear;
   if (ctx) {
@@ -52,7 +53,7 @@ void Backend::EnsureContextAsync(const std::string& session, const std::string& 
       ctx ? std::optional<uint64_t>(ctx->revision) : std::nullopt;
   pool_->CallAsync(
       worker, op, body, options_.infer_timeout,
-      [this, session, worker, incarnation, revision, now, then](StatusOr<json> r) {
+      [this, session, worker, incarnation, revision, now, then, held](StatusOr<json> r) {
         if (!r.ok()) {
           // Nothing of the call itself was sent: say so with a code that means "not done".
           // A worker too busy to take the context (calls in flight at the cap) is not a
@@ -60,7 +61,8 @@ void Backend::EnsureContextAsync(const std::string& session, const std::string& 
           const std::string why = "sending the session's context to " + worker + " failed (" +
                                   r.status().ToString() + "); the call was not sent";
           return then(r.status().code() == StatusCode::kResourceExhausted ? ResourceExhausted(why)
-                                                                          : Unavailable(why));
+                                                                          : Unavailable(why),
+                      held);
         }
         {
           MutexLock lock(&mu_);
@@ -70,7 +72,7 @@ void Backend::EnsureContextAsync(const std::string& session, const std::string& 
             copies_.erase(session);
           }
         }
-        then(Status::Ok());
+        then(Status::Ok(), held);
       });
 }
 
@@ -121,7 +123,7 @@ void Backend::Attempt(const std::string& session, Op op, std::shared_ptr<const j
 void Backend::SendWithContext(const std::string& session, const std::string& worker, Op op,
                               std::shared_ptr<const json> body, std::shared_ptr<RoutedDone> finish,
                               std::function<void(const Status&)> failed, bool may_resend_context) {
-  EnsureContextAsync(session, worker, [=](const Status& context) {
+  EnsureContextAsync(session, worker, [=](const Status& context, bool held) {
     if (!context.ok()) return failed(context);
     // The call names the context revision the worker was sent, which it must still hold:
     // a worker that restarted (or dropped the context) since refuses before doing
@@ -134,7 +136,7 @@ void Backend::SendWithContext(const std::string& session, const std::string& wor
       named = *body;
       named["context_revision"] = *revision;
       rewritten = true;
-    } else if (!contexts_->Get(session)) {
+    } else if (!held) {
       // The bridge holds no context for the session: the worker must use none, whatever
       // copy it may still hold that the bridge no longer knows of (the bridge restarted,
       // forgot an idle placement, or the session moved away and back, and the context

@@ -83,9 +83,10 @@ class Backend {
   // The revision of the session's context last sent to `worker`, if any.
   std::optional<uint64_t> SentRevision(const std::string& session, const std::string& worker);
   Status EnsureContext(const std::string& session, const std::string& worker);
-  // Makes sure `worker` holds the session's current context, then `then(status)`.
+  // Makes sure `worker` holds the session's current context, then `then(status, held)`:
+  // `held`, whether the bridge holds a context for the session at all.
   void EnsureContextAsync(const std::string& session, const std::string& worker,
-                          std::function<void(Status)> then);
+                          std::function<void(Status, bool held)> then);
   std::chrono::milliseconds TimeoutOf(Op op) const;
   std::string AnyWorker();  // round robin, for calls without a session
 
