@@ -272,7 +272,7 @@ def read_curve(path):
 
 
 def execute(run, binary, runs_dir, resume):
-    out = runs_dir / run.exp / run.name
+    out = (runs_dir / run.exp / run.name).resolve()  # the run's cwd is `out` itself
     argv = run.argv(binary, out)
     manifest_path = out / "manifest.json"
     reused = False
@@ -280,7 +280,8 @@ def execute(run, binary, runs_dir, resume):
     if resume and manifest_path.exists():
         try:
             old = json.loads(manifest_path.read_text())
-            reused = old.get("argv", [])[1:] == argv[1:]
+            reused = (old.get("argv", [])[1:] == argv[1:]
+                      and old.get("interrupted") is None)
             # What the reused run took when it ran (its own wall time, not this call's).
             reused_s = float(old.get("result", {}).get("wall_s", 0))
         except (OSError, ValueError, TypeError, AttributeError):
@@ -300,7 +301,7 @@ def execute(run, binary, runs_dir, resume):
     if rc == 0 and manifest_path.exists() and (out / "curve.csv").exists():
         manifest = json.loads(manifest_path.read_text())
         curve = read_curve(out / "curve.csv")
-        if curve:
+        if curve and manifest.get("interrupted") is None:
             metrics = METRICS[run.exp](run, manifest, curve)
             status = "ok"
             row["commit"] = manifest.get("commit", "")

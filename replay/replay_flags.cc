@@ -1,5 +1,6 @@
 #include "replay/replay_flags.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -26,6 +27,12 @@ StatusOr<std::vector<double>> Fields(const std::string& s, size_t n, const std::
     out.push_back(v);
   }
   if (out.size() != n) return InvalidArgument(flag + " '" + s + "' is not " + form);
+  if (!(out[0] >= 0 && out[0] < 4294967296.0 && out[0] == std::floor(out[0]))) {
+    return InvalidArgument(flag + " '" + s + "': W must be a worker index (0, 1, ...)");
+  }
+  for (double v : out) {
+    if (std::isnan(v)) return InvalidArgument(flag + " '" + s + "' holds nan");
+  }
   return out;
 }
 
@@ -379,8 +386,14 @@ StatusOr<std::unique_ptr<worker::Model>> MakeModel(const Flags& f, const Dataset
 
 Status CheckTraceTables(const TraceHeader& header, const worker::Model& model) {
   if (!header.model.is_object() || !header.model.contains("tables")) return Status::Ok();
-  for (const auto& t : header.model["tables"]) {
-    const std::string name = t.value("table", "");
+  const nlohmann::json& tables = header.model["tables"];
+  if (!tables.is_array()) return InvalidArgument("the trace header's model.tables is not an array");
+  for (const auto& t : tables) {
+    if (!t.is_object() || !t.contains("table") || !t["table"].is_string()) {
+      return InvalidArgument("the trace header's model.tables holds " + t.dump().substr(0, 80) +
+                             ", not {\"table\": NAME, ...}");
+    }
+    const std::string name = t["table"].get<std::string>();
     bool found = false;
     for (const auto& p : model.params()) {
       if (p.name != name) continue;

@@ -13,10 +13,12 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
 #include <sstream>
+#include <unordered_set>
 
 #include "common/sha256.h"
 
@@ -68,8 +70,12 @@ std::string NumberOf(const std::string& cell, double* out) {
   char* end = nullptr;
   errno = 0;
   *out = std::strtod(cell.c_str(), &end);
-  if (*end != '\0') return "'" + Clipped(cell) + "' is not a number";
+  if (end != cell.c_str() + cell.size()) return "'" + Clipped(cell) + "' is not a number";
   if (!std::isfinite(*out)) return "is " + Clipped(cell) + " (NaN or Inf)";
+  // Features are stored as float32: a larger magnitude would become Inf there.
+  if (!std::isfinite(static_cast<float>(*out))) {
+    return "is " + Clipped(cell) + " (beyond the float32 range)";
+  }
   return "";
 }
 
@@ -150,6 +156,11 @@ Status ReadTable(const std::string& path, const DatasetOptions& o, bool first, L
       const std::string& want = o.label_column;
       const bool by_index =
           want.empty() || want == "-1" || want.find_first_not_of("0123456789") == std::string::npos;
+      if (!first && layout->label >= t->columns) {
+        return DataLoss(where + ": " + std::to_string(t->columns) +
+                        " columns; the label is column " + std::to_string(layout->label) +
+                        " of the training file");
+      }
       if (first) {
         layout->label = want.empty() || want == "-1" ? t->columns - 1
                         : by_index                   ? std::strtoull(want.c_str(), nullptr, 10)
@@ -219,10 +230,10 @@ Status AssignLabels(const std::string& train_path, const Table& train, const std
                     const Table* test, Dataset* ds, std::vector<int64_t>* train_y,
                     std::vector<int64_t>* test_y) {
   auto integer = [](const std::string& s, int64_t* v) {
-    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos || s.size() > 12) {
-      return false;
-    }
+    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) return false;
+    errno = 0;
     *v = std::strtoll(s.c_str(), nullptr, 10);
+    if (errno == ERANGE) *v = std::numeric_limits<int64_t>::max();
     return true;
   };
   int64_t v = 0;
@@ -614,7 +625,9 @@ StatusOr<NpyArray> OpenNpy(int fd, const ZipMember& m, const std::string& where)
     while (i < shape.size() && (shape[i] == ' ' || shape[i] == ',')) ++i;
     if (i >= shape.size()) break;
     a.shape.push_back(std::strtoull(shape.c_str() + i, nullptr, 10));
-    a.count *= a.shape.back();
+    if (__builtin_mul_overflow(a.count, a.shape.back(), &a.count)) {
+      return DataLoss(where + ": shape (" + shape + ") is too large");
+    }
     while (i < shape.size() && shape[i] != ',') ++i;
   }
   if (descr.size() < 3 || (descr[0] != '<' && descr[0] != '|')) {
@@ -628,7 +641,11 @@ StatusOr<NpyArray> OpenNpy(int fd, const ZipMember& m, const std::string& where)
         (a.kind == 'b' && a.width == 1))) {
     return DataLoss(where + ": dtype '" + descr + "' is not a supported number type");
   }
-  if (a.reader->left() != a.count * a.width) {
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(a.count, uint64_t{a.width}, &bytes)) {
+    return DataLoss(where + ": shape (" + shape + ") is too large");
+  }
+  if (a.reader->left() != bytes) {
     return DataLoss(where + ": " + std::to_string(a.reader->left()) + " data bytes for " +
                     std::to_string(a.count) + " values of " + std::to_string(a.width) + " bytes");
   }
@@ -694,7 +711,7 @@ StatusOr<size_t> ReadNpzSplit(int fd, const std::map<std::string, ZipMember>& me
     const size_t k = static_cast<size_t>(std::min<uint64_t>(8192, xa.count - i));
     ONLINEPS_RETURN_IF_ERROR(xa.Next(k, buf));
     for (size_t j = 0; j < k; ++j, ++i) {
-      if (!std::isfinite(buf[j])) {
+      if (!std::isfinite(static_cast<float>(buf[j]))) {
         return DataLoss(path + ":" + xname + ": row " + std::to_string(row) + " feature " +
                         std::to_string(col) + " is NaN or Inf");
       }
@@ -798,7 +815,7 @@ Status ReadSparse(const std::string& path, SparseTable* t, DatasetFile* file) {
   ONLINEPS_RETURN_IF_ERROR(lines.Open());
   std::string line;
   size_t lineno = 0;
-  std::vector<uint64_t> seen;
+  std::unordered_set<uint64_t> seen;
   while (lines.Next(&line, &lineno)) {
     const size_t hash_mark = line.find('#');
     if (hash_mark != std::string::npos) line.resize(hash_mark);
@@ -824,10 +841,9 @@ Status ReadSparse(const std::string& path, SparseTable* t, DatasetFile* file) {
         return DataLoss(where + ": feature " + index + " value " + why);
       }
       const uint64_t k = std::strtoull(index.c_str(), nullptr, 10);
-      if (std::find(seen.begin(), seen.end(), k) != seen.end()) {
+      if (!seen.insert(k).second) {
         return DataLoss(where + ": feature " + index + " appears twice");
       }
-      seen.push_back(k);
       t->keys.push_back(k);
       t->values.push_back(static_cast<float>(v));
     }

@@ -14,6 +14,10 @@
                 PS tables, the manifest records the file's SHA-256, the frozen parameters and
                 that they are unchanged; --trainable / --frozen choose other parameters; a
                 glob that matches nothing, or --trainable on a built-in model, is refused.
+  bad-specs     a --straggler / --churn whose worker field is not a worker index (2^32,
+                nan, 0.9: once truncated onto worker 0 or 1) and a trace header whose
+                model.tables is not a list of {"table": NAME} (once an abort) are refused
+                with a message naming what is wrong.
   resume        (given --experiments-dir, an `experiments/run.py all --quick` output) the
                 same grid again with --resume reuses every run, and each summary says so
                 instead of "N runs in 0 s".
@@ -193,10 +197,40 @@ def resume(experiments_dir):
     print("replay_cli_test: resume PASS")
 
 
+def bad_specs():
+    common = ["--dataset", "none", "--model", "quadratic", "--updates", "200", "--workers", "2",
+              "--compute", "fixed:1", "--dry-run"]
+    for flag, value in [("--straggler", "4294967296:0:1e9:10"), ("--straggler", "nan:0:1e9:10"),
+                        ("--straggler", "0.9:0:1e9:10"), ("--churn", "4294967297:0:50")]:
+        r = subprocess.run([REPLAY, *common, flag, value], capture_output=True, text=True,
+                           timeout=60)
+        if r.returncode == 0 or "worker index" not in r.stderr:
+            fail(f"{flag} {value}: exit {r.returncode}, stderr:\n{r.stderr[-1000:]}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for tables, said in [("5", "is not an array"), ("[5]", "not {"),
+                             ('[{"table": 5}]', "not {")]:
+            trace = os.path.join(tmp, "t.jsonl")
+            with open(trace, "w") as f:
+                f.write('{"kind":"header","format":"onlineps-trace","format_version":1,'
+                        '"run_id":"r","source":"hand","start_unix_us":0,"model":{"labels":'
+                        '["negative","positive"],"tables":' + tables + '}}\n')
+                f.write('{"kind":"call","seq":1,"t_us":1000,"tool":"learn","is_error":false,'
+                        '"worker":"w","tau":0,"version":1,"arguments":{"examples":'
+                        '[{"text":"good","label":"positive"}]}}\n')
+            r = subprocess.run([REPLAY, "--trace", trace, "--model", "quadratic", "--out",
+                                os.path.join(tmp, "out")], capture_output=True, text=True,
+                               timeout=60)
+            if r.returncode in (0, -6, 134) or said not in r.stderr:
+                fail(f"trace with model.tables {tables}: exit {r.returncode}, stderr:\n"
+                     f"{r.stderr[-1000:]}")
+    print("replay_cli_test: bad-specs PASS")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("check",
-                    choices=["none-dataset", "csv-quoting", "libsvm", "torchscript", "resume"])
+                    choices=["none-dataset", "csv-quoting", "libsvm", "torchscript", "bad-specs",
+                             "resume"])
     ap.add_argument("--experiments-dir", help="resume: an experiments/run.py all --quick output")
     args = ap.parse_args()
     if args.check == "none-dataset":
@@ -207,6 +241,8 @@ def main():
         libsvm()
     elif args.check == "torchscript":
         torchscript()
+    elif args.check == "bad-specs":
+        bad_specs()
     else:
         if not args.experiments_dir:
             ap.error("resume needs --experiments-dir")
