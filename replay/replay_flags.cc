@@ -420,6 +420,7 @@ nlohmann::json ResultJson(const ReplayResult& r) {
       {"pulls", r.pulls},
       {"pushes", r.pushes},
       {"rejected", r.rejected},
+      {"queued_at_end", r.queued_at_end},
       {"wall_s", r.wall_s},
       {"compute_s", r.compute_s},
       {"updates_per_s", r.wall_s > 0 ? static_cast<double>(r.pushes) / r.wall_s : 0},
@@ -460,6 +461,14 @@ void PrintSummary(const Flags& f, const ReplayResult& r) {
               static_cast<unsigned long long>(r.pushes),
               static_cast<unsigned long long>(r.rejected), r.wall_s,
               r.wall_s > 0 ? static_cast<double>(r.pushes) / r.wall_s : 0.0);
+  if (r.queued_at_end > 0) {
+    std::printf(
+        "note: the last %llu push(es) are still queued in the shards' accumulators "
+        "(--accumulate, or --sync with fewer pushes in the last round than workers): the final "
+        "parameters and params_sha256 do not include them; make --updates a multiple of the "
+        "accumulation count to apply every push\n",
+        static_cast<unsigned long long>(r.queued_at_end));
+  }
   std::printf("staleness mean %.3f p50 %llu p99 %llu max %llu\n", r.overall.Mean(),
               static_cast<unsigned long long>(r.overall.Quantile(0.5)),
               static_cast<unsigned long long>(r.overall.Quantile(0.99)),

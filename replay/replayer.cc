@@ -103,6 +103,7 @@ class ReplayerImpl : public Replayer {
     }
     if (options_.progress) options_.progress(result_.pushes + result_.rejected, expected_pushes);
     result_.wall_s = Seconds(start_);
+    result_.queued_at_end = trailing_queued_;
     ONLINEPS_ASSIGN_OR_RETURN(result_.params_sha256, HashParams());
     return result_;
   }
@@ -252,6 +253,9 @@ class ReplayerImpl : public Replayer {
       Count(p, replies[0]);
       loss_sum_ += p.grad.loss;
       ++loss_n_;
+      bool queued = false;
+      for (const ps::PushReply& r : replies) queued |= r.queued;
+      trailing_queued_ = queued ? trailing_queued_ + 1 : 0;
     }
     if (options_.events) ONLINEPS_RETURN_IF_ERROR(LogPush(ev, p, replies[0], nnz, stale));
     return Status::Ok();
@@ -400,6 +404,7 @@ class ReplayerImpl : public Replayer {
   Clock::time_point start_, last_progress_;
   double virtual_ms_ = 0;
   uint64_t samples_ = 0, last_eval_pushes_ = 0, log_seq_ = 0;
+  uint64_t trailing_queued_ = 0;  // pushes answered "queued" since the last one applied
   double loss_sum_ = 0;
   uint64_t loss_n_ = 0;
   uint64_t progressive_right_ = 0, progressive_seen_ = 0;

@@ -77,6 +77,9 @@ struct ReplayResult {
   std::vector<StalenessStats> per_worker;        // index: worker
   std::vector<StalenessStats> per_shard;         // index: shard
   uint64_t pulls = 0, pushes = 0, rejected = 0;  // rejected: STALE answers (bounded, reject)
+  // The last pushes a shard only accumulated (--accumulate K, or --sync with fewer pushes
+  // in the last round than workers): never applied, so not in the final parameters.
+  uint64_t queued_at_end = 0;
   double wall_s = 0;
   double compute_s = 0;       // time inside Model::Gradients
   std::string params_sha256;  // of the final parameters (dense, then touched sparse rows)

@@ -18,6 +18,9 @@
                 nan, 0.9: once truncated onto worker 0 or 1) and a trace header whose
                 model.tables is not a list of {"table": NAME} (once an abort) are refused
                 with a message naming what is wrong.
+  queued-tail   with --sync and 4 workers, --updates 6 leaves the last 2 pushes in the
+                shard's accumulator: the manifest's result says queued_at_end 2 and the
+                summary says they are not in the final parameters; --updates 8 leaves none.
   resume        (given --experiments-dir, an `experiments/run.py all --quick` output) the
                 same grid again with --resume reuses every run, and each summary says so
                 instead of "N runs in 0 s".
@@ -226,11 +229,29 @@ def bad_specs():
     print("replay_cli_test: bad-specs PASS")
 
 
+def queued_tail():
+    with tempfile.TemporaryDirectory() as tmp:
+        for updates, want in [(6, 2), (8, 0)]:
+            out = os.path.join(tmp, f"sync{updates}")
+            r = subprocess.run([REPLAY, "--dataset", "none", "--model", "quadratic", "--sync",
+                                "--workers", "4", "--updates", str(updates), "--no-plots",
+                                "--out", out], capture_output=True, text=True, timeout=120)
+            if r.returncode != 0:
+                fail(f"--sync --updates {updates}: exit {r.returncode}:\n{r.stderr[-1000:]}")
+            with open(os.path.join(out, "manifest.json")) as f:
+                got = json.load(f)["result"].get("queued_at_end")
+            if got != want:
+                fail(f"--sync --workers 4 --updates {updates}: queued_at_end {got}, want {want}")
+            if (want > 0) != ("still queued" in r.stdout):
+                fail(f"--updates {updates}: the summary does not say what is queued:\n{r.stdout}")
+    print("replay_cli_test: queued-tail PASS")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("check",
                     choices=["none-dataset", "csv-quoting", "libsvm", "torchscript", "bad-specs",
-                             "resume"])
+                             "queued-tail", "resume"])
     ap.add_argument("--experiments-dir", help="resume: an experiments/run.py all --quick output")
     args = ap.parse_args()
     if args.check == "none-dataset":
@@ -243,6 +264,8 @@ def main():
         torchscript()
     elif args.check == "bad-specs":
         bad_specs()
+    elif args.check == "queued-tail":
+        queued_tail()
     else:
         if not args.experiments_dir:
             ap.error("resume needs --experiments-dir")
