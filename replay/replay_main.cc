@@ -200,6 +200,16 @@ StatusOr<Workload> TraceWorkload(const Flags& f, const TraceSteps& steps) {
     override = d;
   }
   if (steps.steps.empty()) return FailedPrecondition(f.trace + " has no successful learn");
+  // A trace's events are built in memory, about 150 bytes a learn step and loop.
+  constexpr uint64_t kMaxTraceSteps = 10'000'000;
+  const uint64_t total = steps.steps.size() * uint64_t{std::max<uint32_t>(f.loop, 1)};
+  if (total > kMaxTraceSteps) {
+    return InvalidArgument("--loop " + std::to_string(f.loop) + " x " +
+                           std::to_string(steps.steps.size()) + " learn steps of " + f.trace +
+                           " = " + std::to_string(total) + " steps; one run replays at most " +
+                           std::to_string(kMaxTraceSteps) +
+                           " (its events are held in memory): lower --loop");
+  }
   w.events = TraceEvents(steps, override, f.seed, f.loop);
   w.expected_pushes = steps.steps.size() * std::max<uint32_t>(f.loop, 1);
   w.batches = std::make_unique<TraceBatches>(&steps, std::vector<worker::Example>{});

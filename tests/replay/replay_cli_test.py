@@ -16,8 +16,9 @@
                 glob that matches nothing, or --trainable on a built-in model, is refused.
   bad-specs     a --straggler / --churn whose worker field is not a worker index (2^32,
                 nan, 0.9: once truncated onto worker 0 or 1) and a trace header whose
-                model.tables is not a list of {"table": NAME} (once an abort) are refused
-                with a message naming what is wrong.
+                model.tables is not a list of {"table": NAME} (once an abort), and a --loop
+                whose events would not fit in memory (once std::bad_alloc), are refused with a
+                message naming what is wrong.
   queued-tail   with --sync and 4 workers, --updates 6 leaves the last 2 pushes in the
                 shard's accumulator: the manifest's result says queued_at_end 2 and the
                 summary says they are not in the final parameters; --updates 8 leaves none.
@@ -226,6 +227,23 @@ def bad_specs():
             if r.returncode in (0, -6, 134) or said not in r.stderr:
                 fail(f"trace with model.tables {tables}: exit {r.returncode}, stderr:\n"
                      f"{r.stderr[-1000:]}")
+        # --loop of a trace: its events are held in memory, so a loop count that would
+        # need about 150 GB is refused at once (it ended in std::bad_alloc).
+        trace = os.path.join(tmp, "learns.jsonl")
+        with open(trace, "w") as f:
+            f.write('{"kind":"header","format":"onlineps-trace","format_version":1,'
+                    '"run_id":"r","source":"hand","start_unix_us":0,"model":{"labels":'
+                    '["negative","positive"]}}\n')
+            for i in range(1000):
+                f.write(json.dumps({"kind": "call", "seq": i + 1, "t_us": 1000 * (i + 1),
+                                    "tool": "learn", "is_error": False, "worker": "w", "tau": 0,
+                                    "version": i + 1, "arguments": {"examples": [
+                                        {"text": "good", "label": "positive"}]}}) + "\n")
+        r = subprocess.run([REPLAY, "--trace", trace, "--model", "text", "--loop", "1000000",
+                            "--dry-run", "--out", os.path.join(tmp, "loop")],
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode in (0, -6, 134) or "lower --loop" not in r.stderr:
+            fail(f"--loop 1000000 of 1000 learns: exit {r.returncode}, stderr:\n{r.stderr[-1000:]}")
     print("replay_cli_test: bad-specs PASS")
 
 
