@@ -392,10 +392,21 @@ int Parse(int argc, char** argv, Options* o) {
     const std::string v = argv[++i];
     if (a == "--workload") {
       workload = v;
-    } else if (a == "--rounds") {
-      o->rounds = std::max(1, std::atoi(v.c_str()));
-    } else if (a == "--updates") {
-      o->updates = std::strtoull(v.c_str(), nullptr, 10);
+    } else if (a == "--rounds" || a == "--updates") {
+      // Decimal digits only: "abc" and "-5" were read as 1 and as about 1.8e19.
+      const bool digits =
+          !v.empty() && v.size() <= 12 && v.find_first_not_of("0123456789") == std::string::npos;
+      const uint64_t n = digits ? std::strtoull(v.c_str(), nullptr, 10) : 0;
+      if (!digits || n == 0 || (a == "--rounds" && n > 1000)) {
+        std::fprintf(stderr, "replay_bench: %s takes a whole number from 1%s, not '%s'\n%s",
+                     a.c_str(), a == "--rounds" ? " to 1000" : "", v.c_str(), kUsage);
+        return 2;
+      }
+      if (a == "--rounds") {
+        o->rounds = static_cast<int>(n);
+      } else {
+        o->updates = n;
+      }
     } else if (a == "--datasets-dir") {
       ::setenv("ONLINEPS_DATASETS_DIR", v.c_str(), 1);
     } else if (a == "--only" && (v == "replay" || v == "direct")) {

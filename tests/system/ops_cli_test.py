@@ -302,6 +302,9 @@ def bad_flags():
         expect([b(name), "--no-such-flag"], 2, r"unknown flag --no-such-flag", 10)
     for name in benches:
         expect([b(name), "--no-such-flag"], 2, r"--no-such-flag", 10)
+    if "replay_bench" in benches:  # numbers: "-5" was read as ~1.8e19, "abc" as 1
+        expect([b("replay_bench"), "--updates", "-5"], 2, r"--updates takes a whole number", 10)
+        expect([b("replay_bench"), "--rounds", "abc"], 2, r"--rounds takes a whole number", 10)
     expect([b("onlineps_ps_cli"), "--shards", dead, "nosuchcmd"], 2,
            r"unknown subcommand 'nosuchcmd' \(expected one of: [a-z, -]+\)", 10)
     # Ports: flags in 0..65535 (-1 where it turns the admin port off); endpoints too.
