@@ -121,7 +121,8 @@ void AddFlags(CLI::App& app, Flags* f) {
                  "--tokens-file one address (IPv6: per /64; not 127.0.0.1 and ::1, where a "
                  "local proxy connects for all). A client past it ends its own least recently "
                  "used session (one without a call in flight) for the new one, so it cannot "
-                 "lock others out. 0: no limit")
+                 "lock others out. With --tokens-file it also caps the contexts one identity "
+                 "holds (a new one past it is refused). 0: no limit")
       ->capture_default_str();
   app.add_option("--session-idle-s", f->session_idle_s, "An idle MCP session ends after this")
       ->check(onlineps::LifetimeS(1))
@@ -237,6 +238,8 @@ onlineps::Status Finish(Flags* f) {
   f->pool.health_interval = milliseconds(f->health_interval_ms);
   f->pool.health_timeout = milliseconds(f->health_timeout_ms);
   f->context.ttl_ms = f->context_ttl_s * 1000;
+  // One identity's contexts (its MCP sessions' and its named handles') are capped alike.
+  f->context.max_per_identity = f->mcp.max_sessions_per_client;
   f->router.max_sessions = std::max<size_t>(f->mcp.max_sessions, f->context.max_sessions) * 2;
   return onlineps::Status::Ok();
 }

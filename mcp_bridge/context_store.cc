@@ -67,6 +67,7 @@ size_t ContextStore::Persist(StateDir* dir) {
       c.items = r.value.at("items").get<std::vector<std::string>>();
       c.features = r.value.at("features").get<std::vector<float>>();
       c.revision = r.value.value("revision", uint64_t{0});
+      c.owner = r.value.value("owner", std::string());
     } catch (const nlohmann::json::exception& e) {
       problem = e.what();
     }
@@ -89,6 +90,7 @@ size_t ContextStore::Persist(StateDir* dir) {
     }
     c.used_ms = c.touched_ms = now - r.age_ms;
     next_revision_ = std::max(next_revision_, c.revision + 1);
+    CountOwner(c.owner, +1);
     contexts_[r.hash] = std::move(c);
   }
   dir_ = dir;
@@ -97,7 +99,20 @@ size_t ContextStore::Persist(StateDir* dir) {
 
 void ContextStore::Drop(std::unordered_map<std::string, Context>::iterator it) {
   if (dir_) dropped_.push_back(it->first);
+  CountOwner(it->second.owner, -1);
   contexts_.erase(it);
+}
+
+std::string ContextStore::OwnerOf(const std::string& session) {
+  const size_t slash = session.find('/');
+  return slash == std::string::npos ? std::string() : session.substr(0, slash);
+}
+
+void ContextStore::CountOwner(const std::string& owner, int delta) {
+  if (owner.empty()) return;
+  auto it = per_owner_.try_emplace(owner, 0).first;
+  it->second += delta;
+  if (it->second == 0) per_owner_.erase(it);
 }
 
 void ContextStore::ExpireLocked(int64_t now) {
@@ -122,7 +137,8 @@ void ContextStore::RemoveFiles(const std::vector<std::string>& ids) {
   }
 }
 
-StatusOr<const Context*> ContextStore::Current(const std::string& id, int64_t now) {
+StatusOr<const Context*> ContextStore::Current(const std::string& id, const std::string& owner,
+                                               int64_t now) {
   auto it = contexts_.find(id);
   if (it != contexts_.end()) {
     if (options_.ttl_ms > 0 && now - it->second.used_ms > options_.ttl_ms) {
@@ -130,6 +146,21 @@ StatusOr<const Context*> ContextStore::Current(const std::string& id, int64_t no
       return static_cast<const Context*>(nullptr);
     }
     return static_cast<const Context*>(&it->second);
+  }
+  auto held_by_owner = [&] {
+    auto o = per_owner_.find(owner);
+    return o == per_owner_.end() ? size_t{0} : o->second;
+  };
+  if (!owner.empty() && options_.max_per_identity != 0 &&
+      held_by_owner() >= options_.max_per_identity) {
+    ExpireLocked(now);
+    if (held_by_owner() >= options_.max_per_identity) {
+      ++stats_.refused;
+      return ResourceExhausted(
+          "identity '" + owner + "' holds contexts for " + std::to_string(held_by_owner()) +
+          " sessions, its limit (--max-sessions-per-client); clear_context frees one, or they "
+          "expire after --context-ttl-s without use");
+    }
   }
   if (contexts_.size() >= options_.max_sessions) ExpireLocked(now);
   if (contexts_.size() >= options_.max_sessions) {
@@ -144,6 +175,7 @@ StatusOr<const Context*> ContextStore::Current(const std::string& id, int64_t no
 StatusOr<Context> ContextStore::Change(const std::string& session,
                                        const std::function<void(Context*)>& edit) {
   const std::string id = StateDir::HashOf(session);
+  const std::string owner = OwnerOf(session);
   std::vector<std::string> dropped;  // by Current making room
   StatusOr<Context> out = [&]() -> StatusOr<Context> {
     MutexLock io(&IoLock(id));
@@ -151,18 +183,21 @@ StatusOr<Context> ContextStore::Change(const std::string& session,
     {
       MutexLock lock(&mu_);
       const int64_t now = now_ms_();
-      StatusOr<const Context*> current = Current(id, now);
+      StatusOr<const Context*> current = Current(id, owner, now);
       dropped.swap(dropped_);
       if (!current.ok()) return current.status();
       if (*current) next = **current;
+      next.owner = owner;
       edit(&next);
       next.revision = next_revision_++;
       next.used_ms = next.touched_ms = now;
     }
     if (dir_) {
-      Status saved = dir_->Put(
-          kKind, id,
-          {{"items", next.items}, {"features", next.features}, {"revision", next.revision}});
+      Status saved = dir_->Put(kKind, id,
+                               {{"items", next.items},
+                                {"features", next.features},
+                                {"revision", next.revision},
+                                {"owner", next.owner}});
       if (!saved.ok()) {
         MutexLock lock(&mu_);
         ++stats_.save_errors;
@@ -170,7 +205,8 @@ StatusOr<Context> ContextStore::Change(const std::string& session,
       }
     }
     MutexLock lock(&mu_);
-    contexts_[id] = next;
+    auto [it, inserted] = contexts_.insert_or_assign(id, next);
+    if (inserted) CountOwner(next.owner, +1);
     return next;
   }();
   RemoveFiles(dropped);  // the session's I/O lock is released: Remove takes others
@@ -218,7 +254,11 @@ bool ContextStore::Clear(const std::string& session) {
   bool had = false;
   {
     MutexLock lock(&mu_);
-    had = contexts_.erase(id) > 0;
+    if (auto it = contexts_.find(id); it != contexts_.end()) {
+      CountOwner(it->second.owner, -1);
+      contexts_.erase(it);
+      had = true;
+    }
   }
   if (dir_ && had) dir_->Remove(kKind, id);
   return had;

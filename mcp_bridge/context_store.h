@@ -27,6 +27,9 @@ namespace onlineps::bridge {
 
 struct ContextStoreOptions {
   size_t max_sessions = 10000;
+  // Contexts one identity holds (the part of a session key before its '/', as tokens
+  // name it); keys without one are not counted. 0: no limit.
+  size_t max_per_identity = 0;
   int64_t ttl_ms = 30 * 60 * 1000;  // <= 0: never expire
   size_t max_items = 16;            // the worker keeps 16 by default too
   size_t max_bytes = 16 * 1024;
@@ -37,6 +40,7 @@ struct Context {
   std::vector<std::string> items;  // oldest first
   std::vector<float> features;
   uint64_t revision = 0;  // bumped by every change; lets the bridge know a worker's copy is current
+  std::string owner;      // the identity it counts for ("" none): ContextStore::OwnerOf
   int64_t used_ms = 0;
   int64_t touched_ms = 0;  // when the state directory last learned of a use
 };
@@ -68,6 +72,8 @@ class ContextStore {
 
   void Expire();
   ContextStats stats() const;
+  // The identity a session key counts for: the part before its first '/', or "".
+  static std::string OwnerOf(const std::string& session);
   const ContextStoreOptions& options() const { return options_; }
 
  private:
@@ -78,7 +84,9 @@ class ContextStore {
   StatusOr<Context> Change(const std::string& session, const std::function<void(Context*)>& edit);
   // The live context of the session hashed to `id`, or null when there is none (then
   // checks there is room for one).
-  StatusOr<const Context*> Current(const std::string& id, int64_t now) REQUIRES(mu_);
+  StatusOr<const Context*> Current(const std::string& id, const std::string& owner, int64_t now)
+      REQUIRES(mu_);
+  void CountOwner(const std::string& owner, int delta) REQUIRES(mu_);
   void ExpireLocked(int64_t now) REQUIRES(mu_);
   void Drop(std::unordered_map<std::string, Context>::iterator it) REQUIRES(mu_);
   // Removes the files of contexts dropped from memory (taken from dropped_ under mu_),
@@ -90,6 +98,7 @@ class ContextStore {
   const std::function<int64_t()> now_ms_;
   mutable Mutex mu_;
   std::unordered_map<std::string, Context> contexts_ GUARDED_BY(mu_);  // by key hash
+  std::unordered_map<std::string, size_t> per_owner_ GUARDED_BY(mu_);  // counted contexts
   ContextStats stats_ GUARDED_BY(mu_);
   uint64_t next_revision_ GUARDED_BY(mu_) = 1;
   int64_t last_sweep_ms_ GUARDED_BY(mu_) = 0;

@@ -109,6 +109,32 @@ TEST_F(BridgeContextStoreTest, AFullStoreRefusesNewSessionsUntilOneExpires) {
   EXPECT_EQ(s.stats().refused, 1u);
 }
 
+// One identity cannot take every context (named handles cost it nothing to mint): past
+// max_per_identity a new one of that identity is refused; other identities, and keys of
+// no identity, are not; clearing or expiry frees a place.
+TEST_F(BridgeContextStoreTest, OneIdentityCannotTakeEveryContext) {
+  ContextStoreOptions o;
+  o.max_sessions = 100;
+  o.max_per_identity = 2;
+  o.ttl_ms = 1000;
+  ContextStore s = Make(o);
+  ASSERT_TRUE(s.Set("alice/s:a", {"x"}, {}).ok());
+  ASSERT_TRUE(s.Set("alice/m:b", {"x"}, {}).ok());
+  auto third = s.Set("alice/s:c", {"x"}, {});
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("--max-sessions-per-client"), std::string::npos)
+      << third.status().ToString();
+  EXPECT_TRUE(s.Set("alice/s:a", {"y"}, {}).ok()) << "its existing contexts still change";
+  EXPECT_TRUE(s.Set("bob/s:c", {"x"}, {}).ok());
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(s.Set("s:anon" + std::to_string(i), {"x"}, {}).ok());
+  EXPECT_TRUE(s.Clear("alice/m:b"));
+  EXPECT_TRUE(s.Set("alice/s:c", {"x"}, {}).ok()) << "a cleared context frees its place";
+  EXPECT_FALSE(s.Set("alice/s:d", {"x"}, {}).ok());
+  now_ += 2000;  // alice's contexts expire
+  EXPECT_TRUE(s.Set("alice/s:d", {"x"}, {}).ok());
+}
+
 TEST_F(BridgeContextStoreTest, ClearRemoves) {
   ContextStore s = Make({});
   ASSERT_TRUE(s.Set("a", {"x"}, {}).ok());

@@ -237,6 +237,14 @@ TEST_F(BridgeStateTest, ContextsSurviveARestartAndRevisionsMoveOn) {
   EXPECT_EQ(a->revision, last);
   EXPECT_FALSE(s->Get("gone").has_value());
   EXPECT_GT(s->Set("carol/m:2", {"z"}, {}).value().revision, last);
+  // The identity a restored context counts for comes back with it: past the per-identity
+  // limit a new one of alice's is refused after the restart too.
+  ContextStoreOptions capped;
+  capped.max_per_identity = 1;
+  auto t = Store(capped);
+  t->Persist(dir.get());
+  EXPECT_EQ(t->Set("alice/s:another", {"x"}, {}).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(t->Set("dave/s:first", {"x"}, {}).ok());
 }
 
 TEST_F(BridgeStateTest, ExpiryRemovesFilesAndOldFilesLoadExpired) {
