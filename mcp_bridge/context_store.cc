@@ -108,6 +108,11 @@ std::string ContextStore::OwnerOf(const std::string& session) {
   return slash == std::string::npos ? std::string() : session.substr(0, slash);
 }
 
+size_t ContextStore::HeldBy(const std::string& owner) const {
+  auto it = per_owner_.find(owner);
+  return it == per_owner_.end() ? 0 : it->second;
+}
+
 void ContextStore::CountOwner(const std::string& owner, int delta) {
   if (owner.empty()) return;
   auto it = per_owner_.try_emplace(owner, 0).first;
@@ -147,17 +152,13 @@ StatusOr<const Context*> ContextStore::Current(const std::string& id, const std:
     }
     return static_cast<const Context*>(&it->second);
   }
-  auto held_by_owner = [&] {
-    auto o = per_owner_.find(owner);
-    return o == per_owner_.end() ? size_t{0} : o->second;
-  };
   if (!owner.empty() && options_.max_per_identity != 0 &&
-      held_by_owner() >= options_.max_per_identity) {
+      HeldBy(owner) >= options_.max_per_identity) {
     ExpireLocked(now);
-    if (held_by_owner() >= options_.max_per_identity) {
+    if (HeldBy(owner) >= options_.max_per_identity) {
       ++stats_.refused;
       return ResourceExhausted(
-          "identity '" + owner + "' holds contexts for " + std::to_string(held_by_owner()) +
+          "identity '" + owner + "' holds contexts for " + std::to_string(HeldBy(owner)) +
           " sessions, its limit (--max-sessions-per-client); clear_context frees one, or they "
           "expire after --context-ttl-s without use");
     }

@@ -87,6 +87,7 @@ class ContextStore {
   StatusOr<const Context*> Current(const std::string& id, const std::string& owner, int64_t now)
       REQUIRES(mu_);
   void CountOwner(const std::string& owner, int delta) REQUIRES(mu_);
+  size_t HeldBy(const std::string& owner) const REQUIRES(mu_);  // contexts counted for owner
   void ExpireLocked(int64_t now) REQUIRES(mu_);
   void Drop(std::unordered_map<std::string, Context>::iterator it) REQUIRES(mu_);
   // Removes the files of contexts dropped from memory (taken from dropped_ under mu_),
