@@ -816,10 +816,15 @@ size_t ReplicaCore::BytesAfter(uint64_t lsn) const {
 bool ReplicaCore::InSync(size_t m) const {
   const Follower& f = followers_[m];
   if (f.want) return true;
-  if (!f.inc_known) return false;
-  const Member me{static_cast<uint32_t>(m), f.inc};
-  return std::find(isr_.begin(), isr_.end(), me) != isr_.end() ||
-         std::find(isr_writing_.begin(), isr_writing_.end(), me) != isr_writing_.end();
+  // A member the ISR names (or a write of it may name) counts until that write removing it
+  // lands, even when this reign has not heard from it yet (its incarnation unknown: Won
+  // reset it, and an older write, answered or adopted later, named it).
+  auto named = [&](const std::vector<Member>& v) {
+    return std::any_of(v.begin(), v.end(), [&](const Member& x) {
+      return x.index == m && (!f.inc_known || x.incarnation == f.inc);
+    });
+  };
+  return named(isr_) || named(isr_writing_);
 }
 
 uint64_t ReplicaCore::CommitLsn() const {
@@ -1078,7 +1083,10 @@ bool ReplicaCore::AddSnapshotPart(const Header& h, const Frame& part, Header* re
                         std::to_string(config_.max_snapshot_bytes));
     return false;
   }
-  if (index >= parts || parts > total / chunk + 1 || part.size() > chunk) {
+  // The primary cuts parts by its own chunk (from its --max-message-mb), which may be
+  // smaller than this replica's: bound the count by the smallest part a shard sends.
+  const uint64_t min_chunk = std::min<uint64_t>(chunk, uint64_t{64} << 10);
+  if (index >= parts || parts > total / min_chunk + 1 || part.size() > chunk) {
     *reply = Refuse(h, StatusCode::kMalformed,
                     "snapshot part " + std::to_string(index) + " of " + std::to_string(parts) +
                         " does not fit");

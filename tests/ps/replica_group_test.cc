@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <deque>
+
+#include "ps/replica_core.h"
 #include "tests/ps/sim_etcd.h"
 
 namespace onlineps::ps {
@@ -121,6 +124,205 @@ TEST(ReplicaGroupTest, IncarnationsRoundTripAndRejectGarbage) {
   EXPECT_EQ(ParseIncarnation("xyz"), 0u);
   EXPECT_EQ(ParseIncarnation("00000000000000001"), 0u);  // 17 digits
   EXPECT_EQ(ParseIncarnation(""), 0u);
+}
+
+// Two ReplicaCores on SimEtcd, messages delivered in order, no faults.
+struct TwoCoresNode final : ReplicaEnv {
+  std::deque<std::pair<size_t, Frames>> out;
+  std::deque<std::pair<uint64_t, KvCall>> kv;
+  std::deque<std::pair<size_t, uint64_t>> snaps;
+  void Send(size_t m, Frames f) override { out.emplace_back(m, std::move(f)); }
+  void Kv(uint64_t id, KvCall c) override { kv.emplace_back(id, std::move(c)); }
+  void TakeSnapshot(size_t m, uint64_t t) override { snaps.emplace_back(m, t); }
+};
+
+ReplicaConfig TwoCoresConfig(uint32_t index, size_t chunk, uint64_t lsn) {
+  ReplicaConfig c;
+  c.members = {"a", "b"};
+  c.index = index;
+  c.group = "/r/shard-0-of-1/";
+  c.incarnation = 100 + index;
+  c.snapshot_chunk_bytes = chunk;
+  c.restored = true;  // both hold data of unknown position: the one with lsn 10 leads
+  c.restored_lsn = lsn;
+  return c;
+}
+
+// A primary whose snapshot chunk is smaller than the backup's (the shard sets it from
+// --max-message-mb) sends a multi-part snapshot; the backup loads it (it bounded the
+// part count by its own chunk size and refused every part as "does not fit").
+TEST(ReplicaCoreTwoNodesTest, BackupWithLargerChunkLoadsMultiPartSnapshot) {
+  sim::SimEtcd etcd;
+  TwoCoresNode env[2];
+  ReplicaCore a(TwoCoresConfig(0, 256 << 10, 10), &env[0]);
+  ReplicaCore b(TwoCoresConfig(1, 1 << 20, 0), &env[1]);
+  ReplicaCore* core[2] = {&a, &b};
+  const std::string state(4 << 20, 'x');
+  int loads = 0, refusals = 0;
+  std::string refusal;
+  uint64_t now = 1;
+  a.Start(now);
+  b.Start(now);
+  for (; now < 20000 && loads == 0; now += 5) {
+    for (int i = 0; i < 2; ++i) core[i]->Tick(now);
+    for (int i = 0; i < 2; ++i) {
+      while (!env[i].kv.empty()) {
+        auto [id, call] = env[i].kv.front();
+        env[i].kv.pop_front();
+        core[i]->OnKv(now, id, etcd.Do(now, call));
+      }
+      while (!env[i].snaps.empty()) {
+        auto [m, t] = env[i].snaps.front();
+        env[i].snaps.pop_front();
+        core[i]->OnSnapshot(now, m, t, state, core[i]->lsn());
+      }
+      while (!env[i].out.empty()) {
+        auto [m, frames] = std::move(env[i].out.front());
+        env[i].out.pop_front();
+        auto h = DecodeHeader(frames[0].data(), frames[0].size());
+        ASSERT_TRUE(h.ok());
+        Header reply;
+        auto action = core[m]->BeginMessage(now, *h, frames, &reply);
+        if (action == ReplicaCore::Action::kLoad) {
+          EXPECT_EQ(core[m]->TakeLoad().size(), state.size());
+          ++loads;
+          reply = core[m]->FinishMessage(now, *h, Status::Ok());
+        } else if (action == ReplicaCore::Action::kApply) {
+          reply = core[m]->FinishMessage(now, *h, Status::Ok());
+        }
+        if (reply.code == StatusCode::kMalformed) {
+          ++refusals;
+          refusal = reply.message;
+        }
+        core[i]->OnReply(now, m, reply);
+      }
+    }
+  }
+  EXPECT_TRUE(a.primary());
+  EXPECT_GE(loads, 1) << "the backup never loaded the snapshot; " << refusals
+                      << " parts refused, last: " << refusal;
+}
+
+// No push is acknowledged without a member the ISR names. An etcd stall (a slow fsync) of
+// ~0.8 s on the primary's etcd client, with the primary's ISR write that adds a backup queued
+// behind a read. The primary steps down at its lease deadline; when etcd answers again (FIFO,
+// renewals first, as EtcdKv does) the read re-elects it on its still-valid lease (Won resets every
+// follower; the read predates the ISR write, so the backup is not kept), then the ISR write's
+// answer puts the backup in isr_ while nothing counts it: pushes are acknowledged on the primary
+// alone while etcd's ISR names the backup, which was then elected without them. A member
+// the ISR names now counts for commits until a write removing it lands.
+struct StallNode final : ReplicaEnv {
+  struct Call {
+    uint64_t id;
+    KvCall call;
+  };
+  std::deque<std::pair<size_t, Frames>> out;
+  std::deque<Call> urgent, normal;
+  void Send(size_t m, Frames f) override { out.emplace_back(m, std::move(f)); }
+  void Kv(uint64_t id, KvCall c) override {
+    const bool u = c.kind == KvCall::Kind::kKeepAlive || c.kind == KvCall::Kind::kRevoke;
+    (u ? urgent : normal).push_back(Call{id, std::move(c)});
+  }
+  void TakeSnapshot(size_t, uint64_t) override {}
+};
+
+TEST(ReplicaCoreTwoNodesTest, EtcdStallDoesNotAckWithoutAnIsrMember) {
+  sim::SimEtcd etcd;
+  StallNode env[2];
+  auto config = [](uint32_t index) {
+    ReplicaConfig c;
+    c.members = {"a", "b"};
+    c.index = index;
+    c.group = "/r/shard-0-of-1/";
+    c.incarnation = 100 + index;
+    c.heartbeat_ms = 100;
+    c.lease_ms = 1000;
+    c.kv_timeout_ms = 1000;
+    c.follower_timeout_ms = 2000;
+    c.bootstrap_wait_ms = 3000;
+    return c;
+  };
+  ReplicaCore a(config(0), &env[0]), b(config(1), &env[1]);
+  ReplicaCore* core[2] = {&a, &b};
+  bool stalled = false, link = false;
+  int phase = 0;  // 0: forming, 1: stalled, 2: resumed, 3: acked
+  uint64_t acked_lsn = 0, stepdown_at = 0;
+  bool acked_while_isr_names_b = false, ok = false;
+  std::string isr_at_ack;
+  auto run_kv = [&](int i, uint64_t now, bool one_by_one_hook) {
+    for (int guard = 0; guard < 100; ++guard) {
+      StallNode& e = env[i];
+      if (e.urgent.empty() && e.normal.empty()) return;
+      auto& q = e.urgent.empty() ? e.normal : e.urgent;
+      StallNode::Call c = std::move(q.front());
+      q.pop_front();
+      const bool was_isr = c.call.kind == KvCall::Kind::kTxn && !c.call.txn.puts.empty() &&
+                           c.call.txn.puts[0].key == "/r/shard-0-of-1/isr";
+      core[i]->OnKv(now, c.id, etcd.Do(now, c.call));
+      if (one_by_one_hook && was_isr && a.primary() && phase == 2) {
+        // A push arrives now (on a busy shard, thousands a second do).
+        Frames req{Frame::FromString(EncodeHeader(Header{}))};
+        ASSERT_TRUE(a.CheckPrimary(now, 0).ok());
+        acked_lsn = a.Append(req);
+        a.WhenCommitted(acked_lsn, [&](const Status& st) { ok = st.ok(); });
+        for (auto& [done, st] : a.TakeCompletions()) done(st);
+        const KvEntry* isr = etcd.Get("/r/shard-0-of-1/isr");
+        isr_at_ack = isr ? isr->value : "";
+        acked_while_isr_names_b = ok && isr_at_ack.find("\"index\":1") != std::string::npos;
+        phase = 3;  // pushed (acknowledged or waiting)
+      }
+    }
+  };
+  uint64_t now = 1;
+  a.Start(now);
+  b.Start(now);
+  for (; now < 30000; now += 5) {
+    for (int i = 0; i < 2; ++i) core[i]->Tick(now);
+    if (phase == 0 && a.primary()) {
+      bool read_pending = false;
+      for (auto& c : env[0].normal) read_pending |= c.call.kind == KvCall::Kind::kRange;
+      if (read_pending) {  // etcd stalls for the primary now; the backup starts acking
+        stalled = true;
+        link = true;
+        phase = 1;
+      }
+    }
+    if (phase == 1 && a.Stats().step_downs > 0) {
+      if (stepdown_at == 0) stepdown_at = now;
+      if (now >= stepdown_at + 50) {
+        stalled = false;
+        phase = 2;
+      }
+    }
+    if (!stalled) run_kv(0, now, true);
+    run_kv(1, now, false);
+    for (int i = 0; i < 2; ++i) {
+      while (!env[i].out.empty()) {
+        auto [m, frames] = std::move(env[i].out.front());
+        env[i].out.pop_front();
+        if (!link) continue;
+        auto h = DecodeHeader(frames[0].data(), frames[0].size());
+        Header reply;
+        auto action = core[m]->BeginMessage(now, *h, frames, &reply);
+        if (action != ReplicaCore::Action::kReply)
+          reply = core[m]->FinishMessage(now, *h, Status::Ok());
+        core[i]->OnReply(now, m, reply);
+      }
+    }
+    for (int i = 0; i < 2; ++i) core[i]->TakeCompletions();
+    if (phase == 3 && b.primary()) break;
+  }
+  ASSERT_EQ(phase, 3) << "scenario did not unfold";
+  std::printf("push lsn %llu: %s; backup %s at lsn %llu\n", (unsigned long long)acked_lsn,
+              ok ? "acknowledged" : "not acknowledged", b.primary() ? "primary" : "backup",
+              (unsigned long long)b.lsn());
+  EXPECT_FALSE(acked_while_isr_names_b)
+      << "push lsn " << acked_lsn << " acknowledged by the primary alone while etcd's ISR is "
+      << isr_at_ack << " and the backup is at lsn " << b.lsn();
+  if (b.primary() && ok) {
+    EXPECT_GE(b.lsn(), acked_lsn) << "the backup was elected without acknowledged push lsn "
+                                  << acked_lsn << " (it is at lsn " << b.lsn() << ")";
+  }
 }
 
 }  // namespace
