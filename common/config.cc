@@ -78,9 +78,74 @@ std::string NormalizeArray(std::string_view bare) {
   return out + "]";
 }
 
+// A one-line array `[a, "b#c", 'd']` at the start of `rest`, as CLI11's `[a,b#c,d]`;
+// nullopt when `rest` is not one (then it is read as a plain value). Quoted items may hold
+// '#' and escapes; no item may hold ',' (CLI11 splits on it).
+std::optional<std::string> ParseArray(std::string_view rest) {
+  std::string out = "[";
+  size_t i = 1;
+  bool first = true;
+  auto skip_ws = [&] {
+    while (i < rest.size() && (rest[i] == ' ' || rest[i] == '\t')) ++i;
+  };
+  for (;;) {
+    skip_ws();
+    if (i >= rest.size()) return std::nullopt;
+    if (rest[i] == ']' && first) {
+      ++i;
+      break;
+    }
+    std::string item;
+    if (rest[i] == '"' || rest[i] == '\'') {
+      const char quote = rest[i];
+      size_t j = i + 1;
+      for (; j < rest.size() && rest[j] != quote; ++j) {
+        if (quote == '"' && rest[j] == '\\' && j + 1 < rest.size()) {
+          const char c = rest[++j];
+          const char* from = "nrt\"\\";
+          const char* to = "\n\r\t\"\\";
+          const char* hit = c != '\0' ? std::strchr(from, c) : nullptr;
+          if (hit == nullptr) return std::nullopt;
+          item += to[hit - from];
+        } else {
+          item += rest[j];
+        }
+      }
+      if (j >= rest.size()) return std::nullopt;
+      i = j + 1;
+    } else {
+      const size_t j = rest.find_first_of(",]#", i);
+      if (j == std::string_view::npos || rest[j] == '#') return std::nullopt;
+      item = std::string(Trim(rest.substr(i, j - i)));
+      i = j;
+    }
+    if (item.find(',') != std::string::npos) return std::nullopt;
+    if (!item.empty()) {
+      out += (first ? "" : ",") + item;
+      first = false;
+    }
+    skip_ws();
+    if (i < rest.size() && rest[i] == ',') {
+      ++i;
+      continue;
+    }
+    if (i < rest.size() && rest[i] == ']') {
+      ++i;
+      break;
+    }
+    return std::nullopt;
+  }
+  std::string_view tail = Trim(rest.substr(i));
+  if (!tail.empty() && tail[0] != '#') return std::nullopt;
+  return out + "]";
+}
+
 // Returns the value of `rest` (the text after '='), or an error message.
 StatusOr<std::string> ParseValue(std::string_view rest) {
   if (rest.empty() || rest[0] == '#') return InvalidArgument("missing value after '='");
+  if (rest[0] == '[') {
+    if (std::optional<std::string> array = ParseArray(rest)) return *array;
+  }
   if (rest[0] == '"' || rest[0] == '\'') {
     std::optional<std::string> quoted = ParseQuoted(rest);
     if (!quoted) return InvalidArgument("bad quoted value: " + std::string(rest));
@@ -130,6 +195,8 @@ StatusOr<std::vector<FileEntry>> ReadConfigFile(const std::string& path) {
   std::vector<FileEntry> entries;
   std::string raw;
   for (int line_no = 1; std::getline(in, raw); ++line_no) {
+    // A UTF-8 byte order mark, as some Windows editors save a file.
+    if (line_no == 1 && raw.rfind("\xEF\xBB\xBF", 0) == 0) raw.erase(0, 3);
     StatusOr<std::optional<FileEntry>> entry = ParseLine(raw, line_no);
     if (!entry.ok()) return entry.status().WithContext(path + ":" + std::to_string(line_no));
     if (entry.value()) entries.push_back(std::move(*entry.value()));

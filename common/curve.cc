@@ -13,6 +13,7 @@ namespace onlineps {
 namespace {
 
 constexpr size_t kZ85Key = 40;
+constexpr size_t kMaxKeyLine = 1024;
 
 bool IsZ85Key(const std::string& k) {
   if (k.size() != kZ85Key) return false;
@@ -39,6 +40,11 @@ StatusOr<std::vector<KeyLine>> ReadKeyLines(const std::string& path) {
   while (std::getline(in, line)) {
     ++n;
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    // std::regex recurses once per character: a long line would overflow the stack.
+    if (line.size() > kMaxKeyLine) {
+      return InvalidArgument(path + ":" + std::to_string(n) + ": line of " +
+                             std::to_string(line.size()) + " bytes is not a CURVE key line");
+    }
     const size_t first = line.find_first_not_of(" \t");
     if (first == std::string::npos) continue;
     // A line starting with '#' is a comment, unless it is a bare key ('#' is Z85).

@@ -256,9 +256,12 @@ class EtcdKv final : public KvStore {
       req.body = call.body;
       req.set_header("Content-Type", "application/json");
       std::string body;
-      req.content_receiver = [&body](const char* data, size_t n, uint64_t, uint64_t) {
+      // The client's timeouts bound each read, not the call: a member that sends a byte
+      // now and then would hold this thread (and the lease renewals behind it) forever.
+      const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+      req.content_receiver = [&body, deadline](const char* data, size_t n, uint64_t, uint64_t) {
         body.append(data, n);
-        return body.size() < (size_t{64} << 20);
+        return body.size() < (size_t{64} << 20) && std::chrono::steady_clock::now() < deadline;
       };
       httplib::Response res;
       httplib::Error err = httplib::Error::Success;

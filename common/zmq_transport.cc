@@ -6,6 +6,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -70,6 +71,12 @@ constexpr size_t kBatch = 256;
 // Poll wakes at least this often and then reads every socket, even if a wake-up was
 // lost (it never should be: see Readable).
 constexpr std::chrono::milliseconds kPollFallback{200};
+// How long a stopped server's ROUTER keeps sending the replies queued before Stop.
+constexpr int kStopLingerMs = 5000;
+// Most frames in one message: each costs ~100 bytes of memory whatever its size (an
+// empty frame is 2 bytes on the wire), so a message of millions of empty frames would
+// take gigabytes. The frames of a longer message past this many are read and dropped.
+constexpr size_t kMaxFramesPerMessage = 4096;
 
 // One object per process, made on first use and never destroyed. A forked child gets its
 // own: ZeroMQ contexts (and the threads behind them) do not survive fork().
@@ -138,13 +145,22 @@ Frame ToFrame(zmq::message_t&& message) {
 }
 
 // Receives one whole multipart message without blocking; false when none is waiting.
-bool RecvMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>* parts) {
+// Parts past `max_parts` are read and dropped (*truncated is then set).
+bool RecvMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>* parts,
+                   size_t max_parts = SIZE_MAX, bool* truncated = nullptr) {
   parts->clear();
-  do {
+  if (truncated != nullptr) *truncated = false;
+  bool more = true;
+  while (more) {
     zmq::message_t part;
     if (!socket.recv(part, zmq::recv_flags::dontwait)) return !parts->empty();
-    parts->push_back(std::move(part));
-  } while (parts->back().more());
+    more = part.more();
+    if (parts->size() < max_parts) {
+      parts->push_back(std::move(part));
+    } else if (truncated != nullptr) {
+      *truncated = true;
+    }
+  }
   return true;
 }
 
@@ -429,9 +445,16 @@ void ZmqServerTransport::IoLoop() {
     });
     if (!more) break;
   }
-  // With linger > 0 the shared context keeps flushing the ROUTER in the background.
+  // With linger > 0 the shared context keeps flushing the ROUTER in the background: the
+  // replies of the requests handled while stopping must still get out (transport.h).
   MutexLock lock(&router_.mu);
   router_.open = false;
+  try {
+    router_.socket.set(zmq::sockopt::linger,
+                       std::max(static_cast<int>(options_.linger.count()), kStopLingerMs));
+  } catch (const zmq::error_t& e) {
+    LogError("set linger", e);
+  }
   CloseQuietly(&router_.socket);
 }
 
@@ -442,7 +465,10 @@ void ZmqServerTransport::DispatchRequests() {
   {
     MutexLock lock(&router_.mu);
     std::vector<zmq::message_t> parts;
-    while (batch.size() < kBatch && RecvMultipart(router_.socket, &parts)) {
+    // Frames past the cap are dropped: no op reads that many (extra frames are ignored,
+    // docs/protocol.md), and a push_batch holds at most 1 + 3 x 1024.
+    while (batch.size() < kBatch &&
+           RecvMultipart(router_.socket, &parts, kMaxFramesPerMessage + 1)) {
       if (parts.size() >= 2) batch.push_back(std::move(parts));  // else no body: nothing to do
     }
     readable = Readable(router_.socket);

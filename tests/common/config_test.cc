@@ -408,5 +408,56 @@ TEST_F(ConfigTest, RequiredOptionSatisfiedByFile) {
   EXPECT_EQ(role, "ps");
 }
 
+// Config-file arrays whose quoted items hold '#' or escapes read whole (they were cut at
+// the '#' and kept their escapes, so --print-config output did not read back), and a file
+// saved with a UTF-8 BOM reads (its first key was refused as 'bad key').
+TEST_F(ConfigTest, AQuotedArrayItemWithAHashReadsWhole) {
+  auto r = Parse({"--config", WriteFile("peers = [\"host-a#1\", \"host-b\"]\n")});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(flags_.peers, (std::vector<std::string>{"host-a#1", "host-b"}));
+}
+
+TEST_F(ConfigTest, QuotedArrayItemEscapesAreDecoded) {
+  auto r = Parse({"--config", WriteFile("peers = [\"a\\\"b\", \"c\"]\n")});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(flags_.peers, (std::vector<std::string>{"a\"b", "c"}));
+}
+
+TEST_F(ConfigTest, PrintConfigRoundTripsAListItemWithAHash) {
+  auto r = Parse({"--peers", "host-a#1", "--peers", "host-b", "--print-config"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const std::string printed = out_.str();
+  const std::string path = WriteFile(printed);
+  CLI::App again{"again"};
+  Flags f2;
+  again.add_option("--num-shards", f2.num_shards, "Shards");
+  again.add_option("--host", f2.host, "Bind host");
+  again.add_flag("--verbose", f2.verbose, "Chatty");
+  again.add_option("--peers", f2.peers, "Peer addresses");
+  std::ostringstream out2;
+  const char* argv[] = {"prog", "--config", path.c_str()};
+  auto r2 = ParseFlags(again, 3, argv, out2);
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString() << "\nprinted:\n" << printed;
+  EXPECT_EQ(f2.peers, flags_.peers) << "printed:\n" << printed;
+  // And once more from the file's own --print-config (values that came from a file).
+  const std::string path3 = WriteFile(EffectiveConfig(again));
+  CLI::App third{"third"};
+  Flags f3;
+  third.add_option("--num-shards", f3.num_shards, "Shards");
+  third.add_option("--host", f3.host, "Bind host");
+  third.add_flag("--verbose", f3.verbose, "Chatty");
+  third.add_option("--peers", f3.peers, "Peer addresses");
+  const char* argv3[] = {"prog", "--config", path3.c_str()};
+  auto r3 = ParseFlags(third, 3, argv3, out2);
+  ASSERT_TRUE(r3.ok()) << r3.status().ToString();
+  EXPECT_EQ(f3.peers, flags_.peers) << EffectiveConfig(again);
+}
+
+TEST_F(ConfigTest, AUtf8BomBeforeTheFirstKeyIsAccepted) {
+  auto r = Parse({"--config", WriteFile("\xEF\xBB\xBFnum-shards = 3\n")});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(flags_.num_shards, 3);
+}
+
 }  // namespace
 }  // namespace onlineps

@@ -173,5 +173,14 @@ TEST(CurveTransport, ClientWithoutServerKeyIsRefusedAtConnect) {
   EXPECT_NE(st.message().find("--curve-server-key"), std::string::npos) << st.message();
 }
 
+// A key file with a huge line is refused (the key regex recursed once per character and
+// overflowed the stack: SIGSEGV at 30,000 bytes).
+TEST(CurveTest, AHugeLineIsRefusedNotACrash) {
+  const std::string dir = TempDir();
+  WriteFile(dir + "/huge", std::string(size_t{1} << 20, 'a') + "\n");
+  auto keys = ReadCurvePublicKeys(dir + "/huge");
+  EXPECT_FALSE(keys.ok());
+}
+
 }  // namespace
 }  // namespace onlineps

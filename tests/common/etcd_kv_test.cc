@@ -3,8 +3,14 @@
 // when etcd cannot be reached.
 #include "common/etcd_kv.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <future>
 #include <thread>
 
@@ -140,6 +146,54 @@ TEST_F(EtcdKvTest, UnreachableEtcdFailsFastNamingIt) {
   two.endpoints.push_back(etcd_.endpoint());
   auto kv2 = NewEtcdKv(two);
   EXPECT_TRUE(Wait([&](auto cb) { kv2->Range("/x/", cb); }).status.ok());
+}
+
+// A member that answers slowly, a byte at a time, must not hold a call (and
+// the lease renewals queued behind it) past the per-call timeout.
+TEST(EtcdKvTimeoutTest, ADribblingAnswerDoesNotOutliveTheCallTimeout) {
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(lfd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(lfd, 4), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  std::atomic<bool> stop{false};
+  std::thread server([&] {
+    const int c = ::accept(lfd, nullptr, nullptr);
+    if (c < 0) return;
+    char buf[4096];
+    (void)::recv(c, buf, sizeof(buf), 0);
+    const std::string head =
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n";
+    (void)::send(c, head.data(), head.size(), MSG_NOSIGNAL);
+    for (int i = 0; i < 100 && !stop; ++i) {  // 10 s of one space every 100 ms
+      (void)::send(c, " ", 1, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ::close(c);
+  });
+  EtcdKvOptions o;
+  o.endpoints = {"127.0.0.1:" + std::to_string(port)};
+  o.timeout = std::chrono::milliseconds(300);
+  auto kv = NewEtcdKv(o);
+  std::promise<KvResult> p;
+  const auto start = std::chrono::steady_clock::now();
+  kv->Grant(10, [&](KvResult r) { p.set_value(std::move(r)); });
+  auto f = p.get_future();
+  const bool done = f.wait_for(std::chrono::seconds(15)) == std::future_status::ready;
+  stop = true;
+  f.wait();
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  server.join();
+  ::close(lfd);
+  EXPECT_TRUE(done);
+  EXPECT_LT(took, 1.0) << "a call with a 300 ms timeout took " << took << " s";
+  EXPECT_FALSE(f.get().status.ok());
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include <algorithm>
 #include <atomic>
@@ -18,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <future>
 #include <iostream>
 #include <mutex>
@@ -559,6 +561,29 @@ INSTANTIATE_TEST_SUITE_P(Transports, TransportTest, ::testing::Values("zmq-tcp",
                            std::replace(name.begin(), name.end(), '-', '_');
                            return name;
                          });
+
+// Stop() "lets handler threads finish what is queued, flushes replies" (transport.h): the
+// reply of a request being handled when Stop is called reaches the client. The ROUTER was
+// closed with linger 0, which dropped what ZeroMQ had not written yet (a large reply).
+TEST(ZmqServerStopTest, TheRepliesOfHandledRequestsGetOut) {
+  std::atomic<bool> started{false};
+  ZmqServerTransport server({});
+  auto bound = server.Start("tcp://127.0.0.1:0", [&](Incoming&& in) {
+    started = true;
+    std::this_thread::sleep_for(300ms);
+    Frames reply = {F("hdr"), Frame::FromString(std::string(size_t{200} << 20, 'x'))};
+    EXPECT_TRUE(server.Send(in.peer, std::move(reply)).ok());
+  });
+  ASSERT_TRUE(bound.ok()) << bound.status().ToString();
+  Inbox inbox;
+  auto client = NewClientTransport({*bound});
+  ASSERT_TRUE(client->Connect({*bound}, inbox.Handler()).ok());
+  ASSERT_TRUE(client->Send(0, {F("req")}).ok());
+  ASSERT_TRUE(Eventually([&] { return started.load(); }));
+  server.Stop();  // returns once the handler has sent its reply
+  EXPECT_TRUE(inbox.WaitFor(1)) << "the reply sent before Stop returned never arrived";
+  client->Close();
+}
 
 }  // namespace
 }  // namespace onlineps

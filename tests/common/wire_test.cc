@@ -189,5 +189,15 @@ TEST(WireTest, SplitFrameGroupsSharesFramesInTheCountedGroups) {
   EXPECT_EQ(wrapped.status().code(), StatusCode::kMalformed) << wrapped.status().ToString();
 }
 
+// A deeply nested value under an unknown key is skipped, not a crash.
+TEST(WireTest, ADeeplyNestedUnknownFieldIsHandled) {
+  std::string b = "\x83\xa1v\x01\xa2op\x00\xa1x";
+  b = std::string("\x83\xa1v\x01\xa2op", 7) + std::string(1, '\0') + "\xa1x";
+  b += std::string(1000000, '\x91');
+  b += std::string(1, '\0');
+  auto h = DecodeHeader(b.data(), b.size());
+  EXPECT_TRUE(h.ok() || h.status().code() == StatusCode::kMalformed);
+}
+
 }  // namespace
 }  // namespace onlineps
