@@ -112,6 +112,27 @@ TEST(ReplicationFlagsTest, AReplicaOfAnotherGroupIsReportedAsSuch) {
 
 class ReplicationTest : public ReplicationCluster {
  protected:
+  // 200,000 rows of one float to table "rows" (about 4 MB of state with the row index),
+  // each acknowledged key recorded for ExpectEveryAckOnce.
+  void PushFourMegabytes() {
+    auto client = PsClient::Connect(Options());
+    ASSERT_TRUE(client.ok());
+    std::vector<uint64_t> keys(20000);
+    std::vector<float> grads(keys.size(), -1.0f);
+    for (uint64_t batch = 0; batch < 10; ++batch) {
+      for (size_t i = 0; i < keys.size(); ++i) keys[i] = (uint64_t{9} << 40) | (batch << 20) | i;
+      PushReply reply;
+      Status st =
+          (*client)->PushSparse("rows", keys.data(), keys.size(), grads.data(), {}, &reply).Wait();
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      std::lock_guard<std::mutex> lock(mu_);
+      for (uint64_t k : keys) {
+        sent_.push_back(k);
+        acks_.push_back({k, Now()});
+      }
+    }
+  }
+
   // Every replica of shard 0 SIGTERMed at once, started again `down_ms` later; waits until
   // the group serves and its ISR is whole again. Returns the time of the stop (< 0 after a
   // failure, which is reported).
@@ -374,25 +395,7 @@ TEST_F(ReplicationTest, LargeShardResyncsInParts) {
   Up(1, 2, false, {"--max-message-mb", "1"});
   CreateTable();
   const int p = Primary(0) >= 0 ? Primary(0) : 0;
-  {
-    auto client = PsClient::Connect(Options());
-    ASSERT_TRUE(client.ok());
-    // 200,000 rows of one float: about 4 MB of state with the row index.
-    std::vector<uint64_t> keys(20000);
-    std::vector<float> grads(keys.size(), -1.0f);
-    for (uint64_t batch = 0; batch < 10; ++batch) {
-      for (size_t i = 0; i < keys.size(); ++i) keys[i] = (uint64_t{9} << 40) | (batch << 20) | i;
-      PushReply reply;
-      Status st =
-          (*client)->PushSparse("rows", keys.data(), keys.size(), grads.data(), {}, &reply).Wait();
-      ASSERT_TRUE(st.ok()) << st.ToString();
-      std::lock_guard<std::mutex> lock(mu_);
-      for (uint64_t k : keys) {
-        sent_.push_back(k);
-        acks_.push_back({k, Now()});
-      }
-    }
-  }
+  PushFourMegabytes();
   ASSERT_TRUE(WaitFor([&] { return Primary(0) >= 0; }, milliseconds(5000)));
   const int primary = Primary(0), backup = 1 - primary;
   (void)p;
@@ -414,24 +417,7 @@ TEST_F(ReplicationTest, LargeShardResyncsInParts) {
 TEST_F(ReplicationTest, ABackupWithALargerMessageLimitResyncs) {
   Up(1, 2, false, {"--max-message-mb", "1"});
   CreateTable();
-  {
-    auto client = PsClient::Connect(Options());
-    ASSERT_TRUE(client.ok());
-    std::vector<uint64_t> keys(20000);
-    std::vector<float> grads(keys.size(), -1.0f);
-    for (uint64_t batch = 0; batch < 10; ++batch) {
-      for (size_t i = 0; i < keys.size(); ++i) keys[i] = (uint64_t{9} << 40) | (batch << 20) | i;
-      PushReply reply;
-      Status st =
-          (*client)->PushSparse("rows", keys.data(), keys.size(), grads.data(), {}, &reply).Wait();
-      ASSERT_TRUE(st.ok()) << st.ToString();
-      std::lock_guard<std::mutex> lock(mu_);
-      for (uint64_t k : keys) {
-        sent_.push_back(k);
-        acks_.push_back({k, Now()});
-      }
-    }
-  }
+  PushFourMegabytes();
   ASSERT_TRUE(WaitFor([&] { return Primary(0) >= 0; }, milliseconds(5000)));
   const int primary = Primary(0), backup = 1 - primary;
   Signal(0, backup, SIGKILL);
