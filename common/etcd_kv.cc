@@ -102,9 +102,16 @@ class EtcdKv final : public KvStore {
   EtcdKv(EtcdKvOptions options, std::vector<Endpoint> endpoints)
       : options_(std::move(options)), endpoints_(std::move(endpoints)) {
     thread_ = std::thread([this] { Loop(); });
+    watchdog_ = std::thread([this] { Watchdog(); });
   }
 
   ~EtcdKv() override {
+    {
+      MutexLock lock(&watch_mu_);
+      watch_stop_ = true;
+    }
+    watch_cv_.SignalAll();
+    watchdog_.join();
     std::deque<Call> left;
     {
       MutexLock lock(&mu_);
@@ -258,6 +265,8 @@ class EtcdKv final : public KvStore {
       std::string body;
       // The client's timeouts bound each read, not the call: a member that sends a byte
       // now and then would hold this thread (and the lease renewals behind it) forever.
+      // The body stops at the deadline; the watchdog stops the client there whatever it
+      // waits for (a slow connect, slow headers).
       const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
       req.content_receiver = [&body, deadline](const char* data, size_t n, uint64_t, uint64_t) {
         body.append(data, n);
@@ -265,7 +274,9 @@ class EtcdKv final : public KvStore {
       };
       httplib::Response res;
       httplib::Error err = httplib::Error::Success;
+      Watch(&client, deadline);
       const bool sent = client.send(req, res, err);
+      Watch(nullptr, deadline);
       json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
       if (!sent && (res.status <= 0 || !j.is_object())) {
         last_error = endpoints_[e].host + ":" + std::to_string(endpoints_[e].port) + ": " +
@@ -306,6 +317,30 @@ class EtcdKv final : public KvStore {
     return r;
   }
 
+  // The client of the call in progress is stopped once `deadline` passes (null: none).
+  void Watch(httplib::Client* client, std::chrono::steady_clock::time_point deadline) {
+    {
+      MutexLock lock(&watch_mu_);
+      watched_ = client;
+      watch_until_ = deadline;
+    }
+    watch_cv_.Signal();
+  }
+
+  void Watchdog() {
+    MutexLock lock(&watch_mu_);
+    while (!watch_stop_) {
+      if (watched_ == nullptr) {
+        watch_cv_.Wait(&watch_mu_);
+      } else if (std::chrono::steady_clock::now() >= watch_until_) {
+        watched_->stop();  // the call's send returns with an error
+        watched_ = nullptr;
+      } else {
+        watch_cv_.WaitUntil(&watch_mu_, watch_until_);
+      }
+    }
+  }
+
   httplib::Client& Client(size_t e) {
     if (clients_.size() != endpoints_.size()) clients_.resize(endpoints_.size());
     if (!clients_[e]) {
@@ -333,6 +368,12 @@ class EtcdKv final : public KvStore {
   std::vector<std::unique_ptr<httplib::Client>> clients_;
   size_t current_ = 0;
   std::thread thread_;
+  Mutex watch_mu_;
+  CondVar watch_cv_;
+  httplib::Client* watched_ GUARDED_BY(watch_mu_) = nullptr;
+  std::chrono::steady_clock::time_point watch_until_ GUARDED_BY(watch_mu_);
+  bool watch_stop_ GUARDED_BY(watch_mu_) = false;
+  std::thread watchdog_;
 };
 
 }  // namespace
