@@ -38,9 +38,10 @@ std::string Replace(std::string s, char from, char to) {
   return s;
 }
 
-// Parses a "..." (with TOML basic escapes) or '...' (literal) string at the start of
-// `rest`; anything after the closing quote must be a comment.
-std::optional<std::string> ParseQuoted(std::string_view rest) {
+// Reads a "..." (with TOML basic escapes) or '...' (literal) string at the start of
+// `rest`; *end is then the index just past its closing quote. nullopt when unterminated
+// or for an unknown escape.
+std::optional<std::string> ScanQuoted(std::string_view rest, size_t* end) {
   const char quote = rest[0];
   std::string value;
   size_t i = 1;
@@ -57,7 +58,17 @@ std::optional<std::string> ParseQuoted(std::string_view rest) {
     }
   }
   if (i >= rest.size()) return std::nullopt;  // unterminated
-  std::string_view tail = Trim(rest.substr(i + 1));
+  *end = i + 1;
+  return value;
+}
+
+// Parses a quoted value (ScanQuoted) at the start of `rest`; anything after the closing
+// quote must be a comment.
+std::optional<std::string> ParseQuoted(std::string_view rest) {
+  size_t end = 0;
+  std::optional<std::string> value = ScanQuoted(rest, &end);
+  if (!value) return std::nullopt;
+  std::string_view tail = Trim(rest.substr(end));
   if (!tail.empty() && tail[0] != '#') return std::nullopt;
   return value;
 }
@@ -97,22 +108,11 @@ std::optional<std::string> ParseArray(std::string_view rest) {
     }
     std::string item;
     if (rest[i] == '"' || rest[i] == '\'') {
-      const char quote = rest[i];
-      size_t j = i + 1;
-      for (; j < rest.size() && rest[j] != quote; ++j) {
-        if (quote == '"' && rest[j] == '\\' && j + 1 < rest.size()) {
-          const char c = rest[++j];
-          const char* from = "nrt\"\\";
-          const char* to = "\n\r\t\"\\";
-          const char* hit = c != '\0' ? std::strchr(from, c) : nullptr;
-          if (hit == nullptr) return std::nullopt;
-          item += to[hit - from];
-        } else {
-          item += rest[j];
-        }
-      }
-      if (j >= rest.size()) return std::nullopt;
-      i = j + 1;
+      size_t end = 0;
+      std::optional<std::string> quoted = ScanQuoted(rest.substr(i), &end);
+      if (!quoted) return std::nullopt;
+      item = std::move(*quoted);
+      i += end;
     } else {
       const size_t j = rest.find_first_of(",]#", i);
       if (j == std::string_view::npos || rest[j] == '#') return std::nullopt;
