@@ -263,17 +263,17 @@ class EtcdKv final : public KvStore {
       req.body = call.body;
       req.set_header("Content-Type", "application/json");
       std::string body;
-      // The client's timeouts bound each read, not the call: a member that sends a byte
-      // now and then would hold this thread (and the lease renewals behind it) forever.
-      // The body stops at the deadline; the watchdog stops the client there whatever it
-      // waits for (a slow connect, slow headers).
-      const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
-      req.content_receiver = [&body, deadline](const char* data, size_t n, uint64_t, uint64_t) {
+      req.content_receiver = [&body](const char* data, size_t n, uint64_t, uint64_t) {
         body.append(data, n);
-        return body.size() < (size_t{64} << 20) && std::chrono::steady_clock::now() < deadline;
+        return body.size() < (size_t{64} << 20);
       };
       httplib::Response res;
       httplib::Error err = httplib::Error::Success;
+      // The client's timeouts bound each read, not the call: a member that sends a byte
+      // now and then would hold this thread (and the lease renewals behind it) forever.
+      // The watchdog stops the client at the deadline, whatever it waits for (a connect,
+      // headers, the body).
+      const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
       Watch(&client, deadline);
       const bool sent = client.send(req, res, err);
       Watch(nullptr, deadline);

@@ -145,21 +145,16 @@ Frame ToFrame(zmq::message_t&& message) {
 }
 
 // Receives one whole multipart message without blocking; false when none is waiting.
-// Parts past `max_parts` are read and dropped (*truncated is then set).
+// Parts past `max_parts` are read and dropped.
 bool RecvMultipart(zmq::socket_t& socket, std::vector<zmq::message_t>* parts,
-                   size_t max_parts = SIZE_MAX, bool* truncated = nullptr) {
+                   size_t max_parts = SIZE_MAX) {
   parts->clear();
-  if (truncated != nullptr) *truncated = false;
   bool more = true;
   while (more) {
     zmq::message_t part;
     if (!socket.recv(part, zmq::recv_flags::dontwait)) return !parts->empty();
     more = part.more();
-    if (parts->size() < max_parts) {
-      parts->push_back(std::move(part));
-    } else if (truncated != nullptr) {
-      *truncated = true;
-    }
+    if (parts->size() < max_parts) parts->push_back(std::move(part));
   }
   return true;
 }
