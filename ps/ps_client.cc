@@ -116,6 +116,14 @@ Frame CopyOf(const T* p, size_t n) {
   return Frame::FromVector(std::vector<T>(p, p + n));
 }
 
+// How PsClientImpl::Broadcast sends: `timeout`, the call's when shorter than the client's;
+// `one_attempt`, one attempt held for the whole call (an op answered only when done,
+// which a resend would only ask for again).
+struct BroadcastOptions {
+  std::optional<std::chrono::milliseconds> timeout;
+  bool one_attempt = false;
+};
+
 class PsClientImpl : public PsClient {
  public:
   explicit PsClientImpl(PsClientOptions o)
@@ -183,11 +191,10 @@ class PsClientImpl : public PsClient {
   StatusOr<std::shared_ptr<const TableMeta>> Meta(const std::string& table);
   void CacheMeta(const TableSpec& spec);
   // Sends `h` as `op` to every shard and waits for every reply; `each(shard, reply)`, when
-  // given, sees each shard's reply header (on a client thread). `timeout`: the call's, when
-  // shorter than options_.timeout.
+  // given, sees each shard's reply header (on a client thread).
   Status Broadcast(Op op, const Header& h,
                    std::function<void(size_t, const Header&)> each = nullptr,
-                   std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+                   BroadcastOptions how = {});
   Ticket Failed(const Status& st, Callback done);
   void FillPushReply(PushReply* r, size_t shard, const Header& h);
   // Rows or elements per part of a pull of `units` of `unit_bytes` each: as many as
@@ -458,11 +465,14 @@ void PsClientImpl::CacheMeta(const TableSpec& spec) {
 
 Status PsClientImpl::Broadcast(Op op, const Header& h,
                                std::function<void(size_t, const Header&)> each,
-                               std::optional<std::chrono::milliseconds> timeout) {
+                               BroadcastOptions how) {
   auto call = NewCall(static_cast<int>(num_shards()), nullptr);
   for (size_t s = 0; s < num_shards(); ++s) {
     auto p = NewPart(call, s, op, h.table);
-    if (timeout) p->call_deadline = std::min(p->call_deadline, After(Clock::now(), *timeout));
+    if (how.timeout) {
+      p->call_deadline = std::min(p->call_deadline, After(Clock::now(), *how.timeout));
+    }
+    if (how.one_attempt) p->held_for = options_.timeout;
     p->header = h;
     p->header.op = op;
     p->on_reply = [s, each](const Header& reply, const Frames&) {
@@ -544,7 +554,7 @@ Status PsClientImpl::WaitForShards(std::chrono::milliseconds timeout) {
                           shard->second + " of " + of->second;
           }
         },
-        std::max(left, std::chrono::milliseconds(1)));
+        BroadcastOptions{std::max(left, std::chrono::milliseconds(1))});
     if (last.ok()) {
       std::string problems;
       for (size_t s = 0; s < n; ++s) {
@@ -573,14 +583,9 @@ Status PsClientImpl::Checkpoint() {
   // first finds each group's live primary (attempts time out and fail over), since the
   // checkpoint's one attempt cannot.
   ONLINEPS_RETURN_IF_ERROR(Broadcast(Op::kPing, NewHeader(Op::kPing, "")));
-  auto call = NewCall(static_cast<int>(num_shards()), nullptr);
-  for (size_t s = 0; s < num_shards(); ++s) {
-    auto p = NewPart(call, s, Op::kCheckpoint, "");
-    p->held_for = options_.timeout;
-    p->on_reply = [](const Header&, const Frames&) { return Status::Ok(); };
-    Send(std::move(p));
-  }
-  return Ticket(call).Wait();
+  BroadcastOptions once;
+  once.one_attempt = true;
+  return Broadcast(Op::kCheckpoint, NewHeader(Op::kCheckpoint, ""), nullptr, once);
 }
 
 void PsClientImpl::FillPushReply(PushReply* r, size_t shard, const Header& h) {
