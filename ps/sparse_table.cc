@@ -7,7 +7,6 @@
 #include <thread>
 #include <type_traits>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "common/clock.h"
 #include "common/partition.h"
@@ -30,6 +29,30 @@ constexpr size_t kPrefetchBytes = 256 << 10;
 // Stripes from which a checkpoint maps its copy-on-write maps before the cut
 // (SparseTable::PrepareSnapshot): a smaller stripe's map is under 64 KiB.
 constexpr size_t kPrepareSlots = 16384;
+
+// Where a push repeats keys: earlier[i] when keys[i] occurs before i too, later[i] when it
+// occurs after i. Both empty when no key repeats (or n < 2): one hash pass over the keys.
+struct Repeats {
+  std::vector<bool> earlier, later;
+};
+Repeats RepeatsOf(const uint64_t* keys, size_t n) {
+  Repeats r;
+  if (n < 2) return r;
+  std::unordered_map<uint64_t, uint32_t> last;  // key -> its latest index so far
+  last.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto [it, first] = last.try_emplace(keys[i], static_cast<uint32_t>(i));
+    if (first) continue;
+    if (r.earlier.empty()) {
+      r.earlier.assign(n, false);
+      r.later.assign(n, false);
+    }
+    r.earlier[i] = true;
+    r.later[it->second] = true;
+    it->second = static_cast<uint32_t>(i);
+  }
+  return r;
+}
 }  // namespace
 
 // The LRU list of a capped or TTL table, in each record after the key.
@@ -526,35 +549,17 @@ StatusOr<PushResult> SparseTable::PushChecked(const PushRequest& req) {
   const uint64_t step = v + 1;
   // A row's Polyak average takes one step per push, after the push's last occurrence of
   // its key (a stripe's keys are applied in push order): the weights between two
-  // occurrences are never seen by a pull, so they are not averaged in.
-  std::vector<bool> repeated_later;
-  if (spec_.polyak && req.num_keys > 1) {
-    std::unordered_map<uint64_t, uint32_t> last;
-    last.reserve(req.num_keys);
-    for (size_t i = 0; i < req.num_keys; ++i) last[req.keys[i]] = static_cast<uint32_t>(i);
-    if (last.size() < req.num_keys) {
-      repeated_later.assign(req.num_keys, false);
-      for (size_t i = 0; i < req.num_keys; ++i) repeated_later[i] = last[req.keys[i]] != i;
-    }
-  }
-  // Admission counts one touch per push for a key the push repeats (docs/protocol.md).
-  std::vector<bool> seen_earlier;
-  if (spec_.admit_after > 1 && req.num_keys > 1) {
-    std::unordered_set<uint64_t> seen;
-    seen.reserve(req.num_keys);
-    for (size_t i = 0; i < req.num_keys; ++i) {
-      if (seen.insert(req.keys[i]).second) continue;
-      if (seen_earlier.empty()) seen_earlier.assign(req.num_keys, false);
-      seen_earlier[i] = true;
-    }
-  }
+  // occurrences are never seen by a pull, so they are not averaged in. Admission counts
+  // one touch per push for a key the push repeats (docs/protocol.md).
+  const Repeats repeats =
+      spec_.polyak || spec_.admit_after > 1 ? RepeatsOf(req.keys, req.num_keys) : Repeats{};
   auto apply = [&](Stripe& s, uint32_t i) {
     int64_t slot = FindOrCreate(s, req.keys[i], req.now_ms, &res.evicted,
-                                /*count_touch=*/seen_earlier.empty() || !seen_earlier[i]);
+                                /*count_touch=*/repeats.earlier.empty() || !repeats.earlier[i]);
     if (slot < 0) return;  // not admitted yet: the touch is counted, the gradient dropped
     ApplyRow(s, static_cast<uint32_t>(slot), req.sender, req.values + size_t{i} * dim_, req.delta,
              lr_scale, step, /*compensate=*/true,
-             /*step_average=*/repeated_later.empty() || !repeated_later[i]);
+             /*step_average=*/repeats.later.empty() || !repeats.later[i]);
   };
   // RETURN_VALUES: read after every key of the stripe, so a key pushed twice reads as
   // both left it. Without it no second pass at all.
