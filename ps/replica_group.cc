@@ -39,15 +39,6 @@ GroupView ReplicaGroup::Parse(const std::vector<KvEntry>& entries,
                               std::vector<std::string>* skipped) const {
   GroupView v;
   const std::string members_prefix = prefix_ + "members/";
-  for (const KvEntry& e : entries) {  // the base first: the leader's epoch adds it
-    if (e.key != epoch_base_key()) continue;
-    json j = json::parse(e.value, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.contains("base") && j["base"].is_number_unsigned()) {
-      v.epoch_base = j["base"].get<uint64_t>();
-    } else if (skipped) {
-      skipped->push_back(e.key);
-    }
-  }
   for (const KvEntry& e : entries) {
     if (e.key.compare(0, prefix_.size(), prefix_) != 0) continue;
     json j = json::parse(e.value, nullptr, /*allow_exceptions=*/false);
@@ -57,8 +48,13 @@ GroupView ReplicaGroup::Parse(const std::vector<KvEntry>& entries,
         v.has_leader = true;
         v.leader.index = static_cast<uint32_t>(JsonU64(j, "index"));
         v.leader.incarnation = ParseIncarnation(j.value("incarnation", std::string()));
-        v.leader.epoch = v.epoch_base + e.create_revision;
+        v.leader.epoch = e.create_revision;  // plus the base, once it is read (below)
         v.leader.lease = e.lease;
+      } else if (e.key == epoch_base_key()) {
+        if (!j.contains("base") || !j["base"].is_number_unsigned()) {
+          throw std::invalid_argument("no base");
+        }
+        v.epoch_base = j["base"].get<uint64_t>();
       } else if (e.key == isr_key()) {
         v.has_isr = true;
         v.isr_epoch = JsonU64(j, "epoch");
@@ -86,6 +82,7 @@ GroupView ReplicaGroup::Parse(const std::vector<KvEntry>& entries,
       if (skipped) skipped->push_back(e.key);
     }
   }
+  if (v.has_leader) v.leader.epoch += v.epoch_base;  // the leader key's revision under the base
   return v;
 }
 
