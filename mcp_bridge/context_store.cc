@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "common/clock.h"
+#include "mcp_bridge/session_table.h"
 
 namespace onlineps::bridge {
 namespace {
@@ -103,11 +104,6 @@ void ContextStore::Drop(std::unordered_map<std::string, Context>::iterator it) {
   contexts_.erase(it);
 }
 
-std::string ContextStore::OwnerOf(const std::string& session) {
-  const size_t slash = session.find('/');
-  return slash == std::string::npos ? std::string() : session.substr(0, slash);
-}
-
 size_t ContextStore::HeldBy(const std::string& owner) const {
   auto it = per_owner_.find(owner);
   return it == per_owner_.end() ? 0 : it->second;
@@ -176,7 +172,7 @@ StatusOr<const Context*> ContextStore::Current(const std::string& id, const std:
 StatusOr<Context> ContextStore::Change(const std::string& session,
                                        const std::function<void(Context*)>& edit) {
   const std::string id = StateDir::HashOf(session);
-  const std::string owner = OwnerOf(session);
+  const std::string owner = SessionTable::IdentityOf(session);
   std::vector<std::string> dropped;  // by Current making room
   StatusOr<Context> out = [&]() -> StatusOr<Context> {
     MutexLock io(&IoLock(id));

@@ -27,8 +27,8 @@ namespace onlineps::bridge {
 
 struct ContextStoreOptions {
   size_t max_sessions = 10000;
-  // Contexts one identity holds (the part of a session key before its '/', as tokens
-  // name it); keys without one are not counted. 0: no limit.
+  // Contexts one identity holds (SessionTable::IdentityOf of the session key); keys
+  // without one are not counted. 0: no limit.
   size_t max_per_identity = 0;
   int64_t ttl_ms = 30 * 60 * 1000;  // <= 0: never expire
   size_t max_items = 16;            // the worker keeps 16 by default too
@@ -40,7 +40,7 @@ struct Context {
   std::vector<std::string> items;  // oldest first
   std::vector<float> features;
   uint64_t revision = 0;  // bumped by every change; lets the bridge know a worker's copy is current
-  std::string owner;      // the identity it counts for ("" none): ContextStore::OwnerOf
+  std::string owner;      // the identity it counts for ("" none): SessionTable::IdentityOf
   int64_t used_ms = 0;
   int64_t touched_ms = 0;  // when the state directory last learned of a use
 };
@@ -72,8 +72,6 @@ class ContextStore {
 
   void Expire();
   ContextStats stats() const;
-  // The identity a session key counts for: the part before its first '/', or "".
-  static std::string OwnerOf(const std::string& session);
   const ContextStoreOptions& options() const { return options_; }
 
  private:

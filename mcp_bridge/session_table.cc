@@ -95,6 +95,11 @@ std::string SessionTable::PrefixOf(const std::string& principal) {
   return principal.empty() ? std::string() : principal + "/";
 }
 
+std::string SessionTable::IdentityOf(const std::string& key) {
+  const size_t slash = key.find('/');
+  return slash == std::string::npos ? std::string() : key.substr(0, slash);
+}
+
 std::string SessionTable::KeyOf(const std::string& principal, const std::string& session_id) {
   return PrefixOf(principal) + "m:" + session_id;
 }

@@ -44,6 +44,9 @@ class SessionTable {
 
   // "<principal>/" ("" without one): the prefix of every routing key of that identity.
   static std::string PrefixOf(const std::string& principal);
+  // The identity whose prefix starts `key` ("" for none): the inverse of PrefixOf. Neither
+  // identities nor session names hold a '/'.
+  static std::string IdentityOf(const std::string& key);
   // The routing and context key of a session: PrefixOf(principal) + "m:" + id.
   static std::string KeyOf(const std::string& principal, const std::string& session_id);
 

@@ -14,13 +14,10 @@ namespace {
 // SHA-256 of the key, which keeps the trace's calls grouped by session without it. Other
 // keys (a tool's own `session` name) are kept.
 std::string TraceSessionKey(const std::string& key) {
-  // The kind ("m:" or "s:") starts the key or follows the identity's '/'.
-  for (size_t at = 0; at + 1 < key.size(); ++at) {
-    if ((at != 0 && key[at - 1] != '/') || key[at + 1] != ':') continue;
-    if (key[at] == 's') return key;
-    if (key[at] == 'm') return key.substr(0, at) + "m:" + Sha256Hex(key).substr(0, 32);
-  }
-  return key;
+  // The kind ("m:" or "s:") follows the identity's prefix.
+  const std::string prefix = SessionTable::PrefixOf(SessionTable::IdentityOf(key));
+  if (key.compare(prefix.size(), 2, "m:") != 0) return key;
+  return prefix + "m:" + Sha256Hex(key).substr(0, 32);
 }
 }  // namespace
 
