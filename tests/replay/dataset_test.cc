@@ -546,10 +546,34 @@ TEST(CsvDatasetTest, BadFilesAreDataLossNamingFileAndLine) {
       {"1,2,99999999\n", ":1: label 99999999 out of range"},
       {"1,\"2,0\n", ":1: a quoted cell is not closed on this line"},
       {"1,2,\n", ":1: the label is empty"},
+      // Finite as a double, Inf as the float32 a feature is stored as.
+      {"a,b,y\n1,2,0\n3,1e39,1\n", ":3: column 'b' is 1e39 (beyond the float32 range)"},
+      // A NUL byte (a UTF-16 export) is not the end of the cell: it was read as 0.
+      {std::string("a,b,y\n1,2,0\n3,\0"
+                   "5,1\n",
+                   19),
+       ":3: column 'b' '"},
+      // However many digits: it once became a class name past 12 of them.
+      {"1,2,10000000000000\n", ":1: label 10000000000000 out of range"},
   };
   ExpectDataLoss("csv", cases, [](size_t i, const std::string& text) {
     return WriteTemp("bad" + std::to_string(i) + ".csv", text);
   });
+  // The refusal does not depend on the scaling (standard scaling made the Inf NaN).
+  EXPECT_FALSE(
+      LoadDataset("csv:" + WriteTemp("big.csv", "a,b,y\n1,2,0\n3,1e39,1\n"), DatasetOptions())
+          .ok());
+  // A --test-file with fewer columns than the training file's label index: its label cell
+  // was read past the end of the row.
+  {
+    DatasetOptions narrow = CsvOptions();
+    narrow.test_file = WriteTemp("test2.csv", "f1,label\n1,0\n2,1\n");
+    auto ds = LoadDataset(
+        "csv:" + WriteTemp("train5.csv", "f1,f2,f3,f4,label\n1,2,3,4,0\n2,3,4,5,1\n"), narrow);
+    EXPECT_EQ(ds.status().code(), StatusCode::kDataLoss) << ds.status().ToString();
+    EXPECT_NE(ds.status().message().find(narrow.test_file), std::string::npos)
+        << ds.status().message();
+  }
   const std::string train = WriteTemp("t.csv", "1,2,cat\n3,4,dog\n");
   const std::string test = WriteTemp("u.csv", "1,2,cat\n5,6,bird\n");
   DatasetOptions o = CsvOptions();
@@ -614,6 +638,8 @@ TEST(NpzDatasetTest, BadArchivesAreDataLossNamingTheArray) {
        ":y_test: row 0 label 5 out of range: the training labels are 0..1"},
       {"x=np.ones((2, 3)), y=np.array([0, 1]), x_test=np.ones((1, 2)), y_test=np.array([1])",
        ":x_test: 2 features per row, x has 3"},
+      // A float64 beyond float32: it became Inf.
+      {"x=np.array([[1.0], [1e300]]), y=np.array([0, 1])", ":x: row 1 feature 0 is NaN or Inf"},
   };
   ExpectDataLoss("npz", cases, [](size_t i, const std::string& arrays) {
     return WriteNpz("bad" + std::to_string(i) + ".npz", arrays, i % 2);
@@ -813,6 +839,7 @@ TEST(LibsvmDatasetTest, BadLinesAreDataLossNamingFileAndLine) {
       {"1 3:nan\n", ":1: feature 3 value is nan (NaN or Inf)"},
       {"1 3:1 3:2\n", ":1: feature 3 appears twice"},
       {"# only a comment\n", ": the file is empty (no example lines)"},
+      {"1 1:1e39\n", ":1: feature 1 value is 1e39 (beyond the float32 range)"},
   };
   ExpectDataLoss("libsvm", cases, [](size_t i, const std::string& text) {
     return WriteTemp("bad" + std::to_string(i) + ".svm", text);
