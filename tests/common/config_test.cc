@@ -26,10 +26,24 @@ class ConfigTest : public ::testing::Test {
  protected:
   void SetUp() override {
     for (const char* name : kEnvNames) unsetenv(name);
-    app_.add_option("--num-shards", flags_.num_shards, "Shards");
-    app_.add_option("--host", flags_.host, "Bind host");
-    app_.add_flag("--verbose", flags_.verbose, "Chatty");
-    app_.add_option("--peers", flags_.peers, "Peer addresses");
+    AddTestFlags(app_, &flags_);
+  }
+
+  static void AddTestFlags(CLI::App& app, Flags* f) {
+    app.add_option("--num-shards", f->num_shards, "Shards");
+    app.add_option("--host", f->host, "Bind host");
+    app.add_flag("--verbose", f->verbose, "Chatty");
+    app.add_option("--peers", f->peers, "Peer addresses");
+  }
+
+  // Reads a config file holding `text` into `f` through `app` (given the test's flags), as
+  // another process would read what this one printed.
+  StatusOr<ParseResult> ReadBack(const std::string& text, CLI::App* app, Flags* f) {
+    AddTestFlags(*app, f);
+    const std::string path = WriteFile(text);
+    const char* argv[] = {"prog", "--config", path.c_str()};
+    std::ostringstream out;
+    return ParseFlags(*app, 3, argv, out);
   }
   void TearDown() override {
     for (const char* name : kEnvNames) unsetenv(name);
@@ -291,15 +305,9 @@ TEST_F(ConfigTest, PrintConfigShowsEffectiveValues) {
 
 TEST_F(ConfigTest, PrintedConfigReadsBack) {
   ASSERT_TRUE(Parse({"--num-shards", "9", "--host", "my host", "--peers", "a", "b"}).ok());
-  std::string path = WriteFile(EffectiveConfig(app_));
   CLI::App again("again");
   Flags flags;
-  again.add_option("--num-shards", flags.num_shards);
-  again.add_option("--host", flags.host);
-  again.add_flag("--verbose", flags.verbose);
-  again.add_option("--peers", flags.peers);
-  const char* argv[] = {"prog", "--config", path.c_str()};
-  StatusOr<ParseResult> r = ParseFlags(again, 3, argv, out_);
+  StatusOr<ParseResult> r = ReadBack(EffectiveConfig(app_), &again, &flags);
   ASSERT_TRUE(r.ok()) << r.status().ToString() << "\n" << EffectiveConfig(app_);
   EXPECT_EQ(flags.num_shards, 9);
   EXPECT_EQ(flags.host, "my host");
@@ -427,28 +435,15 @@ TEST_F(ConfigTest, PrintConfigRoundTripsAListItemWithAHash) {
   auto r = Parse({"--peers", "host-a#1", "--peers", "host-b", "--print-config"});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   const std::string printed = out_.str();
-  const std::string path = WriteFile(printed);
   CLI::App again{"again"};
   Flags f2;
-  again.add_option("--num-shards", f2.num_shards, "Shards");
-  again.add_option("--host", f2.host, "Bind host");
-  again.add_flag("--verbose", f2.verbose, "Chatty");
-  again.add_option("--peers", f2.peers, "Peer addresses");
-  std::ostringstream out2;
-  const char* argv[] = {"prog", "--config", path.c_str()};
-  auto r2 = ParseFlags(again, 3, argv, out2);
+  auto r2 = ReadBack(printed, &again, &f2);
   ASSERT_TRUE(r2.ok()) << r2.status().ToString() << "\nprinted:\n" << printed;
   EXPECT_EQ(f2.peers, flags_.peers) << "printed:\n" << printed;
   // And once more from the file's own --print-config (values that came from a file).
-  const std::string path3 = WriteFile(EffectiveConfig(again));
   CLI::App third{"third"};
   Flags f3;
-  third.add_option("--num-shards", f3.num_shards, "Shards");
-  third.add_option("--host", f3.host, "Bind host");
-  third.add_flag("--verbose", f3.verbose, "Chatty");
-  third.add_option("--peers", f3.peers, "Peer addresses");
-  const char* argv3[] = {"prog", "--config", path3.c_str()};
-  auto r3 = ParseFlags(third, 3, argv3, out2);
+  auto r3 = ReadBack(EffectiveConfig(again), &third, &f3);
   ASSERT_TRUE(r3.ok()) << r3.status().ToString();
   EXPECT_EQ(f3.peers, flags_.peers) << EffectiveConfig(again);
 }
