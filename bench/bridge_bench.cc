@@ -10,6 +10,9 @@
 //                             open, beside the same with none; 0: skip)
 //                [--compare-bridge BIN [--compare-flags "F ..."]]  (a second bridge binary,
 //                             e.g. an older build, as one more target on the same worker)
+//                [--client lean|httplib]  (the load generator's HTTP client: prebuilt
+//                             requests with answers checked, not parsed (default), or the
+//                             McpHttpClient of the tests, cpp-httplib with nlohmann::json)
 // Not a test.
 #include <unistd.h>
 
@@ -49,6 +52,7 @@ struct Flags {
   std::string compare_bridge;  // a second bridge binary to measure beside the first
   std::vector<std::string> compare_flags;
   std::vector<std::string> bridge_flags;  // extra flags of the bridge under test
+  bool lean = true;                       // --client lean (true) or httplib
 };
 
 struct Figure {
@@ -93,6 +97,7 @@ class Mcp {
     if (r->is_error) *error = r->result.dump().substr(0, 300);
     return !r->is_error;
   }
+  const onlineps::McpHttpClient& client() const { return client_; }
 
  private:
   static onlineps::McpClientOptions Options() {
@@ -101,6 +106,124 @@ class Mcp {
     return o;
   }
   onlineps::McpHttpClient client_;
+};
+
+// A load generator's MCP session that costs little CPU of its own, as HTTP load tools
+// (wrk, h2load) do: the session is opened with McpHttpClient, then each tools/call goes
+// out as prebuilt bytes on one keep-alive connection, and its answer is checked (HTTP
+// 200, a JSON-RPC result with this call's id, no tool error) without being parsed into
+// a document. Answers may be JSON or an SSE stream, with a Content-Length or chunked.
+class LeanMcp {
+ public:
+  LeanMcp(int port, const std::string& tool, const json& args) : port_(port) {
+    Mcp opener(port);
+    std::string e;
+    if (!opener.Initialize(&e)) return;
+    head_ = "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:" + std::to_string(port) +
+            "\r\nAccept: application/json, text/event-stream\r\nContent-Type: "
+            "application/json\r\nMcp-Session-Id: " +
+            opener.client().session_id() +
+            "\r\nMCP-Protocol-Version: " + opener.client().protocol_version() +
+            "\r\nContent-Length: ";
+    params_ = json({{"name", tool}, {"arguments", args}}).dump();
+    conn_ = onlineps::testing::RawClient::Connect(port_);
+  }
+
+  bool Call(std::string* error) {
+    if (!conn_) {
+      *error = "no session or connection";
+      return false;
+    }
+    const int64_t id = onlineps::McpHttpClient::NextId();
+    const std::string id_text = std::to_string(id);
+    body_ = "{\"jsonrpc\":\"2.0\",\"id\":" + id_text + ",\"method\":\"tools/call\",\"params\":";
+    body_ += params_;
+    body_ += '}';
+    request_ = head_;
+    request_ += std::to_string(body_.size());
+    request_ += "\r\n\r\n";
+    request_ += body_;
+    if (!conn_->Send(request_)) return Fail(error, "send failed");
+    std::string_view answer;
+    int status = 0;
+    if (!ReadAnswer(&status, &answer)) return Fail(error, "no complete answer");
+    if (status != 200) return Fail(error, "HTTP " + std::to_string(status));
+    const std::string want = "\"id\":" + id_text;
+    if (answer.find(want) == std::string_view::npos ||
+        answer.find("\"result\"") == std::string_view::npos) {
+      return Fail(error, std::string(answer.substr(0, 300)));
+    }
+    if (answer.find("\"isError\":true") != std::string_view::npos) {
+      return Fail(error, std::string(answer.substr(0, 300)));
+    }
+    return true;
+  }
+
+ private:
+  bool Fail(std::string* error, std::string what) {
+    *error = std::move(what);
+    conn_ = onlineps::testing::RawClient::Connect(port_);  // start clean
+    in_.clear();
+    return false;
+  }
+  // Reads into in_ until at least `n` bytes are held; false on EOF or error.
+  bool Need(size_t n) {
+    char buf[65536];
+    while (in_.size() < n) {
+      const ssize_t got = recv(conn_->fd(), buf, sizeof(buf), 0);
+      if (got <= 0) return false;
+      in_.append(buf, static_cast<size_t>(got));
+    }
+    return true;
+  }
+  // Position of `what` in in_ at or after `from`, reading more as needed; npos on EOF.
+  size_t Find(std::string_view what, size_t from) {
+    for (;;) {
+      const size_t at = in_.find(what, from);
+      if (at != std::string::npos) return at;
+      if (!Need(in_.size() + 1)) return std::string::npos;
+    }
+  }
+  // One response: its status and its body (chunks joined); consumed from in_.
+  bool ReadAnswer(int* status, std::string_view* answer) {
+    const size_t end = Find("\r\n\r\n", 0);
+    if (end == std::string::npos || in_.compare(0, 5, "HTTP/") != 0 || in_.size() < 12) {
+      return false;
+    }
+    *status = std::atoi(in_.c_str() + 9);
+    std::string head = in_.substr(0, end);
+    std::transform(head.begin(), head.end(), head.begin(), ::tolower);
+    size_t pos = end + 4;
+    body_.clear();
+    const size_t cl = head.find("\r\ncontent-length:");
+    if (cl != std::string::npos) {
+      const size_t len = std::strtoull(head.c_str() + cl + 17, nullptr, 10);
+      if (!Need(pos + len)) return false;
+      body_.assign(in_, pos, len);
+      pos += len;
+    } else if (head.find("transfer-encoding: chunked") != std::string::npos) {
+      for (;;) {
+        const size_t eol = Find("\r\n", pos);
+        if (eol == std::string::npos) return false;
+        const size_t len = std::strtoull(in_.c_str() + pos, nullptr, 16);
+        if (!Need(eol + 2 + len + 2)) return false;
+        body_.append(in_, eol + 2, len);
+        pos = eol + 2 + len + 2;
+        if (len == 0) break;
+      }
+    }
+    in_.erase(0, pos);
+    *answer = body_;
+    return true;
+  }
+
+  const int port_;
+  std::string head_;    // the request line and headers up to Content-Length's value
+  std::string params_;  // the tools/call params, serialized once
+  std::unique_ptr<onlineps::testing::RawClient> conn_;
+  std::string in_;       // received, not yet consumed
+  std::string body_;     // the request body, then the answer's body
+  std::string request_;  // the whole request
 };
 
 // Runs `threads` callers of `target` for `seconds`, appending to `fig`.
@@ -168,8 +291,12 @@ bool WaitForHttp(int port, std::chrono::seconds timeout) {
 // A target's caller factory: each load thread opens its own MCP session on `port` and
 // calls `tool` with `args`.
 std::function<std::function<bool(std::string*)>(int)> McpCalls(int port, std::string tool,
-                                                               json args) {
-  return [port, tool = std::move(tool), args = std::move(args)](int) {
+                                                               json args, bool lean) {
+  return [port, tool = std::move(tool), args = std::move(args), lean](int) {
+    if (lean) {
+      auto m = std::make_shared<LeanMcp>(port, tool, args);
+      return std::function<bool(std::string*)>([m](std::string* error) { return m->Call(error); });
+    }
     auto m = std::make_shared<Mcp>(port);
     std::string e;
     m->Initialize(&e);
@@ -205,6 +332,13 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       std::stringstream ss(next());
       auto& out = a == "--compare-flags" ? f->compare_flags : f->bridge_flags;
       for (std::string w; ss >> w;) out.push_back(w);
+    } else if (a == "--client") {
+      const std::string c = next();
+      if (c != "lean" && c != "httplib") {
+        std::fprintf(stderr, "bridge_bench: --client is lean or httplib, not '%s'\n", c.c_str());
+        return false;
+      }
+      f->lean = c == "lean";
     } else if (a == "--idle") {
       f->idle = std::max(0, std::atoi(next().c_str()));
     } else {
@@ -212,7 +346,7 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       if (!help) std::fprintf(stderr, "bridge_bench: unknown argument '%s'\n", a.c_str());
       std::fputs(
           "usage: bridge_bench [--seconds S] [--rounds R] [--sessions 1,64] [--bin-dir DIR] "
-          "[--everything DIR] [--idle N]\n"
+          "[--everything DIR] [--idle N] [--client lean|httplib]\n"
           "       [--bridge-flags \"F ...\"] [--compare-bridge BIN] [--compare-flags \"F ...\"]\n",
           help ? stdout : stderr);
       if (help) std::exit(0);
@@ -343,23 +477,24 @@ int main(int argc, char** argv) {
        },
        {worker.pid()}},
       {"bridge tools/call infer",
-       McpCalls(bridge_port, "infer", {{"text", text}}),
+       McpCalls(bridge_port, "infer", {{"text", text}}, f.lean),
        {bridge.pid(), worker.pid()}},
   };
   if (have_ts) {
     targets.push_back({"TypeScript server-everything echo",
-                       McpCalls(ts_port, "echo", {{"message", text}}),
+                       McpCalls(ts_port, "echo", {{"message", text}}, f.lean),
                        {ts.pid()}});
   }
   if (other) {
     targets.push_back({"compared bridge tools/call infer",
-                       McpCalls(other_port, "infer", {{"text", text}}),
+                       McpCalls(other_port, "infer", {{"text", text}}, f.lean),
                        {other->pid(), worker.pid()}});
   }
   std::printf(
       "bridge_bench: 1 PS shard, 1 text-model worker, bridge (HTTP, JSON replies), %u "
-      "cores; %.1f s per figure in %d alternating rounds\n",
-      std::thread::hardware_concurrency(), f.seconds, f.rounds);
+      "cores; %.1f s per figure in %d alternating rounds; load generator's HTTP client: %s\n",
+      std::thread::hardware_concurrency(), f.seconds, f.rounds,
+      f.lean ? "lean (prebuilt requests, answers checked)" : "httplib (McpHttpClient)");
   std::printf("%-36s %8s %10s %10s %10s %14s %7s %14s\n", "target", "sessions", "p50 us", "p99 us",
               "calls/s", "server CPU/call", "errors", "client CPU/call");
   for (int sessions : f.sessions) {
