@@ -1039,10 +1039,13 @@ ReplicaCore::Action ReplicaCore::BeginMessage(uint64_t now, const Header& h, con
       *reply = Refuse(h, StatusCode::kMalformed, "snapshot without a state frame");
       return Action::kReply;
     }
-    if (synced_epoch_ == h.epoch && (h.seq < lsn_ || (h.seq == lsn_ && !need_snapshot_))) {
+    if (synced_epoch_ == h.epoch &&
+        (h.seq < synced_lsn_ || (h.seq == synced_lsn_ && !need_snapshot_))) {
       // A duplicate or delayed snapshot of this primary's history: loading it would take
       // this replica back in time, under updates it has already acknowledged. (A snapshot
-      // this primary sends on purpose is taken at or past what this replica applied.)
+      // this primary sends on purpose is taken at or past what this replica applied of its
+      // history; an update applied after this replica stopped leading, whose lsn_ is past
+      // that, is no part of it: compared with lsn_, an idle primary's snapshot was ignored.)
       *reply = StatusReply(h);
       return Action::kReply;
     }
@@ -1172,6 +1175,7 @@ Header ReplicaCore::FinishMessage(uint64_t now, const Header& h, const Status& o
       need_snapshot_ = false;
       has_data_ = true;
       synced_epoch_ = h.epoch;
+      synced_lsn_ = h.seq;
       counters_.snapshots_loaded++;
       spdlog::info("replica {}: loaded a snapshot at lsn {} of epoch {}", config_.index, h.seq,
                    h.epoch);
@@ -1184,6 +1188,7 @@ Header ReplicaCore::FinishMessage(uint64_t now, const Header& h, const Status& o
     log_epoch_ = h.epoch;
     has_data_ = true;
     synced_epoch_ = h.epoch;
+    synced_lsn_ = h.seq;
   } else {
     // The primary applied it; failing here means the states differ: start over.
     need_snapshot_ = true;

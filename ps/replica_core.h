@@ -285,8 +285,10 @@ class ReplicaCore {
   bool applying_ = false;  // between BeginMessage and FinishMessage: no campaign
   bool has_data_ = false;  // restored a checkpoint, or applied or logged an update
   // Epoch of the primary whose history this backup continues (it loaded that primary's
-  // snapshot or applied one of its entries): its older snapshots are stale.
-  uint64_t synced_epoch_ = 0;
+  // snapshot or applied one of its entries): its older snapshots are stale. synced_lsn_:
+  // the last update of that history it holds (lsn_ may be past it: an update applied
+  // after it stopped leading, Append).
+  uint64_t synced_epoch_ = 0, synced_lsn_ = 0;
   // Entries that overtook an earlier one (at most `window`), by lsn.
   std::map<uint64_t, std::pair<Header, Frames>> early_;
   size_t early_bytes_ = 0;
