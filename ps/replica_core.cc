@@ -561,17 +561,25 @@ void ReplicaCore::PrimaryTick(uint64_t now) {
     FollowerTick(now, m, followers_[m]);
     if (role_ != Role::kPrimary && role_ != Role::kEstablishing) return;
   }
-  // Trim what every streaming backup has; a backup waiting for a snapshot pins the
-  // entries after the snapshot's lsn. The cap bounds memory for ones that lag.
-  uint64_t keep_after = lsn_;
+  // Trim what every streaming backup has; a backup waiting for a snapshot, or re-syncing
+  // from one, pins the entries after the snapshot's lsn (or its ack). The caps bound
+  // memory for ones that lag; the entry cap spares pinned entries: a backup whose load
+  // took longer than max_log_entries pushes found the entries after its snapshot gone,
+  // was sent another, and under steady writes never rejoined.
+  uint64_t keep_after = lsn_, pinned_after = lsn_;
   for (size_t m = 0; m < followers_.size(); ++m) {
     if (m == config_.index) continue;
     const Follower& f = followers_[m];
     if (f.state == FollowState::kStream) keep_after = std::min(keep_after, f.acked);
-    if (f.state == FollowState::kSnapshot) keep_after = std::min(keep_after, f.pin);
+    if (f.state == FollowState::kSnapshot) pinned_after = std::min(pinned_after, f.pin);
+    if (f.state == FollowState::kStream && f.resyncing) {
+      pinned_after = std::min(pinned_after, std::max(f.acked, f.snapshot_at));
+    }
   }
+  keep_after = std::min(keep_after, pinned_after);
   while (!log_.empty() &&
-         (log_.front().lsn <= keep_after || log_.size() > config_.max_log_entries ||
+         (log_.front().lsn <= keep_after ||
+          (log_.size() > config_.max_log_entries && log_.front().lsn <= pinned_after) ||
           log_bytes_ > config_.max_log_bytes)) {
     log_bytes_ -= log_.front().bytes;
     log_.pop_front();
@@ -671,6 +679,7 @@ void ReplicaCore::OnSnapshot(uint64_t now, size_t m, uint64_t token,
   }
   f.state = FollowState::kStream;
   f.awaiting_load = true;
+  f.resyncing = true;
   f.snapshot_at = at;
   f.snapshot_bytes = state.size();
   f.acked = 0;
@@ -745,6 +754,7 @@ void ReplicaCore::OnReply(uint64_t now, size_t m, const Header& r) {
         f.acked = lsn;
         f.next = lsn + 1;
         f.progress_ms = now;
+        f.resyncing = false;  // lagging in the stream: the entry cap applies
       } else {
         RequestSnapshot(now, m, f);
       }
@@ -793,6 +803,7 @@ void ReplicaCore::OnReply(uint64_t now, size_t m, const Header& r) {
           (f.acked >= committed_ || (!config_.sync && lsn_ - f.acked <= config_.window))) {
         f.want = true;  // counted for commits from now on; added to the ISR next
         f.join_ms = f.join_wait_ms = 0;
+        f.resyncing = false;
         spdlog::info("replica {}: backup {} caught up at lsn {}; adding it to the ISR",
                      config_.index, m, f.acked);
       }

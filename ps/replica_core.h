@@ -62,10 +62,12 @@ struct ReplicaConfig {
   // When every ISR member is gone, the unclean election waits this long for every replica
   // to register (a cleanly stopped or partitioned one may hold more than those present).
   uint64_t unclean_wait_ms = 30000;
-  size_t max_log_entries = 65536;            // entries kept for lagging backups (then: snapshot)
-  size_t max_log_bytes = size_t{256} << 20;  // and their bytes; a backup holds up to 1/4
-                                             // of it in entries that arrived early
-  size_t window = 512;                       // entries in flight to one backup
+  // Entries kept for lagging backups (then: snapshot); a backup re-syncing from a snapshot
+  // keeps those after it until it joins the ISR, up to max_log_bytes.
+  size_t max_log_entries = 65536;
+  size_t max_log_bytes = size_t{256} << 20;           // and their bytes; a backup holds up to 1/4
+                                                      // of it in entries that arrived early
+  size_t window = 512;                                // entries in flight to one backup
   size_t snapshot_chunk_bytes = size_t{16} << 20;     // a snapshot is sent in parts this big
   uint64_t max_snapshot_bytes = uint64_t{256} << 30;  // a backup refuses larger snapshots
 
@@ -195,7 +197,10 @@ class ReplicaCore {
     uint64_t progress_ms = 0;  // when acked last grew
     uint64_t snapshot_token = 0, snapshot_at = 0, snapshot_bytes = 0, snapshot_rx = 0;
     bool awaiting_load = false;  // a snapshot was sent; acks before its load are stale
-    bool want = false;           // should be in the ISR (counted for commits from now on)
+    // Re-syncing from a snapshot sent to it, until it joins the ISR: the entries after the
+    // snapshot (or its ack) stay in the log past max_log_entries (not past max_log_bytes).
+    bool resyncing = false;
+    bool want = false;  // should be in the ISR (counted for commits from now on)
     // Streaming within a window of the log, not in the ISR yet: counted for commits, so
     // that they wait for it and it can reach them (see OnReply).
     bool joining = false;

@@ -445,5 +445,36 @@ TEST(ReplicaCoreTwoNodesTest, BackupAheadOfAnIdlePrimaryAfterARacedPushReloads) 
       << g.b().lsn() << ", primary at " << g.a().lsn() << ")";
 }
 
+// A backup loading a snapshot while the primary logs more entries than max_log_entries:
+// the entries after the snapshot were trimmed, so once loaded the backup could not stream
+// and was sent a new snapshot, which took as long: under steady writes it never rejoined
+// the ISR. The entries after a snapshot in progress stay (up to max_log_bytes).
+TEST(ReplicaCoreTwoNodesTest, SlowSnapshotLoadUnderSteadyWritesRejoins) {
+  TwoCores g([](ReplicaConfig& c) {
+    c.max_log_entries = 64;
+    c.window = 16;
+  });
+  ASSERT_TRUE(g.RunUntil(20000, [&] { return g.a().primary() && g.b().in_sync(); }));
+  // The backup restarts empty (a new incarnation) and is caught up with a snapshot whose
+  // load takes 1.5 s, while the primary logs one update every 5 ms.
+  ReplicaConfig c = TwoCoresConfig(1, 1 << 20, 0);
+  c.incarnation = 555;
+  c.restored = false;
+  g.core[1] = std::make_unique<ReplicaCore>(c, &g.env[1]);
+  g.core[1]->Start(g.now);
+  g.load_ms = 1500;
+  bool rejoined = false;
+  for (int i = 0; i < 6000 && !rejoined; ++i) {
+    if (g.a().primary()) g.Push();
+    g.Step();
+    rejoined = g.b().in_sync() && g.b().Stats().snapshots_loaded > 0;
+  }
+  EXPECT_TRUE(rejoined) << "the backup did not rejoin in 30 s of steady writes: "
+                        << g.b().Stats().snapshots_loaded << " snapshots loaded, "
+                        << g.a().Stats().snapshots_sent << " sent; backup at lsn " << g.b().lsn()
+                        << ", primary at " << g.a().lsn();
+  EXPECT_EQ(g.b().Stats().snapshots_loaded, 1u) << "the backup reloaded";
+}
+
 }  // namespace
 }  // namespace onlineps::ps
