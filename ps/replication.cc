@@ -216,6 +216,11 @@ uint64_t Replica::log_epoch() const {
   return core_->log_epoch();
 }
 
+std::pair<uint64_t, uint64_t> Replica::position() const {
+  MutexLock lock(&mu_);
+  return {core_->log_epoch(), core_->lsn()};
+}
+
 bool Replica::InSync() const {
   MutexLock lock(&mu_);
   return core_->in_sync();

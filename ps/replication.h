@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/kv_store.h"
@@ -89,6 +90,8 @@ class Replica {
   uint64_t epoch() const;
   uint64_t last_lsn() const;
   uint64_t log_epoch() const;
+  // (log_epoch(), last_lsn()), read together.
+  std::pair<uint64_t, uint64_t> position() const;
   uint64_t incarnation() const { return incarnation_; }
   ReplicaStats Stats() const;
   // Primary, or named in the ISR with this incarnation (as last read from etcd).

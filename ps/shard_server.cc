@@ -233,7 +233,7 @@ StatusOr<std::string> ShardServer::Start() {
       // From now on a crash is not a clean stop: the next start takes a new incarnation.
       std::error_code ec;
       const uint64_t bytes = restored ? std::filesystem::file_size(tip, ec) : 0;
-      WriteSidecar(/*clean=*/false, restored ? tip : path, ec ? 0 : bytes);
+      WriteSidecar(/*clean=*/false, restored ? tip : path, ec ? 0 : bytes, replica_->position());
     }
   }
   {
@@ -338,11 +338,12 @@ Status ShardServer::MakeReplica(bool restored, const std::string& tip) {
   return Status::Ok();
 }
 
-void ShardServer::WriteSidecar(bool clean, const std::string& file, uint64_t checkpoint_bytes) {
+void ShardServer::WriteSidecar(bool clean, const std::string& file, uint64_t checkpoint_bytes,
+                               std::pair<uint64_t, uint64_t> position) {
   ReplicaSidecar side;
   side.incarnation = replica_->incarnation();
-  side.log_epoch = replica_->log_epoch();
-  side.lsn = replica_->last_lsn();
+  side.log_epoch = position.first;
+  side.lsn = position.second;
   side.clean = clean;
   side.checkpoint_bytes = checkpoint_bytes;
   side.checkpoint_checksum = CheckpointTrailer(file);
@@ -393,7 +394,8 @@ void ShardServer::Stop() {
       // stopped leading, or a re-sync cut short): then it restarts as a new replica.
       std::error_code ec;
       const uint64_t bytes = std::filesystem::file_size(*st, ec);
-      if (!ec && replica_->ExactState()) WriteSidecar(/*clean=*/true, *st, bytes);
+      if (!ec && replica_->ExactState())
+        WriteSidecar(/*clean=*/true, *st, bytes, replica_->position());
     }
   }
   checkpoint_lock_.reset();  // nothing more is written: another process may take over
@@ -421,6 +423,7 @@ StatusOr<std::string> ShardServer::Checkpoint(bool skip_if_unchanged) {
   bool full = true;
   ChangeStats changes;
   uint64_t updates = 0;
+  std::pair<uint64_t, uint64_t> position;  // the replica's, at the cut
   {
     const std::shared_ptr<const TableMap> before = tables();  // owns the map while looped
     for (const auto& [name, t] : *before) t->PrepareSnapshot();
@@ -434,6 +437,9 @@ StatusOr<std::string> ShardServer::Checkpoint(bool skip_if_unchanged) {
     auto current = tables();
     changes = ChangesOf(*current);
     updates = updates_.load();
+    // What the file holds: read after it was written, pushes logged meanwhile were named
+    // in the sidecar, which then ranked this replica above one that held them.
+    if (replica_) position = replica_->position();
     full = force_full_checkpoint_.exchange(false) || WantFullCheckpoint(changes);
     snap = SnapshotShard({options_.shard, options_.num_shards}, *current, dedup_,
                          full ? SnapshotKind::kFull : SnapshotKind::kDelta);
@@ -470,7 +476,7 @@ StatusOr<std::string> ShardServer::Checkpoint(bool skip_if_unchanged) {
     chain_.delta_bytes += *bytes;
   }
   metrics_->SetCheckpointDeltas(chain_.deltas);
-  if (replica_) WriteSidecar(/*clean=*/false, file, *bytes);
+  if (replica_) WriteSidecar(/*clean=*/false, file, *bytes, position);
   if (full) {
     spdlog::info("checkpoint {} ({} bytes, {:.3f} s, pushes paused {:.1f} ms)", file, *bytes,
                  SecondsSince(t0), pause_s * 1e3);

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/file_io.h"
@@ -117,8 +118,10 @@ class ShardServer {
   StatusOr<Created> CreateTable(const Header& h, Header* reply);
   // Replicated shards: builds replica_ from the options and the checkpoint's sidecar.
   Status MakeReplica(bool restored, const std::string& tip);
-  // The sidecar describes `file`, the last file of the checkpoint chain, of that size.
-  void WriteSidecar(bool clean, const std::string& file, uint64_t checkpoint_bytes);
+  // The sidecar describes `file`, the last file of the checkpoint chain, of that size,
+  // which holds the replica's log `position` (Replica::position).
+  void WriteSidecar(bool clean, const std::string& file, uint64_t checkpoint_bytes,
+                    std::pair<uint64_t, uint64_t> position);
   // Whether the checkpoint cut now, with the tables' `changes`, is a full one (else a
   // delta).
   bool WantFullCheckpoint(const ChangeStats& changes) REQUIRES(ckpt_mu_);

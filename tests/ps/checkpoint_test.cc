@@ -21,14 +21,17 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "ps/ps_client.h"
 #include "ps/replica_sidecar.h"
 #include "ps/shard_server.h"
+#include "tests/ps/sim_etcd.h"
 
 namespace onlineps::ps {
 namespace {
@@ -757,6 +760,113 @@ TEST_F(CheckpointTest, ShardServerStopWritesCheckpointAndRestartRestores) {
   EXPECT_EQ(reply.max_tau, 0u);
   client.reset();
   for (auto& s : servers) s->Stop();
+}
+
+// etcd for an in-process replicated shard: the simulation's model, answered at once.
+class LocalKv final : public KvStore {
+ public:
+  void Grant(int64_t ttl_s, Callback done) override {
+    ps::KvCall c;
+    c.kind = ps::KvCall::Kind::kGrant;
+    c.ttl_s = ttl_s;
+    Do(std::move(c), std::move(done));
+  }
+  void KeepAlive(uint64_t lease, Callback done) override {
+    ps::KvCall c;
+    c.kind = ps::KvCall::Kind::kKeepAlive;
+    c.lease = lease;
+    Do(std::move(c), std::move(done));
+  }
+  void Revoke(uint64_t lease, Callback done) override {
+    ps::KvCall c;
+    c.kind = ps::KvCall::Kind::kRevoke;
+    c.lease = lease;
+    Do(std::move(c), std::move(done));
+  }
+  void Range(const std::string& prefix, Callback done) override {
+    ps::KvCall c;
+    c.kind = ps::KvCall::Kind::kRange;
+    c.prefix = prefix;
+    Do(std::move(c), std::move(done));
+  }
+  void Txn(KvTxn txn, Callback done) override {
+    ps::KvCall c;
+    c.kind = ps::KvCall::Kind::kTxn;
+    c.txn = std::move(txn);
+    Do(std::move(c), std::move(done));
+  }
+
+ private:
+  void Do(ps::KvCall call, Callback done) {
+    KvResult r;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      r = etcd_.Do(NowMs(), call);
+    }
+    done(std::move(r));
+  }
+  std::mutex mu_;
+  sim::SimEtcd etcd_;
+};
+
+// A periodic checkpoint of a replicated shard names in its sidecar the log position it
+// holds, which ranks the replica when every in-sync replica restarted (the most recent
+// state is elected; the others reload from it). The position was read after the file was
+// written, while pushes went on: the sidecar claimed pushes the checkpoint does not hold,
+// so a restarted replica outranked one that held them, and they were lost when that one
+// reloaded. The position is now read at the cut.
+TEST_F(CheckpointTest, ReplicaSidecarNamesNoPushTheCheckpointLacks) {
+  static std::atomic<int> counter{0};
+  const std::string name = "ckpt-replica-" + std::to_string(counter++);
+  ShardServerOptions o = ServerOptions(name, 0, dir_, 1);
+  o.replication.members = {o.listen, "mem://" + name + "-peer"};  // the peer never starts
+  o.replication.index = 0;
+  o.replication.lease_ms = 1000;
+  o.replication.kv = std::make_shared<LocalKv>();
+  ShardServer server(o, std::make_shared<prometheus::Registry>());
+  auto ep = server.Start();
+  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+  // Alone, it forms the group after the bootstrap wait (3 s) and acknowledges alone.
+  for (int i = 0; i < 200 && !server.replica()->primary(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(server.replica()->primary());
+  auto client = ConnectClient({*ep});
+  ASSERT_NE(client, nullptr);
+  TableSpec big;  // makes the checkpoint take a while
+  big.name = "big";
+  big.shape = {uint64_t{16} << 20};
+  TableSpec w;
+  w.name = "w";
+  w.shape = {1};
+  ASSERT_TRUE(client->CreateTable(big).ok());
+  ASSERT_TRUE(client->CreateTable(w).ok());
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> acked{0};
+  std::thread pusher([&] {
+    const float g = 1.0f;
+    while (!stop) {
+      if (client->PushDense("w", &g, {}, nullptr).Wait().ok()) ++acked;
+    }
+  });
+  while (acked < 100) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto file = server.Checkpoint();
+  const uint64_t acked_after = acked;
+  stop = true;
+  pusher.join();
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  auto side = ReadReplicaSidecar(server.checkpoint_path() + ".replica");
+  ASSERT_TRUE(side.ok()) << side.status().ToString();
+  Dedup dedup;
+  auto restored = RestoreCheckpoint(server.checkpoint_path(), {0, 1}, &dedup);
+  ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+  // Two table creations, then one logged update per push.
+  const uint64_t held = 2 + restored->tables.at("w")->version();
+  EXPECT_LT(held - 2, acked_after) << "no push ran while the checkpoint was written";
+  EXPECT_LE(side->lsn, held) << "the sidecar names lsn " << side->lsn
+                             << " but the checkpoint holds updates up to lsn " << held;
+  client.reset();
+  server.Stop();
 }
 
 TEST_F(CheckpointTest, ShardServerRefusesToStartFromCorruptCheckpoint) {
