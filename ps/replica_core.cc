@@ -617,7 +617,10 @@ void ReplicaCore::FollowerTick(uint64_t now, size_t m, Follower& f) {
     const uint64_t first = log_.empty() ? lsn_ + 1 : log_.front().lsn;
     if (f.next < first) return RequestSnapshot(now, m, f);  // the entries it needs are gone
     if (f.next > f.acked + 1 && now - f.progress_ms > 4 * config_.heartbeat_ms) {
-      f.next = std::max(f.acked + 1, first);  // lost in flight: resend
+      // Lost in flight: resend. An entry the caps trimmed since cannot be: resent from
+      // the log's first, the backup waited for it for ever (and commits for the backup).
+      if (!f.awaiting_load && f.acked + 1 < first) return RequestSnapshot(now, m, f);
+      f.next = std::max(f.acked + 1, first);
       f.progress_ms = now;
     }
     while (f.next <= lsn_ && f.next <= f.acked + config_.window) {

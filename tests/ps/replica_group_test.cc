@@ -340,6 +340,7 @@ struct TwoCores {
   uint64_t busy_until[2] = {0, 0};
   std::optional<std::pair<size_t, Header>> loading[2];  // (sender, header)
   std::string state = "s";
+  std::function<bool(size_t to, const Header& h)> drop;  // messages lost when true
 
   explicit TwoCores(std::function<void(ReplicaConfig&)> tune = nullptr) {
     for (uint32_t i = 0; i < 2; ++i) {
@@ -391,6 +392,8 @@ struct TwoCores {
       while (!env[i].out.empty()) {
         auto [m, frames] = std::move(env[i].out.front());
         env[i].out.pop_front();
+        auto h = DecodeHeader(frames[0].data(), frames[0].size());
+        if (drop && drop(m, *h)) continue;  // lost on the way
         inbox[m].emplace_back(i, std::move(frames));
       }
     }
@@ -474,6 +477,34 @@ TEST(ReplicaCoreTwoNodesTest, SlowSnapshotLoadUnderSteadyWritesRejoins) {
                         << g.a().Stats().snapshots_sent << " sent; backup at lsn " << g.b().lsn()
                         << ", primary at " << g.a().lsn();
   EXPECT_EQ(g.b().Stats().snapshots_loaded, 1u) << "the backup reloaded";
+}
+
+// An in-sync backup lost an entry in flight (ZeroMQ drops what exceeds its high-water
+// mark) that the primary then trimmed from its log (more entries or bytes than its caps
+// while the backup's ack lagged): the resend restarted at the log's first entry, after
+// the gap, so the backup kept acking the lsn before it, and every commit waited for it
+// for ever (it answered, so it never timed out of the ISR). A backup that needs a
+// trimmed entry now gets a snapshot (and leaves the ISR meanwhile).
+TEST(ReplicaCoreTwoNodesTest, EntryLostInFlightAndTrimmedDoesNotStallCommits) {
+  TwoCores g([](ReplicaConfig& c) { c.max_log_entries = 64; });
+  ASSERT_TRUE(g.RunUntil(20000, [&] { return g.a().primary() && g.b().in_sync(); }));
+  bool acked = false;
+  g.Push(&acked);
+  ASSERT_TRUE(g.RunUntil(2000, [&] { return acked; }));
+  const uint64_t lost = g.a().lsn() + 1;
+  g.drop = [&](size_t to, const Header& h) {
+    return to == 1 && h.op == Op::kReplicate && h.seq == lost;
+  };
+  bool last_acked = false;
+  for (int i = 0; i < 100; ++i) g.Push(i == 99 ? &last_acked : nullptr);  // a burst
+  g.Step();
+  g.drop = nullptr;
+  EXPECT_TRUE(g.RunUntil(30000, [&] { return last_acked; }))
+      << "the burst was never acknowledged: the backup is at lsn " << g.b().lsn()
+      << ", the primary at " << g.a().lsn();
+  EXPECT_TRUE(g.RunUntil(30000, [&] { return g.b().in_sync() && g.b().lsn() == g.a().lsn(); }))
+      << "the backup did not catch up: at lsn " << g.b().lsn() << ", the primary at "
+      << g.a().lsn();
 }
 
 }  // namespace
