@@ -120,6 +120,16 @@ void ToolCallAdapter::Call(const std::string& name, const json& arguments, const
   const bool gated = !call->session.empty() && tools_->Ordered(call->name);
   auto run = [this, call, start, gated, respond = std::move(respond)]() mutable {
     const auto admitted = Clock::now();
+    if (call->cancelled && call->cancelled->load()) {
+      // Cancelled, or its session ended, while it waited its turn: it must not run (a
+      // set_context would bring back the context the session's end dropped).
+      if (gated) gate_.Leave(call->session);
+      ToolResult cancelled;
+      cancelled.is_error = true;
+      cancelled.error = "cancelled before it ran";
+      Trace(*call, cancelled, start, admitted, admitted);
+      return respond(Outcome::Ok(CallToolResult(std::move(cancelled))));
+    }
     Run(*call,
         [this, call, start, admitted, gated, respond = std::move(respond)](ToolResult result) {
           const auto released = Clock::now();

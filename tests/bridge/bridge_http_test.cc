@@ -388,6 +388,49 @@ TEST_F(BridgeHttpTest, CancelledLearnStopsBetweenChunks) {
   EXPECT_FALSE(c.Call("infer", {{"text", "after"}}).value("isError", true));
 }
 
+// A call waiting its turn behind a running one when its session ends (DELETE) never
+// runs: a queued set_context must not bring back the context the DELETE dropped, which
+// would then be held, for a session no one can reach, until --context-ttl-s.
+TEST_F(BridgeHttpTest, ACallQueuedInASessionThatEndsDoesNotRun) {
+  int admin = 0;
+  const int port =
+      cluster_.StartBridge({worker_}, {"--learn-chunk", "1", "--max-examples", "3000"}, &admin);
+  ASSERT_GT(admin, 0);
+  McpHttp c(port);
+  ASSERT_FALSE(c.Initialize().empty());
+  json examples = json::array();
+  for (int i = 0; i < 3000; ++i)
+    examples.push_back({{"text", "slow " + std::to_string(i)}, {"label", "positive"}});
+  std::thread learn([&] {
+    McpHttp l(port);
+    l.set_session(c.session());
+    l.Call("learn", {{"examples", examples}});
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::thread set([&] {
+    McpHttp s(port);
+    s.set_session(c.session());
+    s.Call("set_context", {{"text", "queued"}});
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(c.Delete(), 200);
+  learn.join();
+  set.join();
+  httplib::Client a("127.0.0.1", admin);
+  std::string metrics;
+  for (int i = 0; i < 30; ++i) {  // gauges are copied once a second
+    metrics = a.Get("/metrics")->body;
+    if (metrics.find("onlineps_bridge_mcp_sessions 0") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  metrics = a.Get("/metrics")->body;
+  EXPECT_NE(metrics.find("onlineps_bridge_mcp_sessions 0"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("onlineps_bridge_contexts 0"), std::string::npos)
+      << "the ended session's context came back: "
+      << metrics.substr(metrics.find("\nonlineps_bridge_contexts "), 30);
+}
+
 json Modern(int id, const std::string& method, json params = json::object()) {
   params["_meta"] = {{"io.modelcontextprotocol/protocolVersion", "2026-07-28"},
                      {"io.modelcontextprotocol/clientCapabilities", json::object()}};
