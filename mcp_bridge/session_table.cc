@@ -108,7 +108,7 @@ std::vector<std::string> SessionTable::Sweep() {
   last_sweep_ = Clock::now();
   std::vector<std::string> ended;
   for (auto it = sessions_.begin(); it != sessions_.end();) {
-    if (last_sweep_ - it->second.used > idle_) {
+    if (Idle(it->second, last_sweep_)) {
       ended.push_back(KeyOf(it->second.principal, it->first));
       CountClient(it->second, -1);
       if (dir_) dir_->Remove(kKind, StateDir::HashOf(it->first));
@@ -147,6 +147,10 @@ const SessionTable::Session* SessionTable::FindConst(const std::string& id) cons
   if (restored_.empty() || !IsSessionId(id)) return nullptr;
   auto it = restored_.find(StateDir::HashOf(id));
   return it == restored_.end() ? nullptr : &it->second;
+}
+
+bool SessionTable::Idle(const Session& s, Clock::time_point now) const {
+  return s.inflight.empty() && now - s.used > idle_;
 }
 
 size_t SessionTable::CountLocked() const { return sessions_.size() + restored_.size(); }
@@ -206,7 +210,7 @@ std::optional<SessionView> SessionTable::Use(const std::string& id, const std::s
     MutexLock lock(&mu_);
     Session* s = Find(id);
     const auto now = Clock::now();
-    if (!s || s->principal != principal || now - s->used > idle_) return std::nullopt;
+    if (!s || s->principal != principal || Idle(*s, now)) return std::nullopt;
     s->used = now;
     view = s->view;
     // The file's time is the session's last use: move it now and then.
@@ -276,7 +280,10 @@ StatusOr<std::shared_ptr<std::atomic<bool>>> SessionTable::BeginCall(
 
 void SessionTable::EndCall(const std::string& id, const std::string& request_id) {
   MutexLock lock(&mu_);
-  if (auto it = sessions_.find(id); it != sessions_.end()) it->second.inflight.erase(request_id);
+  if (auto it = sessions_.find(id); it != sessions_.end()) {
+    it->second.inflight.erase(request_id);
+    it->second.used = Clock::now();  // idle from the end of its last call
+  }
 }
 
 void SessionTable::Cancel(const std::string& id, const std::string& request_id) {

@@ -75,7 +75,8 @@ class SessionTable {
   // Ends session `id` of `principal`, cancelling its calls in flight; false when there
   // is no such session.
   bool End(const std::string& id, const std::string& principal);
-  // Ends the sessions idle past `idle`; returns their keys.
+  // Ends the sessions idle past `idle` (a call in flight keeps one alive; idle counts
+  // from the end of its last call); returns their keys.
   std::vector<std::string> ExpireIdle();
 
   // Registers call `request_id` of session `id` and returns its cancel flag. Errors:
@@ -105,6 +106,8 @@ class SessionTable {
   Session* Find(const std::string& id) REQUIRES(mu_);
   const Session* FindConst(const std::string& id) const REQUIRES(mu_);
   size_t CountLocked() const REQUIRES(mu_);
+  // Unused for longer than idle_ at `now`, with no call in flight.
+  bool Idle(const Session& s, std::chrono::steady_clock::time_point now) const REQUIRES(mu_);
   // Adds `delta` to the count of s's client.
   void CountClient(const Session& s, int delta) REQUIRES(mu_);
   // Ends the least recently used session of `client` without a call in flight, appending

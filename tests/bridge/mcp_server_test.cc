@@ -286,6 +286,48 @@ TEST(McpServerTest, AClientPastItsSessionShareEndsItsOwnOldestSession) {
   for (const std::string& sid : local) EXPECT_EQ(ping("", sid), 200);
 }
 
+// A session with a call in flight is not idle: the idle sweep leaves it (and so its
+// context) alone, and its next request after a call longer than --session-idle-s is
+// served. Only a session idle that long after its last call ends.
+TEST(McpServerTest, ASessionWithACallInFlightIsNotIdle) {
+  McpServerOptions o;
+  o.session_idle = std::chrono::milliseconds(50);
+  std::vector<std::string> ended;
+  McpServer server(o, nullptr, nullptr, [&](const std::string& key) { ended.push_back(key); });
+  std::vector<Respond> pending;
+  ToolDefinition later;
+  later.declaration = {{"name", "later"}, {"inputSchema", {{"type", "object"}}}};
+  later.async_handler = [&](const json&, const CallContext&, Respond respond) {
+    pending.push_back(std::move(respond));
+  };
+  later.blocks = false;
+  server.RegisterTool(std::move(later));
+  const std::string sid =
+      Send(&server, "", "initialize", {{"protocolVersion", "2025-11-25"}}).new_session_id;
+  ASSERT_FALSE(sid.empty());
+  std::optional<Reply> answer;
+  Request call;
+  call.message = {{"jsonrpc", "2.0"},
+                  {"id", 7},
+                  {"method", "tools/call"},
+                  {"params", {{"name", "later"}, {"arguments", json::object()}}}};
+  call.session_id = sid;
+  server.HandleAsync(std::move(call), [&](Reply r) { answer = std::move(r); });
+  ASSERT_EQ(pending.size(), 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));
+  EXPECT_EQ(server.ExpireIdle(), 0u) << "a session with a call in flight expired";
+  EXPECT_TRUE(ended.empty());
+  EXPECT_EQ(Send(&server, sid, "ping").http_status, 200) << "404 during a call";
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));
+  pending[0](Outcome::Ok({{"content", json::array()}}));
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_TRUE(answer->body.contains("result")) << answer->body.dump();
+  EXPECT_EQ(Send(&server, sid, "ping").http_status, 200) << "404 right after a long call";
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));
+  EXPECT_EQ(server.ExpireIdle(), 1u);
+  EXPECT_EQ(Send(&server, sid, "ping").http_status, 404);
+}
+
 TEST(McpServerTest, ClientResponsesGoToTheResponseHandler) {
   McpServer server({}, nullptr, nullptr, nullptr);
   std::vector<std::string> sessions;
