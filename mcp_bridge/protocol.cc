@@ -55,7 +55,7 @@ RevisionChoice ChooseHttp(const json& m, const std::string& session_id,
 }
 
 // stdio has no headers: a request of 2026-07-28 names it in its _meta. Before
-// initialize only ping is answered.
+// initialize only a well-formed ping is answered.
 RevisionChoice ChooseStdio(const json& m, const std::string& session_id, bool is_init) {
   RevisionChoice c;
   c.stateless = !is_init && session_id.empty() &&
@@ -64,6 +64,13 @@ RevisionChoice ChooseStdio(const json& m, const std::string& session_id, bool is
     return c;
   }
   if (!m.contains("id")) return Refuse(200, json());
+  // A malformed request is refused by McpServer's checks, as after initialize.
+  const json& id = m["id"];
+  const auto params = m.find("params");
+  if ((!id.is_string() && !id.is_number_integer()) || m.value("jsonrpc", json()) != "2.0" ||
+      !m["method"].is_string() || (params != m.end() && !params->is_object())) {
+    return c;
+  }
   if (m.value("method", json()) == "ping") {
     return Refuse(200, {{"jsonrpc", "2.0"}, {"id", m["id"]}, {"result", json::object()}});
   }

@@ -140,6 +140,34 @@ TEST_F(StdioTransportTest, ANulByteSpoilsOnlyItsOwnLine) {
   EXPECT_EQ(four["id"], 4) << four.dump();
 }
 
+// Before initialize a ping is answered, but only a valid one: a malformed request is
+// refused as it would be after initialize, never answered with a result (a response
+// whose id is null or an object, or that answers a message that is no JSON-RPC 2.0).
+TEST_F(StdioTransportTest, AMalformedPingBeforeInitializeIsRefused) {
+  for (const std::string& bad :
+       {R"({"jsonrpc":"2.0","id":null,"method":"ping"})",
+        R"({"jsonrpc":"2.0","id":{"a":1},"method":"ping"})",
+        R"({"jsonrpc":"2.0","id":1.5,"method":"ping"})",
+        R"({"jsonrpc":"1.0","id":2,"method":"ping"})", R"({"id":3,"method":"ping"})",
+        R"({"jsonrpc":"2.0","id":4,"method":"ping","params":[1]})",
+        R"({"jsonrpc":"2.0","id":[5],"method":"tools/list"})"}) {
+    Send(bad + "\n");
+    const json answer = Next();
+    ASSERT_TRUE(answer.is_object()) << "no answer to " << bad;
+    EXPECT_FALSE(answer.contains("result")) << bad << " -> " << answer.dump();
+    EXPECT_TRUE(answer.contains("error")) << bad << " -> " << answer.dump();
+    if (answer.contains("id")) {
+      EXPECT_TRUE(answer["id"].is_string() || answer["id"].is_number_integer())
+          << bad << " -> " << answer.dump();
+    }
+  }
+  Send(R"({"jsonrpc":"2.0","id":6,"method":"ping"})"
+       "\n");
+  const json pong = Next();
+  EXPECT_EQ(pong["id"], 6) << pong.dump();
+  EXPECT_EQ(pong["result"], json::object()) << pong.dump();
+}
+
 // An over-long line is refused alone; the next line is served.
 TEST_F(StdioTransportTest, AnOverLongLineIsRefusedAndTheNextServed) {
   Initialize();
