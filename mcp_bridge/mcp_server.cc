@@ -411,6 +411,8 @@ void McpServer::CallTool(const json& params, const CallContext& ctx, Respond res
       }
     }
     cancelled = *begun;
+  } else if (req.cancelled) {
+    cancelled = req.cancelled;
   }
   Respond end = [this, &req, rid, cancelled, respond = std::move(respond)](Outcome o) {
     if (!req.stateless) sessions_.EndCall(req.session_id, rid);

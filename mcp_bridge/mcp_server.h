@@ -60,6 +60,10 @@ struct Request {
   // Sends a message related to this request before its response (SSE or stdio); null
   // when the transport cannot (a plain JSON response).
   std::function<void(const nlohmann::json&)> notify;
+  // A stateless request's cancel flag, which its transport sets (stdio: on
+  // notifications/cancelled); null: it cannot be cancelled. A stateful request's flag is
+  // its session's.
+  std::shared_ptr<std::atomic<bool>> cancelled;
 };
 
 struct Reply {

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <deque>
+#include <map>
+#include <memory>
 #include <thread>
 #include <utility>
 
@@ -62,11 +64,14 @@ size_t StdioTransport::Run() {
   CondVar cv;
   std::deque<json> queues[2] GUARDED_BY(mu);
   bool eof GUARDED_BY(mu) = false;
+  // The stateless (2026-07-28) requests running, by id: their cancel flags, which
+  // notifications/cancelled sets (a stateful request's are its session's).
+  std::map<std::string, std::shared_ptr<std::atomic<bool>>> stateless_calls GUARDED_BY(mu);
   auto session = [this] {
     MutexLock lock(&session_mu_);
     return session_id_;
   };
-  auto handle = [this, &session](json m) {
+  auto handle = [this, &session, &mu, &stateless_calls](json m) {
     Request r;
     r.message = std::move(m);
     r.session_id = session();
@@ -78,7 +83,18 @@ size_t StdioTransport::Run() {
       return;
     }
     r.stateless = revision.stateless;
+    std::string call_id;
+    if (r.stateless && r.message.is_object() && r.message.contains("id")) {
+      call_id = r.message["id"].dump();
+      r.cancelled = std::make_shared<std::atomic<bool>>(false);
+      MutexLock lock(&mu);
+      if (!stateless_calls.emplace(call_id, r.cancelled).second) call_id.clear();  // reused
+    }
     Reply reply = mcp_->Handle(r);
+    if (!call_id.empty()) {
+      MutexLock lock(&mu);
+      stateless_calls.erase(call_id);
+    }
     if (!reply.new_session_id.empty()) {
       std::string previous;
       {
@@ -135,6 +151,9 @@ size_t StdioTransport::Run() {
       if (params.is_object() && params.contains("requestId")) {
         const json& id = params["requestId"];
         MutexLock lock(&mu);
+        if (auto running = stateless_calls.find(id.dump()); running != stateless_calls.end()) {
+          running->second->store(true);
+        }
         for (auto& q : queues) {
           q.erase(std::remove_if(q.begin(), q.end(),
                                  [&](const json& r) {

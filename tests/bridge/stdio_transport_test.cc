@@ -36,6 +36,7 @@ class StdioTransportTest : public ::testing::Test {
              std::chrono::steady_clock::now() < until) {
         std::this_thread::sleep_for(milliseconds(2));
       }
+      ++slow_ended_;
       return Outcome::Ok({{"content", {{{"type", "text"}, {"text", args.dump()}}}}});
     };
     server_.RegisterTool(std::move(slow));
@@ -121,7 +122,7 @@ class StdioTransportTest : public ::testing::Test {
   int in_write_ = -1, out_read_ = -1;
   std::string pending_;
   std::atomic<bool> release_{false};
-  std::atomic<int> slow_started_{0};
+  std::atomic<int> slow_started_{0}, slow_ended_{0};
 };
 
 // A line with a NUL byte is one bad line: the request after it is still read and answered.
@@ -144,7 +145,7 @@ TEST_F(StdioTransportTest, ANulByteSpoilsOnlyItsOwnLine) {
 // refused as it would be after initialize, never answered with a result (a response
 // whose id is null or an object, or that answers a message that is no JSON-RPC 2.0).
 TEST_F(StdioTransportTest, AMalformedPingBeforeInitializeIsRefused) {
-  for (const std::string& bad :
+  for (const std::string bad :
        {R"({"jsonrpc":"2.0","id":null,"method":"ping"})",
         R"({"jsonrpc":"2.0","id":{"a":1},"method":"ping"})",
         R"({"jsonrpc":"2.0","id":1.5,"method":"ping"})",
@@ -206,6 +207,34 @@ TEST_F(StdioTransportTest, CancelledQueuedRequestsAreDroppedAndLocalToolsDoNotWa
   CloseInput();
   runner_.join();
   EXPECT_EQ(slow_started_, 1) << "the cancelled request ran";
+}
+
+// Revision 2026-07-28 over stdio (no session) cancels by notifications/cancelled too:
+// a running call is told to stop, and gets no answer.
+TEST_F(StdioTransportTest, AStatelessCallInFlightIsCancelled) {
+  Send(R"({"jsonrpc":"2.0","id":20,"method":"tools/call","params":{"name":"slow",)"
+       R"("arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",)"
+       R"("io.modelcontextprotocol/clientCapabilities":{}}}})"
+       "\n");
+  const auto until = std::chrono::steady_clock::now() + milliseconds(5000);
+  while (slow_started_ == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  ASSERT_EQ(slow_started_, 1);
+  Send(R"({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":20}})"
+       "\n");
+  const auto stop_by = std::chrono::steady_clock::now() + milliseconds(2000);
+  while (slow_ended_ == 0 && std::chrono::steady_clock::now() < stop_by) {
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  EXPECT_EQ(slow_ended_, 1) << "the cancelled call did not stop";
+  Send(R"({"jsonrpc":"2.0","id":21,"method":"tools/list","params":{"_meta":{)"
+       R"("io.modelcontextprotocol/protocolVersion":"2026-07-28",)"
+       R"("io.modelcontextprotocol/clientCapabilities":{}}}})"
+       "\n");
+  const json next = Next();
+  ASSERT_TRUE(next.is_object());
+  EXPECT_NE(next["id"], 20) << "the cancelled request was answered: " << next.dump();
 }
 
 }  // namespace
