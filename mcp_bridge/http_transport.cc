@@ -233,6 +233,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Finish(std::string bytes, bool close);
   // The peer's address as connections are counted (ClientKey).
   const std::string& client() const { return client_; }
+  // Set once a write to the peer failed: it hung up (or stopped reading).
+  const std::shared_ptr<std::atomic<bool>>& hung_up() const { return hung_up_; }
 
  private:
   void ReadHeader();
@@ -258,6 +260,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t served_ = 0;       // requests read on this connection
   bool answering_ = false;  // a request was read and its answer is not all written
   std::array<char, 4096> discard_;
+  const std::shared_ptr<std::atomic<bool>> hung_up_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 class HttpTransport::Impl {
@@ -476,6 +479,7 @@ void Connection::Flush() {
                       self->busy_ = false;
                       self->writing_.clear();
                       if (ec) {
+                        self->hung_up_->store(true);
                         if (ec == beast::error::timeout) self->owner_->TimedOut();
                         beast::error_code ignored;
                         self->stream_.socket().close(ignored);
@@ -858,6 +862,8 @@ void HttpTransport::Impl::Post(const HttpRequest& req, Answer& res,
     conn->Send(std::move(event), false, false);
   };
   r.notify = send;
+  // 2026-07-28 cancels a request by closing its response stream.
+  if (r.stateless) r.cancelled = conn->hung_up();
   Reply reply = mcp_->Handle(r);
   bool streamed = false;
   {

@@ -278,5 +278,50 @@ TEST_F(BridgeConnectionsTest, OneAddressCannotTakeEverySession) {
   EXPECT_FALSE(open("127.0.0.4").empty());
 }
 
+// Revision 2026-07-28 has no notifications/cancelled over HTTP: a client cancels a
+// request by closing its SSE response stream, which the server must take as the
+// cancellation. A stateless learn whose client hung up stops between chunks.
+TEST_F(BridgeConnectionsTest, AStatelessLearnStopsWhenItsClientHangsUp) {
+  const int port = Start({"--learn-chunk", "1", "--max-examples", "3000"});
+  json examples = json::array();
+  for (int i = 0; i < 3000; ++i)
+    examples.push_back({{"text", "slow " + std::to_string(i)}, {"label", "positive"}});
+  const json learn = {{"jsonrpc", "2.0"},
+                      {"id", 5},
+                      {"method", "tools/call"},
+                      {"params",
+                       {{"name", "learn"},
+                        {"arguments", {{"examples", examples}}},
+                        {"_meta",
+                         {{"io.modelcontextprotocol/protocolVersion", "2026-07-28"},
+                          {"io.modelcontextprotocol/clientCapabilities", json::object()},
+                          {"progressToken", 1}}}}}};
+  {
+    auto c = RawClient::Connect(port);
+    ASSERT_TRUE(c);
+    ASSERT_TRUE(c->Send(PostRequest(learn.dump(),
+                                    "MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: "
+                                    "tools/call\r\nMcp-Name: learn\r\n")));
+    const auto head = c->Read(milliseconds(5000), /*head=*/true);
+    ASSERT_TRUE(head);
+    ASSERT_EQ(head->status, 200);
+    ASSERT_EQ(head->Header("content-type"), "text/event-stream");
+  }  // hangs up
+  McpHttp probe(port);
+  ASSERT_FALSE(probe.Initialize().empty());
+  auto learned = [&] {
+    return probe.Call("model_info", json::object())["structuredContent"]["staleness"].value(
+        "learn_calls", int64_t{-1});
+  };
+  int64_t before = -2, now = learned();
+  for (int i = 0; i < 100 && now != before; ++i) {  // until it stops moving
+    std::this_thread::sleep_for(milliseconds(500));
+    before = now;
+    now = learned();
+  }
+  EXPECT_EQ(now, before) << "the learn is still running";
+  EXPECT_LT(now, 3000) << "the learn ran to its end after its client hung up";
+}
+
 }  // namespace
 }  // namespace onlineps::testing
