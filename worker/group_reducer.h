@@ -24,6 +24,10 @@ class GroupReducer {
   virtual Status SumFloats(float* data, size_t n) = 0;
   // In place: data[i] = min over members of their data[i].
   virtual Status MinU64(uint64_t* data, size_t n) = 0;
+  // After a call failed: whether it may still have completed at the other members (this
+  // member gave up before the group answered it: a timeout, a lost or garbled reply), so
+  // that its outcome is unknown. false: it completed at no member.
+  virtual bool MayHaveCompleted() const { return true; }
 };
 
 }  // namespace onlineps::worker

@@ -51,10 +51,27 @@ Status WorkerService::GroupRound() {
     float examples = mine ? static_cast<float>(mine->examples) : 0.0f;
     Status st = group.SumFloats(sum.data(), sum.size());
     if (st.ok()) st = group.SumFloats(&examples, 1);
-    if (st.ok()) st = group.MinU64(base.data(), base.size());
+    // A member that fails before the parameter's last call never makes it, so the leader
+    // cannot complete it: the member pushes its own gradient. A last call that failed
+    // without the group's answer may have completed at the leader (it answered after this
+    // member gave up), and the leader may push the sum with this member's gradient in it:
+    // pushing it again would apply it twice, so it is dropped, its outcome unknown.
+    bool last_failed = false;
+    if (st.ok()) {
+      st = group.MinU64(base.data(), base.size());
+      last_failed = !st.ok();
+    }
     if (!st.ok()) {
       failed = st;
-      if (mine) PushDense(i, std::move(*mine), &pushes);
+      if (mine && last_failed && !group.leader() && group.MayHaveCompleted()) {
+        spdlog::error(
+            "local group: the last call of table '{}' failed ({}); the leader may have pushed "
+            "this worker's {} examples with it, so they are not pushed again: their outcome "
+            "is unknown",
+            params[i].name, st.ToString(), mine->examples);
+      } else if (mine) {
+        PushDense(i, std::move(*mine), &pushes);
+      }
       continue;
     }
     if (!group.leader() || examples <= 0) continue;

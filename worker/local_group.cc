@@ -119,6 +119,7 @@ class LocalGroupImpl final : public GroupReducer {
   int size() const override { return size_; }
   Status SumFloats(float* data, size_t n) override { return Run(Op::kGroupSumFloats, data, n); }
   Status MinU64(uint64_t* data, size_t n) override { return Run(Op::kGroupMinU64, data, n); }
+  bool MayHaveCompleted() const override { return unsettled_; }
 
  private:
   // The leader's view of one call: what each member sent (index = rank).
@@ -156,6 +157,8 @@ class LocalGroupImpl final : public GroupReducer {
 
   // Used only by the one thread that drives this member.
   uint64_t seq_ = 0;
+  // A member's last call was sent and the leader's answer to it did not come back.
+  bool unsettled_ = false;
   std::deque<Incoming> early_;  // leader: members' calls the leader has not made yet
   uint64_t failed_seq_ = 0;     // leader: the last failed call, answered to late members
   Status failed_status_;
@@ -193,6 +196,7 @@ Status LocalGroupImpl::Start(const LocalGroupOptions& options) {
 }
 
 Status LocalGroupImpl::Run(Op op, void* data, size_t n) {
+  unsettled_ = false;
   if (n > 0 && data == nullptr) return InvalidArgument(std::string(OpLabel(op)) + ": null data");
   if (n > max_message_bytes_ / ElemSize(op)) {
     return InvalidArgument(std::string(OpLabel(op)) + ": " + std::to_string(n) +
@@ -216,6 +220,7 @@ Status LocalGroupImpl::Follow(Op op, uint64_t seq, void* data, size_t n) {
     return Unavailable(call + ": send to the leader at " + endpoint_ +
                        " failed: " + sent.message());
   }
+  unsettled_ = true;  // until the leader's answer to this call is in
   const Clock::time_point deadline = Clock::now() + timeout_;
   while (true) {
     std::optional<Received> in = inbox_.Take(deadline);
@@ -238,7 +243,10 @@ Status LocalGroupImpl::Follow(Op op, uint64_t seq, void* data, size_t n) {
                                 ": members are out of step");
     }
     if (r.seq == seq) Ack(op, seq, n);
-    if (r.code != StatusCode::kOk) return ReplyStatus(r);
+    if (r.code != StatusCode::kOk) {
+      unsettled_ = r.seq != seq;  // the leader failed this very call: it completed nowhere
+      return ReplyStatus(r);
+    }
     const size_t got = parts.size() == 2 ? parts[1].size() : 0;
     const uint64_t rn = r.shape.empty() ? 0 : r.shape[0];
     if (r.seq != seq || rn != n || got != bytes) {

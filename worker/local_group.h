@@ -43,8 +43,8 @@ struct LocalGroupOptions {
 // leader; members relay it, or report that the leader did not answer);
 // kFailedPrecondition when members made different calls (op or n) or are out of step.
 // A call that failed on one member may have succeeded on others (a member that timed out
-// while the leader was still waiting), and a member that skips a call stays out of step:
-// after a failed call, recreate the group.
+// while the leader was still waiting; MayHaveCompleted() says when it may), and a member
+// that skips a call stays out of step: after a failed call, recreate the group.
 StatusOr<std::unique_ptr<GroupReducer>> NewLocalGroup(const LocalGroupOptions& options);
 
 }  // namespace onlineps::worker

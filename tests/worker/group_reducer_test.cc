@@ -252,6 +252,8 @@ TEST_P(LocalGroupTest, MissingMemberTimesOutNamingIt) {
     EXPECT_NE(status[r].message().find("no call from rank(s) 2 "), std::string::npos)
         << status[r].ToString();
   }
+  // The leader's verdict: the call completed nowhere.
+  EXPECT_FALSE(groups[1]->MayHaveCompleted());
 }
 
 TEST_P(LocalGroupTest, LateMemberGetsTheFailureOfItsCall) {
@@ -286,6 +288,8 @@ TEST_P(LocalGroupTest, MissingLeaderTimesOut) {
   for (int r = 1; r < 3; ++r) {
     EXPECT_EQ(status[r].code(), StatusCode::kDeadlineExceeded) << status[r].ToString();
     EXPECT_NE(status[r].message().find("no reply from the leader"), std::string::npos);
+    // Without the leader's answer, the call may have completed there.
+    EXPECT_TRUE(groups[r]->MayHaveCompleted());
   }
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -209,6 +210,62 @@ class WorkerServiceTest : public ::testing::Test {
     return out;
   }
 
+  // One service per member of `groups` (started in rank order: the leader waits for the
+  // others' calls), each learning one example before the first round, until every
+  // member gave up on the group: then each member's gradient must be in every table
+  // exactly once, whoever pushed it.
+  void RunGroupUntilItBreaks(std::vector<std::unique_ptr<GroupReducer>> groups) {
+    auto model = CreateModel(Mlp());
+    ASSERT_TRUE(model.ok());
+    std::vector<std::unique_ptr<ps::PsClient>> clients;
+    std::vector<std::unique_ptr<WorkerService>> members;
+    for (auto& g : groups) {
+      WorkerServiceOptions wo;
+      wo.group = g.get();
+      wo.group_round_ms = 1000;
+      wo.table_template.optimizer_params["lr"] = 0.5;
+      clients.push_back(Client(endpoints_));
+      members.push_back(std::make_unique<WorkerService>(clients.back().get(), model->get(), wo));
+      ASSERT_TRUE(members.back()->Start().ok());
+    }
+    const auto& params = (*model)->params();
+    std::vector<std::vector<float>> w0;
+    for (const auto& p : params) w0.push_back(PullDense(p.name));
+    ParamView view;
+    for (auto& w : w0) view.dense.push_back(w.data());
+    view.sparse.assign(w0.size(), nullptr);
+    const auto batch =
+        Feats({{1, 0, 2, 0}, {0, 1, 0, -1}, {-1, 2, 0, 0.5}, {3, 1, 1, 1}}, {0, 2, 1, 1});
+    std::vector<std::vector<float>> sum;
+    for (size_t r = 0; r < members.size(); ++r) {
+      auto grad = (*model)->Gradients({batch[r]}, {}, view);
+      ASSERT_TRUE(grad.ok());
+      if (r == 0) sum = grad->dense;
+      for (size_t i = 0; r > 0 && i < sum.size(); ++i) {
+        for (size_t j = 0; j < sum[i].size(); ++j) sum[i][j] += grad->dense[i][j];
+      }
+      auto l = members[r]->Learn("", {batch[r]});
+      ASSERT_TRUE(l.ok()) << l.status().ToString();
+      EXPECT_EQ(l->outcome, LearnOutcome::kAccumulated);
+    }
+    const uint64_t deadline = NowMs() + 20000;
+    auto active = [&] {
+      return std::any_of(members.begin(), members.end(),
+                         [](const auto& m) { return m->stats().group_active; });
+    };
+    while (active() && NowMs() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_FALSE(active());
+    for (auto& m : members) EXPECT_TRUE(m->Stop().ok());
+    for (size_t i = 0; i < params.size(); ++i) {
+      const std::vector<float> w1 = PullDense(params[i].name);
+      for (size_t j = 0; j < w1.size(); ++j) {
+        EXPECT_NEAR(w1[j], w0[i][j] - 0.5f * sum[i][j], 1e-5) << params[i].name << "[" << j << "]";
+      }
+    }
+  }
+
   std::vector<std::unique_ptr<ps::ShardServer>> shards_;
   std::vector<std::string> endpoints_;
   std::vector<std::unique_ptr<Tap>> taps_;
@@ -333,6 +390,90 @@ TEST_F(WorkerServiceTest, LocalGroupPushesTheSumOfItsMembersOncePerRound) {
   EXPECT_EQ(members[1]->stats().pushes, 0u) << "a non-leader pushed dense gradients";
   EXPECT_GT(members[1]->stats().group_rounds, 0u);
   for (auto& m : members) EXPECT_TRUE(m->Stop().ok());
+}
+
+// A GroupReducer that pauses before its `at`-th call (counted from 1), as a leader that
+// is descheduled or swapped out between the calls of a round; or, with `dies`, stops
+// there instead, as a member whose process died: that call is never made.
+class FaultyGroup : public GroupReducer {
+ public:
+  FaultyGroup(std::unique_ptr<GroupReducer> inner, int at, std::chrono::milliseconds pause,
+              bool dies = false)
+      : inner_(std::move(inner)), at_(at), pause_(pause), dies_(dies) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  Status SumFloats(float* data, size_t n) override {
+    if (Fault()) return Unavailable("this member died");
+    return inner_->SumFloats(data, n);
+  }
+  Status MinU64(uint64_t* data, size_t n) override {
+    if (Fault()) return Unavailable("this member died");
+    return inner_->MinU64(data, n);
+  }
+  bool MayHaveCompleted() const override { return !died_ && inner_->MayHaveCompleted(); }
+
+ private:
+  bool Fault() {
+    if (++calls_ < at_) return false;
+    if (dies_) return died_ = true;
+    if (calls_ == at_) std::this_thread::sleep_for(pause_);
+    return false;
+  }
+  std::unique_ptr<GroupReducer> inner_;
+  const int at_;
+  const std::chrono::milliseconds pause_;
+  const bool dies_;
+  bool died_ = false;
+  int calls_ = 0;
+};
+
+// Forms a local group of `timeouts.size()` members in this process (rank r waits
+// timeouts[r] per call).
+std::vector<std::unique_ptr<GroupReducer>> LocalGroupOf(
+    const std::string& endpoint, const std::vector<std::chrono::milliseconds>& timeouts) {
+  const int size = static_cast<int>(timeouts.size());
+  std::vector<std::unique_ptr<GroupReducer>> groups(timeouts.size());
+  std::vector<std::thread> joiners;
+  for (int r = 0; r < size; ++r) {
+    joiners.emplace_back([&, r] {
+      LocalGroupOptions o;
+      o.rank = r;
+      o.size = size;
+      o.endpoint = endpoint;
+      o.timeout = timeouts[static_cast<size_t>(r)];
+      auto g = NewLocalGroup(o);
+      EXPECT_TRUE(g.ok()) << g.status().ToString();
+      if (g.ok()) groups[static_cast<size_t>(r)] = std::move(*g);
+    });
+  }
+  for (std::thread& t : joiners) t.join();
+  return groups;
+}
+
+// The last call of a parameter's round (its MinU64) times out at the member while the
+// leader, paused past the member's timeout, still completes it with the member's call
+// and pushes the sum. The member must not push its own gradient for that parameter
+// too: every member's gradient reaches each table exactly once.
+TEST_F(WorkerServiceTest, AMemberThatTimesOutOnTheLastCallOfAParameterDoesNotPushItTwice) {
+  constexpr auto kTimeout = std::chrono::milliseconds(1500);
+  auto groups = LocalGroupOf("inproc://worker-service-group-pause", {kTimeout, kTimeout});
+  ASSERT_TRUE(groups[0] && groups[1]);
+  // The leader pauses before its third call (the first parameter's MinU64).
+  groups[0] = std::make_unique<FaultyGroup>(std::move(groups[0]), 3, kTimeout + kTimeout / 3);
+  RunGroupUntilItBreaks(std::move(groups));
+}
+
+// A member dies before the last call of a parameter's round: the leader fails that call
+// and tells the member that made it, which then knows the sum is not pushed and pushes
+// its own gradient (not lost).
+TEST_F(WorkerServiceTest, AMemberToldThatTheLastCallFailedPushesItsOwnGradient) {
+  using std::chrono::milliseconds;
+  // Rank 1 waits longer than the leader: the leader's answer comes before its own timeout.
+  auto groups = LocalGroupOf("inproc://worker-service-group-dies",
+                             {milliseconds(1000), milliseconds(3000), milliseconds(3000)});
+  ASSERT_TRUE(groups[0] && groups[1] && groups[2]);
+  groups[2] = std::make_unique<FaultyGroup>(std::move(groups[2]), 3, milliseconds(0), true);
+  RunGroupUntilItBreaks(std::move(groups));
 }
 
 // A per-table freshness bound naming a table the model does not have (a typo) is refused
