@@ -394,8 +394,9 @@ void ShardServer::Stop() {
       // stopped leading, or a re-sync cut short): then it restarts as a new replica.
       std::error_code ec;
       const uint64_t bytes = std::filesystem::file_size(*st, ec);
-      if (!ec && replica_->ExactState())
+      if (!ec && replica_->ExactState()) {
         WriteSidecar(/*clean=*/true, *st, bytes, replica_->position());
+      }
     }
   }
   checkpoint_lock_.reset();  // nothing more is written: another process may take over

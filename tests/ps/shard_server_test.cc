@@ -1288,7 +1288,9 @@ TEST(ShardServerSnapshotTest, ASnapshotLoadedDuringACheckpointWriteLeavesTheWrit
       ShardServerTestPeer::LoadSnapshot(server.get(), SerializeShard({0, 1}, {}, Dedup())).ok());
   const bool still_writing = writing.load();
   EXPECT_EQ(server->FindTable("big"), nullptr);
-  if (still_writing) EXPECT_FALSE(old.expired()) << "the table being written was destroyed";
+  if (still_writing) {
+    EXPECT_FALSE(old.expired()) << "the table being written was destroyed";
+  }
   ckpt.join();
   EXPECT_TRUE(old.expired()) << "the written snapshot still holds the replaced table";
   if (!still_writing) std::printf("the write ended before the load: the race was not hit\n");
