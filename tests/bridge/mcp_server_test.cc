@@ -74,6 +74,17 @@ TEST(McpServerTest, RegisteredToolsMethodsAndCapabilitiesAreServed) {
   EXPECT_TRUE(discover.body["result"]["capabilities"]["things"].is_object());
 }
 
+// Registers tool "later", whose calls wait in `pending` until the test answers them.
+void RegisterLater(McpServer* server, std::vector<Respond>* pending) {
+  ToolDefinition later;
+  later.declaration = {{"name", "later"}, {"inputSchema", {{"type", "object"}}}};
+  later.async_handler = [pending](const json&, const CallContext&, Respond respond) {
+    pending->push_back(std::move(respond));
+  };
+  later.blocks = false;
+  server->RegisterTool(std::move(later));
+}
+
 // A tool with an asynchronous handler holds no thread: HandleAsync returns before the
 // tool answers, answers may come in any order from another thread, and each request gets
 // its own reply once (Blocks says such a call may run on an I/O thread).
@@ -220,13 +231,7 @@ TEST(McpServerTest, AClientPastItsSessionShareEndsItsOwnOldestSession) {
   o.max_sessions_per_client = 3;
   McpServer server(o, nullptr, nullptr, nullptr);
   std::vector<Respond> pending;
-  ToolDefinition later;
-  later.declaration = {{"name", "later"}, {"inputSchema", {{"type", "object"}}}};
-  later.async_handler = [&](const json&, const CallContext&, Respond respond) {
-    pending.push_back(std::move(respond));
-  };
-  later.blocks = false;
-  server.RegisterTool(std::move(later));
+  RegisterLater(&server, &pending);
   auto init = [&](const std::string& principal, const std::string& address) {
     Request req;
     req.message = {{"jsonrpc", "2.0"},
@@ -295,13 +300,7 @@ TEST(McpServerTest, ASessionWithACallInFlightIsNotIdle) {
   std::vector<std::string> ended;
   McpServer server(o, nullptr, nullptr, [&](const std::string& key) { ended.push_back(key); });
   std::vector<Respond> pending;
-  ToolDefinition later;
-  later.declaration = {{"name", "later"}, {"inputSchema", {{"type", "object"}}}};
-  later.async_handler = [&](const json&, const CallContext&, Respond respond) {
-    pending.push_back(std::move(respond));
-  };
-  later.blocks = false;
-  server.RegisterTool(std::move(later));
+  RegisterLater(&server, &pending);
   const std::string sid =
       Send(&server, "", "initialize", {{"protocolVersion", "2025-11-25"}}).new_session_id;
   ASSERT_FALSE(sid.empty());
