@@ -146,7 +146,8 @@ size_t StdioTransport::Run() {
                                    : std::string();
     if (method == "notifications/cancelled") {
       // A request still queued is dropped unanswered, as the spec asks of a cancelled
-      // one; one already running is cancelled by the server.
+      // one (but initialize, which MUST NOT be cancelled); one already running is
+      // cancelled by the server.
       const json& params = m.value("params", json::object());
       if (params.is_object() && params.contains("requestId")) {
         const json& id = params["requestId"];
@@ -157,7 +158,8 @@ size_t StdioTransport::Run() {
         for (auto& q : queues) {
           q.erase(std::remove_if(q.begin(), q.end(),
                                  [&](const json& r) {
-                                   return r.is_object() && r.contains("id") && r["id"] == id;
+                                   return r.is_object() && r.contains("id") && r["id"] == id &&
+                                          r.value("method", json()) != "initialize";
                                  }),
                   q.end());
         }

@@ -237,5 +237,31 @@ TEST_F(StdioTransportTest, AStatelessCallInFlightIsCancelled) {
   EXPECT_NE(next["id"], 20) << "the cancelled request was answered: " << next.dump();
 }
 
+// initialize MUST NOT be cancelled: a notifications/cancelled naming one still queued
+// (behind a running call) leaves it to be answered.
+TEST_F(StdioTransportTest, AQueuedInitializeIsNotCancelled) {
+  Send(R"({"jsonrpc":"2.0","id":20,"method":"tools/call","params":{"name":"slow",)"
+       R"("arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",)"
+       R"("io.modelcontextprotocol/clientCapabilities":{}}}})"
+       "\n");
+  const auto until = std::chrono::steady_clock::now() + milliseconds(5000);
+  while (slow_started_ == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  ASSERT_EQ(slow_started_, 1);
+  Send(R"({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":)"
+       R"("2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}})"
+       "\n"
+       R"({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}})"
+       "\n");
+  std::this_thread::sleep_for(milliseconds(50));
+  release_ = true;
+  bool initialized = false;
+  for (json m = Next(); m.is_object(); m = Next(milliseconds(1000))) {
+    if (m.value("id", json()) == 1) initialized = m.contains("result");
+  }
+  EXPECT_TRUE(initialized) << "the queued initialize was dropped by a cancellation";
+}
+
 }  // namespace
 }  // namespace onlineps::bridge
