@@ -342,14 +342,20 @@ void Tools::LearnNext(std::shared_ptr<LearnRun> run) {
           // answer: the outcome is as unknown, for another reason.
           const bool silent =
               r.status().message().find(worker::kNoWorkerAnswer) != std::string::npos;
+          // Some shard applied its part while another push failed: the worker named the
+          // tables that took theirs.
+          const bool partly =
+              r.status().message().find(worker::kPartlyApplied) != std::string::npos;
           std::string m = "learn failed on examples " + std::to_string(l.done) + ".." +
                           std::to_string(l.done + n - 1) + ": " + WorkerError(r.status());
-          m += !unknown ? ". They were not applied."
-               : silent ? ". Their outcome is unknown: the worker did not answer, so they may "
-                          "or may not have been applied."
-                        : ". Their outcome is unknown: the worker's push to the parameter "
-                          "servers got no answer in time, so they may or may not have been "
-                          "applied.";
+          m += partly     ? ". They were partly applied (to the tables named): sending them "
+                            "again would apply that part twice."
+               : !unknown ? ". They were not applied."
+               : silent   ? ". Their outcome is unknown: the worker did not answer, so they "
+                            "may or may not have been applied."
+                          : ". Their outcome is unknown: the worker's push to the parameter "
+                            "servers got no answer in time, so they may or may not have been "
+                            "applied.";
           if (l.done > 0) {
             m += " Examples 0.." + std::to_string(l.done - 1) + " were learned.";
           }

@@ -597,6 +597,7 @@ void PsClientImpl::FillPushReply(PushReply* r, size_t shard, const Header& h) {
   r->max_version = std::max(r->max_version, h.version);
   r->queued |= h.queued;
   r->duplicate |= h.message.rfind("duplicate", 0) == 0;
+  ++r->shards_took;
 }
 
 void PsClientImpl::SendPush(std::unique_ptr<Pending> p, PushReply* reply,

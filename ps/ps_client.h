@@ -49,6 +49,9 @@ struct PushReply {
   uint64_t max_version = 0;
   bool queued = false;     // some shard accumulated the push without applying it yet
   bool duplicate = false;  // some shard had already applied it (a retry)
+  // Shards that took their part (applied or queued it, or had it already); of a call that
+  // failed, those whose part was applied all the same.
+  uint32_t shards_took = 0;
 };
 
 struct PullOptions {

@@ -31,6 +31,11 @@ struct WorkerClientOptions {
 // deadline passed, the connection dropped, the worker left the ring, shutdown). A
 // DEADLINE_EXCEEDED the worker itself answered (its own PS call timed out) lacks it.
 inline constexpr char kNoWorkerAnswer[] = " (no answer from the worker)";
+// In the error of a learn some of whose pushes were applied (or queued) by a shard while
+// another push of it failed: then follows the list of tables that took their part, and
+// ")". Retrying such a learn applies that part twice. A learn failing without it was not
+// applied, unless it is a DEADLINE_EXCEEDED (its outcome unknown).
+inline constexpr char kPartlyApplied[] = " (part of this learn was applied, to tables: ";
 // In the FAILED_PRECONDITION a worker answers, before doing anything, to an infer or learn
 // naming a `context_revision` of the session's context it does not hold (it restarted,
 // or dropped the context as idle or for room): the caller re-sends the context.

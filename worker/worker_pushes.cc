@@ -7,6 +7,7 @@
 
 #include "common/clock.h"
 #include "common/frame.h"
+#include "worker/worker_client.h"
 #include "worker/worker_service.h"
 
 namespace onlineps::worker {
@@ -249,11 +250,20 @@ Status WorkerService::FinishPushes(Pushes& pushes, ReplyWhen when, LearnReply* o
     }
     FoldPush(p.table, *p.reply, st, p.batched, out, &first);
   }
-  return first;
+  return PartlyApplied(first, out->landed);
+}
+
+Status WorkerService::PartlyApplied(const Status& failed, const std::set<std::string>& landed) {
+  if (failed.ok() || landed.empty()) return failed;
+  std::string names;
+  for (const std::string& t : landed) names += (names.empty() ? "'" : ", '") + t + "'";
+  return Status(failed.code(), failed.message() + kPartlyApplied + names + ")");
 }
 
 void WorkerService::FoldPush(const std::string& table, const ps::PushReply& reply, const Status& st,
                              bool batched, LearnReply* out, Status* first) {
+  // A shard that answered its part applied (or queued) it, whatever the others did.
+  if (st.ok() || reply.shards_took > 0) out->landed.insert(table);
   if (!st.ok()) {
     if (first->ok()) {
       // A batch's error names its table already.

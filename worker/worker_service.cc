@@ -572,7 +572,7 @@ void WorkerService::LearnPartDone(const std::shared_ptr<LearnRun>& run) {
     reply = std::move(run->reply);
     first = std::move(run->first);
   }
-  if (!first.ok()) return run->done(std::move(first));
+  if (!first.ok()) return run->done(PartlyApplied(first, reply.landed));
   // The starter's fields with the pushes' (the version: the newer of the read and the
   // pushes').
   const LearnReply& head = run->head;

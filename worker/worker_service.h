@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,9 @@ struct LearnReply {
   uint64_t tau = 0;  // largest staleness the PS measured for this call's pushes
   size_t sparse_rows_pushed = 0;
   bool dense_pushed = false;
+  // Tables some shard took this call's push to, even when another push of it failed:
+  // a failed learn's error names them (kPartlyApplied).
+  std::set<std::string> landed;
 };
 
 struct WorkerStats {
@@ -261,6 +265,9 @@ class WorkerService {
   // Folds one push's outcome into `out` (`first`: the first error).
   static void FoldPush(const std::string& table, const ps::PushReply& reply, const Status& st,
                        bool batched, LearnReply* out, Status* first);
+  // A failed learn's error naming the tables some shard applied its push to all the same
+  // (kPartlyApplied): retrying that learn would apply those parts twice.
+  static Status PartlyApplied(const Status& failed, const std::set<std::string>& landed);
   // A push of `run` is done (or, from LearnAsync, every push is started): ends the learn
   // when it was the last.
   void LearnPartDone(const std::shared_ptr<LearnRun>& run);

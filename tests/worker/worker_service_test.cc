@@ -10,6 +10,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <msgpack.hpp>
 #include <mutex>
 #include <set>
@@ -199,6 +201,35 @@ class WorkerServiceTest : public ::testing::Test {
     std::vector<float> out(spec->size());
     EXPECT_TRUE(peek_->PullDense(table, out.data(), v).Wait().ok());
     return out;
+  }
+
+  // A learn whose pushes one shard applied and another refused (here a shard restarted
+  // empty on the same address: "no such table") must not be reported as not applied: its
+  // error names the part that landed (kPartlyApplied), since a retry would apply it twice.
+  // `learn` runs one learn of one example after the restart (the worker's cache is warm,
+  // so it pushes without a pull) and returns its status.
+  void ExpectAPartlyAppliedLearnSaysSo(const std::function<Status()>& learn) {
+    ASSERT_TRUE(service_->Learn("", Feats({{1, -1, 2, 0}}, {1})).ok());
+    shards_[1]->Stop();
+    ps::ShardServerOptions fresh;
+    fresh.shard = 1;
+    fresh.num_shards = 2;
+    fresh.listen = endpoints_[1];
+    shards_[1] = std::make_unique<ps::ShardServer>(fresh, std::make_shared<prometheus::Registry>());
+    ASSERT_TRUE(shards_[1]->Start().ok());
+    std::map<std::string, uint64_t> before;
+    for (const auto& p : model_->params()) {
+      if (auto t = shards_[0]->FindTable(p.name)) before[p.name] = t->version();
+    }
+    ASSERT_FALSE(before.empty()) << "no table of the model on shard 0";
+    const Status st = learn();
+    bool landed = false;
+    for (const auto& [name, v] : before) landed |= shards_[0]->FindTable(name)->version() > v;
+    ASSERT_FALSE(st.ok()) << "shard 1 holds none of the tables";
+    ASSERT_TRUE(landed) << "shard 0 applied nothing: " << st.ToString();
+    EXPECT_NE(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
+    EXPECT_NE(st.message().find(kPartlyApplied), std::string::npos)
+        << "a learn part of which was applied reads as not applied: " << st.ToString();
   }
 
   static std::vector<Example> Feats(std::vector<std::vector<float>> xs, std::vector<int> ys) {
@@ -901,6 +932,27 @@ TEST_F(WorkerServiceTest, AFailedLocalStepsDeltaIsNotPushedAgain) {
   EXPECT_EQ(on0->version(), after_failed)
       << "the failed delta was pushed again: shard 0 applied its steps twice";
   StopWithAShardDown();
+}
+
+TEST_F(WorkerServiceTest, ALearnRefusedByOneShardAfterAnotherAppliedSaysSo) {
+  WorkerServiceOptions o;
+  o.cache.notices = false;
+  o.cache.refresh_interval_ms = 0;
+  StartWorker(Mlp(), o, /*tap=*/false, std::chrono::milliseconds(2000));
+  ExpectAPartlyAppliedLearnSaysSo([&] {
+    return service_->Learn("", Feats({{1, -1, 2, 0}}, {1})).status();
+  });
+}
+
+// The same over the RPC: the asynchronous learn the bridge's calls take.
+TEST_F(WorkerServiceTest, ALearnOverRpcRefusedByOneShardAfterAnotherAppliedSaysSo) {
+  WorkerServiceOptions o;
+  o.cache.notices = false;
+  o.cache.refresh_interval_ms = 0;
+  StartWorker(Mlp(), o, /*tap=*/false, std::chrono::milliseconds(2000));
+  ExpectAPartlyAppliedLearnSaysSo([&] {
+    return rpc_->Call(Op::kLearn, {{"features", {1, -1, 2, 0}}, {"label", "b"}}).status();
+  });
 }
 
 TEST_F(WorkerServiceTest, QueuedModeRepliesBeforeTheAckAndStopWaitsForIt) {
