@@ -174,9 +174,19 @@ def main():
     sig_out = os.path.join(work, "sig")
     p = subprocess.Popen([f"{BIN}/onlineps_replay", "--trace", trace, "--model", "text",
                           "--out", sig_out, "--quiet", "--no-plots", "--mode", "timed",
-                          "--speed", "0.5", "--loop", "100"],
+                          "--speed", "0.5", "--loop", "100", "--events"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2)
+    # Interrupted once its first push is logged (events.jsonl is flushed per line), not
+    # after a fixed time: on a loaded machine (a parallel ctest) the run may not have
+    # pushed yet after 2 s, and an interrupt then leaves nothing to report.
+    events = os.path.join(sig_out, "events.jsonl")
+    deadline = time.time() + 60
+    while time.time() < deadline and p.poll() is None:
+        if os.path.exists(events):
+            with open(events) as f:
+                if any('"kind":"push"' in line.replace(" ", "") for line in f):
+                    break
+        time.sleep(0.05)
     p.send_signal(signal.SIGINT)
     try:
         out, err = p.communicate(timeout=30)
