@@ -17,6 +17,10 @@ constexpr uint32_t kFlagLeaving = 1u << 2;       // backup -> primary (kReplStat
 // A re-syncing backup starts holding commits (joining) only this close to the primary:
 // the entries after its ack fit in this many bytes, which it applies in milliseconds.
 constexpr size_t kJoinBytes = size_t{16} << 20;
+// Memory a log entry holds beyond its payload, as max_log_bytes counts it: the frame
+// vector's allocation, and per frame the shared owner (control block and allocation).
+constexpr size_t kEntryOverheadBytes = 32;
+constexpr size_t kFrameOverheadBytes = 64;
 
 std::string Hex(uint64_t v) { return IncarnationHex(v); }
 uint64_t FromHex(const std::string& s) { return ParseIncarnation(s); }
@@ -938,7 +942,11 @@ uint64_t ReplicaCore::Append(const Frames& request) {
   e.frames.reserve(1 + request.size());
   e.frames.push_back(Frame::FromString(EncodeHeader(h)));
   for (const Frame& f : request) e.frames.push_back(f);
-  for (const Frame& f : e.frames) e.bytes += f.size();
+  // What the entry holds in memory, not only its payload: under max_log_bytes, a log of
+  // tiny pushes (which a backup re-syncing from a snapshot may keep past max_log_entries)
+  // would otherwise hold several times the cap in bookkeeping.
+  e.bytes = sizeof(Entry) + kEntryOverheadBytes;
+  for (const Frame& f : e.frames) e.bytes += sizeof(Frame) + kFrameOverheadBytes + f.size();
   log_bytes_ += e.bytes;
   log_.push_back(std::move(e));
   return lsn_;
