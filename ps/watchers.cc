@@ -18,6 +18,10 @@ StatusOr<uint64_t> ParseU64(const std::string& what, const std::string& s) {
   return *v;
 }
 
+// The version from which on every push's keys are remembered when recording starts now.
+// An accumulating table's next version also applies pushes queued before, unrecorded.
+uint64_t RecordedSince(const Table& t) { return t.version() + (t.spec().accumulate > 1 ? 1 : 0); }
+
 }  // namespace
 
 Watchers::Watchers(WatchersOptions options, TablesFn tables, ReplyFn reply)
@@ -64,7 +68,7 @@ Status Watchers::Watch(const std::string& peer, const Header& req, uint64_t now_
     MutexLock lock(&log->mu);
     if (!log->active) {
       log->active = true;
-      log->since = it->second->version();
+      log->since = RecordedSince(*it->second);
     }
   }
   {
@@ -205,7 +209,7 @@ void Watchers::Reset() {
       MutexLock l(&log->mu);
       log->entries.clear();
       log->keys = 0;
-      log->since = it == tables->end() ? 0 : it->second->version();
+      log->since = it == tables->end() ? 0 : RecordedSince(*it->second);
     }
   }
   Expire(std::numeric_limits<uint64_t>::max());

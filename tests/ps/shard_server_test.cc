@@ -803,6 +803,39 @@ TEST_P(ShardServerTest, APushThatEvictsRowsAnswersThePushersOwnWatchWithThem) {
   EXPECT_THAT(keys, ::testing::Contains(5u)) << "the evicted row is not named";
 }
 
+TEST_P(ShardServerTest, AWatchNamesTheKeysOfPushesQueuedBeforeItStarted) {
+  // accumulate = 2: the first push is queued (version 0), the second applies both.
+  TableSpec acc = SparseSpec();
+  acc.name = "q";
+  acc.accumulate = 2;
+  Header create = Request(Op::kCreateTable, "q");
+  create.spec = EncodeSpec(acc);
+  ASSERT_TRUE(raw_->Call({HeaderFrame(create)}).has_value());
+  RawClient other(endpoint_);
+  auto queued =
+      other.Call({HeaderFrame(PushHeader(Op::kPushSparse, "q", 2, 1)), Keys({42}), Floats({1, 1})});
+  ASSERT_TRUE(queued.has_value());
+  ASSERT_EQ(queued->first.code, StatusCode::kOk) << queued->first.message;
+  EXPECT_EQ(queued->first.version, 0u);
+  // The first watch of the table starts the shard remembering keys, after key 42 came.
+  raw_->Send({HeaderFrame(WatchHeader(91, {{"wait_ms", "10000"}, {"t.q", "0"}}))});
+  EXPECT_FALSE(raw_->Receive(100ms).has_value());
+  ASSERT_TRUE(
+      other.Call({HeaderFrame(PushHeader(Op::kPushSparse, "q", 2, 2)), Keys({7}), Floats({1, 1})})
+          .has_value());
+  auto watch = raw_->Receive();
+  ASSERT_TRUE(watch.has_value());
+  EXPECT_EQ(watch->first.spec["t.q"], "1");
+  // Version 1 changed key 42 too: the answer names it, or says "all".
+  if (watch->first.spec["k.q"] == "all") return;
+  ASSERT_EQ(watch->first.spec["k.q"], "1");
+  ASSERT_EQ(watch->second.size(), 2u);
+  const uint64_t* k = watch->second[1].As<uint64_t>();
+  EXPECT_THAT(std::vector<uint64_t>(k, k + watch->second[1].CountOf<uint64_t>()),
+              ::testing::Contains(42u))
+      << "the queued push's key is not named: a watcher keeps its old row for good";
+}
+
 TEST_P(ShardServerTest, WatchFromAnOlderVersionIsAnsweredAtOnceWithAllRows) {
   // The keys pushed before the first watch are not known: "all".
   auto r = raw_->Call({HeaderFrame(WatchHeader(5, {{"t.d", "0"}, {"t.s", "0"}}))});
