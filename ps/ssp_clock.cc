@@ -1,5 +1,6 @@
 #include "ps/ssp_clock.h"
 
+#include <algorithm>
 #include <limits>
 
 namespace onlineps::ps {
@@ -19,7 +20,14 @@ void SspClock::Touch(uint64_t sender, uint64_t now_ms) {
   MutexLock lock(&mu_);
   auto it = senders_.find(sender);
   if (it != senders_.end()) {
-    it->second.last_ms = now_ms;
+    Entry& e = it->second;
+    if (e.last_ms < now_ms && now_ms - e.last_ms > lease_ms_) {
+      // Back after its lease: it rejoins like a newcomer, rather than hold every live
+      // sender until it has made up the pushes it missed meanwhile.
+      const uint64_t min_live = MinLiveClock(now_ms);
+      if (min_live != std::numeric_limits<uint64_t>::max()) e.clock = std::max(e.clock, min_live);
+    }
+    e.last_ms = now_ms;
     return;
   }
   if (senders_.size() >= max_senders_) {

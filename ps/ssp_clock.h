@@ -2,7 +2,8 @@
 // Synchronous Parallel, Ho et al. 2013). A sender's clock counts its pushes to the
 // table; a sender more than s pushes ahead of the slowest live sender is held. A sender
 // silent for longer than the lease stops counting, so a dead worker never blocks the
-// others for good. Bounded: at most max_senders clocks (oldest dropped). Thread-safe.
+// others for good; when it comes back it rejoins at the slowest live clock, as a
+// newcomer does. Bounded: at most max_senders clocks (oldest dropped). Thread-safe.
 #ifndef ONLINEPS_PS_SSP_CLOCK_H_
 #define ONLINEPS_PS_SSP_CLOCK_H_
 
@@ -18,7 +19,8 @@ class SspClock {
   SspClock(uint64_t bound, uint64_t lease_ms, size_t max_senders = 4096)
       : bound_(bound), lease_ms_(lease_ms), max_senders_(max_senders) {}
 
-  // A pull registers the sender (at the slowest clock) so it is waited for.
+  // A pull registers the sender (at the slowest live clock, if new or back after its
+  // lease) so it is waited for.
   void Touch(uint64_t sender, uint64_t now_ms);
   // Counts one push of `sender`.
   void Tick(uint64_t sender, uint64_t now_ms);

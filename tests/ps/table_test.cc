@@ -509,6 +509,26 @@ TEST_P(TableKindTest, BlockModeStopsWaitingForSenderSilentPastTimeout) {
   EXPECT_TRUE(t->Releasable(1, 1101));   // silent for longer than the lease
 }
 
+TEST_P(TableKindTest, BlockModeSenderBackAfterItsLeaseRejoinsAtTheSlowestLiveClock) {
+  TableSpec spec = Spec();
+  spec.max_staleness = 0;
+  spec.bound_mode = BoundMode::kBlock;
+  spec.block_timeout_ms = 100;
+  auto t = NewTable(spec);
+  ASSERT_NE(t, nullptr);
+  Pull(*t, 1, nullptr, false, 1000);
+  Pull(*t, 2, nullptr, false, 1000);
+  // Sender 2 goes silent; once its lease ends sender 1 goes on alone.
+  for (uint64_t i = 0; i < 50; ++i) EXPECT_FALSE(MustPush(*t, 1, i, kG1, false, 2000 + i).hold);
+  // Sender 2 comes back: like a newcomer it starts at the slowest live clock, instead of
+  // holding sender 1 until it has made up the 50 pushes it missed.
+  Pull(*t, 2, nullptr, false, 2050);
+  EXPECT_TRUE(t->Releasable(1, 2050));
+  EXPECT_TRUE(MustPush(*t, 1, 50, kG1, false, 2050).hold);  // one ahead of sender 2: held
+  EXPECT_FALSE(MustPush(*t, 2, 50, kG2, false, 2050).hold);
+  EXPECT_TRUE(t->Releasable(1, 2050));
+}
+
 TEST_P(TableKindTest, BlockModeCountsSenderSeenAMillisecondLaterAsLive) {
   TableSpec spec = Spec();
   spec.max_staleness = 0;
