@@ -655,8 +655,10 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
             Push(h, frames, t, reply, &hold, &applied, &evicted, values_after));
       }
       // The pusher learns the new version from this reply; other watchers get a notice.
-      // Rows the push evicted are news to the pusher too: its watch is answered as well.
-      watchers_->Changed(h.table, evicted ? std::string_view() : peer);
+      // Rows the push evicted are news to the pusher too, and so are the rows of others'
+      // pushes it applied with its own (accumulation): its watch is answered as well.
+      const bool others = evicted || (t->spec().accumulate > 1 && !reply->queued);
+      watchers_->Changed(h.table, others ? std::string_view() : peer);
       if (values_after != nullptr) {
         if (!after.empty()) {
           out->push_back(Frame::FromVector(std::move(after)));

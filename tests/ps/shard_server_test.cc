@@ -836,6 +836,42 @@ TEST_P(ShardServerTest, AWatchNamesTheKeysOfPushesQueuedBeforeItStarted) {
       << "the queued push's key is not named: a watcher keeps its old row for good";
 }
 
+TEST_P(ShardServerTest, APushThatAppliesOthersQueuedPushesAnswersThePushersOwnWatch) {
+  // accumulate = 2: a push that completes the window applies another sender's queued
+  // push too; its reply names only its own rows, so its pusher's watch is answered.
+  TableSpec acc = SparseSpec();
+  acc.name = "q";
+  acc.accumulate = 2;
+  Header create = Request(Op::kCreateTable, "q");
+  create.spec = EncodeSpec(acc);
+  ASSERT_TRUE(raw_->Call({HeaderFrame(create)}).has_value());
+  RawClient other(endpoint_);
+  auto watch = raw_->Call({HeaderFrame(WatchHeader(90, {{"wait_ms", "10000"}, {"t.q", "1"}}))});
+  ASSERT_TRUE(watch.has_value());
+  ASSERT_EQ(watch->first.spec["t.q"], "0");
+  raw_->Send({HeaderFrame(WatchHeader(91, {{"wait_ms", "10000"}, {"t.q", "0"}}))});
+  EXPECT_FALSE(raw_->Receive(100ms).has_value());
+  auto queued =
+      other.Call({HeaderFrame(PushHeader(Op::kPushSparse, "q", 2, 1)), Keys({42}), Floats({1, 1})});
+  ASSERT_TRUE(queued.has_value());
+  ASSERT_TRUE(queued->first.queued);
+  raw_->Send({HeaderFrame(PushHeader(Op::kPushSparse, "q", 1, 10)), Keys({7}), Floats({1, 1})});
+  std::map<uint32_t, std::pair<Header, Frames>> replies;
+  for (int i = 0; i < 2; ++i) {
+    auto r = raw_->Receive(2000ms);
+    ASSERT_TRUE(r.has_value()) << "reply " << i << " missing";
+    replies[r->first.request_id] = std::move(*r);
+  }
+  ASSERT_EQ(replies.count(91), 1u) << "the pusher's own watch was not answered";
+  const auto& notice = replies[91];
+  EXPECT_EQ(notice.first.spec.at("t.q"), "1");
+  if (notice.first.spec.at("k.q") == "all") return;
+  ASSERT_EQ(notice.second.size(), 2u);
+  const uint64_t* k = notice.second[1].As<uint64_t>();
+  EXPECT_THAT(std::vector<uint64_t>(k, k + notice.second[1].CountOf<uint64_t>()),
+              ::testing::Contains(42u));
+}
+
 TEST_P(ShardServerTest, WatchFromAnOlderVersionIsAnsweredAtOnceWithAllRows) {
   // The keys pushed before the first watch are not known: "all".
   auto r = raw_->Call({HeaderFrame(WatchHeader(5, {{"t.d", "0"}, {"t.s", "0"}}))});
