@@ -1094,6 +1094,7 @@ Ticket PsClientImpl::Watch(size_t shard, const std::map<std::string, uint64_t>& 
   p->on_reply = [reply](const Header& h, const Frames& f) -> Status {
     WatchReply r;
     for (const auto& [k, v] : h.spec) {
+      if (k == "inc") r.incarnation = v;
       if (k.size() < 3 || k[1] != '.' || (k[0] != 't' && k[0] != 'k')) continue;
       const std::string table = k.substr(2);
       const std::optional<uint64_t> n = ParseSpecU64(v);

@@ -103,6 +103,8 @@ struct WatchReply {
   // in all_keys, the tables whose changed keys the shard no longer knows.
   std::map<std::string, std::vector<uint64_t>> keys;
   std::set<std::string> all_keys;
+  // The shard's incarnation, new at every start ("" from a shard too old to send one).
+  std::string incarnation;
 };
 
 // The completion of an asynchronous call. Copyable; all copies share the result.

@@ -1,7 +1,10 @@
 #include "ps/watchers.h"
 
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 #include <limits>
+#include <random>
 #include <utility>
 
 namespace onlineps::ps {
@@ -10,6 +13,7 @@ namespace {
 constexpr char kWaitKey[] = "wait_ms";
 constexpr char kTablePrefix[] = "t.";
 constexpr char kKeysPrefix[] = "k.";
+constexpr char kIncarnationKey[] = "inc";
 constexpr size_t kMaxTablesPerWatch = 1024;
 
 StatusOr<uint64_t> ParseU64(const std::string& what, const std::string& s) {
@@ -22,10 +26,20 @@ StatusOr<uint64_t> ParseU64(const std::string& what, const std::string& s) {
 // An accumulating table's next version also applies pushes queued before, unrecorded.
 uint64_t RecordedSince(const Table& t) { return t.version() + (t.spec().accumulate > 1 ? 1 : 0); }
 
+std::string NewIncarnation() {
+  std::random_device rd;
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016" PRIx64, (uint64_t{rd()} << 32) ^ rd());
+  return hex;
+}
+
 }  // namespace
 
 Watchers::Watchers(WatchersOptions options, TablesFn tables, ReplyFn reply)
-    : options_(options), tables_(std::move(tables)), reply_(std::move(reply)) {}
+    : options_(options),
+      tables_(std::move(tables)),
+      reply_(std::move(reply)),
+      incarnation_(NewIncarnation()) {}
 
 Watchers::ChangeLog* Watchers::LogOf(const std::string& table) {
   MutexLock lock(&logs_mu_);
@@ -99,6 +113,7 @@ bool Watchers::Differs(const Held& w, const TableMap& tables) const {
 
 void Watchers::Answer(const Held& w) {
   Header reply = MakeReply(w.req, Status::Ok());
+  reply.spec[kIncarnationKey] = incarnation_;
   Frames keys_frames;
   const std::shared_ptr<const TableMap> tables = tables_();
   for (const auto& [name, known] : w.known) {

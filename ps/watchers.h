@@ -3,7 +3,9 @@
 // of them differs here, or when its wait ends (a heartbeat), with the version of every
 // named table and, for a sparse table that changed, the keys pushed since the watcher's
 // version (or "all" once they are no longer remembered). One answer per watch: the
-// watcher sends the next one, so notices coalesce while it is busy. Thread-safe.
+// watcher sends the next one, so notices coalesce while it is busy. Every answer carries
+// this object's incarnation, new at every start of the shard: a watcher that sees it
+// change knows the versions it holds may name another history. Thread-safe.
 #ifndef ONLINEPS_PS_WATCHERS_H_
 #define ONLINEPS_PS_WATCHERS_H_
 
@@ -98,6 +100,7 @@ class Watchers {
   const WatchersOptions options_;
   const TablesFn tables_;
   const ReplyFn reply_;
+  const std::string incarnation_;  // random, 16 hex digits
 
   Mutex logs_mu_ ACQUIRED_BEFORE(mu_);
   std::map<std::string, std::unique_ptr<ChangeLog>> logs_ GUARDED_BY(logs_mu_);  // never erased

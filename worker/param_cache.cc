@@ -133,6 +133,7 @@ ParamCache::ParamCache(ps::PsClient* client, ParamCacheOptions options)
   watching_.assign(num_shards_, false);
   watch_retry_ms_.assign(num_shards_, 0);
   known_.resize(num_shards_);
+  incarnation_.resize(num_shards_);
   for (uint32_t s = 0; s < num_shards_; ++s) live_until_[s].store(0);
 }
 
@@ -650,6 +651,19 @@ void ParamCache::OnNotice(uint32_t shard, const Status& st, const ps::WatchReply
     return;
   }
   ParamCacheStats delta;
+  // Another incarnation: the shard restarted (or another replica took over), maybe from
+  // an older checkpoint whose history went on elsewhere up to the very versions this
+  // worker holds. Nothing held of it can be trusted: dropped, as when a version went back.
+  bool restarted = false;
+  if (!reply.incarnation.empty()) {
+    MutexLock lock(&watch_mu_);
+    restarted = !incarnation_[shard].empty() && incarnation_[shard] != reply.incarnation;
+    incarnation_[shard] = reply.incarnation;
+  }
+  if (restarted) {
+    spdlog::warn("shard {} restarted or failed over (new incarnation); dropping what is held of it",
+                 shard);
+  }
   // A version below one this worker saw of the shard (its own push replies and pulls
   // included, which a watch does not name) means the shard went back: it restarted from
   // an older checkpoint, or a replica behind took over. What is held of it may be gone
@@ -664,8 +678,8 @@ void ParamCache::OnNotice(uint32_t shard, const Status& st, const ps::WatchReply
     if (auto it = dense_.find(table); it != dense_.end()) {
       DenseEntry* e = it->second.get();
       MutexLock lock(&e->mu);
-      if (version < e->newest[shard]) {
-        went_back(table, version, e->newest[shard]);
+      if (restarted || version < e->newest[shard]) {
+        if (version < e->newest[shard]) went_back(table, version, e->newest[shard]);
         e->newest[shard] = version;
         e->snapshot.reset();
         ++e->generation;
@@ -680,8 +694,8 @@ void ParamCache::OnNotice(uint32_t shard, const Status& st, const ps::WatchReply
     if (it == sparse_.end()) continue;
     SparseEntry* e = it->second.get();
     MutexLock lock(&e->mu);
-    const bool back = version < e->newest[shard];
-    if (back) {
+    const bool back = restarted || version < e->newest[shard];
+    if (version < e->newest[shard]) {
       went_back(table, version, e->newest[shard]);
       e->newest[shard] = version;
     }

@@ -180,6 +180,7 @@ class ParamCache {
   std::vector<bool> watching_ GUARDED_BY(watch_mu_);
   std::vector<int64_t> watch_retry_ms_ GUARDED_BY(watch_mu_);
   std::vector<std::map<std::string, uint64_t>> known_ GUARDED_BY(watch_mu_);
+  std::vector<std::string> incarnation_ GUARDED_BY(watch_mu_);  // of the last notice
   std::unique_ptr<std::atomic<int64_t>[]> live_until_;  // per shard: notices flow until then
   std::shared_ptr<Alive> alive_;  // watch callbacks reach the cache only through it
 

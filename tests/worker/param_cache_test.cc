@@ -924,6 +924,61 @@ TEST_F(ParamCacheTest, AShardThatWentBackIsNoticedAndWhatItHeldIsDropped) {
   std::filesystem::remove_all(dir);
 }
 
+TEST_F(ParamCacheTest, AShardBackAtTheVersionThisWorkerHeldWithOtherRowsIsNoticed) {
+  char tmpl[] = "/tmp/onlineps-cache-aba-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  reader_.reset();
+  writer_.reset();
+  for (auto& srv : servers_) srv->Stop();
+  checkpoint_dir_ = dir;
+  StartAll({UniqueMemName(), UniqueMemName()});
+  const std::vector<uint64_t> keys = KeysOnShard(0, 2);
+  const uint64_t key = keys[0], other = keys[1];
+  const std::string ckpt = servers_[0]->checkpoint_path();
+  auto restart_from = [&](const std::string& copy) {
+    servers_[0]->Stop();
+    servers_[0].reset();
+    for (const auto& f : std::filesystem::directory_iterator(dir)) {
+      if (f.path().filename().string().rfind("shard-0-", 0) == 0) std::filesystem::remove(f.path());
+    }
+    std::filesystem::copy_file(copy, ckpt);
+    StartShard(0);
+  };
+  // Two histories of shard 0 from version v: "b" pushed `other` to v + 1.
+  ASSERT_TRUE(servers_[0]->Checkpoint().ok());
+  const std::string base = dir + "/base.ckpt", b = dir + "/b.ckpt";
+  std::filesystem::copy_file(ckpt, base);
+  PushRow(other, {5, 5});
+  ASSERT_TRUE(servers_[0]->Checkpoint().ok());
+  std::filesystem::copy_file(ckpt, b);
+  restart_from(base);
+  ParamCacheOptions o;
+  o.sparse.max_age_ms = 60'000;
+  o.notice_wait_ms = 200;
+  auto cache = MakeCache(o);
+  cache->Start();
+  ASSERT_GE(MsUntil(3000, [&] { return cache->stats().shards_noticing == 2; }), 0);
+  // The other history pushes `key` to v + 1; the worker holds that row, noticed at v + 1.
+  PushRow(key, {1, 2});
+  float row[kDim];
+  std::this_thread::sleep_for(600ms);  // the notice of v + 1 came
+  ASSERT_TRUE(cache->Sparse("emb", &key, 1, row, nullptr).ok());
+  ASSERT_EQ(row[0], -1);
+  // Shard 0 comes back from "b": at v + 1 too, where `key` was never pushed.
+  restart_from(b);
+  std::this_thread::sleep_for(1500ms);
+  ASSERT_EQ(cache->stats().shards_noticing, 2u);
+  ASSERT_TRUE(cache->Sparse("emb", &key, 1, row, nullptr).ok());
+  EXPECT_EQ(std::vector<float>(row, row + kDim), std::vector<float>(kDim, 0.0f))
+      << "the row of the history the shard lost is still served";
+  cache->Stop();
+  reader_.reset();
+  writer_.reset();
+  for (auto& srv : servers_) srv->Stop();
+  std::filesystem::remove_all(dir);
+}
+
 class ParamCacheDeadShardTest : public ParamCacheTest {
  protected:
   void SetUp() override {
