@@ -55,7 +55,10 @@ bool SspClock::Releasable(uint64_t sender, uint64_t now_ms) {
   auto it = senders_.find(sender);
   if (it == senders_.end()) return true;
   const uint64_t min_clock = MinLiveClock(now_ms);
-  return it->second.clock <= min_clock + bound_;
+  // No sender live (not even this one, back with a resend): nobody to wait for. Written
+  // without min_clock + bound_, which would wrap.
+  return min_clock == std::numeric_limits<uint64_t>::max() || it->second.clock <= min_clock ||
+         it->second.clock - min_clock <= bound_;
 }
 
 }  // namespace onlineps::ps

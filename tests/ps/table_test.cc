@@ -529,6 +529,20 @@ TEST_P(TableKindTest, BlockModeSenderBackAfterItsLeaseRejoinsAtTheSlowestLiveClo
   EXPECT_TRUE(t->Releasable(1, 2050));
 }
 
+TEST_P(TableKindTest, BlockModeSenderIsReleasableOnceNoSenderIsLive) {
+  TableSpec spec = Spec();
+  spec.max_staleness = 1;
+  spec.bound_mode = BoundMode::kBlock;
+  spec.block_timeout_ms = 100;
+  auto t = NewTable(spec);
+  ASSERT_NE(t, nullptr);
+  EXPECT_FALSE(MustPush(*t, 1, 0, kG1, false, 1000).hold);
+  EXPECT_FALSE(MustPush(*t, 1, 1, kG1, false, 1000).hold);
+  // Every lease ended (a resend of the last push comes after its attempt timeout, which
+  // exceeds block_timeout_ms): nobody is waited for, so its reply is not held again.
+  EXPECT_TRUE(t->Releasable(1, 2000));
+}
+
 TEST_P(TableKindTest, BlockModeCountsSenderSeenAMillisecondLaterAsLive) {
   TableSpec spec = Spec();
   spec.max_staleness = 0;
