@@ -646,7 +646,8 @@ void SparseTable::ApplyAccumulated(float lr_scale, uint64_t now_ms,
                                    std::vector<uint64_t>* evicted) {
   const float scale = spec_.accumulate_mean ? 1.0f / static_cast<float>(acc_count_) : 1.0f;
   const uint64_t step = version_.load() + 1;
-  for (auto& [key, sum] : acc_) {
+  for (const uint64_t key : AccumulatedKeys()) {
+    std::vector<float>& sum = acc_[key];
     for (float& x : sum) x *= scale;
     Stripe& s = StripeOf(key);
     MutexLock lock(&s.mu);
@@ -724,10 +725,18 @@ void SparseTable::SaveAccumulator(ByteWriter* w) const {
   w->Put<uint32_t>(acc_count_);
   w->Put<uint64_t>(acc_tau_sum_);
   w->Put<uint64_t>(acc_.size());
-  for (const auto& [key, sum] : acc_) {
+  for (const uint64_t key : AccumulatedKeys()) {
     w->Put<uint64_t>(key);
-    w->Append(sum.data(), sum.size() * sizeof(float));
+    w->Append(acc_.at(key).data(), dim_ * sizeof(float));
   }
+}
+
+std::vector<uint64_t> SparseTable::AccumulatedKeys() const {
+  std::vector<uint64_t> keys;
+  keys.reserve(acc_.size());
+  for (const auto& [key, sum] : acc_) keys.push_back(key);
+  std::sort(keys.begin(), keys.end());
+  return keys;
 }
 
 // A snapshot of a sparse table: the cut records, per stripe, which rows to write (the

@@ -110,6 +110,11 @@ class SparseTable : public Table {
   StatusOr<PushResult> Accumulate(const PushRequest& req, uint64_t tau);
   void ApplyAccumulated(float lr_scale, uint64_t now_ms, std::vector<uint64_t>* evicted)
       REQUIRES(acc_mu_);
+  // The keys of acc_ in ascending order, the order the sum is applied and saved in: the
+  // order rows are created and touched in decides which rows a row cap evicts, and a
+  // table restored from a checkpoint (or a replica's snapshot) rebuilds acc_ in another
+  // iteration order, yet must evict what the original does.
+  std::vector<uint64_t> AccumulatedKeys() const REQUIRES(acc_mu_);
 
   // Immutable after construction.
   const TableSpec spec_;
