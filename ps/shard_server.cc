@@ -671,8 +671,10 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
         if (replica_) reply->epoch = replica_->epoch();
         Frames reply_frames{Frame::FromString(EncodeHeader(*reply))};
         for (const Frame& f : *out) reply_frames.push_back(f);
+        // Saturated: a timeout near 2^64 ("never") would wrap to a deadline already past.
+        const uint64_t now = NowMs(), timeout = t->spec().block_timeout_ms;
         Held held_reply{t, h.sender, std::string(peer), std::move(reply_frames),
-                        NowMs() + t->spec().block_timeout_ms};
+                        timeout > UINT64_MAX - now ? UINT64_MAX : now + timeout};
         if (*commit_lsn == 0) {
           HoldReply(std::move(held_reply));
         } else {

@@ -1146,6 +1146,36 @@ TEST_P(ShardServerClientTest, BlockModeReplyIsHeldUntilSlowSenderPushes) {
   server->Stop();
 }
 
+// block_timeout_ms takes any uint64 (docs/protocol.md): a hold of 2^64-1 ms is as good as
+// "wait for the slow sender". Its deadline was now + block_timeout_ms, which wrapped to
+// the past, so a held reply went out at once and the bound held no one.
+TEST_P(ShardServerClientTest, AHugeBlockTimeoutStillHoldsTheReply) {
+  std::string endpoint;
+  ShardServerOptions o;
+  o.listen = ListenEndpoint(GetParam(), "block-huge");
+  auto server = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
+  ASSERT_NE(server, nullptr);
+  auto a = ConnectClient({endpoint}), b = ConnectClient({endpoint});
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  TableSpec spec = DenseSpec();
+  spec.max_staleness = 0;
+  spec.bound_mode = BoundMode::kBlock;
+  spec.block_timeout_ms = std::numeric_limits<uint64_t>::max();
+  ASSERT_TRUE(a->CreateTable(spec).ok());
+  std::vector<float> w(6);
+  VersionVector va, vb;
+  ASSERT_TRUE(a->PullDense("d", w.data(), &va).Wait().ok());
+  ASSERT_TRUE(b->PullDense("d", w.data(), &vb).Wait().ok());
+  const std::vector<float> g(6, 1.0f);
+  Ticket ta = a->PushDense("d", g.data(), va, nullptr);
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(ta.Ready()) << "A is a push ahead of B with s=0: its reply must be held";
+  ASSERT_TRUE(b->PushDense("d", g.data(), vb, nullptr).Wait().ok());
+  EXPECT_TRUE(ta.Wait().ok());
+  server->Stop();
+}
+
 TEST_P(ShardServerClientTest, HeldPushReplyIsNotReleasedByClientRetry) {
   std::string endpoint;
   ShardServerOptions o;
