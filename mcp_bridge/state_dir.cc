@@ -295,9 +295,15 @@ std::vector<StateDir::Record> StateDir::Load(const std::string& kind) {
 
 Status StateDir::Put(const std::string& kind, const std::string& hash, const json& value) {
   if (!IsHash(hash)) return InvalidArgument("state: a record is named by its key's hash");
-  Status s = WriteFileAtomic(FileOf(kind, hash),
-                             value.dump(-1, ' ', false, json::error_handler_t::replace),
-                             options_.fsync, kFileMode);
+  const std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > kMaxRecordBytes) {
+    // Load would set it aside: refused now rather than lost at the next start.
+    return InvalidArgument("the record would be " + std::to_string(text.size()) +
+                           " bytes, over the " + std::to_string(kMaxRecordBytes) +
+                           " a restart reads (saving state under --state-dir " + options_.path +
+                           ")");
+  }
+  Status s = WriteFileAtomic(FileOf(kind, hash), text, options_.fsync, kFileMode);
   if (!s.ok()) return s.WithContext("saving state under --state-dir " + options_.path);
   return s;
 }

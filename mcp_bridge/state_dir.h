@@ -55,7 +55,8 @@ class StateDir {
   // holding it as "key") are converted, keeping their time of last use.
   std::vector<Record> Load(const std::string& kind);
   // Replaces the record `hash` of `kind` with `value`, an object that must hold nothing
-  // from which the key can be recovered. kInvalidArgument when `hash` is not one.
+  // from which the key can be recovered. kInvalidArgument when `hash` is not one, or when
+  // the record is larger than Load reads (1 MiB): refused rather than lost at a restart.
   Status Put(const std::string& kind, const std::string& hash, const nlohmann::json& value);
   // Marks the record used now; false when there is none.
   bool Touch(const std::string& kind, const std::string& hash);

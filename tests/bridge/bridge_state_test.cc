@@ -292,6 +292,31 @@ TEST_F(BridgeStateTest, SavedContextsPastTodaysLimitsAreDropped) {
   EXPECT_FALSE(fs::exists(File(*dir, "contexts", "three")));
 }
 
+// A context within the store's limits (raised by flags) whose file is larger than a
+// restart reads: it must not be acknowledged as saved and then dropped at the restart.
+TEST_F(BridgeStateTest, ASavedContextIsOneARestartLoads) {
+  auto dir = Open();
+  ContextStoreOptions o;
+  o.max_bytes = size_t{4} << 20;                      // --context-max-bytes 4 MiB
+  const std::string text(size_t{600} << 10, '\x01');  // 600 KiB; 6 bytes each in JSON
+  {
+    auto s = Store(o);
+    s->Persist(dir.get());
+    auto r = s->Set("big", {text}, {});
+    if (!r.ok()) {  // refused: then nothing was changed, and the error says why
+      EXPECT_NE(r.status().message().find("--state-dir"), std::string::npos)
+          << r.status().ToString();
+      EXPECT_FALSE(s->Get("big").has_value());
+      return;
+    }
+  }
+  auto s = Store(o);
+  EXPECT_EQ(s->Persist(dir.get()), 1u);
+  auto c = s->Get("big");
+  ASSERT_TRUE(c.has_value()) << "an acknowledged context was lost at the restart";
+  EXPECT_EQ(c->items, std::vector<std::string>{text});
+}
+
 TEST_F(BridgeStateTest, AFailedSaveChangesNothing) {
   auto dir = Open();
   auto s = Store();
