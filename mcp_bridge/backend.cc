@@ -214,8 +214,14 @@ void Backend::CallAsync(const std::string& session, Op op, json body, RoutedDone
 }
 
 Status Backend::SyncContext(const std::string& session) {
-  const std::string worker = router_->OwnerOf(session);
+  std::string worker = router_->OwnerOf(session);
   if (worker.empty()) return Status::Ok();  // sent when the session lands on a worker
+  if (!contexts_->Get(session)) {
+    // Cleared: dropped where the copy was sent, which is not the owner when the session
+    // moved (a worker joined) since.
+    const std::string holder = CopyHolder(session);
+    if (!holder.empty() && router_->HasWorker(holder)) worker = holder;
+  }
   Status s = EnsureContext(session, worker);
   if (!s.ok()) {
     // The bridge's copy is authoritative and already changed: revision 0 matches no
@@ -233,14 +239,24 @@ void Backend::Forget(const std::vector<std::string>& sessions) {
   for (const std::string& s : sessions) copies_.erase(s);
 }
 
+std::string Backend::CopyHolder(const std::string& session) {
+  MutexLock lock(&mu_);
+  auto it = copies_.find(session);
+  return it == copies_.end() ? std::string() : it->second.worker;
+}
+
 void Backend::EndSession(const std::string& session) {
-  const std::string worker = router_->OwnerOf(session);
-  bool had_copy = false;
+  // The copy is on the worker it was sent to, which is not the owner when the session
+  // moved since (a worker joined); one out of the ring is not waited for.
+  std::string worker;
   {
     MutexLock lock(&mu_);
-    had_copy = copies_.erase(session) > 0;
+    if (auto it = copies_.find(session); it != copies_.end()) {
+      worker = it->second.worker;
+      copies_.erase(it);
+    }
   }
-  if (had_copy && !worker.empty()) {
+  if (!worker.empty() && router_->HasWorker(worker)) {
     auto r = pool_->Call(worker, Op::kContextClear, {{"session", session}}, options_.infer_timeout);
     if (!r.ok())
       spdlog::debug("backend: clearing an ended session's context: {}", r.status().ToString());

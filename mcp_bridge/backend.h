@@ -82,6 +82,8 @@ class Backend {
                        std::function<void(const Status&)> failed, bool may_resend_context);
   // The revision of the session's context last sent to `worker`, if any.
   std::optional<uint64_t> SentRevision(const std::string& session, const std::string& worker);
+  // The worker the session's context was last sent to; "" when none.
+  std::string CopyHolder(const std::string& session);
   Status EnsureContext(const std::string& session, const std::string& worker);
   // Makes sure `worker` holds the session's current context, then `then(status, held)`:
   // `held`, whether the bridge holds a context for the session at all.

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -50,6 +51,13 @@ class StandInWorker {
     std::lock_guard<std::mutex> lock(mu_);
     learn_answer_ = std::move(status);
   }
+  // From now on context_set and context_clear are answered at once, and remembered.
+  void AnswerContexts() { answer_contexts_ = true; }
+  // "set SESSION" or "clear SESSION" for each context call answered, in order.
+  std::vector<std::string> contexts() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return contexts_;
+  }
   bool WaitHeld(size_t n) {
     for (int i = 0; i < 10000 && held() < n; ++i) std::this_thread::sleep_for(1ms);
     return held() >= n;
@@ -67,6 +75,19 @@ class StandInWorker {
         return;
       }
     }
+    if ((h->op == Op::kContextSet || h->op == Op::kContextClear) && answer_contexts_ &&
+        in.frames.size() > 1) {
+      const json body =
+          json::from_msgpack(std::string(in.frames[1].data(), in.frames[1].size()), true, false);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        contexts_.push_back(std::string(h->op == Op::kContextSet ? "set " : "clear ") +
+                            body.value("session", std::string()));
+      }
+      (void)server_->Send(in.peer, {Frame::FromString(EncodeHeader(MakeReply(*h, Status::Ok()))),
+                                    Frame::FromVector(json::to_msgpack(json::object()))});
+      return;
+    }
     if (h->op != Op::kWorkerStats || silent_) {
       std::lock_guard<std::mutex> lock(mu_);
       ++held_;  // never answered
@@ -82,6 +103,8 @@ class StandInWorker {
   std::mutex mu_;
   size_t held_ = 0;
   std::atomic<bool> silent_{false};
+  std::atomic<bool> answer_contexts_{false};
+  std::vector<std::string> contexts_;   // guarded by mu_
   std::optional<Status> learn_answer_;  // guarded by mu_
 };
 
@@ -255,6 +278,46 @@ TEST(BackendTest, ACallTheWorkerNeverAnsweredIsToldFromOneItAnsweredAsTimedOut) 
   EXPECT_EQ(answered->code(), StatusCode::kDeadlineExceeded) << answered->ToString();
   EXPECT_EQ(answered->message().find(worker::kNoWorkerAnswer), std::string::npos)
       << answered->ToString();
+  parts->pool->Stop();
+  delete parts;
+}
+
+// A session whose context was sent to one worker, then moved to a joining worker before
+// its next call: ending it (or clearing its context) must drop the copy where it is, on
+// the first worker, not only on the session's new owner, which holds none.
+TEST(BackendTest, EndingASessionThatMovedDropsItsContextWhereItWasSent) {
+  StandInWorker a({{"instance", "a"}, {"labels", json::array()}});
+  StandInWorker b({{"instance", "b"}, {"labels", json::array()}});
+  a.AnswerContexts();
+  b.AnswerContexts();
+  auto* parts = new Parts({a.endpoint(), b.endpoint()});
+  ASSERT_TRUE(parts->pool->Start().ok());
+  ASSERT_EQ(parts->pool->healthy(), 2u);
+  parts->router.RemoveWorker(b.endpoint());  // b joins later (no probe puts it back)
+  std::vector<std::string> sessions;
+  for (int i = 0; i < 40; ++i) {
+    const std::string s = "m:" + std::to_string(i);
+    ASSERT_EQ(parts->router.Route(s).value(), a.endpoint());
+    ASSERT_TRUE(parts->contexts.Set(s, {"private " + s}, {}).ok());
+    ASSERT_TRUE(parts->backend->SyncContext(s).ok());
+    sessions.push_back(s);
+  }
+  ASSERT_TRUE(parts->router.AddWorker(b.endpoint()));
+  std::vector<std::string> moved;
+  for (const std::string& s : sessions) {
+    if (parts->router.OwnerOf(s) == b.endpoint()) moved.push_back(s);
+  }
+  ASSERT_GE(moved.size(), 2u);
+  // One ends (DELETE, expiry), one has its context cleared (clear_context).
+  parts->contexts.Clear(moved[0]);
+  parts->backend->EndSession(moved[0]);
+  parts->contexts.Clear(moved[1]);
+  (void)parts->backend->SyncContext(moved[1]);
+  const std::vector<std::string> on_a = a.contexts();
+  for (const std::string& s : {moved[0], moved[1]}) {
+    EXPECT_NE(std::find(on_a.begin(), on_a.end(), "clear " + s), on_a.end())
+        << s << "'s context was left on " << a.endpoint() << ", the worker that holds it";
+  }
   parts->pool->Stop();
   delete parts;
 }
