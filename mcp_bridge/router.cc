@@ -92,7 +92,10 @@ std::string Router::OwnerOf(const std::string& session) const {
 bool Router::Release(const std::string& session) {
   MutexLock lock(&mu_);
   auto it = owner_.find(session);
-  if (it == owner_.end()) return false;
+  if (it == owner_.end()) {
+    used_ms_.erase(session);  // unplaced when the last worker left
+    return false;
+  }
   if (auto l = loads_.find(it->second); l != loads_.end() && l->second > 0) --l->second;
   owner_.erase(it);
   used_ms_.erase(session);
@@ -108,11 +111,10 @@ std::vector<std::string> Router::ReleaseIdle(std::chrono::milliseconds idle) {
       if (t < cutoff) idle_sessions.push_back(s);
     }
   }
-  std::vector<std::string> released;
-  for (const std::string& s : idle_sessions) {
-    if (Release(s)) released.push_back(s);
-  }
-  return released;
+  // Those unplaced when the last worker left too: the caller forgets what it holds for
+  // them (Backend::Forget), or keeps it for ever.
+  for (const std::string& s : idle_sessions) Release(s);
+  return idle_sessions;
 }
 
 // Sessions are visited in hash order so the result does not depend on insertion order.
@@ -166,10 +168,7 @@ bool Router::RemoveWorker(const std::string& worker) {
   }
   for (const auto& [h, s] : orphans) {
     owner_.erase(s);
-    if (loads_.empty()) {  // the last worker left: its sessions are unplaced
-      used_ms_.erase(s);
-      continue;
-    }
+    if (loads_.empty()) continue;  // the last worker left: its sessions are unplaced
     const std::string dest = Place(s, h, Cap(owner_.size() + 1));
     Assign(s, dest);
     ++moves_;

@@ -53,8 +53,9 @@ class Router {
   std::string OwnerOf(const std::string& session) const;
   // Forgets a session (it ended or expired). Returns whether it was placed.
   bool Release(const std::string& session);
-  // Forgets every session not routed for `idle`; returns them. Keeps the placement map
-  // bounded when clients stop using session handles without ending them.
+  // Forgets every session not routed for `idle` (placed, or unplaced when the last
+  // worker left); returns them. Keeps the placement map bounded when clients stop using
+  // session handles without ending them.
   std::vector<std::string> ReleaseIdle(std::chrono::milliseconds idle);
 
   RouterStats stats() const;

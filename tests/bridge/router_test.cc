@@ -157,6 +157,25 @@ TEST(RouterTest, LastWorkerLeavingUnplacesItsSessions) {
   EXPECT_EQ(r.Route("s1").value(), "tcp://b:1");
 }
 
+// Every worker down: the sessions are unplaced, but the bridge still holds what it sent
+// their workers (Backend's copies), forgotten only for the sessions ReleaseIdle returns.
+// One never used again must be returned once idle, or that record is kept for ever.
+TEST(RouterTest, ASessionUnplacedWhenTheLastWorkerLeftIsStillReleasedWhenIdle) {
+  int64_t now = 0;
+  Router r({}, [&now] { return now; });
+  r.AddWorker("tcp://a:1");
+  r.Route("abandoned").value();
+  r.Route("back").value();
+  r.RemoveWorker("tcp://a:1");
+  r.AddWorker("tcp://a:1");
+  now = 5000;
+  r.Route("back").value();
+  now = 9000;
+  EXPECT_EQ(r.ReleaseIdle(std::chrono::milliseconds(6000)), std::vector<std::string>{"abandoned"});
+  EXPECT_EQ(r.OwnerOf("back"), "tcp://a:1");
+  EXPECT_TRUE(r.ReleaseIdle(std::chrono::milliseconds(6000)).empty());
+}
+
 TEST(RouterTest, PlacementIsDeterministic) {
   Router a({}), b({});
   for (const auto& w : Workers(4)) a.AddWorker(w);
