@@ -66,9 +66,13 @@ void Adagrad::Apply(float* w, float* const* state, const float* g, size_t n,
 
 void Ftrl::Apply(float* w, float* const* state, const float* g, size_t n,
                  const ApplyArgs& args) const {
-  // A zero or negative scale would make 1/alpha infinite or flip the sign of the step.
+  // The step's scale weighs its gradient (s·g), so that a scaled-down (stale) push moves
+  // the weights less, never more: scaling alpha for one step instead would break the
+  // running sum of sigma (sqrt(n)/alpha) that z keeps, and the next unscaled step would
+  // then move w by the difference. A zero or negative scale leaves everything untouched.
   if (!(args.lr_scale > 0.0f)) return;
-  const float inv_alpha = SaturateToFloat(1.0 / (options_.alpha * args.lr_scale));
+  const float scale = args.lr_scale;
+  const float inv_alpha = SaturateToFloat(1.0 / options_.alpha);
   const float beta = static_cast<float>(options_.beta);
   const float l1 = static_cast<float>(options_.l1);
   const float l2 = static_cast<float>(options_.l2);
@@ -76,16 +80,17 @@ void Ftrl::Apply(float* w, float* const* state, const float* g, size_t n,
       n,
       [=](float* __restrict wb, float* __restrict z, float* __restrict nb,
           const float* __restrict gb) {
-        float n_new[kBlock], root_old[kBlock], root_new[kBlock], sigma[kBlock], zg[kBlock],
-            sw[kBlock], denom[kBlock];
-        for (size_t j = 0; j < kBlock; ++j) n_new[j] = nb[j] + gb[j] * gb[j];
+        float gs[kBlock], n_new[kBlock], root_old[kBlock], root_new[kBlock], sigma[kBlock],
+            zg[kBlock], sw[kBlock], denom[kBlock];
+        for (size_t j = 0; j < kBlock; ++j) gs[j] = gb[j] * scale;
+        for (size_t j = 0; j < kBlock; ++j) n_new[j] = nb[j] + gs[j] * gs[j];
         SaturateBlock(n_new);
         SqrtBlock(nb, root_old);
         SqrtBlock(n_new, root_new);
         for (size_t j = 0; j < kBlock; ++j) sigma[j] = (root_new[j] - root_old[j]) * inv_alpha;
         SaturateBlock(sigma);
         for (size_t j = 0; j < kBlock; ++j) {
-          zg[j] = z[j] + gb[j];
+          zg[j] = z[j] + gs[j];
           sw[j] = sigma[j] * wb[j];
           denom[j] = (beta + root_new[j]) * inv_alpha;
         }

@@ -61,8 +61,9 @@ class Adagrad final : public Optimizer {
 };
 
 // FTRL-Proximal (McMahan et al. 2013), per coordinate. Slot 0: z, slot 1: n. A step
-// with lr_scale s runs with alpha * s in place of alpha (both in sigma and in the new
-// w); s <= 0 (or NaN) leaves w, z and n untouched. lr() is alpha.
+// with lr_scale s weighs its gradient, s * g (scaling alpha for one step would break the
+// running sum of sigma that z keeps); s <= 0 (or NaN) leaves w, z and n untouched. lr()
+// is alpha.
 struct FtrlOptions {
   double alpha = 0.1;
   double beta = 1.0;

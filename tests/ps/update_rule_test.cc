@@ -103,12 +103,12 @@ void RefAdagrad(Ref& r, const std::vector<float>& g, double lr, double eps, doub
   }
 }
 
-// a = z, b = n; alpha is scaled by lr_scale for the step.
+// a = z, b = n; the step's gradient is weighed by lr_scale.
 void RefFtrl(Ref& r, const std::vector<float>& g, double alpha, double beta, double l1, double l2,
              double scale) {
-  const double a = alpha * scale;
+  const double a = alpha;
   for (size_t i = 0; i < g.size(); ++i) {
-    const double gi = g[i];
+    const double gi = double{g[i]} * scale;
     const double sigma = (std::sqrt(r.b[i] + gi * gi) - std::sqrt(r.b[i])) / a;
     r.a[i] += gi - sigma * r.w[i];
     r.b[i] += gi * gi;
@@ -266,23 +266,48 @@ TEST(UpdateRuleTest, FtrlOneStepByHand) {
   struct Case {
     Params params;
     float lr_scale;
+    float want_z, want_n;
     double want_w;
   };
-  // z = 2 - sigma * 0 = 2, n = 4, w = -(z - sgn(z) l1) / ((beta + 2) / alpha + l2).
+  // g = 2: z = 2 - sigma * 0 = 2, n = 4, w = -(z - sgn(z) l1) / ((beta + 2) / alpha + l2).
   const Case cases[] = {
-      {{{"alpha", 0.1}}, 1.0f, -2.0 / 30.0},
-      {{{"alpha", 0.1}, {"l1", 1.0}}, 1.0f, -1.0 / 30.0},
-      {{{"alpha", 0.1}, {"l2", 10.0}}, 1.0f, -2.0 / 40.0},
-      {{{"alpha", 0.1}}, 0.5f, -2.0 / 60.0},  // alpha scaled to 0.05 for the step
+      {{{"alpha", 0.1}}, 1.0f, 2.0f, 4.0f, -2.0 / 30.0},
+      {{{"alpha", 0.1}, {"l1", 1.0}}, 1.0f, 2.0f, 4.0f, -1.0 / 30.0},
+      {{{"alpha", 0.1}, {"l2", 10.0}}, 1.0f, 2.0f, 4.0f, -2.0 / 40.0},
+      // Scale 0.5 weighs the gradient: g = 1, so z = 1, n = 1, w = -1 / ((1 + 1) / 0.1).
+      {{{"alpha", 0.1}}, 0.5f, 1.0f, 1.0f, -1.0 / 20.0},
   };
   for (const Case& c : cases) {
     auto opt = MakeOptimizer("ftrl", c.params);
     OptimizerRun run(*opt, {0.0f});
     run.Step({2.0f}, c.lr_scale);
-    EXPECT_EQ(run.state[0][0], 2.0f);
-    EXPECT_EQ(run.state[1][0], 4.0f);
+    EXPECT_EQ(run.state[0][0], c.want_z);
+    EXPECT_EQ(run.state[1][0], c.want_n);
     EXPECT_NEAR(run.w[0], c.want_w, 1e-7) << "lr_scale " << c.lr_scale;
   }
+}
+
+// A scaled-down (stale) push moves FTRL's weight less than the same push at full rate,
+// then and after a later unscaled step. Scaling alpha for the step instead (the rule
+// before) broke z's running sum of sigma: a push at 1/100 of the rate followed by a fresh
+// push of g = 0 left w = -0.94 where the full-rate push gives -0.09.
+TEST(UpdateRuleTest, FtrlStalePushMovesTheWeightLessThanAFreshOne) {
+  auto run_with = [](float scale) {
+    auto opt = MakeOptimizer("ftrl", {{"alpha", 0.1}});
+    OptimizerRun run(*opt, {0.0f});
+    run.Step({1.0f}, 1.0f);
+    const float before = run.w[0];
+    run.Step({1.0f}, scale);
+    const float moved = run.w[0] - before;
+    run.Step({0.0f}, 1.0f);
+    return std::make_pair(moved, run.w[0] - before);
+  };
+  const auto [fresh_step, fresh_after] = run_with(1.0f);
+  const auto [stale_step, stale_after] = run_with(0.01f);
+  EXPECT_LT(std::fabs(stale_step), std::fabs(fresh_step));
+  EXPECT_LT(std::fabs(stale_after), std::fabs(fresh_after))
+      << "the stale push moved w by " << stale_after << " against " << fresh_after;
+  EXPECT_LT(stale_after, 0.0f) << "a positive gradient must lower w";
 }
 
 TEST(UpdateRuleTest, AdamOneStepByHand) {
@@ -479,13 +504,20 @@ TEST_P(UpdateRuleOptimizerTest, TailElementsMatchElementwiseApplication) {
   for (size_t i = 0; i < kN; ++i) EXPECT_FLOAT_EQ(whole.w[i], singles[i]->w[0]) << "element " << i;
 }
 
+// lr_scale acts as a scaled learning rate; for FTRL, whose rate is not a factor of the
+// step, as a weighed gradient (docs/update-rules.md).
 TEST_P(UpdateRuleOptimizerTest, LrScaleActsAsAScaledLearningRate) {
+  const bool ftrl = GetParam().name == "ftrl";
   auto base = Make({{GetParam().lr_key, 0.08}});
-  auto halved = Make({{GetParam().lr_key, 0.04}});
+  auto halved = Make({{GetParam().lr_key, ftrl ? 0.08 : 0.04}});
   OptimizerRun scaled(*base, InitialWeights()), direct(*halved, InitialWeights());
   for (int t = 0; t < kSteps; ++t) {
     scaled.Step(Gradient(t), 0.5f, t + 1);
-    direct.Step(Gradient(t), 1.0f, t + 1);
+    std::vector<float> g = Gradient(t);
+    if (ftrl) {
+      for (float& x : g) x *= 0.5f;
+    }
+    direct.Step(g, 1.0f, t + 1);
   }
   for (size_t i = 0; i < kN; ++i) EXPECT_FLOAT_EQ(scaled.w[i], direct.w[i]) << "element " << i;
 }
