@@ -182,6 +182,7 @@ class TorchScriptModel : public Model {
 
   StatusOr<std::vector<std::vector<uint64_t>>> SparseKeys(
       const std::vector<Example>& batch, const ContextInput& context) const override {
+    ONLINEPS_RETURN_IF_ERROR(CheckInputKind(batch));
     return Guarded("torchscript keys", [&]() -> StatusOr<std::vector<std::vector<uint64_t>>> {
       std::vector<std::vector<uint64_t>> keys(params_.size());
       if (sparse_.empty()) return keys;
@@ -229,8 +230,23 @@ class TorchScriptModel : public Model {
   }
 
  private:
+  // The module reads one input: the text's ids (with sparse params) or the features
+  // (forward(x)). The other would be ignored, and a learn of it would move the
+  // parameters on an empty input (no ids, or x [B, 0]).
+  Status CheckInputKind(const std::vector<Example>& batch) const {
+    const bool reads_text = !sparse_.empty();
+    for (size_t e = 0; e < batch.size(); ++e) {
+      if (batch[e].features.empty() == reads_text) continue;
+      return InvalidArgument("example " + std::to_string(e) + ": this torchscript model reads " +
+                             (reads_text ? "'text' (ids of its sparse params), not 'features'"
+                                         : "'features' (its forward(x)), not 'text'"));
+    }
+    return Status::Ok();
+  }
+
   StatusOr<Inputs> MakeInputs(const std::vector<Example>& batch, const ParamView& view) const {
     ONLINEPS_RETURN_IF_ERROR(CheckParamView(params_, view));
+    ONLINEPS_RETURN_IF_ERROR(CheckInputKind(batch));
     return sparse_.empty() ? DenseInputs(batch) : IdInputs(batch, view);
   }
 

@@ -816,6 +816,32 @@ TEST(TorchScriptModelTest, ForwardThatRejectsTheInputIsInvalidArgument) {
   EXPECT_EQ(model->Gradients(batch, {}, p.View()).status().code(), StatusCode::kInvalidArgument);
 }
 
+// A TorchScript model reads one input: text (its sparse params' ids) or features. The
+// other was ignored: features sent to tiny_model.pt ran it on empty bags, and a learn
+// moved its output layer on nothing; text sent to a features model named only a shape.
+TEST(TorchScriptModelTest, TheInputItDoesNotReadIsRefusedNotIgnored) {
+  std::unique_ptr<Model> ids = MustCreate(TinyModelOptions());
+  ASSERT_NE(ids, nullptr);
+  FakePs ps(*ids, 24);
+  const OwnedParams p = ps.Fetch(Keys(3));
+  const std::vector<Example> features = {{"", {1, 2, 3}, 0}};
+  const auto keys = ids->SparseKeys(features, {});
+  EXPECT_EQ(keys.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(keys.status().message(), HasSubstr("reads 'text'"));
+  EXPECT_EQ(ids->Infer(features, {}, p.View()).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ids->Gradients(features, {}, p.View()).status().code(), StatusCode::kInvalidArgument);
+
+  std::unique_ptr<Model> dense = MustCreate(FrozenOptions(kFrozenHead));
+  ASSERT_NE(dense, nullptr);
+  const OwnedParams fp = FileParams(*dense);
+  const std::vector<Example> text = {{"some words", {}, 0}};
+  EXPECT_EQ(dense->SparseKeys(text, {}).status().code(), StatusCode::kInvalidArgument);
+  const auto infer = dense->Infer(text, {}, fp.View());
+  EXPECT_EQ(infer.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(infer.status().message(), HasSubstr("reads 'features'"));
+  EXPECT_EQ(dense->Gradients(text, {}, fp.View()).status().code(), StatusCode::kInvalidArgument);
+}
+
 // The TorchScript interpreter's error starts with a header line ("The following operation
 // failed ..."); the client is told the cause from the end of it instead.
 TEST(TorchScriptModelTest, AForwardErrorNamesItsCauseNotTheInterpretersHeader) {
