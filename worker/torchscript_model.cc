@@ -220,6 +220,11 @@ class TorchScriptModel : public Model {
       SetParams(*lease, view);
       for (torch::Tensor& p : (*lease).params) p.mutable_grad() = torch::Tensor();
       ONLINEPS_ASSIGN_OR_RETURN(torch::Tensor logits, Forward(*lease, inputs, batch.size()));
+      if (!logits.requires_grad()) {
+        return InvalidArgument(
+            "torchscript forward returned logits that no trainable parameter reaches (detached, "
+            "or computed from frozen ones only): a learn has nothing to differentiate");
+      }
       std::vector<int64_t> labels;
       for (const Example& ex : batch) labels.push_back(ex.label);
       torch::Tensor targets = torch::tensor(labels, torch::kInt64).to(device_);
@@ -331,6 +336,11 @@ class TorchScriptModel : public Model {
     if (!out.isTensor() || out.toTensor().sizes() != at::IntArrayRef(want)) {
       return InvalidArgument("torchscript forward must return logits [" + std::to_string(want[0]) +
                              ", " + std::to_string(want[1]) + "]");
+    }
+    // Integer "logits" (class decisions) would be served as a softmax of them.
+    if (!out.toTensor().is_floating_point()) {
+      return InvalidArgument("torchscript forward must return float logits, returned " +
+                             std::string(c10::toString(out.toTensor().scalar_type())));
     }
     return out.toTensor().to(torch::kFloat32);
   }

@@ -842,6 +842,28 @@ TEST(TorchScriptModelTest, TheInputItDoesNotReadIsRefusedNotIgnored) {
   EXPECT_EQ(dense->Gradients(text, {}, fp.View()).status().code(), StatusCode::kInvalidArgument);
 }
 
+// A forward of the right shape that returns no trainable float logits is the model file's
+// fault: int64 logits were served as scores (a softmax of 0s and 1s), and a learn of either
+// model failed as kInternal ("element 0 of tensors does not require grad").
+TEST(TorchScriptModelTest, LogitsThatAreNotFloatOrNotDifferentiableAreTheFilesFault) {
+  const std::vector<Example> batch = {{"", {1, 2, 3, 4}, 0}};
+  for (const char* file : {"int_logits.pt", "detached_logits.pt"}) {
+    SCOPED_TRACE(file);
+    std::unique_ptr<Model> model =
+        MustCreate(FrozenOptions(ONLINEPS_TESTDATA_DIR "/" + std::string(file)));
+    ASSERT_NE(model, nullptr);
+    const OwnedParams p = FileParams(*model);
+    const auto g = model->Gradients(batch, {}, p.View());
+    EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument) << g.status().ToString();
+    EXPECT_THAT(g.status().message(), HasSubstr("torchscript forward"));
+  }
+  std::unique_ptr<Model> ints = MustCreate(FrozenOptions(ONLINEPS_TESTDATA_DIR "/int_logits.pt"));
+  ASSERT_NE(ints, nullptr);
+  const auto infer = ints->Infer(batch, {}, FileParams(*ints).View());
+  EXPECT_EQ(infer.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(infer.status().message(), HasSubstr("Long"));
+}
+
 // The TorchScript interpreter's error starts with a header line ("The following operation
 // failed ..."); the client is told the cause from the end of it instead.
 TEST(TorchScriptModelTest, AForwardErrorNamesItsCauseNotTheInterpretersHeader) {
