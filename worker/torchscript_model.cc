@@ -410,13 +410,27 @@ StatusOr<Described> DescribeParams(const ModelOptions& options, torch::jit::Modu
                                          options.sparse_params.end());
   std::vector<std::string> names;
   std::vector<bool> requires_grad;
+  std::vector<torch::Tensor> values;
   for (const auto& p : module.named_parameters()) {
     names.push_back(p.name);
     requires_grad.push_back(p.value.requires_grad());
+    values.push_back(p.value);
   }
   Described out;
   ONLINEPS_ASSIGN_OR_RETURN(
       out.learns, SelectTrainable(names, requires_grad, options.trainable, options.frozen));
+  // One tensor under two names (tied weights) would be two tables, each trained on its own
+  // gradient: the tie would be lost. Only the frozen part, read-only, may hold one.
+  for (size_t i = 0; i < values.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if ((out.learns[i] || out.learns[j]) && values[i].is_alias_of(values[j])) {
+        return InvalidArgument("torchscript parameters " + names[j] + " and " + names[i] +
+                               " are one tensor (tied weights): each trainable parameter is a "
+                               "PS table of its own, so the tie would be lost; untie them, or "
+                               "freeze both (--frozen)");
+      }
+    }
+  }
   std::vector<ParamInfo>& infos = out.infos;
   torch::NoGradGuard no_grad;
   size_t index = 0;

@@ -842,6 +842,21 @@ TEST(TorchScriptModelTest, TheInputItDoesNotReadIsRefusedNotIgnored) {
   EXPECT_EQ(dense->Gradients(text, {}, fp.View()).status().code(), StatusCode::kInvalidArgument);
 }
 
+// One tensor under two names (tied weights) was two PS tables, each trained on its own
+// gradient: the worker silently served and trained an untied model. A tie may stay only
+// within the frozen part (one copy, read-only).
+TEST(TorchScriptModelTest, ATrainableTensorUnderTwoNamesIsRefused) {
+  ModelOptions o = FrozenOptions(ONLINEPS_TESTDATA_DIR "/tied_weights.pt");
+  const auto tied = CreateModel(o);
+  EXPECT_EQ(tied.status().code(), StatusCode::kInvalidArgument) << tied.status().ToString();
+  EXPECT_THAT(tied.status().message(), HasSubstr("a.weight"));
+  EXPECT_THAT(tied.status().message(), HasSubstr("b.weight"));
+  o.frozen = {"*.weight"};
+  std::unique_ptr<Model> frozen = MustCreate(o);
+  ASSERT_NE(frozen, nullptr);
+  EXPECT_EQ(Names(frozen->params()), (std::vector<std::string>{"fz/a.bias", "fz/b.bias"}));
+}
+
 // A forward of the right shape that returns no trainable float logits is the model file's
 // fault: int64 logits were served as scores (a softmax of 0s and 1s), and a learn of either
 // model failed as kInternal ("element 0 of tensors does not require grad").
