@@ -441,6 +441,11 @@ StatusOr<Described> DescribeParams(const ModelOptions& options, torch::jit::Modu
         return InvalidArgument("sparse parameter " + p.name +
                                " is frozen: its rows live on the PS, so it must be trainable");
       }
+      // Served as the file holds it: a NaN would make every score NaN. (-Inf may be a mask.)
+      if (p.value.is_floating_point() && p.value.isnan().any().item<bool>()) {
+        return InvalidArgument("frozen parameter " + p.name + " holds NaN in " +
+                               options.model_file + ": every score would be NaN");
+      }
       p.value.requires_grad_(false);
       FrozenParam frozen{p.name, {}};
       for (int64_t d : p.value.sizes()) frozen.shape.push_back(static_cast<uint64_t>(d));
@@ -451,6 +456,11 @@ StatusOr<Described> DescribeParams(const ModelOptions& options, torch::jit::Modu
       return InvalidArgument("torchscript parameter " + p.name + " is not float32");
     }
     if (sparse.erase(p.name) == 0) {
+      // Its values seed the table, which takes no NaN or Inf.
+      if (!torch::isfinite(p.value).all().item<bool>()) {
+        return InvalidArgument("torchscript parameter " + p.name + " holds NaN or Inf in " +
+                               options.model_file + ": its table cannot be seeded with it");
+      }
       infos.push_back(DenseInfo(table, p.value));
       // Calls copy_ into dense params: a broadcast (stride-0) one needs its own storage.
       if (!p.value.is_contiguous()) p.value.set_data(p.value.contiguous());

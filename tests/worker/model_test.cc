@@ -857,6 +857,20 @@ TEST(TorchScriptModelTest, ATrainableTensorUnderTwoNamesIsRefused) {
   EXPECT_EQ(Names(frozen->params()), (std::vector<std::string>{"fz/a.bias", "fz/b.bias"}));
 }
 
+// A NaN weight in the file: a frozen one was served, every infer's scores NaN (with a
+// prediction) and every learn refused for its NaN loss; a trainable one failed the start
+// only when its table was seeded, naming a push. Both are refused at load, named.
+TEST(TorchScriptModelTest, ANanParameterInTheFileIsRefusedAtLoad) {
+  for (const char* file : {"nan_frozen.pt", "nan_trainable.pt"}) {
+    SCOPED_TRACE(file);
+    const auto model = CreateModel(FrozenOptions(ONLINEPS_TESTDATA_DIR "/" + std::string(file)));
+    EXPECT_EQ(model.status().code(), StatusCode::kInvalidArgument) << model.status().ToString();
+    EXPECT_THAT(model.status().message(), HasSubstr("NaN"));
+  }
+  const auto frozen = CreateModel(FrozenOptions(ONLINEPS_TESTDATA_DIR "/nan_frozen.pt"));
+  EXPECT_THAT(frozen.status().message(), HasSubstr("backbone.weight"));
+}
+
 // A forward of the right shape that returns no trainable float logits is the model file's
 // fault: int64 logits were served as scores (a softmax of 0s and 1s), and a learn of either
 // model failed as kInternal ("element 0 of tensors does not require grad").
