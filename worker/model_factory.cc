@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <exception>
+#include <unordered_map>
 
 #include "worker/model.h"
 #include "worker/model_factories.h"
@@ -148,6 +149,15 @@ Status CheckLabels(const std::vector<Example>& batch, size_t num_labels) {
 
 Status CheckCommonOptions(const ModelOptions& options) {
   if (options.labels.empty()) return InvalidArgument("model needs at least one label");
+  // A learn naming a label teaches its first index: a second one would never learn by name.
+  std::unordered_map<std::string, size_t> index;
+  for (size_t i = 0; i < options.labels.size(); ++i) {
+    const auto [it, fresh] = index.emplace(options.labels[i], i);
+    if (!fresh) {
+      return InvalidArgument("label '" + options.labels[i] + "' is given twice (indices " +
+                             std::to_string(it->second) + " and " + std::to_string(i) + ")");
+    }
+  }
   for (uint32_t width : options.hidden) {
     if (width == 0) return InvalidArgument("hidden layer widths must be > 0");
   }

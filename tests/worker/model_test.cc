@@ -946,6 +946,18 @@ TEST(CreateModelTest, BadOptionsAreInvalidArgument) {
   }
 }
 
+// A label given twice: a learn naming it always taught the first of the two, and an infer
+// could still predict the second, which only a numeric label ever trained.
+TEST(CreateModelTest, ALabelGivenTwiceIsRefused) {
+  for (ModelOptions o : {TextOptions(), MlpOptions(), TinyModelOptions()}) {
+    SCOPED_TRACE(o.kind);
+    o.labels = {"pos", "neg", "pos"};
+    const auto model = CreateModel(o);
+    EXPECT_EQ(model.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(model.status().message(), HasSubstr("'pos'"));
+  }
+}
+
 TEST(CreateModelTest, CudaNeedsAGpu) {
   ModelOptions o = MlpOptions();
   o.device = "cuda";
