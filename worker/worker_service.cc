@@ -333,7 +333,7 @@ Status WorkerService::CombineInfer(InferSlot* me) {
   MutexLock lock(&batch_mu_);
   batch_queue_.push_back(me);
   while (!me->done) {
-    if (passes_running_ >= max_passes_) {
+    if (me->taken || passes_running_ >= max_passes_) {
       me->cv.Wait(&batch_mu_);
       continue;
     }
@@ -351,7 +351,13 @@ Status WorkerService::CombineInfer(InferSlot* me) {
             examples + batch_queue_.front()->batch->size() <= options_.limits.max_batch)) {
       examples += batch_queue_.front()->batch->size();
       slots.push_back(batch_queue_.front());
+      slots.back()->taken = true;
       batch_queue_.pop_front();
+    }
+    // Another leader, waking first, took every queued call (this one's too): no pass.
+    if (slots.empty()) {
+      passes_running_--;
+      continue;
     }
     lock.Unlock();
     RunInferPass(slots);

@@ -199,6 +199,7 @@ class WorkerService {
     std::shared_ptr<InferRun> run;  // set when done and ok
     size_t offset = 0;              // its first example's index in run->out
     Status status;
+    bool taken = false;  // in a pass (its own or another leader's): it waits for that one
     bool done = false;
     CondVar cv;  // signalled when done, or when it may lead the next pass
   };

@@ -1190,6 +1190,32 @@ TEST_F(WorkerServiceTest, BatchedInferErrorsStayWithTheirCallAndContextCallsRunA
   EXPECT_EQ(after.infer_passes - before.infer_passes, after.infer_requests - before.infer_requests);
 }
 
+// Two leaders waiting out --infer-batch-wait-us at once: the first to wake took both
+// calls, and the other, its own call taken, still ran a pass of nothing (a parameter
+// read and a forward on no examples, counted in infer_passes); with its call's pass still
+// running it led empty passes again and again until that pass ended.
+TEST_F(WorkerServiceTest, ALeaderWhoseCallAnotherPassTookRunsNoPassOfItsOwn) {
+  WorkerServiceOptions o;
+  o.batch_wait = std::chrono::milliseconds(100);
+  o.infer_passes = 2;
+  StartWorker(Mlp(), o);
+  ASSERT_TRUE(service_->Infer("", Feats({{1, 2, 3, 4}}, {})).ok());
+  const WorkerStats before = service_->stats();
+  StatusOr<InferReply> a = InferReply{}, b = InferReply{};
+  std::thread first([&] { a = service_->Infer("", Feats({{1, 2, 3, 4}}, {})); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::thread second([&] { b = service_->Infer("", Feats({{4, 3, 2, 1}, {0, 1, 0, 1}}, {})); });
+  first.join();
+  second.join();
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(a->predictions.size(), 1u);
+  EXPECT_EQ(b->predictions.size(), 2u);
+  const WorkerStats after = service_->stats();
+  EXPECT_EQ(after.infer_requests - before.infer_requests, 2u);
+  EXPECT_EQ(after.infer_passes - before.infer_passes, 1u) << "a pass ran for no call";
+}
+
 // A call that shares a forward pass reports the versions of the rows it read itself
 // (docs/protocol.md: 0 where it read no row from a shard). It was given the pass's: a text
 // without words reported the embedding versions of another call's rows.
