@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cmath>
 #include <iostream>
 #include <thread>
 
@@ -130,7 +131,9 @@ void AddFlags(CLI::App& app, Flags* f) {
   app.add_option("--rate-limit", f->mcp.rate_limit,
                  "tools/call per second per session (0: unlimited)")
       ->capture_default_str();
+  // A bucket that never holds a whole token would refuse every call as rate-limited.
   app.add_option("--rate-burst", f->mcp.rate_burst, "Calls a session may make at once")
+      ->check(onlineps::NumberIn(1, HUGE_VAL))
       ->capture_default_str();
 }
 

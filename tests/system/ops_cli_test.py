@@ -316,6 +316,11 @@ def bad_flags():
            r"port '70000' is not in 0\.\.65535", 10)
     expect([f"{BIN}/onlineps_mcp_bridge", "--workers", "tcp://127.0.0.1:99999"], 2,
            r"--workers: endpoint 'tcp://127.0.0.1:99999': port '99999' is not in 0\.\.65535", 10)
+    # A token bucket that never holds a whole token refuses every call as rate-limited.
+    for burst in ("0", "0.5", "-3"):
+        expect([f"{BIN}/onlineps_mcp_bridge", "--workers", dead, "--rate-limit", "5",
+                "--rate-burst", burst], 2, r"--rate-burst: must be a number >= 1, not '"
+               + re.escape(burst) + "'", 10)
     expect([f"{BIN}/onlineps_worker", "--ps", "tcp://127.0.0.1:123456", "--admin-port", "-1"], 1,
            r"port '123456' is not in 0\.\.65535", 15)
     # The worker's learning and model flags fail at once, not after its 30 s wait for
