@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -376,6 +377,13 @@ Status Finish(Flags* f) {
   f->service.context.ttl_ms = f->context_ttl_s * 1000;
   f->service.push_timeout = std::chrono::milliseconds(f->ps_timeout_ms);
   f->service.batch_wait = std::chrono::microseconds(f->infer_batch_wait_us);
+  // Local steps move the weights by local_lr times the gradient, in floats: 0 would push
+  // zero deltas (nothing learned), a negative rate climbs the loss, and one past the float
+  // range pushes inf and nan into the shared tables.
+  if (f->service.local_steps > 0 && !(f->service.local_lr > 0 && f->service.local_lr <= FLT_MAX)) {
+    return onlineps::InvalidArgument(
+        fmt::format("--local-lr must be > 0 and finite as a float, got {}", f->service.local_lr));
+  }
   if (f->model.table_prefix.empty()) f->model.table_prefix = f->model.kind + "/";
   if (f->model.kind == "mlp" && f->model.input_dim > f->service.limits.max_features) {
     return onlineps::InvalidArgument("--input-dim " + std::to_string(f->model.input_dim) +

@@ -333,6 +333,12 @@ def bad_flags():
     expect(worker + ["--device", "gpu"], 2, r"--device 'gpu': expected cpu, cuda or cuda:N", 20)
     expect(worker + ["--model", "torchscript", "--model-file", "/nonexistent/m.pt"], 2,
            r"/nonexistent/m\.pt", 20)
+    # Local steps move the weights by --local-lr times the gradient: 0 pushed zero deltas
+    # (nothing learned, every learn a success), a negative one climbed the loss, and one
+    # past the float range pushed inf/nan into the shared tables.
+    for lr in ("0", "-0.05", "1e39"):
+        expect(worker + ["--local-steps", "4", "--local-lr", lr], 2,
+               r"--local-lr must be > 0 and finite as a float, got -?\d", 15)
     # The worker CLI's default target is a worker RPC port (run_local.sh's first worker),
     # not the MCP HTTP port.
     r, _ = run([b("onlineps_worker_cli"), "--help"])
