@@ -24,6 +24,11 @@ StatusOr<std::vector<std::string>> ResolveWorkers(const std::string& host_port) 
   if (port.find_first_not_of("0123456789") != std::string::npos) {
     return InvalidArgument("--workers-dns '" + host_port + "': port is not a number");
   }
+  // As --workers is checked: an endpoint past 65535 would never reach a worker.
+  if (port.size() > 5 || std::stoi(port) > 65535) {
+    return InvalidArgument("--workers-dns '" + host_port + "': port '" + port +
+                           "' is not in 0..65535");
+  }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;

@@ -316,6 +316,9 @@ def bad_flags():
            r"port '70000' is not in 0\.\.65535", 10)
     expect([f"{BIN}/onlineps_mcp_bridge", "--workers", "tcp://127.0.0.1:99999"], 2,
            r"--workers: endpoint 'tcp://127.0.0.1:99999': port '99999' is not in 0\.\.65535", 10)
+    # --workers-dns too: a port past 65535 left every worker down for good.
+    expect([f"{BIN}/onlineps_mcp_bridge", "--workers-dns", "localhost:99999"], 2,
+           r"--workers-dns 'localhost:99999': port '99999' is not in 0\.\.65535", 10)
     # A token bucket that never holds a whole token refuses every call as rate-limited.
     for burst in ("0", "0.5", "-3"):
         expect([f"{BIN}/onlineps_mcp_bridge", "--workers", dead, "--rate-limit", "5",
