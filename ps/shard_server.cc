@@ -63,6 +63,14 @@ StatusOr<size_t> FloatCount(const Frames& frames, size_t index, const char* what
   return static_cast<size_t>(n);
 }
 
+// A reply of `rows` sparse rows must fit in a message.
+Status CheckRowsFit(size_t rows, uint32_t dim, size_t max_message_bytes) {
+  if (rows * dim * sizeof(float) <= max_message_bytes) return Status::Ok();
+  return TooLarge("pull of " + std::to_string(rows) + " rows x " + std::to_string(dim) +
+                  " floats would exceed the message limit of " + std::to_string(max_message_bytes) +
+                  " bytes; split it");
+}
+
 StatusOr<size_t> KeyCount(const Frames& frames) {
   if (frames.size() < 2) return Malformed("missing keys frame");
   int64_t n = frames[1].CountOf<uint64_t>();
@@ -811,11 +819,7 @@ Status ShardServer::Pull(const Header& h, const Frames& frames, Table& t, Header
   const bool sparse = t.spec().kind == TableKind::kSparse;
   if (sparse) {
     ONLINEPS_ASSIGN_OR_RETURN(req.num_keys, KeyCount(frames));
-    if (req.num_keys * t.spec().dim * sizeof(float) > options_.max_message_bytes) {
-      return TooLarge("pull of " + std::to_string(req.num_keys) + " rows x " +
-                      std::to_string(t.spec().dim) + " floats would exceed the message limit of " +
-                      std::to_string(options_.max_message_bytes) + " bytes; split it");
-    }
+    ONLINEPS_RETURN_IF_ERROR(CheckRowsFit(req.num_keys, t.spec().dim, options_.max_message_bytes));
     req.keys = frames[1].As<uint64_t>();
     ONLINEPS_RETURN_IF_ERROR(CheckKeysOwned(h.table, req.keys, req.num_keys));
   } else if (h.shape.size() == 2) {  // a range of this shard's elements: {first, count}
@@ -1009,6 +1013,9 @@ Status ShardServer::AppendValues(const Header& h, const Frames& frames, Table& t
   if (h.op == Op::kPushSparse) {
     req.keys = frames[1].As<uint64_t>();
     req.num_keys = static_cast<size_t>(frames[1].CountOf<uint64_t>());
+    // A duplicate's values frame was never checked against its keys: the rows it names
+    // are bounded here, as a pull's are.
+    ONLINEPS_RETURN_IF_ERROR(CheckRowsFit(req.num_keys, t.spec().dim, options_.max_message_bytes));
   }
   ONLINEPS_ASSIGN_OR_RETURN(PullResult res, t.Pull(req));
   if (res.would_block) return WouldBlock();

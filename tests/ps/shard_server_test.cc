@@ -652,6 +652,34 @@ TEST_P(ShardServerTest, SamePushSentThreeTimesIsAppliedOnce) {
   EXPECT_EQ(r->first.version, 3u);
 }
 
+// A duplicate's values are read as a pull reads them, for the keys it names, whatever
+// its values frame holds: the reply size a pull refuses (TOO_LARGE), a duplicate must too,
+// or a retry naming many keys of a wide table makes the shard allocate far past its limit.
+TEST_P(ShardServerTest, ADuplicateAskingForValuesIsBoundedLikeAPull) {
+  TableSpec wide = SparseSpec();
+  wide.name = "wide";
+  wide.dim = 1024;
+  Header create = Request(Op::kCreateTable, wide.name);
+  create.spec = EncodeSpec(wide);
+  auto r = raw_->Call({HeaderFrame(create)});
+  ASSERT_TRUE(r.has_value());
+  ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  r = raw_->Call({HeaderFrame(PushHeader(Op::kPushSparse, "wide", 77, 1)), Keys({7}),
+                  Floats(std::vector<float>(1024, 1.0f))});
+  ASSERT_TRUE(r.has_value());
+  ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  // The same (sender, seq) again, naming 7,000 keys (56 KB, under the message limit):
+  // their rows are 28 MB, which a pull of them is refused.
+  std::vector<uint64_t> keys(7000);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i;
+  ExpectError({HeaderFrame(Request(Op::kPullSparse, "wide")), Keys(keys)}, StatusCode::kTooLarge,
+              "split it");
+  Header dup = PushHeader(Op::kPushSparse, "wide", 77, 1);
+  dup.flags = kFlagReturnValues;
+  ExpectError({HeaderFrame(dup), Keys(keys), Floats({})}, StatusCode::kTooLarge, "split it");
+  ExpectStillServing();
+}
+
 TEST_P(ShardServerTest, PushReplyReportsStalenessAndMetricsCountIt) {
   // Baseline: two pushes at base 0 (tau 0 each: one per table). A push at base 0 to a
   // table at version 1 has tau 1.
