@@ -8,7 +8,8 @@ void Dedup::Advance(Window* w, uint64_t seq) {
     w->applied.reset();
     w->in_progress.reset();
   } else {
-    for (uint64_t s = w->high + 1; s <= seq; ++s) {
+    for (uint64_t s = w->high; s != seq;) {  // not s <= seq: that never ends at 2^64 - 1
+      ++s;
       w->applied.reset(s % kWindow);
       w->in_progress.reset(s % kWindow);
     }

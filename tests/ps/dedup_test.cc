@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 
 namespace onlineps::ps {
 namespace {
@@ -79,6 +82,24 @@ TEST(DedupTest, SlidingWindowForgetsBitsOfSeqsThatLeftIt) {
   for (uint64_t s = 1; s <= 4; ++s) EXPECT_EQ(d.Begin(1, s), Verdict::kTooOld) << s;
   for (uint64_t s = kW + 1; s <= kW + 3; ++s) EXPECT_EQ(d.Begin(1, s), Verdict::kNew) << s;
   EXPECT_EQ(d.Begin(1, kW + 4), Verdict::kDuplicate);
+}
+
+// The largest seqs are seqs like any other: a window sliding up to 2^64 - 1 ends there
+// (its loop once wrapped past it and never ended, holding the lock every push takes).
+TEST(DedupTest, TheWindowSlidesUpToTheLargestSeq) {
+  auto* d = new Dedup;  // leaked: a Begin that never returns still holds it
+  std::atomic<bool> done{false};
+  std::thread([d, &done] {
+    Apply(*d, 1, UINT64_MAX - 1);
+    Apply(*d, 1, UINT64_MAX);
+    done = true;
+  }).detach();
+  for (int i = 0; i < 500 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(done) << "Begin(1, 2^64 - 1) after Begin(1, 2^64 - 2) did not return";
+  EXPECT_EQ(d->Begin(1, UINT64_MAX), Verdict::kDuplicate);
+  EXPECT_EQ(d->Begin(1, UINT64_MAX - 1), Verdict::kDuplicate);
+  EXPECT_EQ(d->Begin(1, UINT64_MAX - 2), Verdict::kNew);
+  delete d;
 }
 
 TEST(DedupTest, SeqZeroIsNeverDeduplicated) {
