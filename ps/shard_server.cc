@@ -629,6 +629,10 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
       if (IsWorkerOp(h.op)) {
         return UnknownOp(std::string(OpName(h.op)) + " is a worker op; this is a PS shard");
       }
+      if (h.op == Op::kGroupSumFloats || h.op == Op::kGroupMinU64) {
+        return UnknownOp(std::string(OpName(h.op)) +
+                         " is a local group op (sent to a group leader); this is a PS shard");
+      }
       break;
   }
   std::shared_ptr<Table> t = FindTable(h.table);

@@ -349,6 +349,13 @@ TEST_P(ShardServerTest, UnknownOpNumberIsUnknownOp) {
   ExpectError({HeaderFrame(Request(Op::kReply, "d"))}, StatusCode::kUnknownOp, "repl");
   // A worker op sent to a shard by mistake says where it belongs.
   ExpectError({HeaderFrame(Request(Op::kLearn, ""))}, StatusCode::kUnknownOp, "worker op");
+  // So does a local-group op (a member pointed at a shard), whatever table it names.
+  for (Op op : {Op::kGroupSumFloats, Op::kGroupMinU64}) {
+    for (const char* table : {"", "d"}) {
+      ExpectError({HeaderFrame(Request(op, table)), Floats({1})}, StatusCode::kUnknownOp,
+                  "local group");
+    }
+  }
   ExpectStillServing();
 }
 
