@@ -716,6 +716,26 @@ Status ShardServer::DispatchBatch(const Header& h, const Frames& frames, Header*
   }
   StatusOr<std::vector<Frames>> subs = SplitFrameGroups(h.shape, frames);
   if (!subs.ok()) return subs.status().WithContext("push_batch");
+  // RETURN_VALUES of a duplicate reads the table whatever values it carries: what the
+  // sub-pushes may read back together must fit in one reply, as a pull's rows must (the
+  // sub-pushes of a batch that is not refused carry at least as many values).
+  uint64_t reply_floats = 0;
+  for (const Frames& sub : *subs) {
+    auto decoded = DecodeHeader(sub[0].data(), sub[0].size());
+    if (!decoded.ok() || !(decoded->flags & kFlagReturnValues)) continue;
+    const std::shared_ptr<Table> t = FindTable(decoded->table);
+    if (t == nullptr) continue;
+    if (t->spec().kind == TableKind::kDense) {
+      reply_floats += t->local_elements();
+    } else if (sub.size() >= 2 && sub[1].CountOf<uint64_t>() > 0) {
+      reply_floats += static_cast<uint64_t>(sub[1].CountOf<uint64_t>()) * t->spec().dim;
+    }
+  }
+  if (reply_floats * sizeof(float) > options_.max_message_bytes) {
+    return TooLarge("push_batch: the values its sub-pushes ask back (" +
+                    std::to_string(reply_floats) + " floats) would exceed the message limit of " +
+                    std::to_string(options_.max_message_bytes) + " bytes; split it");
+  }
   if (t_no_wait && subs->size() > 1) {
     // On the I/O thread a later sub-push may find a lock taken and send the whole message
     // to a handler thread, where it runs again: the sub-pushes applied here are then

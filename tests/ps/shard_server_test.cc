@@ -1074,6 +1074,30 @@ TEST_P(ShardServerTest, PushBatchAppliesEachSubPushOnceAndAnswersEachOnItsOwn) {
   EXPECT_EQ(subs[0].first.version, 3u);
 }
 
+// Duplicates asking for values read the table whatever values they carry: many of them in
+// one push_batch must not add up to a reply past the message limit (1,024 sub-pushes of a
+// table's whole part each, from one message of headers).
+TEST_P(ShardServerTest, DuplicatesInABatchAskingForValuesAreBoundedByTheMessageLimit) {
+  TableSpec big = DenseSpec();
+  big.name = "big";
+  big.shape = {10000};  // 40 KB: one push of it fits in the 64 KiB limit, two replies do not
+  Header create = Request(Op::kCreateTable, big.name);
+  create.spec = EncodeSpec(big);
+  auto r = raw_->Call({HeaderFrame(create)});
+  ASSERT_TRUE(r.has_value());
+  ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  r = raw_->Call({HeaderFrame(PushHeader(Op::kPushDense, "big", 88, 1)),
+                  Floats(std::vector<float>(10000, 1.0f))});
+  ASSERT_TRUE(r.has_value());
+  ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  Header dup = PushHeader(Op::kPushDense, "big", 88, 1);
+  dup.flags = kFlagReturnValues;
+  std::vector<Frames> subs;
+  for (int i = 0; i < 3; ++i) subs.push_back({HeaderFrame(dup), Floats({})});
+  ExpectError(BatchOf(std::move(subs), 88), StatusCode::kTooLarge, "limit");
+  ExpectStillServing();
+}
+
 TEST_P(ShardServerTest, BadPushBatchIsRefusedAndTheShardKeepsServing) {
   Header h = Request(Op::kPushBatch, "");
   ExpectError({HeaderFrame(h)}, StatusCode::kMalformed, "1 to 1024 sub-pushes");
