@@ -15,6 +15,7 @@ constexpr char kTablePrefix[] = "t.";
 constexpr char kKeysPrefix[] = "k.";
 constexpr char kIncarnationKey[] = "inc";
 constexpr size_t kMaxTablesPerWatch = 1024;
+constexpr size_t kMaxTableNameBytes = 128;  // as TableSpec's names
 
 StatusOr<uint64_t> ParseU64(const std::string& what, const std::string& s) {
   const std::optional<uint64_t> v = ParseSpecU64(s);
@@ -57,12 +58,19 @@ Status Watchers::Watch(const std::string& peer, const Header& req, uint64_t now_
     if (k == kWaitKey) {
       ONLINEPS_ASSIGN_OR_RETURN(wait_ms, ParseU64("wait_ms", v));
     } else if (k.rfind(kTablePrefix, 0) == 0 && k.size() > 2) {
+      if (k.size() - 2 > kMaxTableNameBytes) {
+        // No table has such a name, and a held watch keeps the names it was given.
+        return InvalidArgument("watch names a table of " + std::to_string(k.size() - 2) +
+                               " characters; table names have at most " +
+                               std::to_string(kMaxTableNameBytes));
+      }
       ONLINEPS_ASSIGN_OR_RETURN(w.known[k.substr(2)], ParseU64("version of " + k.substr(2), v));
     } else {
       return InvalidArgument("watch: unknown spec key '" + k + "' (expected wait_ms, t.<table>)");
     }
   }
   if (w.known.empty()) return InvalidArgument("watch names no table (spec keys t.<table>)");
+  w.req.spec.clear();  // parsed into `known`: a held watch keeps its names once
   if (w.known.size() > kMaxTablesPerWatch) {
     return InvalidArgument("watch names " + std::to_string(w.known.size()) + " tables; at most " +
                            std::to_string(kMaxTablesPerWatch));

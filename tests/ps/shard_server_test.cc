@@ -942,6 +942,9 @@ TEST_P(ShardServerTest, BadWatchIsInvalidArgumentAndTheShardKeepsServing) {
               StatusCode::kInvalidArgument, "bogus");
   ExpectError({HeaderFrame(WatchHeader(1, {{"t.d", "1"}, {"wait_ms", "99999999999999999999999"}}))},
               StatusCode::kInvalidArgument, "wait_ms");
+  // A name no table can have (over 128 characters): a held watch keeps its names.
+  ExpectError({HeaderFrame(WatchHeader(1, {{"t." + std::string(129, 'x'), "1"}}))},
+              StatusCode::kInvalidArgument, "128");
   ExpectStillServing();
 }
 
