@@ -37,6 +37,7 @@ void AddFlags(CLI::App& app, onlineps::ps::ShardServerOptions* o, std::string* a
       ->capture_default_str();
   app.add_option("--checkpoint-interval-s", o->checkpoint_interval_s,
                  "Seconds between periodic checkpoints (0: only on demand and at shutdown)")
+      ->check(onlineps::LifetimeS(0))
       ->capture_default_str();
   app.add_option("--checkpoint-full-every", o->checkpoint_full_every,
                  "Incremental checkpoints: between full ones, write only the rows changed "

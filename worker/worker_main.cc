@@ -227,7 +227,9 @@ void AddCacheFlags(CLI::App& app, Flags* f) {
   auto& x = f->service.context;
   app.add_option("--context-max-sessions", x.max_sessions, "Sessions with context (LRU)")
       ->capture_default_str();
-  app.add_option("--context-ttl-s", f->context_ttl_s, "Idle seconds before a context is dropped")
+  app.add_option("--context-ttl-s", f->context_ttl_s,
+                 "Idle seconds before a context is dropped (0: never)")
+      ->check(onlineps::LifetimeS(0))
       ->capture_default_str();
   app.add_option("--context-max-items", x.max_items, "Text items kept per session")
       ->capture_default_str();

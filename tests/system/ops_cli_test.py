@@ -342,6 +342,11 @@ def bad_flags():
     for lr in ("0", "-0.05", "1e39"):
         expect(worker + ["--local-steps", "4", "--local-lr", lr], 2,
                r"--local-lr must be > 0 and finite as a float, got -?\d", 15)
+    # Durations in seconds are multiplied into milliseconds: a negative context TTL meant
+    # "never" and a huge checkpoint interval wrapped to a few hundred milliseconds.
+    expect(worker + ["--context-ttl-s", "-1"], 2, r"--context-ttl-s: Value -1 not in range", 15)
+    expect([b("onlineps_ps"), "--admin-port", "-1", "--checkpoint-interval-s",
+            "18446744073709551"], 2, r"--checkpoint-interval-s: Value 18446744073709551 not in", 10)
     # The worker CLI's default target is a worker RPC port (run_local.sh's first worker),
     # not the MCP HTTP port.
     r, _ = run([b("onlineps_worker_cli"), "--help"])
