@@ -1,5 +1,6 @@
 #include "worker/msgpack_json.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -214,8 +215,13 @@ class Reader {
     ONLINEPS_RETURN_IF_ERROR(Need(n));  // every element takes a byte at least
     *out = json::array();
     auto& a = out->get_ref<json::array_t&>();
-    a.resize(n);
-    for (json& e : a) ONLINEPS_RETURN_IF_ERROR(Value(&e, depth + 1));
+    // Grown as elements are read, not sized by the count: nested arrays each claiming
+    // the bytes left after them (then a bad byte) held 16 bytes per claimed element at
+    // every level at once, 64 x 16 per body byte.
+    a.reserve(std::min<uint64_t>(n, kReserve));
+    for (uint64_t i = 0; i < n; ++i) {
+      ONLINEPS_RETURN_IF_ERROR(Value(&a.emplace_back(), depth + 1));
+    }
     return Status::Ok();
   }
 
@@ -247,6 +253,9 @@ class Reader {
     const char* d = "0123456789abcdef";
     return {d[b >> 4], d[b & 15]};
   }
+
+  // Elements an array reserves before reading them (a features array: 4096 values).
+  static constexpr uint64_t kReserve = 4096;
 
   const uint8_t* p_;
   const uint8_t* end_;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -163,6 +164,43 @@ TEST(MsgpackJsonTest, MutatedBodiesDecodeOnlyWhereFromMsgpackDoesAndToTheSameVal
     }
   }
   EXPECT_GT(both, 100);  // mutations that kept a valid body were compared too
+}
+
+// VmHWM of this process in bytes (-1 if unknown), after setting it back to the current
+// RSS when `reset` (proc(5), clear_refs "5").
+int64_t PeakRss(bool reset) {
+  if (reset) {
+    std::ofstream out("/proc/self/clear_refs");
+    out << "5";
+  }
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+TEST(MsgpackJsonTest, CountsTheBytesCannotBackAllocateNothingAhead) {
+  // 64 nested arrays, each claiming as many elements as bytes are left after it, then a
+  // byte msgpack never uses: each count passes the "a byte per element" check, and an
+  // array allocated for its count up front held 64 x 16 bytes per body byte (a 16 MiB
+  // request: 16 GiB) before the bad byte was read.
+  const size_t size = 512 << 10;
+  std::vector<uint8_t> b;
+  for (int level = 0; level < 64; ++level) {
+    const uint32_t n = static_cast<uint32_t>(size - b.size() - 5);
+    b.insert(b.end(), {0xdd, static_cast<uint8_t>(n >> 24), static_cast<uint8_t>(n >> 16),
+                       static_cast<uint8_t>(n >> 8), static_cast<uint8_t>(n)});
+  }
+  b.resize(size, 0xc1);
+  const int64_t before = PeakRss(/*reset=*/true);
+  auto got = MsgpackToJson(b.data(), b.size(), 64);
+  const int64_t peak = PeakRss(/*reset=*/false);
+  ASSERT_FALSE(got.ok());
+  EXPECT_THAT(got.status().message(), HasSubstr("0xc1"));
+  if (before < 0 || peak < 0) GTEST_SKIP() << "no VmHWM";
+  EXPECT_LT(peak - before, int64_t{32} << 20) << "peak above the RSS before the decode";
 }
 
 }  // namespace
