@@ -5,6 +5,8 @@
 #include <cstring>
 #include <msgpack.hpp>
 
+#include "common/json_depth.h"
+
 namespace onlineps {
 
 std::string_view OpName(Op op) {
@@ -65,6 +67,7 @@ namespace {
 
 constexpr uint8_t kMaxOp = static_cast<uint8_t>(kLastOp);
 constexpr uint8_t kMaxCode = static_cast<uint8_t>(StatusCode::kNotPrimary);
+constexpr size_t kMaxHeaderDepth = 16;
 
 template <typename Packer>
 void PackKey(Packer& pk, const char* key) {
@@ -248,6 +251,14 @@ std::string EncodeHeader(const Header& h) {
 
 StatusOr<Header> DecodeHeader(const void* data, size_t size) {
   Header h;
+  // A header nests 2 levels (spec, shape); the rest leaves newer peers room. msgpack
+  // allocates every open array's claimed elements at once: nested arrays each claiming
+  // the bytes left after them held 24 bytes per frame byte per level (a 1 MiB frame:
+  // +827 MiB), before the bad byte that ended them was read.
+  if (MsgpackNestsDeeperThan(static_cast<const uint8_t*>(data), size, kMaxHeaderDepth)) {
+    return Malformed("header frame nests deeper than " + std::to_string(kMaxHeaderDepth) +
+                     " levels");
+  }
   try {
     // msgpack allocates a map's or array's elements as soon as it reads the count, so a
     // 5-byte frame could claim billions of them. Every element takes at least one byte:
