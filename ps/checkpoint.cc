@@ -360,6 +360,9 @@ StatusOr<RestoredShard> RestoreCheckpoint(const std::string& path, const ShardId
                     " to restore up to it, losing theirs");
   }
   out.stale.insert(out.stale.end(), later.begin(), later.end());
+  // Last first, as a new full checkpoint removes them: a crash while they are removed
+  // leaves PATH.d<next> ... again, not a gap.
+  std::reverse(out.stale.begin(), out.stale.end());
   ByteWriter tmp;
   windows.Save(&tmp);
   ByteReader again(tmp.buffer().data(), tmp.buffer().size());

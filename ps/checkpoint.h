@@ -103,7 +103,7 @@ struct RestoredShard {
   uint64_t base_bytes = 0;         // size of the full checkpoint
   uint64_t delta_bytes = 0;        // sizes of the deltas read
   uint64_t deltas = 0;             // deltas read (the chain's length)
-  std::vector<std::string> stale;  // delta files that do not continue the chain
+  std::vector<std::string> stale;  // delta files that do not continue the chain, last first
 };
 // ReadCheckpoint, then each delta PATH.d1, PATH.d2, ... applied in order while the
 // next one exists and names the one before it. Errors: those of ReadCheckpoint, for the

@@ -1169,6 +1169,29 @@ TEST_F(CheckpointTest, DeltasOfAnOlderChainAreStaleAndACorruptDeltaIsDataLoss) {
   ExpectSameAsLive(r->tables);
 }
 
+// Start removes the stale deltas a restore lists, in its order: a crash (kill -9) after
+// the first removal must leave files that still restore, not a gap refused as damage.
+TEST_F(CheckpointTest, ACrashWhileStaleDeltasAreRemovedLeavesARestorableChain) {
+  BuildShard();
+  const ShardIdentity id = id_;
+  uint64_t trailer = 0;
+  WriteChain(tables_, *sparse_, dedup_, id, path_, 3);
+  Push(*sparse_, Grad(6, 9), {ManyKeys()[0], ManyKeys()[1]});
+  ShardSnapshot again = SnapshotShard(id, tables_, dedup_, SnapshotKind::kFull);
+  ASSERT_TRUE(WriteSnapshot(path_, &again, &trailer).ok());
+  again = {};
+  Dedup d;
+  auto r = RestoreCheckpoint(path_, id, &d);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->stale.size(), 3u);
+  std::filesystem::remove(r->stale.front());  // then the crash
+  r = RestoreCheckpoint(path_, id, &d);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->deltas, 0u);
+  EXPECT_EQ(r->stale.size(), 2u);
+  ExpectSameAsLive(r->tables);
+}
+
 TEST_F(CheckpointTest, ShardServerWritesDeltasBetweenFullCheckpointsAndRestoresTheChain) {
   static std::atomic<int> counter{0};
   const std::string name = "ckpt-delta-" + std::to_string(counter++);
