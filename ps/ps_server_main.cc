@@ -174,6 +174,9 @@ onlineps::Status CheckReplication(const onlineps::ps::ShardServerOptions& o) {
 
 int main(int argc, char** argv) {
   onlineps::BlockShutdownSignals();
+  // A checkpoint past the file size limit (ulimit -f) then fails with EFBIG like a full
+  // disk (logged, answered, retried) instead of SIGXFSZ killing the shard and its state.
+  std::signal(SIGXFSZ, SIG_IGN);
   onlineps::ps::ShardServerOptions options;
   onlineps::LogOptions log;
   log.component = "ps";

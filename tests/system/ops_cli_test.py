@@ -11,7 +11,8 @@
                a shard whose final checkpoint cannot be written (its directory was
                replaced by a file) answers `ps_cli checkpoint` at once with the reason,
                logs why and exits 1 on SIGTERM; with a writable
-               directory it exits 0 and the checkpoint is there.
+               directory it exits 0 and the checkpoint is there. Past the file size
+               limit (ulimit -f) a checkpoint fails the same way, not by SIGXFSZ.
   docs-flags   every long flag in each binary's --help is documented in
                docs/configuration.md, and so is each ONLINEPS_* env name the code reads
                outside the flag parser.
@@ -167,6 +168,31 @@ def final_checkpoint():
         if not broken and (code != 0 or logged or not os.listdir(ckpt)):
             fail(f"writable checkpoint dir: exit {code}, files {os.listdir(ckpt)}:\n"
                  f"{shard.stderr()}")
+    # A checkpoint past the file size limit (ulimit -f, RLIMIT_FSIZE) fails like a full
+    # disk: the write gets EFBIG, the shard answers and serves on; SIGXFSZ does not kill it.
+    ckpt = os.path.join(work, "ck-fsize")
+    shard = opslib.Proc("ps-fsize", [
+        "bash", "-c", 'ulimit -f 1000 && exec "$@"', "bash", f"{BIN}/onlineps_ps",
+        "--shard-index", "0", "--num-shards", "1", "--listen", "tcp://127.0.0.1:0",
+        "--admin-port", "-1", "--checkpoint-dir", ckpt], work)
+    try:
+        opslib.wait_until(lambda: "LISTENING " in shard.stdout() or not shard.alive(), 30,
+                          "the shard to listen")
+        ep = re.search(r"LISTENING (\S+)", shard.stdout()).group(1)
+        cli = [f"{BIN}/onlineps_ps_cli", "--shards", ep]
+        subprocess.run(cli + ["push-pattern", "--pushes", "1", "--dense-size", "300000"],
+                       capture_output=True, text=True, timeout=60, check=True)
+        r = subprocess.run(cli + ["checkpoint"], capture_output=True, text=True, timeout=60)
+        if r.returncode == 0 or "checkpoint not written" not in r.stdout + r.stderr or \
+                not shard.alive():
+            fail(f"checkpoint past the file size limit: exit {r.returncode}, shard alive "
+                 f"{shard.alive()}:\n{r.stdout}{r.stderr}{shard.stderr()}")
+        code = shard.stop(signal.SIGTERM)
+    finally:
+        if shard.alive():
+            shard.stop(signal.SIGKILL)
+    if code != 1 or "final checkpoint failed" not in shard.stderr():
+        fail(f"checkpoint past the file size limit: exit {code}:\n{shard.stderr()}")
     print("ops_cli_test: final-checkpoint PASS (exit 1 when it cannot be written, else 0)")
 
 
