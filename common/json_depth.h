@@ -36,17 +36,27 @@ inline bool NestsDeeperThan(std::string_view text, size_t max_depth) {
   return false;
 }
 
-// The same for a msgpack value (nlohmann::json::from_msgpack parses recursively, one
-// stack frame per level, from one byte per level). A scan that builds nothing; stops
-// at the end of the first value. Invalid or truncated input: false (the decoder refuses
-// it).
-inline bool MsgpackNestsDeeperThan(const uint8_t* p, size_t n, size_t max_depth) {
+// What ScanMsgpack found of a msgpack value.
+enum class MsgpackScan {
+  kOk,          // within max_depth, or invalid in a way the decoder refuses cheaply
+  kTooDeep,     // nests deeper than max_depth
+  kOverclaims,  // its arrays and maps claim more elements than it has bytes (never valid:
+                // every element takes a byte), which a decoder allocating claims up front
+                // would hold for each open container at once
+};
+
+// A scan of the first msgpack value in p[0, n) that builds nothing: how deep it nests
+// (nlohmann::json::from_msgpack parses recursively, one stack frame per level, from one
+// byte per level) and whether its containers claim more elements than it has bytes.
+// Other invalid or truncated input: kOk (the decoder refuses it).
+inline MsgpackScan ScanMsgpack(const uint8_t* p, size_t n, size_t max_depth) {
   auto be = [&](size_t at, int bytes) {
     uint64_t v = 0;
     for (int k = 0; k < bytes; ++k) v = v << 8 | p[at + k];
     return v;
   };
   std::vector<uint64_t> left;  // items still to read in each open container
+  uint64_t claimed = 0;        // elements claimed by every container so far
   size_t i = 0;
   while (i < n) {
     const uint8_t b = p[i];
@@ -72,30 +82,37 @@ inline bool MsgpackNestsDeeperThan(const uint8_t* p, size_t n, size_t max_depth)
     } else if (b >= 0xd4 && b <= 0xd8) {
       size = 2 + (uint64_t{1} << (b - 0xd4));
     } else if (b >= 0xdc && b <= 0xdf) {
-      if (i + 1 + ((b & 1) ? 4 : 2) > n) return false;
+      if (i + 1 + ((b & 1) ? 4 : 2) > n) return MsgpackScan::kOk;
       container = true;
       size = 1 + ((b & 1) ? 4 : 2);
       items = be(i + 1, (b & 1) ? 4 : 2) * (b >= 0xde ? 2 : 1);
     } else {
-      return false;  // 0xc1: never used
+      return MsgpackScan::kOk;  // 0xc1: never used
     }
     if (len_bytes > 0) {
-      if (i + 1 + len_bytes > n) return false;
+      if (i + 1 + len_bytes > n) return MsgpackScan::kOk;
       size = 1 + len_bytes + extra + be(i + 1, len_bytes);
     }
-    if (size > n - i) return false;
+    if (size > n - i) return MsgpackScan::kOk;
     i += size;
     if (container) {
-      if (left.size() + 1 > max_depth) return true;
+      if (left.size() + 1 > max_depth) return MsgpackScan::kTooDeep;
+      claimed += items;
+      if (claimed > n) return MsgpackScan::kOverclaims;
       if (items > 0) {
         left.push_back(items);
         continue;
       }
     }
     while (!left.empty() && --left.back() == 0) left.pop_back();
-    if (left.empty()) return false;  // the first value is complete
+    if (left.empty()) return MsgpackScan::kOk;  // the first value is complete
   }
-  return false;
+  return MsgpackScan::kOk;
+}
+
+// Whether the first msgpack value in p[0, n) nests deeper than max_depth (ScanMsgpack).
+inline bool MsgpackNestsDeeperThan(const uint8_t* p, size_t n, size_t max_depth) {
+  return ScanMsgpack(p, n, max_depth) == MsgpackScan::kTooDeep;
 }
 
 }  // namespace onlineps

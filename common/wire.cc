@@ -255,9 +255,17 @@ StatusOr<Header> DecodeHeader(const void* data, size_t size) {
   // allocates every open array's claimed elements at once: nested arrays each claiming
   // the bytes left after them held 24 bytes per frame byte per level (a 1 MiB frame:
   // +827 MiB), before the bad byte that ended them was read.
-  if (MsgpackNestsDeeperThan(static_cast<const uint8_t*>(data), size, kMaxHeaderDepth)) {
-    return Malformed("header frame nests deeper than " + std::to_string(kMaxHeaderDepth) +
-                     " levels");
+  // Within that depth, containers that each claim the bytes left after them still sum
+  // to depth x size elements, which msgpack would allocate too: refused as well.
+  switch (ScanMsgpack(static_cast<const uint8_t*>(data), size, kMaxHeaderDepth)) {
+    case MsgpackScan::kTooDeep:
+      return Malformed("header frame nests deeper than " + std::to_string(kMaxHeaderDepth) +
+                       " levels");
+    case MsgpackScan::kOverclaims:
+      return Malformed("header frame's arrays and maps claim more elements than its " +
+                       std::to_string(size) + " bytes can hold");
+    case MsgpackScan::kOk:
+      break;
   }
   try {
     // msgpack allocates a map's or array's elements as soon as it reads the count, so a
