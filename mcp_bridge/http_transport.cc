@@ -658,7 +658,11 @@ bool HttpTransport::Impl::Serve(const std::shared_ptr<Connection>& conn, const H
     SendError(res, 500, kInternalError, std::string("internal error: ") + e.what());
   }
   Responded(res.status);
-  conn->Finish(Frame(res, req.version(), keep_alive), !keep_alive);
+  std::string bytes = Frame(res, req.version(), keep_alive);
+  // A HEAD answer ends with its headers (RFC 9110 9.3.2): a body would be read as the
+  // start of the next response.
+  if (req.method() == http::verb::head) bytes.resize(bytes.size() - res.body.size());
+  conn->Finish(std::move(bytes), !keep_alive);
   return true;
 }
 

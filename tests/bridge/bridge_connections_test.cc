@@ -205,6 +205,21 @@ TEST_F(BridgeConnectionsTest, RawHttpDetailsGetClearAnswers) {
   EXPECT_FALSE(after.Initialize().empty());
 }
 
+// A HEAD request is answered with the status line and headers only (RFC 9110 9.3.2): a
+// body after them would be read as the start of the next response on the connection.
+TEST_F(BridgeConnectionsTest, AHeadAnswerHasNoBody) {
+  const int port = Start();
+  auto c = RawClient::Connect(port);
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->Send("HEAD /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" + PostRequest(kPing)));
+  const auto head = c->Read(milliseconds(5000), /*head=*/true);
+  ASSERT_TRUE(head);
+  EXPECT_EQ(head->status, 405);
+  const auto next = c->Read(milliseconds(3000));
+  ASSERT_TRUE(next) << "the HEAD answer carried a body: the next response cannot be read";
+  EXPECT_EQ(next->status, 400) << next->body;  // the ping's: no session
+}
+
 // With tokens, a large body is read only once its token is good: a request announcing
 // 4 MiB without one is answered 401 at once, without the bridge waiting for (and holding)
 // the body. Small bodies are checked with the rest of the request, as before.
