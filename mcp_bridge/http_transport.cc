@@ -367,6 +367,15 @@ void Connection::ReadHeader() {
 
 void Connection::OnHeader(beast::error_code ec) {
   if (ec) return Refuse(ec);
+  // RFC 9112 6.3: a request whose Transfer-Encoding does not end in chunked has no length
+  // to read. Taken as bodiless, its body would run as a second (smuggled) request.
+  if (parser_->get().count(http::field::transfer_encoding) > 0 && !parser_->chunked()) {
+    Answer a;
+    SendError(a, 400, kInvalidRequest,
+              "Bad Request: malformed HTTP (a Transfer-Encoding must end with chunked)");
+    owner_->Responded(a.status);
+    return Push(Frame(a, parser_->get().version(), false), true, true);
+  }
   // A large body is read only for a caller the checks admit: up to --max-request-bytes
   // (and about twice that to parse) is otherwise anyone's to make the bridge hold. Small
   // ones are checked with the rest of the request, once.

@@ -220,6 +220,29 @@ TEST_F(BridgeConnectionsTest, AHeadAnswerHasNoBody) {
   EXPECT_EQ(next->status, 400) << next->body;  // the ping's: no session
 }
 
+// A request whose Transfer-Encoding does not end in chunked has no length the bridge can
+// know (RFC 9112 6.3): it is refused 400 and closed, never read as bodiless with its body
+// run as a second, smuggled request.
+TEST_F(BridgeConnectionsTest, ATransferEncodingNotEndingInChunkedIsRefused) {
+  const int port = Start();
+  for (const std::string coding : {"gzip", "chunked, gzip", "identity"}) {
+    auto c = RawClient::Connect(port);
+    ASSERT_TRUE(c);
+    const std::string smuggled = PostRequest(kPing);
+    ASSERT_TRUE(
+        c->Send("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                "Accept: application/json, text/event-stream\r\nTransfer-Encoding: " +
+                coding + "\r\n\r\n" + smuggled));
+    const auto reply = c->Read(milliseconds(5000));
+    ASSERT_TRUE(reply) << coding;
+    EXPECT_EQ(reply->status, 400) << coding;
+    EXPECT_NE(reply->body.find("Transfer-Encoding"), std::string::npos)
+        << coding << ": " << reply->body;
+    EXPECT_EQ(reply->Header("connection"), "close") << coding;
+    EXPECT_FALSE(c->Read(milliseconds(500))) << coding << ": the body ran as a request";
+  }
+}
+
 // With tokens, a large body is read only once its token is good: a request announcing
 // 4 MiB without one is answered 401 at once, without the bridge waiting for (and holding)
 // the body. Small bodies are checked with the rest of the request, as before.
