@@ -369,10 +369,18 @@ void Connection::OnHeader(beast::error_code ec) {
   if (ec) return Refuse(ec);
   // RFC 9112 6.3: a request whose Transfer-Encoding does not end in chunked has no length
   // to read. Taken as bodiless, its body would run as a second (smuggled) request.
-  if (parser_->get().count(http::field::transfer_encoding) > 0 && !parser_->chunked()) {
+  // RFC 9112 3.2: one Host, or --allowed-hosts may judge another than a proxy routed by.
+  const HttpRequest& head = parser_->get();
+  const char* malformed = nullptr;
+  if (head.count(http::field::transfer_encoding) > 0 && !parser_->chunked()) {
+    malformed = "a Transfer-Encoding must end with chunked";
+  } else if (head.count(http::field::host) > 1) {
+    malformed = "more than one Host header";
+  }
+  if (malformed != nullptr) {
     Answer a;
     SendError(a, 400, kInvalidRequest,
-              "Bad Request: malformed HTTP (a Transfer-Encoding must end with chunked)");
+              std::string("Bad Request: malformed HTTP (") + malformed + ")");
     owner_->Responded(a.status);
     return Push(Frame(a, parser_->get().version(), false), true, true);
   }

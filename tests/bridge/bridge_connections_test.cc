@@ -243,6 +243,19 @@ TEST_F(BridgeConnectionsTest, ATransferEncodingNotEndingInChunkedIsRefused) {
   }
 }
 
+// Two Host headers are refused 400 (RFC 9112 3.2), not judged by the first alone while a
+// proxy in front may have routed by the other.
+TEST_F(BridgeConnectionsTest, TwoHostHeadersAreRefused) {
+  const int port = Start();
+  auto c = RawClient::Connect(port);
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->Send(PostRequest(kPing, "Host: evil.example\r\n")));
+  const auto reply = c->Read(milliseconds(5000));
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->status, 400);
+  EXPECT_NE(reply->body.find("Host"), std::string::npos) << reply->body;
+}
+
 // With tokens, a large body is read only once its token is good: a request announcing
 // 4 MiB without one is answered 401 at once, without the bridge waiting for (and holding)
 // the body. Small bodies are checked with the rest of the request, as before.
