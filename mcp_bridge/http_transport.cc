@@ -205,6 +205,9 @@ StatusOr<std::map<std::string, std::string>> LoadTokens(const std::string& path)
 // Bodies larger than this are read only after the request's Host, Origin and token
 // checks pass.
 constexpr uint64_t kAdmitBeforeBodyBytes = 64 << 10;
+// Beast reads at most this much at once. Its parser bounds neither a chunk header (its
+// extensions) nor the trailers: the input buffer is, to the headers' limit and one read.
+constexpr size_t kReadBytes = 64 << 10;
 
 // One accepted connection. Its socket is touched only on its strand: reads, writes and
 // timeouts there; a handler thread running the request hands bytes over with Send.
@@ -356,6 +359,7 @@ void Connection::ReadHeader() {
   parser_.emplace();
   parser_->header_limit(static_cast<uint32_t>(o.max_header_bytes));
   parser_->body_limit(o.max_request_bytes);
+  buffer_.max_size(o.max_header_bytes + kReadBytes);
   // The first request must arrive soon after the connect; later ones may idle for the
   // keep-alive time. Either way the wait holds no thread.
   stream_.expires_after(served_ == 0 ? o.first_request_timeout
@@ -433,6 +437,10 @@ void Connection::Refuse(beast::error_code ec) {
   } else if (ec == http::error::header_limit) {
     SendError(a, 431, kInvalidRequest,
               "request line and headers are larger than " +
+                  std::to_string(owner_->options().max_header_bytes) + " bytes");
+  } else if (ec == http::error::buffer_overflow) {
+    SendError(a, 400, kInvalidRequest,
+              "Bad Request: a chunk header or the trailers are larger than " +
                   std::to_string(owner_->options().max_header_bytes) + " bytes");
   } else if (ec.category() == beast::error_code(http::error::end_of_stream).category() &&
              ec != http::error::end_of_stream && ec != http::error::partial_message) {

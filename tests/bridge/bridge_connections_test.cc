@@ -256,6 +256,25 @@ TEST_F(BridgeConnectionsTest, TwoHostHeadersAreRefused) {
   EXPECT_NE(reply->body.find("Host"), std::string::npos) << reply->body;
 }
 
+// A chunk header (its extensions) or a trailer section is bounded like the headers: one
+// that never ends is refused 400 once past the limit, not buffered whole (64 MiB here,
+// and as much as a client sends in the 30 s a body may take).
+TEST_F(BridgeConnectionsTest, AnEndlessChunkExtensionIsRefused) {
+  const int port = Start();
+  auto c = RawClient::Connect(port);
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->Send(
+      "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+      "Accept: application/json, text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n1;x="));
+  const std::string block(1 << 20, 'a');
+  std::optional<Reply> reply;
+  for (int i = 0; i < 64 && !reply && c->Send(block); ++i) reply = c->Read(milliseconds(0));
+  if (!reply) reply = c->Read(milliseconds(3000));
+  ASSERT_TRUE(reply) << "no answer: the bridge buffered the whole chunk extension";
+  EXPECT_EQ(reply->status, 400);
+  EXPECT_NE(reply->body.find("chunk"), std::string::npos) << reply->body;
+}
+
 // With tokens, a large body is read only once its token is good: a request announcing
 // 4 MiB without one is answered 401 at once, without the bridge waiting for (and holding)
 // the body. Small bodies are checked with the rest of the request, as before.
