@@ -249,7 +249,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Refuse(beast::error_code ec);
   void Push(std::string bytes, bool last, bool close);
   void Flush();
-  void Linger();
+  // Drains until `until` (a second after the answer), however long the client sends.
+  void Linger(std::chrono::steady_clock::time_point until);
 
   beast::tcp_stream stream_;
   HttpTransport::Impl* const owner_;
@@ -492,7 +493,9 @@ void Connection::Flush() {
       answering_ = false;
       owner_->Answered();
     }
-    if (close_after_ || owner_->draining()) return Linger();
+    if (close_after_ || owner_->draining()) {
+      return Linger(std::chrono::steady_clock::now() + std::chrono::seconds(1));
+    }
     return ReadHeader();
   }
   busy_ = true;
@@ -517,13 +520,13 @@ void Connection::Flush() {
 // Closes after the response: stops sending, then reads (and drops) what the client still
 // sends for up to a second, so that unread request bytes do not turn the close into a
 // reset that destroys the response before the client has read it.
-void Connection::Linger() {
+void Connection::Linger(std::chrono::steady_clock::time_point until) {
   beast::error_code ignored;
   stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-  stream_.expires_after(std::chrono::seconds(1));
+  stream_.expires_at(until);
   stream_.async_read_some(asio::buffer(discard_),
-                          [self = shared_from_this()](beast::error_code ec, size_t) {
-                            if (!ec) return self->Linger();
+                          [self = shared_from_this(), until](beast::error_code ec, size_t) {
+                            if (!ec) return self->Linger(until);
                             beast::error_code ignored;
                             self->stream_.socket().close(ignored);
                           });

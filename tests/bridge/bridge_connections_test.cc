@@ -275,6 +275,23 @@ TEST_F(BridgeConnectionsTest, AnEndlessChunkExtensionIsRefused) {
   EXPECT_NE(reply->body.find("chunk"), std::string::npos) << reply->body;
 }
 
+// After an answer that closes the connection the bridge drains what the client still
+// sends for about a second, not for as long as the client keeps sending (holding the
+// connection, and a place under the caps, past every documented bound).
+TEST_F(BridgeConnectionsTest, AClosingConnectionIsNotHeldByAClientThatKeepsSending) {
+  const int port = Start();
+  auto c = RawClient::Connect(port);
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->Send("POST /mcp HTTP/1.1\r\nHost 127.0.0.1\r\n\r\n"));
+  const auto reply = c->Read(milliseconds(5000));
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->status, 400);
+  const auto start = Clock::now();
+  // Its answer half-closed the connection; once the bridge closes it too, a send fails.
+  while (MsSince(start) < 5000 && c->Send("x")) std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_LT(MsSince(start), 3000) << "the bridge still read a byte each 100 ms after 5 s";
+}
+
 // With tokens, a large body is read only once its token is good: a request announcing
 // 4 MiB without one is answered 401 at once, without the bridge waiting for (and holding)
 // the body. Small bodies are checked with the rest of the request, as before.
