@@ -73,6 +73,28 @@ namespace http = beast::http;
 using tcp = asio::ip::tcp;
 using HttpRequest = http::request<http::string_body>;
 
+// The authority of an absolute-form target ("http://localhost:8080/mcp"), which a server
+// must accept and judge instead of the Host header (RFC 9112 3.2.2); "" for origin-form.
+std::string TargetAuthority(beast::string_view target) {
+  const size_t p = target.find("://");
+  if (target.empty() || target[0] == '/' || p == beast::string_view::npos) return "";
+  const std::string scheme = Lower(std::string(target.substr(0, p)));
+  if (scheme != "http" && scheme != "https") return "";
+  const beast::string_view rest = target.substr(p + 3);
+  return std::string(rest.substr(0, rest.find_first_of("/?#")));
+}
+
+// "/mcp?x" and "http://localhost/mcp?x" -> "/mcp".
+std::string TargetPath(beast::string_view target) {
+  if (!TargetAuthority(target).empty()) {
+    target.remove_prefix(target.find("://") + 3);
+    const size_t end = target.find_first_of("/?#");
+    target = end == beast::string_view::npos || target[end] != '/' ? beast::string_view("/")
+                                                                   : target.substr(end);
+  }
+  return std::string(target.substr(0, target.find_first_of("?#")));
+}
+
 // What the MCP rules answer to one HTTP request, before it is framed.
 struct Answer {
   int status = 200;
@@ -660,9 +682,7 @@ bool HttpTransport::Impl::Serve(const std::shared_ptr<Connection>& conn, const H
   const bool keep_alive = req.keep_alive();
   Answer res;
   try {
-    const beast::string_view target = req.target();
-    const beast::string_view path = target.substr(0, target.find('?'));
-    if (path != options_.path) {
+    if (TargetPath(req.target()) != options_.path) {
       SendError(res, 404, kServerError, "no such path: MCP is served on the configured --path");
     } else if (req.method() == http::verb::post) {
       Post(req, res, conn, keep_alive);
@@ -695,7 +715,8 @@ bool HttpTransport::Impl::Serve(const std::shared_ptr<Connection>& conn, const H
 }
 
 bool HttpTransport::Impl::Admit(const HttpRequest& req, Answer& res, std::string* principal) {
-  const std::string host = HostName(Header(req, "Host"));
+  const std::string authority = TargetAuthority(req.target());
+  const std::string host = HostName(authority.empty() ? Header(req, "Host") : authority);
   if (!options_.allowed_hosts.empty() &&
       std::find(options_.allowed_hosts.begin(), options_.allowed_hosts.end(), host) ==
           options_.allowed_hosts.end()) {

@@ -292,6 +292,27 @@ TEST_F(BridgeConnectionsTest, AClosingConnectionIsNotHeldByAClientThatKeepsSendi
   EXPECT_LT(MsSince(start), 3000) << "the bridge still read a byte each 100 ms after 5 s";
 }
 
+// A request-target in absolute form is accepted (RFC 9112 3.2.2: a server must), and its
+// authority, not the Host header, is what --allowed-hosts judges.
+TEST_F(BridgeConnectionsTest, AnAbsoluteFormTargetIsServedAndItsAuthorityChecked) {
+  const int port = Start();
+  auto absolute = [&](const std::string& authority) {
+    return "POST http://" + authority + "/mcp?x=1" + PostRequest(kPing).substr(9);
+  };
+  auto c = RawClient::Connect(port);
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->Send(absolute("127.0.0.1:" + std::to_string(port))));
+  const auto served = c->Read(milliseconds(5000));
+  ASSERT_TRUE(served);
+  EXPECT_EQ(served->status, 400) << served->body;  // the MCP layer's: no session
+  EXPECT_NE(served->body.find("Mcp-Session-Id"), std::string::npos) << served->body;
+  ASSERT_TRUE(c->Send(absolute("evil.example")));
+  const auto refused = c->Read(milliseconds(5000));
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 403) << refused->body;
+  EXPECT_NE(refused->body.find("evil.example"), std::string::npos) << refused->body;
+}
+
 // With tokens, a large body is read only once its token is good: a request announcing
 // 4 MiB without one is answered 401 at once, without the bridge waiting for (and holding)
 // the body. Small bodies are checked with the rest of the request, as before.
