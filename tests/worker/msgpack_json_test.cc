@@ -136,7 +136,9 @@ TEST(MsgpackJsonTest, BadBytesAreMalformedNamingTheProblem) {
     ASSERT_FALSE(got.ok()) << c.says;
     EXPECT_EQ(got.status().code(), StatusCode::kMalformed);
     EXPECT_THAT(got.status().message(), HasSubstr(c.says));
-    if (!c.bytes.empty()) EXPECT_TRUE(Reference(c.bytes).is_discarded()) << c.says;
+    if (!c.bytes.empty()) {
+      EXPECT_TRUE(Reference(c.bytes).is_discarded()) << c.says;
+    }
   }
   // Nesting past the bound is refused, not recursed into.
   std::vector<uint8_t> deep(100, 0x91);
