@@ -11,8 +11,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -21,6 +23,32 @@
 namespace onlineps::testing {
 
 inline int FreeLoopbackPort() {
+  // Below the kernel's ephemeral range when it leaves room (Linux: 32768-60999): a
+  // server restarted on its port (etcd after an outage, a shard after a kill) must find
+  // it free, and an ephemeral port is taken meanwhile by any connect() or bind(0) of a
+  // test running beside it.
+  int low = 32768;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d", &low) != 1) low = 32768;
+    std::fclose(f);
+  }
+  constexpr int kFirst = 20000;
+  if (low > kFirst + 1000) {
+    std::mt19937 rng(
+        static_cast<uint32_t>(getpid()) * 2654435761u ^
+        static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      const int port = kFirst + static_cast<int>(rng() % static_cast<uint32_t>(low - kFirst));
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(static_cast<uint16_t>(port));
+      const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+      close(fd);
+      if (free) return port;
+    }
+  }
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;

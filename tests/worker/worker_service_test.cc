@@ -215,8 +215,15 @@ class WorkerServiceTest : public ::testing::Test {
     fresh.shard = 1;
     fresh.num_shards = 2;
     fresh.listen = endpoints_[1];
-    shards_[1] = std::make_unique<ps::ShardServer>(fresh, std::make_shared<prometheus::Registry>());
-    ASSERT_TRUE(shards_[1]->Start().ok());
+    // The old socket closes in the background: its port may be busy for a moment.
+    StatusOr<std::string> started = Unavailable("not started");
+    for (int attempt = 0; attempt < 60 && !started.ok(); ++attempt) {
+      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      shards_[1] =
+          std::make_unique<ps::ShardServer>(fresh, std::make_shared<prometheus::Registry>());
+      started = shards_[1]->Start();
+    }
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
     std::map<std::string, uint64_t> before;
     for (const auto& p : model_->params()) {
       if (auto t = shards_[0]->FindTable(p.name)) before[p.name] = t->version();
