@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,6 +71,21 @@ inline double CpuSeconds(pid_t pid) {
   // Fields after ')': state(3) ... utime(14) stime(15).
   std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime);
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// VmHWM of this process in bytes (-1 if unknown), after setting it back to the current
+// RSS when `reset` (proc(5), clear_refs "5"): what a step between two calls peaked at.
+inline int64_t PeakRss(bool reset) {
+  if (reset) {
+    std::ofstream out("/proc/self/clear_refs");
+    out << "5";
+  }
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
 }
 
 class Subprocess {

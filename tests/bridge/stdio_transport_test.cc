@@ -109,6 +109,19 @@ class StdioTransportTest : public ::testing::Test {
          "\n");
   }
 
+  // Sends a stateless (2026-07-28) call of `slow` with `id` and waits until it runs.
+  void StartStatelessSlowCall(int id) {
+    Send(R"({"jsonrpc":"2.0","id":)" + std::to_string(id) +
+         R"(,"method":"tools/call","params":{"name":"slow",)"
+         R"("arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",)"
+         R"("io.modelcontextprotocol/clientCapabilities":{}}}})"
+         "\n");
+    const auto until = std::chrono::steady_clock::now() + milliseconds(5000);
+    while (slow_started_ == 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+  }
+
   static std::string Call(int id, const std::string& tool) {
     return R"({"jsonrpc":"2.0","id":)" + std::to_string(id) +
            R"(,"method":"tools/call","params":{"name":")" + tool + R"(","arguments":{}}})" + "\n";
@@ -212,14 +225,7 @@ TEST_F(StdioTransportTest, CancelledQueuedRequestsAreDroppedAndLocalToolsDoNotWa
 // Revision 2026-07-28 over stdio (no session) cancels by notifications/cancelled too:
 // a running call is told to stop, and gets no answer.
 TEST_F(StdioTransportTest, AStatelessCallInFlightIsCancelled) {
-  Send(R"({"jsonrpc":"2.0","id":20,"method":"tools/call","params":{"name":"slow",)"
-       R"("arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",)"
-       R"("io.modelcontextprotocol/clientCapabilities":{}}}})"
-       "\n");
-  const auto until = std::chrono::steady_clock::now() + milliseconds(5000);
-  while (slow_started_ == 0 && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(milliseconds(2));
-  }
+  StartStatelessSlowCall(20);
   ASSERT_EQ(slow_started_, 1);
   Send(R"({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":20}})"
        "\n");
@@ -240,14 +246,7 @@ TEST_F(StdioTransportTest, AStatelessCallInFlightIsCancelled) {
 // initialize MUST NOT be cancelled: a notifications/cancelled naming one still queued
 // (behind a running call) leaves it to be answered.
 TEST_F(StdioTransportTest, AQueuedInitializeIsNotCancelled) {
-  Send(R"({"jsonrpc":"2.0","id":20,"method":"tools/call","params":{"name":"slow",)"
-       R"("arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",)"
-       R"("io.modelcontextprotocol/clientCapabilities":{}}}})"
-       "\n");
-  const auto until = std::chrono::steady_clock::now() + milliseconds(5000);
-  while (slow_started_ == 0 && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(milliseconds(2));
-  }
+  StartStatelessSlowCall(20);
   ASSERT_EQ(slow_started_, 1);
   Send(R"({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":)"
        R"("2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}})"

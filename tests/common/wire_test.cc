@@ -2,11 +2,11 @@
 
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <limits>
 #include <msgpack.hpp>
 
 #include "common/partition.h"
+#include "tests/subprocess.h"
 
 namespace onlineps {
 namespace {
@@ -200,21 +200,6 @@ TEST(WireTest, ADeeplyNestedUnknownFieldIsHandled) {
   EXPECT_TRUE(h.ok() || h.status().code() == StatusCode::kMalformed);
 }
 
-// VmHWM of this process in bytes (-1 if unknown), after setting it back to the current
-// RSS when `reset` (proc(5), clear_refs "5").
-int64_t PeakRss(bool reset) {
-  if (reset) {
-    std::ofstream out("/proc/self/clear_refs");
-    out << "5";
-  }
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return -1;
-}
-
 // Arrays nested under an unknown key, each claiming as many elements as bytes are left
 // after it: msgpack allocates a count's elements as it reads the count, so every level
 // held 24 bytes per frame byte (a 1 MiB frame: +827 MiB; 4 MiB: 3 GiB, then bad_alloc),
@@ -231,9 +216,9 @@ TEST(WireTest, ANestOfArraysClaimingTheFrameIsRefusedBeforeItIsAllocated) {
     }
   }
   b.resize(size, '\xc1');
-  const int64_t before = PeakRss(/*reset=*/true);
+  const int64_t before = testing::PeakRss(/*reset=*/true);
   auto h = DecodeHeader(b.data(), b.size());
-  const int64_t peak = PeakRss(/*reset=*/false);
+  const int64_t peak = testing::PeakRss(/*reset=*/false);
   ASSERT_FALSE(h.ok());
   EXPECT_EQ(h.status().code(), StatusCode::kMalformed) << h.status().ToString();
   // Refused by the depth or by the claims, whichever the scan meets first.
@@ -258,9 +243,9 @@ TEST(WireTest, ArraysClaimingMoreElementsThanTheFrameHoldsAreRefusedBeforeAlloca
     }
   }
   b.resize(size, '\xc0');  // nils: valid elements, far fewer than claimed
-  const int64_t before = PeakRss(/*reset=*/true);
+  const int64_t before = testing::PeakRss(/*reset=*/true);
   auto h = DecodeHeader(b.data(), b.size());
-  const int64_t peak = PeakRss(/*reset=*/false);
+  const int64_t peak = testing::PeakRss(/*reset=*/false);
   ASSERT_FALSE(h.ok());
   EXPECT_EQ(h.status().code(), StatusCode::kMalformed) << h.status().ToString();
   EXPECT_NE(h.status().message().find("claim more elements"), std::string::npos)

@@ -7,10 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "tests/subprocess.h"
 
 namespace onlineps::worker {
 namespace {
@@ -168,21 +169,6 @@ TEST(MsgpackJsonTest, MutatedBodiesDecodeOnlyWhereFromMsgpackDoesAndToTheSameVal
   EXPECT_GT(both, 100);  // mutations that kept a valid body were compared too
 }
 
-// VmHWM of this process in bytes (-1 if unknown), after setting it back to the current
-// RSS when `reset` (proc(5), clear_refs "5").
-int64_t PeakRss(bool reset) {
-  if (reset) {
-    std::ofstream out("/proc/self/clear_refs");
-    out << "5";
-  }
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return -1;
-}
-
 TEST(MsgpackJsonTest, CountsTheBytesCannotBackAllocateNothingAhead) {
   // 64 nested arrays, each claiming as many elements as bytes are left after it, then a
   // byte msgpack never uses: each count passes the "a byte per element" check, and an
@@ -196,9 +182,9 @@ TEST(MsgpackJsonTest, CountsTheBytesCannotBackAllocateNothingAhead) {
                        static_cast<uint8_t>(n >> 8), static_cast<uint8_t>(n)});
   }
   b.resize(size, 0xc1);
-  const int64_t before = PeakRss(/*reset=*/true);
+  const int64_t before = testing::PeakRss(/*reset=*/true);
   auto got = MsgpackToJson(b.data(), b.size(), 64);
-  const int64_t peak = PeakRss(/*reset=*/false);
+  const int64_t peak = testing::PeakRss(/*reset=*/false);
   ASSERT_FALSE(got.ok());
   EXPECT_THAT(got.status().message(), HasSubstr("0xc1"));
   if (before < 0 || peak < 0) GTEST_SKIP() << "no VmHWM";
