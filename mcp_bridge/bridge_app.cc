@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <iostream>
@@ -228,6 +230,11 @@ void AddToolFlags(CLI::App& app, Flags* f) {
 onlineps::Status Finish(Flags* f) {
   if (f->http.allowed_hosts.size() == 1 && f->http.allowed_hosts[0] == "*") {
     f->http.allowed_hosts.clear();
+  }
+  // Host names are case-insensitive, and the Host header is compared lower-cased.
+  for (std::string& host : f->http.allowed_hosts) {
+    std::transform(host.begin(), host.end(), host.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   }
   if (!f->tokens_file.empty()) {
     ONLINEPS_ASSIGN_OR_RETURN(f->http.tokens, bridge::LoadTokens(f->tokens_file));

@@ -313,6 +313,29 @@ TEST_F(BridgeConnectionsTest, AnAbsoluteFormTargetIsServedAndItsAuthorityChecked
   EXPECT_NE(refused->body.find("evil.example"), std::string::npos) << refused->body;
 }
 
+// Host names are case-insensitive: an --allowed-hosts entry written with capitals
+// matches the Host header however it is written (it never matched before: the header is
+// compared lower-cased).
+TEST_F(BridgeConnectionsTest, AllowedHostsIgnoreCase) {
+  const int port = Start({"--allowed-hosts", "MCP.Example.ORG"});
+  for (const std::string host : {"mcp.example.org", "MCP.EXAMPLE.ORG"}) {
+    auto c = RawClient::Connect(port);
+    ASSERT_TRUE(c);
+    std::string req = PostRequest(kPing);
+    req.replace(req.find("Host: 127.0.0.1"), 15, "Host: " + host);
+    ASSERT_TRUE(c->Send(req));
+    const auto answer = c->Read(milliseconds(5000));
+    ASSERT_TRUE(answer);
+    EXPECT_NE(answer->status, 403) << host << ": " << answer->body;
+  }
+  auto c = RawClient::Connect(port);
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->Send(PostRequest(kPing)));  // Host: 127.0.0.1, not listed
+  const auto refused = c->Read(milliseconds(5000));
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 403) << refused->body;
+}
+
 // With tokens, a large body is read only once its token is good: a request announcing
 // 4 MiB without one is answered 401 at once, without the bridge waiting for (and holding)
 // the body. Small bodies are checked with the rest of the request, as before.
