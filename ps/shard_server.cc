@@ -160,6 +160,14 @@ StatusOr<std::string> ShardServer::Start() {
     std::error_code ec;
     have_checkpoint = std::filesystem::exists(path, ec);
     if (ec) return Unavailable("cannot look for the checkpoint " + path + ": " + ec.message());
+    // A link to nothing (a volume not mounted): starting empty would serve none of the
+    // shard's state and replace the link at the first checkpoint.
+    if (!have_checkpoint && std::filesystem::is_symlink(path, ec)) {
+      const std::filesystem::path target = std::filesystem::read_symlink(path, ec);
+      return FailedPrecondition("the checkpoint " + path + " is a link to " + target.string() +
+                                ", which does not exist (is its volume mounted?); fix or "
+                                "remove the link to start this shard");
+    }
     // Deltas hold only the changes since the full file: without it they cannot be
     // restored, and starting empty would delete them at the first checkpoint.
     if (!have_checkpoint) {

@@ -891,6 +891,23 @@ TEST_F(CheckpointTest, ShardServerRefusesToStartFromCorruptCheckpoint) {
   EXPECT_EQ(ReadFile(path), bytes);  // the evidence is left alone
 }
 
+// A checkpoint path that is a link to nothing (its volume not mounted, say) is refused
+// at start, naming both: starting empty would serve none of the shard's state and replace
+// the link with a new file at the first checkpoint.
+TEST_F(CheckpointTest, ADanglingCheckpointLinkIsRefusedNotTakenForNoCheckpoint) {
+  static std::atomic<int> counter{0};
+  const std::string name = "ckpt-link-" + std::to_string(counter++);
+  const std::string path = dir_ + "/shard-0-of-2.ckpt";
+  const std::string target = dir_ + "/unmounted/shard-0-of-2.ckpt";
+  fs::create_symlink(target, path);
+  ShardServer server(ServerOptions(name, 0, dir_), std::make_shared<prometheus::Registry>());
+  auto r = server.Start();
+  ASSERT_FALSE(r.ok()) << "started empty";
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  EXPECT_NE(r.status().message().find(target), std::string::npos) << r.status().ToString();
+  EXPECT_TRUE(fs::is_symlink(path));  // left alone
+}
+
 // Two shard processes on one checkpoint file would each overwrite the other's
 // checkpoints (an empty shard's replaced a full one): the second is refused at start,
 // naming the directory; once the first stops, the file is free again.
