@@ -190,11 +190,14 @@ StatusOr<std::string> ShardServer::Start() {
                  restored->deltas == 0 ? std::string()
                                        : fmt::format(" and {} delta(s) after it, up to {}",
                                                      restored->deltas, restored->tip));
-    for (const std::string& f : restored->stale) {
+    for (const std::string& f : restored->stale) {  // last first
       std::error_code ec;
       std::filesystem::remove(f, ec);
       spdlog::warn("removed {}: a delta that does not continue the checkpoint chain{}", f,
-                   ec ? " (could not: " + ec.message() + ")" : "");
+                   ec ? " (could not: " + ec.message() + "; the ones before it are left too)" : "");
+      // The rest stay: removing them past one that stays would leave a gap, which the
+      // next start refuses as damage, where the prefix left now is removed again.
+      if (ec) break;
     }
     tip = restored->tip;
     {
@@ -482,7 +485,13 @@ StatusOr<std::string> ShardServer::Checkpoint(bool skip_if_unchanged) {
     for (auto f = old.rbegin(); f != old.rend(); ++f) {
       std::error_code ec;
       std::filesystem::remove(f->path, ec);
-      if (ec) spdlog::warn("cannot remove the old delta {}: {}", f->path, ec.message());
+      if (ec) {
+        // The ones before it stay too: a gap would be refused at the next start, where
+        // the prefix left now is removed with a warning.
+        spdlog::warn("cannot remove the old delta {}: {}; the ones before it are left too", f->path,
+                     ec.message());
+        break;
+      }
     }
     chain_ = {trailer, file, 0, *bytes, 0, updates};
   } else {
