@@ -1,7 +1,9 @@
 #include "ps/replica_group.h"
 
+#include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <random>
 
 namespace onlineps::ps {
 
@@ -21,6 +23,14 @@ uint64_t Revision(uint64_t epoch, uint64_t base) {
 }
 
 }  // namespace
+
+uint64_t NewIncarnation() {
+  std::random_device rd;
+  const uint64_t r =
+      (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+      static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  return r == 0 ? 1 : r;
+}
 
 std::string IncarnationHex(uint64_t v) {
   char buf[17];

@@ -55,6 +55,8 @@ struct GroupView {
   std::map<uint32_t, GroupRegistration> members;
 };
 
+// A fresh random incarnation (never 0): what a process start is told apart by.
+uint64_t NewIncarnation();
 // 16 lower-case hex digits, as incarnations are written; 0 for anything else.
 std::string IncarnationHex(uint64_t incarnation);
 uint64_t ParseIncarnation(const std::string& hex);

@@ -3,24 +3,11 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <random>
 
 #include "common/clock.h"
 #include "common/etcd_kv.h"
 
 namespace onlineps::ps {
-
-namespace {
-
-uint64_t NewIncarnation() {
-  std::random_device rd;
-  const uint64_t r =
-      (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
-      static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
-  return r == 0 ? 1 : r;
-}
-
-}  // namespace
 
 std::string ReplicaGroupKey(const std::string& etcd_prefix, uint32_t shard, uint32_t num_shards) {
   std::string p = etcd_prefix;

@@ -1,11 +1,10 @@
 #include "ps/watchers.h"
 
 #include <algorithm>
-#include <cinttypes>
-#include <cstdio>
 #include <limits>
-#include <random>
 #include <utility>
+
+#include "ps/replica_group.h"
 
 namespace onlineps::ps {
 namespace {
@@ -27,20 +26,13 @@ StatusOr<uint64_t> ParseU64(const std::string& what, const std::string& s) {
 // An accumulating table's next version also applies pushes queued before, unrecorded.
 uint64_t RecordedSince(const Table& t) { return t.version() + (t.spec().accumulate > 1 ? 1 : 0); }
 
-std::string NewIncarnation() {
-  std::random_device rd;
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016" PRIx64, (uint64_t{rd()} << 32) ^ rd());
-  return hex;
-}
-
 }  // namespace
 
 Watchers::Watchers(WatchersOptions options, TablesFn tables, ReplyFn reply)
     : options_(options),
       tables_(std::move(tables)),
       reply_(std::move(reply)),
-      incarnation_(NewIncarnation()) {}
+      incarnation_(IncarnationHex(NewIncarnation())) {}
 
 Watchers::ChangeLog* Watchers::LogOf(const std::string& table) {
   MutexLock lock(&logs_mu_);
