@@ -814,8 +814,8 @@ bool HttpTransport::Impl::CheckModernHeaders(const HttpRequest& req, const json&
 void HttpTransport::Impl::Respond(Answer& res, const Reply& r) {
   res.status = r.http_status;
   if (!r.new_session_id.empty()) res.headers.emplace_back("Mcp-Session-Id", r.new_session_id);
-  if (!r.body.is_null()) {
-    res.body = Dump(r.body);
+  if (r.has_body()) {
+    res.body = r.Text();
     res.content_type = kJson;
   }
 }
@@ -897,8 +897,8 @@ void HttpTransport::Impl::Post(const HttpRequest& req, Answer& res,
   const bool keep = keep_alive && chunked;
   Mutex stream_mu;
   bool streaming = false;  // guarded by stream_mu
-  auto send = [&](const json& msg) {
-    std::string event = "event: message\ndata: " + Dump(msg) + "\n\n";
+  auto send_text = [&](const std::string& text) {
+    std::string event = "event: message\ndata: " + text + "\n\n";
     if (chunked) {
       char size[24];
       snprintf(size, sizeof(size), "%zx\r\n", event.size());
@@ -914,6 +914,7 @@ void HttpTransport::Impl::Post(const HttpRequest& req, Answer& res,
     }
     conn->Send(std::move(event), false, false);
   };
+  auto send = [&](const json& msg) { send_text(Dump(msg)); };
   r.notify = send;
   // 2026-07-28 cancels a request by closing its response stream.
   if (r.stateless) r.cancelled = conn->hung_up();
@@ -931,7 +932,7 @@ void HttpTransport::Impl::Post(const HttpRequest& req, Answer& res,
     res.status = 0;  // answered
     return;
   }
-  if (!reply.body.is_null()) send(reply.body);
+  if (reply.has_body()) send_text(reply.Text());
   conn->Send(chunked ? "0\r\n\r\n" : "", true, !keep);
   res.status = 0;  // answered
 }

@@ -36,6 +36,17 @@ Reply Result(const json& id, json result) {
   return r;
 }
 
+// A result serialized by its handler, spliced into the answer as it is.
+Reply ResultText(const json& id, const std::string& result) {
+  Reply r;
+  r.body_text = R"({"id":)";
+  r.body_text += id.dump(-1, ' ', false, json::error_handler_t::replace);
+  r.body_text += R"(,"jsonrpc":"2.0","result":)";
+  r.body_text += result;
+  r.body_text += '}';
+  return r;
+}
+
 Reply Accepted() {
   Reply r;
   r.http_status = 202;
@@ -64,6 +75,17 @@ bool Serves(Revisions r, bool stateless) {
 }
 
 }  // namespace
+
+std::string Reply::Text() const {
+  if (!body_text.empty()) return body_text;
+  if (body.is_null()) return "";
+  return body.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+json Reply::Document() const {
+  if (!body_text.empty()) return json::parse(body_text);
+  return body;
+}
 
 Outcome Outcome::Ok(json result) {
   Outcome o;
@@ -367,6 +389,8 @@ void McpServer::Dispatch(const RequestPtr& r, CallContext ctx, const ReplyDone& 
     if (o.error_code != 0) {
       return done(Error(o.http_status, id, o.error_code, o.error_message, o.error_data));
     }
+    if (!o.result_text.empty() && !r->stateless) return done(ResultText(id, o.result_text));
+    if (!o.result_text.empty()) o.result = json::parse(o.result_text);
     if (r->stateless && o.result.is_object()) {
       o.result["resultType"] = "complete";
       if (!o.result.contains("_meta")) o.result["_meta"] = {{kMetaServerInfo, ServerInfo()}};

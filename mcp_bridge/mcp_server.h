@@ -68,13 +68,26 @@ struct Request {
 
 struct Reply {
   int http_status = 200;
-  nlohmann::json body;         // null: no body (202 Accepted, or a cancelled request)
+  nlohmann::json body;  // null: no body (202 Accepted, or a cancelled request)
+  // The body already serialized (a result whose handler serialized it, Outcome::
+  // result_text); when set, `body` is null. Text() and Document() read either.
+  std::string body_text;
   std::string new_session_id;  // set by initialize
+
+  bool has_body() const { return !body_text.empty() || !body.is_null(); }
+  // The body as the transports send it (invalid UTF-8 replaced); "" when none.
+  std::string Text() const;
+  // The body as a document (body_text parsed); null when none.
+  nlohmann::json Document() const;
 };
 
 // The JSON-RPC outcome of a method or tool handler: a result, or an error.
 struct Outcome {
   nlohmann::json result;
+  // The result already serialized (a JSON object), used instead of `result` when set: a
+  // tool result is serialized once, not built into the answer's document and serialized
+  // again with it. Only for stateful requests (a stateless result gains members here).
+  std::string result_text;
   int error_code = 0;  // 0: result
   std::string error_message;
   nlohmann::json error_data;  // the error's "data"; null for none

@@ -19,7 +19,11 @@ StdioTransport::StdioTransport(StdioTransportOptions options, McpServer* server,
     : options_(options), mcp_(server), in_(in), out_(out) {}
 
 void StdioTransport::Write(const json& message) {
-  const std::string line = message.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  WriteLine(message.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+void StdioTransport::WriteLine(std::string line) {
+  line += '\n';
   MutexLock lock(&out_mu_);
   std::fwrite(line.data(), 1, line.size(), out_);
   std::fflush(out_);
@@ -105,7 +109,7 @@ size_t StdioTransport::Run() {
     }
     const bool cancelled = reply.body.is_object() && reply.body.contains("error") &&
                            reply.body["error"].value("code", 0) == kRequestCancelled;
-    if (!reply.body.is_null() && !cancelled) Write(reply.body);
+    if (reply.has_body() && !cancelled) WriteLine(reply.Text());
   };
   auto lane = [&](int index) {
     MutexLock lock(&mu);

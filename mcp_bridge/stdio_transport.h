@@ -36,6 +36,7 @@ class StdioTransport {
 
  private:
   void Write(const nlohmann::json& message);
+  void WriteLine(std::string line);  // one serialized message; the newline is added
 
   const StdioTransportOptions options_;
   McpServer* const mcp_;

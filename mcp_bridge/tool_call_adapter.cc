@@ -33,6 +33,8 @@ int64_t Micros(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
 }
 
+}  // namespace
+
 json CallToolResult(ToolResult&& result) {
   if (result.is_error) {
     return {{"content", {{{"type", "text"}, {"text", result.error}}}}, {"isError", true}};
@@ -44,7 +46,25 @@ json CallToolResult(ToolResult&& result) {
           {"isError", false}};
 }
 
-}  // namespace
+// A successful result serialized once: the structured result's JSON is the text content
+// (as a JSON string) and the structured content (spliced as it is), so the answer is not
+// built as a document and serialized a second time. The same bytes as CallToolResult's
+// document serialized. Errors, and stateless requests (whose result McpServer extends),
+// keep the document.
+Outcome ToolOutcome(ToolResult&& result, bool stateless) {
+  if (result.is_error || stateless) return Outcome::Ok(CallToolResult(std::move(result)));
+  const std::string structured =
+      result.structured.dump(-1, ' ', false, json::error_handler_t::replace);
+  Outcome o;
+  o.result_text.reserve(2 * structured.size() + 80);
+  o.result_text = R"({"content":[{"text":)";
+  o.result_text += json(structured).dump(-1, ' ', false, json::error_handler_t::replace);
+  o.result_text += R"(,"type":"text"}],"isError":false,"structuredContent":)";
+  o.result_text += structured;
+  o.result_text += '}';
+  return o;
+}
+
 
 ToolCallAdapter::ToolCallAdapter(ToolCallAdapterOptions options, Tools* tools, Recorder* recorder)
     : options_(options), tools_(tools), recorder_(recorder) {}
@@ -118,7 +138,8 @@ void ToolCallAdapter::Call(const std::string& name, const json& arguments, const
   // arrived. Calls without a session share nothing, and the tools the bridge answers
   // alone (get_context, model_info) never queue behind a worker call: no gate.
   const bool gated = !call->session.empty() && tools_->Ordered(call->name);
-  auto run = [this, call, start, gated, respond = std::move(respond)]() mutable {
+  auto run = [this, call, start, gated, stateless = req.stateless,
+              respond = std::move(respond)]() mutable {
     const auto admitted = Clock::now();
     if (call->cancelled && call->cancelled->load()) {
       // Cancelled, or its session ended, while it waited its turn: it must not run (a
@@ -130,13 +151,13 @@ void ToolCallAdapter::Call(const std::string& name, const json& arguments, const
       Trace(*call, cancelled, start, admitted, admitted);
       return respond(Outcome::Ok(CallToolResult(std::move(cancelled))));
     }
-    Run(*call,
-        [this, call, start, admitted, gated, respond = std::move(respond)](ToolResult result) {
-          const auto released = Clock::now();
-          if (gated) gate_.Leave(call->session);
-          Trace(*call, result, start, admitted, released);
-          respond(Outcome::Ok(CallToolResult(std::move(result))));
-        });
+    Run(*call, [this, call, start, admitted, gated, stateless,
+                respond = std::move(respond)](ToolResult result) {
+      const auto released = Clock::now();
+      if (gated) gate_.Leave(call->session);
+      Trace(*call, result, start, admitted, released);
+      respond(ToolOutcome(std::move(result), stateless));
+    });
   };
   if (!gated) return run();
   if (tools_->Blocks(call->name)) {

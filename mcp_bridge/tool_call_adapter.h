@@ -31,6 +31,14 @@ struct ToolCallAdapterOptions {
   size_t max_sessions = 10000;  // the rate buckets kept are bounded by twice this
 };
 
+// A tool's result as an MCP CallToolResult document: the structured content and its
+// text, or isError with the message.
+nlohmann::json CallToolResult(ToolResult&& result);
+// The same as the Outcome McpServer answers: a successful result of a stateful request
+// serialized once (Outcome::result_text, the same bytes as CallToolResult's document
+// serialized), the document otherwise.
+Outcome ToolOutcome(ToolResult&& result, bool stateless);
+
 class ToolCallAdapter {
  public:
   ToolCallAdapter(ToolCallAdapterOptions options, Tools* tools, Recorder* recorder);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "mcp_bridge/protocol.h"
+#include "mcp_bridge/tool_call_adapter.h"
 
 namespace onlineps::bridge {
 namespace {
@@ -325,6 +326,65 @@ TEST(McpServerTest, ASessionWithACallInFlightIsNotIdle) {
   std::this_thread::sleep_for(std::chrono::milliseconds(120));
   EXPECT_EQ(server.ExpireIdle(), 1u);
   EXPECT_EQ(Send(&server, sid, "ping").http_status, 404);
+}
+
+// A tool result serialized once (Outcome::result_text) is the same answer as the document
+// it replaces, byte for byte, whatever the result holds; stateless requests, which gain
+// members, and errors keep the document.
+TEST(McpServerTest, AToolResultSerializedOnceIsTheSameAnswerAsItsDocument) {
+  const std::vector<json> results = {
+      json::object(),
+      {{"label", "pos"}, {"scores", {0.25, -1e-7, 3.5e300}}, {"version", {{"w", 7}}}},
+      {{"text", "quote \" backslash \\ newline \n tab \t nul " + std::string(1, '\0') + " é 猫"}},
+      {{"bad_utf8", std::string("a\xff\xfe"
+                                "b")},
+       {"nested", {{"a", {{"b", {1, 2, 3}}}}}}},
+  };
+  McpServer server({}, nullptr, nullptr, nullptr);
+  size_t which = 0;
+  bool error = false;
+  ToolDefinition tool;
+  tool.declaration = {{"name", "t"}, {"inputSchema", {{"type", "object"}}}};
+  tool.async_handler = [&](const json&, const CallContext& ctx, Respond respond) {
+    ToolResult r;
+    r.structured = results[which];
+    r.is_error = error;
+    r.error = "it failed: \"x\"";
+    respond(ToolOutcome(std::move(r), ctx.request->stateless));
+  };
+  tool.blocks = false;
+  server.RegisterTool(std::move(tool));
+  const std::string sid =
+      Send(&server, "", "initialize", {{"protocolVersion", "2025-11-25"}}).new_session_id;
+  ASSERT_FALSE(sid.empty());
+  for (which = 0; which < results.size(); ++which) {
+    for (bool is_error : {false, true}) {
+      error = is_error;
+      ToolResult r;
+      r.structured = results[which];
+      r.is_error = is_error;
+      r.error = "it failed: \"x\"";
+      const json expected_body = {
+          {"jsonrpc", "2.0"}, {"id", 1}, {"result", CallToolResult(std::move(r))}};
+      const std::string expected =
+          expected_body.dump(-1, ' ', false, json::error_handler_t::replace);
+      const Reply reply =
+          Send(&server, sid, "tools/call", {{"name", "t"}, {"arguments", json::object()}});
+      EXPECT_EQ(reply.body_text.empty(), is_error) << which;  // errors keep the document
+      EXPECT_TRUE(reply.has_body());
+      EXPECT_EQ(reply.Text(), expected) << which << " error " << is_error;
+      EXPECT_EQ(reply.Document(), json::parse(expected)) << which;
+    }
+  }
+  // Stateless: the result gains resultType and the server's _meta, so it stays a document.
+  error = false;
+  which = 1;
+  json params = {{"name", "t"}, {"arguments", json::object()}, {"_meta", ModernMeta()}};
+  const Reply stateless = Send(&server, "", "tools/call", params, /*stateless=*/true);
+  EXPECT_TRUE(stateless.body_text.empty());
+  ASSERT_TRUE(stateless.body.contains("result")) << stateless.body.dump();
+  EXPECT_EQ(stateless.body["result"]["resultType"], "complete");
+  EXPECT_EQ(stateless.body["result"]["structuredContent"], results[1]);
 }
 
 TEST(McpServerTest, ClientResponsesGoToTheResponseHandler) {
