@@ -240,6 +240,13 @@ std::string SerializeShard(const ShardIdentity& id,
   return w.buffer();
 }
 
+std::string SerializeSnapshot(ShardSnapshot* snap) {
+  ByteWriter w;
+  WriteSnapshotBody(&w, snap);
+  w.Put<uint64_t>(Crc32(w.buffer().data(), w.buffer().size()));
+  return std::move(w.buffer());
+}
+
 StatusOr<uint64_t> WriteSnapshot(const std::string& path, ShardSnapshot* snap,
                                  uint64_t* trailer_out) {
   // Streamed through a 1 MiB buffer: the file is never held in memory.

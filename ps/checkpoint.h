@@ -86,6 +86,11 @@ ShardSnapshot SnapshotShard(const ShardIdentity& id,
 StatusOr<uint64_t> WriteSnapshot(const std::string& path, ShardSnapshot* snapshot,
                                  uint64_t* trailer = nullptr);
 
+// The snapshot in memory, in SerializeShard's format (ParseShard reads it): a
+// re-syncing replica's copy, cut by SnapshotShard (kind kCopy) and written while updates
+// go on. REQUIRES: a full snapshot (kFull or kCopy).
+std::string SerializeSnapshot(ShardSnapshot* snapshot);
+
 // PATH.d<seq>: the seq-th delta after the full checkpoint at `path`.
 std::string DeltaPath(const std::string& path, uint64_t seq);
 // Every delta file of `path` in its directory (PATH.d<digits>), by N ascending (an N past

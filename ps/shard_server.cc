@@ -941,10 +941,26 @@ Status ShardServer::ApplyReplicated(const Header& h, const Frames& frames) {
 }
 
 StatusOr<std::string> ShardServer::Snapshot(uint64_t* lsn) {
-  MutexLock order(&order_mu_);
-  WriterLock gate(&apply_gate_);
-  *lsn = replica_->last_lsn();
-  return SerializeShard({options_.shard, options_.num_shards}, *tables(), dedup_);
+  // A table has one snapshot at a time: a checkpoint being written ends first (and a
+  // checkpoint waits for this one; neither holds updates meanwhile).
+  MutexLock ckpt(&ckpt_mu_);
+  {
+    const std::shared_ptr<const TableMap> before = tables();  // owns the map while looped
+    for (const auto& [name, t] : *before) t->PrepareSnapshot();
+  }
+  ShardSnapshot snap;
+  {
+    // Updates pause only while the state is cut (O(stripes)), not while it is
+    // serialized: on a large shard that took seconds, every push of the primary waiting
+    // while a backup re-synced. The cut is at `lsn`: the log is appended in order under
+    // order_mu_.
+    MutexLock order(&order_mu_);
+    WriterLock gate(&apply_gate_);
+    *lsn = replica_ ? replica_->last_lsn() : 0;
+    snap = SnapshotShard({options_.shard, options_.num_shards}, *tables(), dedup_,
+                         SnapshotKind::kCopy);
+  }
+  return SerializeSnapshot(&snap);
 }
 
 Status ShardServer::LoadSnapshot(const std::string& bytes) {

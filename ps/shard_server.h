@@ -179,11 +179,13 @@ class ShardServer {
   std::optional<FileLock> checkpoint_lock_;
   std::unique_ptr<Watchers> watchers_;           // table-change notices; answers through transport_
   std::unique_ptr<CheckpointQueue> ckpt_queue_;  // checkpoint ops; answers through transport_
-  // Lock order: order_mu_ -> ckpt_mu_ -> apply_gate_ -> tables_mu_ -> held_mu_ (each
+  // Lock order: ckpt_mu_ -> order_mu_ -> apply_gate_ -> tables_mu_ -> held_mu_ (each
   // ACQUIRED_BEFORE the next); maint_mu_ is never held with another. order_mu_ is held
-  // across Replica::Append, so it also comes before the Replica's own locks.
+  // across Replica::Append, so it also comes before the Replica's own locks. ckpt_mu_ is
+  // held while a snapshot is written (a checkpoint, or a replica's copy), never by an
+  // update.
   // Replicated shards apply and log updates one at a time, so backups see the same order.
-  Mutex order_mu_ ACQUIRED_BEFORE(ckpt_mu_);
+  Mutex order_mu_ ACQUIRED_BEFORE(apply_gate_);
   Dedup dedup_;
   std::atomic<bool> ready_{false};
   std::atomic<bool> stopping_{false};
@@ -196,7 +198,7 @@ class ShardServer {
   Mutex held_mu_;
   std::vector<Held> held_ GUARDED_BY(held_mu_);
 
-  Mutex ckpt_mu_ ACQUIRED_BEFORE(apply_gate_);  // one checkpoint at a time
+  Mutex ckpt_mu_ ACQUIRED_BEFORE(order_mu_);  // one snapshot being written at a time
   // The checkpoint chain on disk: the full checkpoint and the deltas after it.
   struct Chain {
     uint64_t tip_trailer = 0;  // the last file's trailing checksum; 0: no full one yet

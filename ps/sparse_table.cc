@@ -759,7 +759,7 @@ class SparseSnapshot final : public TableSnapshot {
       s->snap_next = s->tail;
       s->TakeReady();
       std::vector<uint64_t> changed, dropped;
-      s->TakeChanges(&changed, &dropped);
+      if (kind != SnapshotKind::kCopy) s->TakeChanges(&changed, &dropped);
       if (delta_) {
         rows_.push_back(SparseTable::Stripe::Ones(changed));
         s->snap_changed = std::move(changed);

@@ -80,7 +80,10 @@ struct TableStats {
 };
 
 // A checkpoint's snapshot: the whole table, or what changed since the previous one.
-enum class SnapshotKind { kFull, kDelta };
+// kFull and kDelta: a checkpoint's (each starts the table's next change set). kCopy: a
+// full copy that leaves the change set alone (a re-syncing replica's), so the next
+// checkpoint's delta still holds every row changed since the last checkpoint.
+enum class SnapshotKind { kFull, kDelta, kCopy };
 
 // Rows a sparse table changed (pushed to or created) and dropped since the last
 // snapshot's cut, and the rows it holds; dense tables report none.
@@ -140,8 +143,8 @@ class Table {
   // row only when an update is about to change it before the writer has passed it.
   // kFull writes Save's format. kDelta writes only what changed since the cut of the
   // previous snapshot (of either kind), in LoadDelta's format; a dense table's delta is
-  // its whole body. Either kind starts a new change set: take snapshots for checkpoints
-  // only (a replica's copy uses Save).
+  // its whole body. kFull and kDelta start a new change set; kCopy (a replica's copy)
+  // writes Save's format and leaves the change set as it is.
   virtual std::unique_ptr<class TableSnapshot> BeginSnapshot(
       SnapshotKind kind = SnapshotKind::kFull);
   // Optional, before BeginSnapshot and outside the apply gate: maps what the snapshot's

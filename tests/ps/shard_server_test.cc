@@ -76,6 +76,11 @@ class ShardServerTestPeer {
   static Status LoadSnapshot(ShardServer* s, const std::string& bytes) {
     return s->LoadSnapshot(bytes);
   }
+  // What a primary does for a re-syncing backup (replication hooks.snapshot).
+  static StatusOr<std::string> Snapshot(ShardServer* s) {
+    uint64_t lsn = 0;
+    return s->Snapshot(&lsn);
+  }
 };
 
 namespace {
@@ -1401,6 +1406,145 @@ TEST_P(ShardServerClientTest, ConcurrentClientsSumExactlyAndMetricsCountPushes) 
         << "shard " << s;
   }
   for (auto& server : servers) server->Stop();
+}
+
+// A primary's snapshot for a re-syncing backup held every update of the shard while it
+// serialized the whole shard (seconds on a large one: every client's pushes waited). It
+// is now cut in O(stripes) and serialized while pushes go on, and still holds exactly
+// the state at its cut: rows the pushes change after the cut are written as they were.
+TEST(ShardServerSnapshotTest, AReplicaSnapshotIsSerializedWhilePushesGoOn) {
+  ShardServerOptions o;
+  o.listen = ListenEndpoint("mem", "snapshot-while-pushing");
+  o.checkpoint_interval_s = 0;
+  std::string endpoint;
+  auto server = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
+  ASSERT_NE(server, nullptr);
+  RawClient client(endpoint);
+  TableSpec spec = SparseSpec();
+  spec.name = "big";
+  spec.dim = 32;
+  Header create = Request(Op::kCreateTable, spec.name);
+  create.spec = EncodeSpec(spec);
+  auto created = client.Call({HeaderFrame(create)});
+  ASSERT_TRUE(created.has_value());
+  ASSERT_EQ(created->first.code, StatusCode::kOk) << created->first.message;
+  // 1M rows of 32 floats (~150 MB serialized): a serialization long enough to push
+  // during it.
+  constexpr size_t kBatch = 1 << 16;
+  constexpr uint64_t kBatches = 16;
+  for (uint64_t b = 0; b < kBatches; ++b) {
+    std::vector<uint64_t> keys(kBatch);
+    for (size_t i = 0; i < kBatch; ++i) keys[i] = b * kBatch + i + 1;
+    auto r = client.Call({HeaderFrame(PushHeader(Op::kPushSparse, "big", 3, b + 1)),
+                          Keys(std::move(keys)), Floats(std::vector<float>(kBatch * 32, 0.5f))});
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  }
+  // Every push adds 1 (lr 1, gradient -1) to 256 rows spread over the whole table, so
+  // the writer meets rows changed both before and after the cut.
+  std::vector<uint64_t> hot(256);
+  for (size_t i = 0; i < hot.size(); ++i) hot[i] = 1 + i * (kBatch * kBatches / hot.size()) + 7;
+  std::atomic<bool> snapshot_running{false}, snapshot_done{false};
+  std::atomic<int> pushes_during{0};
+  std::thread pusher([&] {
+    for (uint64_t seq = 1; !snapshot_done; ++seq) {
+      const bool running_before = snapshot_running;
+      auto r = client.Call({HeaderFrame(PushHeader(Op::kPushSparse, "big", 4, seq)), Keys(hot),
+                            Floats(std::vector<float>(hot.size() * 32, -1.0f))});
+      ASSERT_TRUE(r.has_value());
+      ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+      if (running_before && !snapshot_done) ++pushes_during;
+    }
+  });
+  std::this_thread::sleep_for(20ms);  // the pusher is under way
+  snapshot_running = true;
+  const auto t0 = Clock::now();
+  StatusOr<std::string> bytes = ShardServerTestPeer::Snapshot(server.get());
+  const double snapshot_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  snapshot_done = true;
+  pusher.join();
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  std::printf("snapshot %.1f ms, %d pushes completed during it\n", snapshot_ms,
+              pushes_during.load());
+  // Before, no push started after the snapshot began could complete until it ended.
+  EXPECT_GE(pushes_during.load(), 10)
+      << "pushes waited for the whole snapshot (" << snapshot_ms << " ms)";
+
+  // The snapshot is the state at one instant: every hot row moved by the same count of
+  // pushes, the table's version counts exactly those, and the other rows are as pushed.
+  Dedup dedup;
+  auto loaded = ParseShard(*bytes, "snapshot", {0, 1}, &dedup);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  std::shared_ptr<Table> big = loaded->at("big");
+  const uint64_t version = big->Stats().version;
+  ASSERT_GE(version, kBatches);
+  const float expected_hot = -0.5f + static_cast<float>(version - kBatches);
+  for (uint64_t k : {hot[0], hot[100], hot[255], uint64_t{2}, kBatch * kBatches}) {
+    PullRequest pull;
+    pull.keys = &k;
+    pull.num_keys = 1;
+    auto got = big->Pull(pull);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_EQ(got->values.size(), 32u);
+    const bool is_hot = std::find(hot.begin(), hot.end(), k) != hot.end();
+    EXPECT_FLOAT_EQ(got->values[0], is_hot ? expected_hot : -0.5f) << "key " << k;
+    EXPECT_FLOAT_EQ(got->values[31], is_hot ? expected_hot : -0.5f) << "key " << k;
+  }
+  server->Stop();
+}
+
+// A replica's snapshot must leave the checkpoint chain whole: the rows changed before it
+// belong in the next delta checkpoint (a snapshot that started a new change set, as a
+// checkpoint's does, would leave them out of every file).
+TEST(ShardServerSnapshotTest, AReplicaSnapshotLeavesTheNextDeltaCheckpointWhole) {
+  std::string dir = (std::filesystem::temp_directory_path() / "onlineps-copy-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  ShardServerOptions o;
+  o.listen = ListenEndpoint("mem", "snapshot-then-delta");
+  o.checkpoint_dir = dir;
+  o.checkpoint_interval_s = 0;
+  std::string endpoint;
+  auto server = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
+  ASSERT_NE(server, nullptr);
+  RawClient client(endpoint);
+  TableSpec spec = SparseSpec();
+  Header create = Request(Op::kCreateTable, spec.name);
+  create.spec = EncodeSpec(spec);
+  auto created = client.Call({HeaderFrame(create)});
+  ASSERT_TRUE(created.has_value());
+  uint64_t seq = 0;
+  auto push = [&](uint64_t first, size_t n) {
+    std::vector<uint64_t> keys(n);
+    for (size_t i = 0; i < n; ++i) keys[i] = first + i;
+    auto r = client.Call({HeaderFrame(PushHeader(Op::kPushSparse, spec.name, 5, ++seq)),
+                          Keys(std::move(keys)), Floats(std::vector<float>(n * 2, -1.0f))});
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  };
+  push(1, 1000);
+  auto full = server->Checkpoint();
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  push(5000, 10);  // before the replica's snapshot
+  ASSERT_TRUE(ShardServerTestPeer::Snapshot(server.get()).ok());
+  push(6000, 10);  // after it
+  auto delta = server->Checkpoint();
+  ASSERT_TRUE(delta.ok()) << delta.status().ToString();
+  EXPECT_NE(*delta, *full) << "expected a delta checkpoint (20 of 1020 rows changed)";
+  server->Stop();
+  Dedup dedup;
+  auto restored = RestoreCheckpoint(*full, {0, 1}, &dedup);
+  ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+  std::shared_ptr<Table> t = restored->tables.at(spec.name);
+  EXPECT_EQ(t->Stats().rows, 1020u) << "rows pushed before the replica's snapshot were lost";
+  for (uint64_t k : {uint64_t{5000}, uint64_t{5009}, uint64_t{6000}}) {
+    PullRequest pull;
+    pull.keys = &k;
+    pull.num_keys = 1;
+    auto got = t->Pull(pull);
+    ASSERT_TRUE(got.ok());
+    EXPECT_FLOAT_EQ(got->values[0], 1.0f) << "key " << k;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // A replica that re-syncs from its primary (loads its snapshot) while it writes a
