@@ -108,6 +108,17 @@ Frame Slice(const Frame& whole, size_t offset, size_t bytes) {
   return Frame(whole.holder(), whole.data() + offset, bytes);
 }
 
+// Where this client's push seqs start counting (the first push to a shard is this + 1):
+// the wall clock in nanoseconds. A restarted process that reuses a fixed sender id then
+// starts past every seq its predecessor used (it could not push once per nanosecond), so
+// the shards apply its pushes instead of answering them as duplicates of the old ones.
+uint64_t FirstSeq() {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  return ns > 0 ? static_cast<uint64_t>(ns) : 0;
+}
+
 // Most parts one pull is split into per shard (PsClientOptions::pull_part_bytes).
 constexpr uint64_t kMaxPullParts = 16;
 
@@ -135,7 +146,8 @@ class PsClientImpl : public PsClient {
       std::random_device rd;
       options_.sender_id = ((uint64_t{rd()} << 32) ^ rd()) | 1;  // never 0
     }
-    for (auto& s : seq_) s.store(0);
+    const uint64_t first = FirstSeq();
+    for (auto& s : seq_) s.store(first);
   }
   ~PsClientImpl() override { Shutdown(); }
 

@@ -24,9 +24,12 @@ namespace onlineps::ps {
 
 struct PsClientOptions {
   std::vector<std::string> shards;  // endpoint of shard i at index i
-  // 0 (default): a random 64-bit id per client object. A fixed id must never be reused
-  // by a new client while shards remember the old one: push sequence numbers restart at
-  // 1, and shards would answer those pushes as duplicates without applying them.
+  // 0 (default): a random 64-bit id per client object. A fixed id may be reused by a
+  // client started after the last one with that id is gone (a restarted worker): push
+  // seqs start from the wall clock in nanoseconds, past any seq the old client reached
+  // (unless the clock was set back further than the old client ran). Two clients using one
+  // id at the same time are not supported: the older one's pushes are refused
+  // (FAILED_PRECONDITION, below the dedup window) once the newer one has pushed.
   uint64_t sender_id = 0;
   std::chrono::milliseconds timeout{5000};          // whole call, all attempts
   std::chrono::milliseconds attempt_timeout{1000};  // one attempt before it is resent

@@ -1026,8 +1026,10 @@ Status ShardServer::PushGated(const Header& h, std::shared_ptr<Table> t, const P
     case Dedup::Verdict::kInProgress:
       return Unavailable("push (sender, seq) is being applied; retry");
     case Dedup::Verdict::kTooOld:
-      return FailedPrecondition("push seq " + std::to_string(h.seq) +
-                                " is below the dedup window; cannot tell if it was applied");
+      return FailedPrecondition(
+          "push seq " + std::to_string(h.seq) + " of sender " + std::to_string(h.sender) +
+          " is below the dedup window; cannot tell if it was applied (is the sender id "
+          "used by two clients at once?)");
     case Dedup::Verdict::kNew:
       break;
   }
