@@ -763,6 +763,9 @@ Status ShardServer::DispatchBatch(const Header& h, const Frames& frames, Header*
       if (decoded.ok() && decoded->seq == 0) return WouldBlock();
     }
   }
+  // A sub-push without a seq was applied: a resend of the whole message would apply it
+  // again, so a later retryable refusal is answered in that sub-push's own reply.
+  bool applied_without_seq = false;
   for (const Frames& sub : *subs) {
     Header sub_reply;
     Frames sub_out;
@@ -787,10 +790,13 @@ Status ShardServer::DispatchBatch(const Header& h, const Frames& frames, Header*
       // is answered there as a duplicate.
       if (t_would_block) return st;
       // Retryable: the client resends the whole message (applied parts are duplicates).
-      if (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kNotPrimary) {
+      const bool retryable =
+          st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kNotPrimary;
+      if (retryable && !applied_without_seq) {
         reply->primary = sub_reply.primary;
         return st;
       }
+      if (st.ok() && decoded->seq == 0) applied_without_seq = true;
       *commit_lsn = std::max(*commit_lsn, lsn);
     }
     // Sub-pushes count under their own op (the message under push_batch), refused or not.
