@@ -20,6 +20,9 @@ constexpr uint32_t kNil = UINT32_MAX;
 constexpr size_t kMaxStripes = 16;
 constexpr size_t kBackupRowsPerWorker = 4096;
 constexpr size_t kMaxAdmissionCandidates = 1 << 20;
+// Least bound on an accumulated sum's pending values (SparseTable::PendingBytesCap), so
+// that a small row cap still lets a sum of K pushes build up.
+constexpr uint64_t kMinPendingCapBytes = uint64_t{16} << 20;
 // Keys from which a call's stripes are applied on two threads (ApplyHelper): below it the
 // hand-off (a wake-up, tens of microseconds here) costs more than half the apply saves.
 constexpr size_t kParallelKeys = 2048;
@@ -446,19 +449,26 @@ StatusOr<PullResult> SparseTable::Pull(const PullRequest& req) {
   return out;
 }
 
+void SparseTable::CountTouch(Stripe& s, uint64_t key) {
+  if (s.rows.Find(key) != RowStore::kNoSlot) return;
+  const uint32_t* count = s.admission.Find(key);
+  const uint32_t touches = count ? *count : 0;
+  if (touches < spec_.admit_after) s.admission.Put(key, touches + 1);
+}
+
 int64_t SparseTable::FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms,
-                                  std::vector<uint64_t>* evicted, bool count_touch) {
+                                  std::vector<uint64_t>* evicted, Touch touch) {
   if (const uint32_t slot = s.rows.Find(key); slot != RowStore::kNoSlot) {
     s.Touch(slot, now_ms);
     return slot;
   }
   if (spec_.admit_after > 1) {
     // The push's first occurrence of the key was not admitted: neither is this one.
-    if (!count_touch) return -1;
+    if (touch == Touch::kNone) return -1;
     uint32_t* count = s.admission.Find(key);
-    const uint32_t touches = (count ? *count : 0) + 1;
+    const uint32_t touches = (count ? *count : 0) + (touch == Touch::kCount ? 1 : 0);
     if (touches < spec_.admit_after) {
-      s.admission.Put(key, touches);
+      if (touch == Touch::kCount) s.admission.Put(key, touches);
       return -1;
     }
     s.admission.Erase(key);
@@ -554,8 +564,9 @@ StatusOr<PushResult> SparseTable::PushChecked(const PushRequest& req) {
   const Repeats repeats =
       spec_.polyak || spec_.admit_after > 1 ? RepeatsOf(req.keys, req.num_keys) : Repeats{};
   auto apply = [&](Stripe& s, uint32_t i) {
-    int64_t slot = FindOrCreate(s, req.keys[i], req.now_ms, &res.evicted,
-                                /*count_touch=*/repeats.earlier.empty() || !repeats.earlier[i]);
+    int64_t slot =
+        FindOrCreate(s, req.keys[i], req.now_ms, &res.evicted,
+                     repeats.earlier.empty() || !repeats.earlier[i] ? Touch::kCount : Touch::kNone);
     if (slot < 0) return;  // not admitted yet: the touch is counted, the gradient dropped
     ApplyRow(s, static_cast<uint32_t>(slot), req.sender, req.values + size_t{i} * dim_, req.delta,
              lr_scale, step, /*compensate=*/true,
@@ -620,13 +631,26 @@ StatusOr<PushResult> SparseTable::Accumulate(const PushRequest& req, uint64_t ta
   res.tau = tau;
   {
     MutexLock lock(&acc_mu_);
+    if (spec_.admit_after > 1) {
+      // Admission counts pushes, as without accumulation: each push touching a missing
+      // row counts once (under acc_mu_, so that the sum applied next sees the touches of
+      // exactly the pushes in it, on a backup replaying the log too).
+      const Repeats repeats = RepeatsOf(req.keys, req.num_keys);
+      ForEachKeyByStripe(req.keys, req.num_keys, [&](Stripe& s, uint32_t i) {
+        if (repeats.earlier.empty() || !repeats.earlier[i]) CountTouch(s, req.keys[i]);
+      });
+    }
     for (size_t i = 0; i < req.num_keys; ++i) {
       auto& sum = acc_[req.keys[i]];
       if (sum.empty()) sum.assign(dim_, 0.0f);
       for (uint32_t j = 0; j < dim_; ++j) sum[j] = internal::Saturate(sum[j] + g[i * dim_ + j]);
     }
     acc_tau_sum_ += tau;
-    if (++acc_count_ < spec_.accumulate) {
+    // The pending sum is bounded as the rows it becomes are: with a cap (max_rows, or
+    // the admission candidates) it is applied early once it holds that many rows' worth.
+    const uint64_t cap = PendingBytesCap();
+    const bool full = cap != 0 && acc_.size() * uint64_t{dim_} * sizeof(float) >= cap;
+    if (++acc_count_ < spec_.accumulate && !full) {
       res.queued = true;
       res.version = version_.load();
     } else {
@@ -642,6 +666,20 @@ StatusOr<PushResult> SparseTable::Accumulate(const PushRequest& req, uint64_t ta
   return res;
 }
 
+uint64_t SparseTable::PendingBytesCap() const {
+  const uint64_t row_bytes = uint64_t{dim_} * sizeof(float);
+  uint64_t rows = 0;
+  if (spec_.max_rows > 0) {
+    rows = spec_.max_rows;
+  } else if (spec_.admit_after > 1) {
+    rows = kMaxAdmissionCandidates;
+  } else {
+    return 0;
+  }
+  return std::max(kMinPendingCapBytes,
+                  rows > UINT64_MAX / row_bytes ? UINT64_MAX : rows * row_bytes);
+}
+
 void SparseTable::ApplyAccumulated(float lr_scale, uint64_t now_ms,
                                    std::vector<uint64_t>* evicted) {
   const float scale = spec_.accumulate_mean ? 1.0f / static_cast<float>(acc_count_) : 1.0f;
@@ -651,7 +689,8 @@ void SparseTable::ApplyAccumulated(float lr_scale, uint64_t now_ms,
     for (float& x : sum) x *= scale;
     Stripe& s = StripeOf(key);
     MutexLock lock(&s.mu);
-    int64_t slot = FindOrCreate(s, key, now_ms, evicted);
+    // Touches were counted as the pushes arrived.
+    int64_t slot = FindOrCreate(s, key, now_ms, evicted, Touch::kAdmitIfCounted);
     if (slot >= 0) {
       ApplyRow(s, static_cast<uint32_t>(slot), 0, sum.data(), false, lr_scale, step,
                /*compensate=*/false,  // each contribution was compensated on arrival
@@ -692,6 +731,10 @@ TableStats SparseTable::Stats() const {
     st.evicted_rows += s.evicted;
     st.backups += s.backups.size();
     st.memory_bytes += s.rows.memory_bytes() + s.backups.size() * (dim_ * 4 + 48);
+  }
+  {
+    MutexLock lock(&acc_mu_);  // the pending sum of accumulation, per key
+    st.memory_bytes += acc_.size() * (dim_ * 4 + 64);
   }
   st.elements = st.rows * dim_;
   return st;

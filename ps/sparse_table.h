@@ -90,11 +90,22 @@ class SparseTable : public Table {
   // none left locked) when one is taken.
   bool TryLockStripes(const bool* touched) const;
   void UnlockStripes(const bool* touched) const;
+  // How FindOrCreate counts a touch of a missing row for admission (admit_after > 1):
+  // kCount, one more (a push's first occurrence of the key); kNone, none and not admitted
+  // (a later occurrence); kAdmitIfCounted, none, admitted if counted enough already (an
+  // accumulated sum, whose pushes were counted as they came: CountTouch).
+  enum class Touch { kCount, kNone, kAdmitIfCounted };
   // REQUIRES: stripe locked. Slot of key, creating the row if admitted; -1 if not.
-  // A row evicted to make room is added to `evicted`. `count_touch` false: an occurrence
-  // of a key its push touched before, which is not counted for admission again.
+  // A row evicted to make room is added to `evicted`.
   int64_t FindOrCreate(Stripe& s, uint64_t key, uint64_t now_ms, std::vector<uint64_t>* evicted,
-                       bool count_touch = true);
+                       Touch touch = Touch::kCount);
+  // REQUIRES: stripe locked, admit_after > 1. Counts a push's touch of key when its row
+  // is missing (at most admit_after).
+  void CountTouch(Stripe& s, uint64_t key);
+  // Most bytes of values the accumulated sum holds before it is applied early: those of
+  // max_rows rows, else of the admission candidates with admit_after > 1, at least 16
+  // MiB; 0 (no bound) for a table without either, where every key of it becomes a row.
+  uint64_t PendingBytesCap() const;
   // step_average: a Polyak table's average takes its step for this push (false for all
   // but the last occurrence of a key the push repeats).
   void ApplyRow(Stripe& s, uint32_t slot, uint64_t sender, const float* g, bool delta,

@@ -1053,6 +1053,54 @@ TEST(SparseTableTest, APushRepeatingAKeyCountsOneAdmissionTouch) {
   EXPECT_EQ(Pull(*t, 1, nullptr, false, 1001, true, {5}), std::vector<float>{0.5f - 3.0f});
 }
 
+// With accumulate = K, admission counted one touch per applied sum, not per push: a row
+// needed about admit_after x K pushes. Pushes count, as without accumulation; the sum
+// that holds the admitting push is applied to the new row.
+TEST(SparseTableTest, AdmissionCountsAccumulatedPushesNotAppliedSums) {
+  TableSpec spec = SparseSpec(1);
+  spec.admit_after = 3;
+  spec.accumulate = 2;
+  spec.accumulate_mean = false;
+  auto t = NewTable(spec);
+  ASSERT_NE(t, nullptr);
+  const std::vector<uint64_t> key = {5};
+  EXPECT_TRUE(MustPush(*t, 1, 0, {1.0f}, false, 0, key).queued);
+  EXPECT_FALSE(MustPush(*t, 1, 0, {1.0f}, false, 0, key).queued);  // 2 touches: dropped
+  EXPECT_EQ(t->Stats().rows, 0u);
+  EXPECT_TRUE(MustPush(*t, 1, 0, {1.0f, 1.0f}, false, 0, {5, 5}).queued);  // the 3rd push
+  EXPECT_FALSE(MustPush(*t, 1, 0, {4.0f}, false, 0, key).queued);
+  EXPECT_EQ(t->Stats().rows, 1u) << "not admitted by its 4th push";
+  EXPECT_EQ(Pull(*t, 1, nullptr, false, 0, true, key), std::vector<float>{0.5f - 6.0f});
+  // A key in one push only is still counted once, and another key separately.
+  MustPush(*t, 1, 0, {1.0f}, false, 0, {6});
+  MustPush(*t, 1, 0, {1.0f}, false, 0, {7});
+  EXPECT_EQ(t->Stats().rows, 1u);
+}
+
+// A huge accumulate let a capped table's pending sum grow without bound (every key of
+// K pushes, however many more than max_rows): it is applied early once it holds max_rows
+// rows' worth of values (at least 16 MiB), and counted in the table's memory.
+TEST(SparseTableTest, APendingSumIsAppliedEarlyAtItsBound) {
+  TableSpec spec = SparseSpec(1024);  // 4 KiB a row: 16 MiB is 4096 keys
+  spec.max_rows = 4;
+  spec.accumulate = 1000000;
+  auto t = NewTable(spec);
+  ASSERT_NE(t, nullptr);
+  const std::vector<float> g(1024 * 1024, 1.0f);
+  uint64_t applied_at = 0;
+  for (uint64_t p = 1; p <= 7; ++p) {
+    std::vector<uint64_t> keys(1024);
+    for (uint64_t j = 0; j < keys.size(); ++j) keys[j] = p * 1024 + j;
+    if (!MustPush(*t, 1, 0, g, false, 0, keys).queued && applied_at == 0) applied_at = p;
+    EXPECT_LE(t->Stats().memory_bytes, uint64_t{18} << 20) << "after push " << p;
+  }
+  EXPECT_EQ(applied_at, 4u) << "the sum of 4096 keys (16 MiB) was not applied";
+  EXPECT_EQ(t->version(), 1u);
+  EXPECT_EQ(t->Stats().rows, 4u);
+  // Pushes 5 to 7 pending: 3072 keys.
+  EXPECT_GE(t->Stats().memory_bytes, uint64_t{12} << 20) << "the pending sum is not counted";
+}
+
 TEST(SparseTableTest, PullTouchKeepsRowFromLruEviction) {
   TableSpec spec = SparseSpec(1);
   spec.max_rows = 2;
