@@ -67,11 +67,18 @@ Status AtomicFileWriter::Commit(bool sync) {
   }
   if (!sync) return Status::Ok();
   // The rename is durable only once the directory entry is on disk.
-  const std::string dir = std::filesystem::path(path_).parent_path().string();
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
+  // Reported, not ignored: the file is in place, but a host crash may bring back the old
+  // one, so a caller must not count it as safely written.
+  std::string dir = std::filesystem::path(path_).parent_path().string();
+  if (dir.empty()) dir = ".";
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const bool dir_synced = dfd >= 0 && ::fsync(dfd) == 0;
+  const int dir_errno = errno;
+  if (dfd >= 0) ::close(dfd);
+  if (!dir_synced) {
+    return status_ = Unavailable("wrote " + path_ + " but cannot sync its directory " + dir + ": " +
+                                 std::strerror(dir_errno) +
+                                 " (a host crash may bring back the file it replaced)");
   }
   return Status::Ok();
 }

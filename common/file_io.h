@@ -14,7 +14,8 @@ namespace onlineps {
 // Writes `bytes` to path + ".tmp" and renames it over `path`: a reader sees the old file
 // or the new one, never part of one. With `sync`, the file and then its directory are
 // flushed to disk before returning (the write survives a host crash, not only a process
-// crash). The new file has `mode` less the umask, whatever an old file or a leftover
+// crash); a directory that cannot be synced is an error, although `path` already holds
+// the new file. The new file has `mode` less the umask, whatever an old file or a leftover
 // temporary file had. The temporary file is removed on failure. Callers serialize writes
 // of one path.
 Status WriteFileAtomic(const std::string& path, std::string_view bytes, bool sync,
@@ -32,7 +33,8 @@ class AtomicFileWriter {
   AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
 
   Status Write(std::string_view bytes);
-  // Closes the file and renames it over `path`; with `sync`, flushes file and directory.
+  // Closes the file and renames it over `path`; with `sync`, flushes file and directory
+  // (an error when the directory cannot be flushed, with `path` already renamed).
   Status Commit(bool sync);
   uint64_t bytes_written() const { return written_; }
 

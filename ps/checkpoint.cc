@@ -329,6 +329,30 @@ std::vector<DeltaFile> DeltaFiles(const std::string& path) {
   return out;
 }
 
+std::vector<std::string> LeftoverTempFiles(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const std::string name = p.filename().string();
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(p.has_parent_path() ? p.parent_path() : fs::path("."), ec), end;
+       !ec && it != end; it.increment(ec)) {
+    const std::string f = it->path().filename().string();
+    if (f.size() < name.size() + 4 || f.compare(0, name.size(), name) != 0 ||
+        f.compare(f.size() - 4, 4, ".tmp") != 0) {
+      continue;
+    }
+    // Between the name and ".tmp": nothing (the full file) or ".d" and digits (a delta).
+    const std::string mid = f.substr(name.size(), f.size() - 4 - name.size());
+    const bool delta =
+        mid.size() > 2 && mid.compare(0, 2, ".d") == 0 &&
+        std::all_of(mid.begin() + 2, mid.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (mid.empty() || delta) out.push_back(it->path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 StatusOr<RestoredShard> RestoreCheckpoint(const std::string& path, const ShardIdentity& id,
                                           Dedup* dedup) {
   RestoredShard out;

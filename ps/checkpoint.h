@@ -100,6 +100,9 @@ struct DeltaFile {
   std::string path;
 };
 std::vector<DeltaFile> DeltaFiles(const std::string& path);
+// The temporary files a write of the checkpoint at `path` or of one of its deltas leaves
+// when the process dies in it (PATH.tmp, PATH.d<digits>.tmp) that are in its directory.
+std::vector<std::string> LeftoverTempFiles(const std::string& path);
 
 struct RestoredShard {
   std::map<std::string, std::shared_ptr<Table>> tables;

@@ -152,6 +152,17 @@ StatusOr<std::string> ShardServer::Start() {
                                               " of " + std::to_string(options_.num_shards));
     if (!lock.ok()) return lock.status();
     checkpoint_lock_.emplace(std::move(*lock));
+    // A write that died with its process leaves its temporary file, which only a write of
+    // the same file would replace: a delta's may never come again. Under the lock no
+    // write of this shard's files is under way.
+    for (const std::string& f : LeftoverTempFiles(path)) {
+      if (std::filesystem::remove(f, ec); ec) {
+        spdlog::warn("cannot remove {}, left by a checkpoint write that did not finish: {}", f,
+                     ec.message());
+      } else {
+        spdlog::warn("removed {}, left by a checkpoint write that did not finish", f);
+      }
+    }
   }
   bool restored = false;
   std::string tip;  // the last file of the restored checkpoint chain
