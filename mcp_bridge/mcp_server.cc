@@ -170,9 +170,15 @@ json McpServer::Capabilities(bool stateless) const {
 }
 
 void McpServer::EndKeys(const std::vector<std::string>& keys) {
-  for (const std::string& key : keys) {
-    if (end_session_) end_session_(key);
-  }
+  for (const std::string& key : keys) EndKey(key);
+}
+
+void McpServer::EndKey(const std::string& key) {
+  if (!end_session_) return;
+  // After the session's call still running (a set_context whose context would land after
+  // the end dropped it, or an infer sending the context to its worker): the end wins.
+  if (adapter_) return adapter_->AfterCalls(key, [&] { end_session_(key); });
+  end_session_(key);
 }
 
 Reply McpServer::Handle(const Request& req) {
@@ -489,7 +495,7 @@ Outcome McpServer::Discover(const json&, const CallContext&) {
 
 bool McpServer::EndSession(const std::string& session_id, const std::string& principal) {
   if (!sessions_.End(session_id, principal)) return false;
-  if (end_session_) end_session_(SessionTable::KeyOf(principal, session_id));
+  EndKey(SessionTable::KeyOf(principal, session_id));
   return true;
 }
 

@@ -176,7 +176,9 @@ class McpServer {
   // for a tools/call of a tool declared unordered (ToolDefinition::ordered), which a
   // transport that runs requests in order may run beside them.
   bool Ordered(const nlohmann::json& message) const;
-  // DELETE: ends a session. Returns false when there is no such session (404).
+  // DELETE: ends a session. Returns false when there is no such session (404). Blocks
+  // until the session's call still running, if any, is done (its calls waiting do not
+  // run), so that nothing of the session comes back after its end.
   bool EndSession(const std::string& session_id, const std::string& principal);
   // Whether a request should get a streamed (SSE) response (ToolDefinition::streams).
   bool WantsStream(const nlohmann::json& message) const;
@@ -203,6 +205,7 @@ class McpServer {
   nlohmann::json Capabilities(bool stateless) const;
   nlohmann::json ServerInfo() const;
   void EndKeys(const std::vector<std::string>& keys);
+  void EndKey(const std::string& key);  // end_session_, after the key's calls in flight
   // The core methods.
   Outcome Ping(const nlohmann::json& params, const CallContext& ctx);
   Outcome ListTools(const nlohmann::json& params, const CallContext& ctx);

@@ -169,6 +169,17 @@ void ToolCallAdapter::Call(const std::string& name, const json& arguments, const
   gate_.Enter(call->session, std::move(run));
 }
 
+void ToolCallAdapter::AfterCalls(const std::string& key, const std::function<void()>& end) {
+  gate_.EnterAndWait(key);
+  try {
+    end();
+  } catch (...) {
+    gate_.Leave(key);
+    throw;
+  }
+  gate_.Leave(key);
+}
+
 void ToolCallAdapter::Run(const ToolCall& call, Tools::ToolDone done) {
   auto ran = std::make_shared<std::atomic<bool>>(false);
   Tools::ToolDone once = [ran, done = std::move(done)](ToolResult result) {

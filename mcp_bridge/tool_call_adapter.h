@@ -45,6 +45,11 @@ class ToolCallAdapter {
 
   // One definition per tool of `tools`, in tools/list order; their handlers use this.
   std::vector<ToolDefinition> Definitions();
+  // Runs `end` once the calls of session `key` that reach a worker are done, the one
+  // running and those waiting (which, their cancel flag set by the session's end, do not
+  // run); no call of `key` starts while `end` runs. Blocks: a running call is bounded by
+  // its worker deadline (a learn stops at its next chunk).
+  void AfterCalls(const std::string& key, const std::function<void()>& end);
   // Called after every call with its trace record. Call before serving.
   void SetObserver(std::function<void(const TraceRecord&)> observer) {
     observer_ = std::move(observer);

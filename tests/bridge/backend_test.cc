@@ -2,7 +2,8 @@
 // worker: it answers worker_stats at once (with a body the test picks) and holds every
 // other request. Covers the asynchronous call path's failure cases: a call that fails at
 // once and is retried (runs its whole chain on the caller's thread), a worker at its
-// in-flight cap (busy, not down), and a worker_stats reply that is not a map.
+// in-flight cap (busy, not down), and a worker_stats reply that is not a map. And, with
+// the MCP server and tools on top, a session's end racing a call of it still running.
 #include "mcp_bridge/backend.h"
 
 #include <gtest/gtest.h>
@@ -21,7 +22,10 @@
 #include "common/transport.h"
 #include "common/wire.h"
 #include "mcp_bridge/context_store.h"
+#include "mcp_bridge/mcp_server.h"
 #include "mcp_bridge/router.h"
+#include "mcp_bridge/session_table.h"
+#include "mcp_bridge/tools.h"
 #include "mcp_bridge/worker_pool.h"
 
 namespace onlineps::bridge {
@@ -53,6 +57,27 @@ class StandInWorker {
   }
   // From now on context_set and context_clear are answered at once, and remembered.
   void AnswerContexts() { answer_contexts_ = true; }
+  // From now on context_set is held, until ReleaseContextSets answers what it holds.
+  void HoldContextSets() { hold_sets_ = true; }
+  void ReleaseContextSets() {
+    std::vector<Held> held;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held.swap(held_sets_);
+      hold_sets_ = false;
+    }
+    for (Held& h : held) Answer(h.peer, h.header, "set " + h.session);
+  }
+  bool WaitHeldContextSets(size_t n) {
+    for (int i = 0; i < 10000; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (held_sets_.size() >= n) return true;
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+    return false;
+  }
   // "set SESSION" or "clear SESSION" for each context call answered, in order.
   std::vector<std::string> contexts() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -79,13 +104,13 @@ class StandInWorker {
         in.frames.size() > 1) {
       const json body =
           json::from_msgpack(std::string(in.frames[1].data(), in.frames[1].size()), true, false);
-      {
+      const std::string session = body.value("session", std::string());
+      if (h->op == Op::kContextSet && hold_sets_) {
         std::lock_guard<std::mutex> lock(mu_);
-        contexts_.push_back(std::string(h->op == Op::kContextSet ? "set " : "clear ") +
-                            body.value("session", std::string()));
+        held_sets_.push_back(Held{in.peer, *h, session});
+        return;
       }
-      (void)server_->Send(in.peer, {Frame::FromString(EncodeHeader(MakeReply(*h, Status::Ok()))),
-                                    Frame::FromVector(json::to_msgpack(json::object()))});
+      Answer(in.peer, *h, std::string(h->op == Op::kContextSet ? "set " : "clear ") + session);
       return;
     }
     if (h->op != Op::kWorkerStats || silent_) {
@@ -97,6 +122,21 @@ class StandInWorker {
                                   Frame::FromVector(json::to_msgpack(stats_))});
   }
 
+  struct Held {
+    std::string peer;
+    Header header;
+    std::string session;
+  };
+  // Answers a context call, noting `what` in contexts_.
+  void Answer(const std::string& peer, const Header& h, const std::string& what) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      contexts_.push_back(what);
+    }
+    (void)server_->Send(peer, {Frame::FromString(EncodeHeader(MakeReply(h, Status::Ok()))),
+                               Frame::FromVector(json::to_msgpack(json::object()))});
+  }
+
   const json stats_;
   std::unique_ptr<ServerTransport> server_;
   std::string endpoint_;
@@ -104,7 +144,9 @@ class StandInWorker {
   size_t held_ = 0;
   std::atomic<bool> silent_{false};
   std::atomic<bool> answer_contexts_{false};
+  std::atomic<bool> hold_sets_{false};
   std::vector<std::string> contexts_;   // guarded by mu_
+  std::vector<Held> held_sets_;         // guarded by mu_
   std::optional<Status> learn_answer_;  // guarded by mu_
 };
 
@@ -318,6 +360,61 @@ TEST(BackendTest, EndingASessionThatMovedDropsItsContextWhereItWasSent) {
     EXPECT_NE(std::find(on_a.begin(), on_a.end(), "clear " + s), on_a.end())
         << s << "'s context was left on " << a.endpoint() << ", the worker that holds it";
   }
+  parts->pool->Stop();
+  delete parts;
+}
+
+// A set_context still running (its context on the way to the session's worker) when the
+// session's DELETE arrives: the end must win. Before, the DELETE's clear ran first and
+// the set landed after it: the worker kept the ended session's private context (until
+// its TTL), and the bridge a record of that copy, forever.
+TEST(SessionEndTest, ASetContextRunningWhenItsSessionEndsLeavesNoContextBehind) {
+  StandInWorker worker({{"instance", "stand-in"}, {"labels", json::array()}});
+  worker.AnswerContexts();
+  auto* parts = new Parts({worker.endpoint()});
+  ASSERT_TRUE(parts->pool->Start().ok());
+  ASSERT_EQ(parts->pool->healthy(), 1u);
+  auto tools = std::make_unique<Tools>(ToolsOptions{}, parts->backend.get(), &parts->contexts,
+                                       parts->pool.get(), &parts->router);
+  auto server = std::make_unique<McpServer>(McpServerOptions{}, tools.get(), nullptr,
+                                            [parts](const std::string& key) {
+                                              parts->contexts.Clear(key);
+                                              parts->backend->EndSession(key);
+                                            });
+  auto send = [&](const std::string& sid, const std::string& method, json params) {
+    Request req;
+    req.message = {{"jsonrpc", "2.0"}, {"id", 1}, {"method", method}, {"params", params}};
+    req.session_id = sid;
+    return server->Handle(req);
+  };
+  const std::string sid =
+      send("", "initialize", {{"protocolVersion", "2025-11-25"}}).new_session_id;
+  ASSERT_FALSE(sid.empty());
+  const std::string key = SessionTable::KeyOf("", sid);
+  ASSERT_EQ(parts->router.Route(key).value(), worker.endpoint());  // placed: the set syncs
+
+  worker.HoldContextSets();
+  Reply set_reply;
+  std::thread set([&] {
+    set_reply =
+        send(sid, "tools/call", {{"name", "set_context"}, {"arguments", {{"items", {"private"}}}}});
+  });
+  ASSERT_TRUE(worker.WaitHeldContextSets(1));
+  std::atomic<bool> ended{false};
+  std::thread end([&] { ended = server->EndSession(sid, ""); });
+  std::this_thread::sleep_for(200ms);  // the end arrives while the set is at the worker
+  worker.ReleaseContextSets();
+  set.join();
+  end.join();
+  EXPECT_TRUE(ended.load());
+  EXPECT_FALSE(parts->contexts.Get(key).has_value()) << "the ended session's context is back";
+  const std::vector<std::string> seen = worker.contexts();
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back(), "clear " + key)
+      << "the worker keeps the ended session's context; its context calls were: "
+      << testing::PrintToString(seen);
+  server.reset();
+  tools.reset();
   parts->pool->Stop();
   delete parts;
 }
