@@ -83,9 +83,9 @@ std::string Backend::AnyWorker() {
 }
 
 void Backend::Attempt(const std::string& session, Op op, std::shared_ptr<const json> body,
-                      RoutedDone done, std::string* tried) {
+                      RoutedDone done, Tried* tried) {
   std::string worker;
-  tried->clear();
+  *tried = Tried();
   if (session.empty()) {
     worker = AnyWorker();
     if (worker.empty()) return done(Unavailable("no healthy worker"));
@@ -94,7 +94,7 @@ void Backend::Attempt(const std::string& session, Op op, std::shared_ptr<const j
     if (!owner.ok()) return done(owner.status());
     worker = std::move(*owner);
   }
-  *tried = worker;
+  *tried = Tried{worker, pool_->Incarnation(worker)};
   // A call that got no reply (or could not be sent) has the worker probed first, so the
   // retry finds the ring without it when it is gone; a worker already out of the ring
   // (its calls were ended when it left) is not probed again. `done` is shared by the
@@ -182,22 +182,26 @@ StatusOr<Routed> Backend::Call(const std::string& session, Op op, json body) {
 void Backend::CallAsync(const std::string& session, Op op, json body, RoutedDone done) {
   if (!session.empty()) body["session"] = session;
   auto shared = std::make_shared<const json>(std::move(body));
-  auto tried = std::make_shared<std::string>();
+  auto tried = std::make_shared<Tried>();
   Attempt(
       session, op, shared,
       [this, session, op, shared, tried, done = std::move(done)](StatusOr<Routed> r) mutable {
         // Idempotent ops are retried once on the session's new owner; a learn never is.
         // A call that timed out on a worker still in the ring and still the one it would
-        // go to (the probe found it answering: it is slow or stuck, not gone) is not
-        // sent there again, which would only double the wait.
+        // go to (the probe found the same process answering: it is slow or stuck, not
+        // gone) is not sent there again, which would only double the wait. A new process
+        // at that address (restarted faster than a probe could take it out of the ring)
+        // lost the call: that one is sent again.
         const StatusCode c = r.status().code();
         if (r.ok() || op == Op::kLearn ||
             (c != StatusCode::kDeadlineExceeded && c != StatusCode::kUnavailable)) {
           return done(std::move(r));
         }
-        if (c == StatusCode::kDeadlineExceeded && !tried->empty() && router_->HasWorker(*tried) &&
+        const std::string& worker = tried->worker;
+        if (c == StatusCode::kDeadlineExceeded && !worker.empty() && router_->HasWorker(worker) &&
+            pool_->Incarnation(worker) == tried->incarnation &&
             (session.empty() ? router_->Workers().size() == 1
-                             : router_->OwnerOf(session) == *tried)) {
+                             : router_->OwnerOf(session) == worker)) {
           return done(std::move(r));
         }
         spdlog::info("backend: {} for a session failed ({}); retrying once", OpName(op),

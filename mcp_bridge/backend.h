@@ -70,10 +70,15 @@ class Backend {
     uint64_t incarnation = 0, revision = 0;
     std::chrono::steady_clock::time_point at;
   };
+  // The worker a try went to ("" when none) and its incarnation then.
+  struct Tried {
+    std::string worker;
+    uint64_t incarnation = 0;
+  };
   // One try on the session's owner (any worker without a session); *tried is set to the
-  // worker chosen ("" when none) before `done` can run.
+  // worker chosen before `done` can run.
   void Attempt(const std::string& session, Op op, std::shared_ptr<const nlohmann::json> body,
-               RoutedDone done, std::string* tried);
+               RoutedDone done, Tried* tried);
   // After the context: sends `op` naming the context revision the worker holds; once
   // more, with the context re-sent, if the worker says it no longer holds it.
   void SendWithContext(const std::string& session, const std::string& worker, Op op,

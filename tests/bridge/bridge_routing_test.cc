@@ -12,6 +12,7 @@
 
 #include "ps/ps_client.h"
 #include "tests/bridge/bridge_cluster.h"
+#include "tests/etcd_server.h"
 #include "worker/worker_client.h"
 
 namespace onlineps::testing {
@@ -342,6 +343,41 @@ TEST(BridgeRoutingTest, AWorkerBackBeforeAnyProbeGetsTheContextBeforeTheCall) {
   auto stats = (*direct)->Call(Op::kWorkerStats, json::object());
   ASSERT_TRUE(stats.ok()) << stats.status().ToString();
   EXPECT_EQ((*stats)["context"]["sessions"], 1) << stats->dump();
+}
+
+// A worker killed with an infer in flight and back at its address before the failed
+// call's probe gave up on it: the infer, which is idempotent, is sent again, to the new
+// process, with the session's context, as it would be to another worker. Before, the
+// probe found the address answering, the lost call was taken for one that timed out on a
+// worker still serving it (not sent again), and the caller got an error.
+TEST(BridgeRoutingTest, AnInferInFlightWhenItsWorkerRestartsOnTheSameAddressIsRetried) {
+  BridgeCluster cluster;
+  ASSERT_TRUE(cluster.StartShard());
+  const std::string w = "tcp://127.0.0.1:" + std::to_string(FreeLoopbackPort());
+  ASSERT_EQ(cluster.StartWorker(w), w);
+  // No periodic probe; the failed call's probe waits long enough for the new process
+  // (a worker starts in about a second on a busy test machine).
+  const int port =
+      cluster.StartBridge({w}, {"--health-interval-ms", "600000", "--health-timeout-ms", "8000"});
+  ASSERT_GT(port, 0);
+  McpHttp c(port);
+  ASSERT_FALSE(c.Initialize().empty());
+  ASSERT_FALSE(
+      c.Call("set_context", {{"items", {"awful dreadful boring"}}}).value("isError", true));
+  const json before = c.Call("infer", {{"text", kProbe}});
+  ASSERT_FALSE(before.value("isError", true)) << before.dump();
+
+  // The worker holds the infer unanswered (SIGSTOP), then dies and comes back.
+  ASSERT_EQ(kill(cluster.WorkerPid(0), SIGSTOP), 0);
+  json during;
+  std::thread infer([&] { during = c.Call("infer", {{"text", kProbe}}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  cluster.KillWorker(0);
+  ASSERT_EQ(cluster.StartWorker(w), w);
+  infer.join();
+  ASSERT_FALSE(during.value("isError", true)) << during.dump();
+  EXPECT_LT(MaxDiff(Scores(during), Scores(before)), 1e-4)
+      << "served without the session's context: " << during.dump();
 }
 
 // A hung shard, every deadline at its default: the worker's PS call gives up first and
