@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <array>
@@ -9,6 +10,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cerrno>
 #include <chrono>
 #include <deque>
 #include <fstream>
@@ -258,8 +260,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Finish(std::string bytes, bool close);
   // The peer's address as connections are counted (ClientKey).
   const std::string& client() const { return client_; }
-  // Set once a write to the peer failed: it hung up (or stopped reading).
+  // Set once a write to the peer failed, or WatchHangUp saw it close: it hung up (or
+  // stopped reading).
   const std::shared_ptr<std::atomic<bool>>& hung_up() const { return hung_up_; }
+  // From any thread: while a request that writes nothing before its answer runs, looks
+  // at the socket every kHangUpCheck, without reading from it, and sets hung_up() once
+  // the client closed or reset the connection. Stops once `answered` is set, or at
+  // bytes of a next request (pipelined), behind which an end cannot be seen.
+  void WatchHangUp(std::shared_ptr<std::atomic<bool>> answered);
 
  private:
   void ReadHeader();
@@ -273,6 +281,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Flush();
   // Drains until `until` (a second after the answer), however long the client sends.
   void Linger(std::chrono::steady_clock::time_point until);
+  void WatchTick(std::shared_ptr<asio::steady_timer> timer,
+                 std::shared_ptr<std::atomic<bool>> answered);
 
   beast::tcp_stream stream_;
   HttpTransport::Impl* const owner_;
@@ -552,6 +562,32 @@ void Connection::Linger(std::chrono::steady_clock::time_point until) {
                             beast::error_code ignored;
                             self->stream_.socket().close(ignored);
                           });
+}
+
+// How often a running request's socket is looked at for a client that hung up.
+constexpr auto kHangUpCheck = std::chrono::milliseconds(100);
+
+void Connection::WatchHangUp(std::shared_ptr<std::atomic<bool>> answered) {
+  auto timer = std::make_shared<asio::steady_timer>(stream_.get_executor());
+  WatchTick(std::move(timer), std::move(answered));
+}
+
+void Connection::WatchTick(std::shared_ptr<asio::steady_timer> timer,
+                           std::shared_ptr<std::atomic<bool>> answered) {
+  timer->expires_after(kHangUpCheck);
+  timer->async_wait([self = shared_from_this(), timer, answered](beast::error_code ec) {
+    if (ec || answered->load() || !self->stream_.socket().is_open()) return;
+    // A peek: whatever is there stays for the next request's read.
+    char byte;
+    const ssize_t n =
+        ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      self->hung_up_->store(true);  // end of stream, or reset
+      return;
+    }
+    if (n > 0) return;  // a next request (pipelined)
+    self->WatchTick(timer, answered);
+  });
 }
 
 HttpTransportStats HttpTransport::Impl::stats() const {
@@ -872,9 +908,17 @@ void HttpTransport::Impl::Post(const HttpRequest& req, Answer& res,
       res.status = -1;  // a request thread runs it (Dispatch queues it)
       return;
     }
+    // 2026-07-28 cancels a request by closing its connection: a tool call that writes
+    // nothing before its answer is watched for that, as a streamed one's writes are.
+    auto answered = std::make_shared<std::atomic<bool>>(false);
+    if (r.stateless && m.is_object() && m.value("method", json()) == "tools/call") {
+      r.cancelled = conn->hung_up();
+      conn->WatchHangUp(answered);
+    }
     r.message = std::move(m);
     const unsigned version = req.version();
-    mcp_->HandleAsync(std::move(r), [this, conn, version, keep_alive](Reply reply) {
+    mcp_->HandleAsync(std::move(r), [this, conn, version, keep_alive, answered](Reply reply) {
+      answered->store(true);
       Answer a;
       Respond(a, reply);
       Responded(a.status);

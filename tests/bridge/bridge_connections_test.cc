@@ -454,5 +454,47 @@ TEST_F(BridgeConnectionsTest, AStatelessLearnStopsWhenItsClientHangsUp) {
   EXPECT_LT(now, 3000) << "the learn ran to its end after its client hung up";
 }
 
+// The same for a stateless call answered as plain JSON (a learn that asked for no
+// progress), which writes nothing until its answer: the bridge watches its connection,
+// and a client that hangs up cancels it too. Before, it ran to its end.
+TEST_F(BridgeConnectionsTest, AStatelessCallWithoutAStreamStopsWhenItsClientHangsUp) {
+  const int port = Start({"--learn-chunk", "1", "--max-examples", "3000"});
+  json examples = json::array();
+  for (int i = 0; i < 3000; ++i)
+    examples.push_back({{"text", "slow " + std::to_string(i)}, {"label", "positive"}});
+  const json learn = {{"jsonrpc", "2.0"},
+                      {"id", 5},
+                      {"method", "tools/call"},
+                      {"params",
+                       {{"name", "learn"},
+                        {"arguments", {{"examples", examples}}},
+                        {"_meta",
+                         {{"io.modelcontextprotocol/protocolVersion", "2026-07-28"},
+                          {"io.modelcontextprotocol/clientCapabilities", json::object()}}}}}};
+  McpHttp probe(port);
+  ASSERT_FALSE(probe.Initialize().empty());
+  auto learned = [&] {
+    return probe.Call("model_info", json::object())["structuredContent"]["staleness"].value(
+        "learn_calls", int64_t{-1});
+  };
+  {
+    auto c = RawClient::Connect(port);
+    ASSERT_TRUE(c);
+    ASSERT_TRUE(c->Send(PostRequest(learn.dump(),
+                                    "MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: "
+                                    "tools/call\r\nMcp-Name: learn\r\n")));
+    for (int i = 0; i < 100 && learned() <= 0; ++i) std::this_thread::sleep_for(milliseconds(20));
+    ASSERT_GT(learned(), 0) << "the learn did not start";
+  }  // hangs up
+  int64_t before = -2, now = learned();
+  for (int i = 0; i < 100 && now != before; ++i) {  // until it stops moving
+    std::this_thread::sleep_for(milliseconds(500));
+    before = now;
+    now = learned();
+  }
+  EXPECT_EQ(now, before) << "the learn is still running";
+  EXPECT_LT(now, 3000) << "the learn ran to its end after its client hung up";
+}
+
 }  // namespace
 }  // namespace onlineps::testing
