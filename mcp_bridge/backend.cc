@@ -10,6 +10,14 @@ namespace onlineps::bridge {
 
 using nlohmann::json;
 
+namespace {
+size_t TextBytes(const std::vector<std::string>& items) {
+  size_t n = 0;
+  for (const std::string& s : items) n += s.size();
+  return n;
+}
+}  // namespace
+
 Backend::Backend(BackendOptions options, Router* router, WorkerPool* pool, ContextStore* contexts)
     : options_(options), router_(router), pool_(pool), contexts_(contexts) {}
 
@@ -51,9 +59,19 @@ void Backend::EnsureContextAsync(const std::string& session, const std::string& 
   }
   const std::optional<uint64_t> revision =
       ctx ? std::optional<uint64_t>(ctx->revision) : std::nullopt;
+  const size_t items = ctx ? ctx->items.size() : 0, bytes = ctx ? TextBytes(ctx->items) : 0;
   pool_->CallAsync(
       worker, op, body, options_.infer_timeout,
-      [this, session, worker, incarnation, revision, now, then, held](StatusOr<json> r) {
+      [this, session, worker, incarnation, revision, now, then, held, items,
+       bytes](StatusOr<json> r) {
+        if (revision) {
+          // A worker whose own context limits are below the bridge's refuses the context
+          // (features) or keeps only its newest part (items, bytes): the call must not
+          // run on what the worker kept, and the error names both sides' limits.
+          if (Status fits = ContextFits(worker, r, items, bytes); !fits.ok()) {
+            return then(InvalidArgument(fits.message() + "; the call was not sent"), held);
+          }
+        }
         if (!r.ok()) {
           // Nothing of the call itself was sent: say so with a code that means "not done".
           // A worker too busy to take the context (calls in flight at the cap) is not a
@@ -74,6 +92,35 @@ void Backend::EnsureContextAsync(const std::string& session, const std::string& 
         }
         then(Status::Ok(), held);
       });
+}
+
+Status Backend::ContextFits(const std::string& worker, const StatusOr<json>& reply, size_t items,
+                            size_t bytes) const {
+  const ContextStoreOptions& limits = contexts_->options();
+  const std::string bridge = "; this bridge's --context-max-items is " +
+                             std::to_string(limits.max_items) + ", --context-max-bytes " +
+                             std::to_string(limits.max_bytes) + ", --context-max-features " +
+                             std::to_string(limits.max_features) +
+                             ": lower them to the workers' (or raise the workers' "
+                             "--context-max-items and --context-max-bytes)";
+  if (!reply.ok()) {
+    if (reply.status().code() != StatusCode::kInvalidArgument) return Status::Ok();
+    return InvalidArgument("worker " + worker + " refused the session's context (" +
+                           reply.status().message() + ")" + bridge);
+  }
+  // What the worker kept (a worker that does not say is taken at its word).
+  const json kept = reply->is_object() ? reply->value("items", json()) : json();
+  if (!kept.is_array()) return Status::Ok();
+  size_t kept_bytes = 0;
+  for (const json& item : kept)
+    kept_bytes += item.is_string() ? item.get_ref<const std::string&>().size() : 0;
+  if (kept.size() >= items && kept_bytes >= bytes) return Status::Ok();
+  return InvalidArgument("worker " + worker + " kept " + std::to_string(kept.size()) + " of the " +
+                         std::to_string(items) + " items (" + std::to_string(kept_bytes) + " of " +
+                         std::to_string(bytes) +
+                         " bytes) of the session's context: its --context-max-items or "
+                         "--context-max-bytes is below the context" +
+                         bridge);
 }
 
 std::string Backend::AnyWorker() {

@@ -94,6 +94,11 @@ class Backend {
   // `held`, whether the bridge holds a context for the session at all.
   void EnsureContextAsync(const std::string& session, const std::string& worker,
                           std::function<void(Status, bool held)> then);
+  // Whether `worker`, sent a context of `items` items and `bytes` bytes of text (its
+  // context_set reply), holds all of it: kInvalidArgument naming the worker's and this
+  // bridge's limits when it refused the context or kept only its newest part.
+  Status ContextFits(const std::string& worker, const StatusOr<nlohmann::json>& reply, size_t items,
+                     size_t bytes) const;
   std::chrono::milliseconds TimeoutOf(Op op) const;
   std::string AnyWorker();  // round robin, for calls without a session
 

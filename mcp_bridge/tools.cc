@@ -420,6 +420,13 @@ ToolResult Tools::StoreContext(const ToolCall& c, bool append) {
   out.structured = ContextJson(*ctx, true);
   if (append) out.structured["dropped_items"] = dropped;
   if (Status s = backend_->SyncContext(c.session); !s.ok()) {
+    if (s.code() == StatusCode::kInvalidArgument) {
+      // The session's worker cannot hold this context (its limits are below the
+      // bridge's): every infer and learn would fail, so the set must not look fine.
+      return Error(tool + ": the bridge keeps the context, but " + s.message() +
+                   ". Every infer and learn of this session fails until the context fits "
+                   "(set_context with less, or clear_context)");
+    }
     // Stored in the bridge (authoritative); the worker gets it with the next call.
     out.summary = "stored; worker copy pending: " + s.ToString();
   } else {

@@ -324,6 +324,40 @@ TEST_F(BridgeHttpTest, InferAtTheTextLimitsIsServedAndOneMoreByteOrWordIsRefused
   EXPECT_EQ(text.find("were learned"), std::string::npos) << text;
 }
 
+// A bridge whose context limits are raised above the worker's (the worker keeps 16
+// items and 4096 features, by default): a context the worker would trim (items) or
+// refuse (features) is a clear error naming both sides' limits, at set_context and at
+// every call of the session, never a call run on the part the worker kept. Before, the
+// infer ran on the newest 16 items as if it had all 20, and a context of 5000 features
+// failed every call as UNAVAILABLE (with a probe of the worker each time), naming only
+// the worker's limit.
+TEST_F(BridgeHttpTest, ContextLimitsAboveTheWorkersAreAClearError) {
+  const int port = Start({"--context-max-items", "32", "--context-max-features", "8192"});
+  McpHttp c(port);
+  ASSERT_FALSE(c.Initialize().empty());
+  ASSERT_FALSE(c.Call("infer", {{"text", "hello"}}).value("isError", true));  // placed
+  json items = json::array();
+  for (int i = 0; i < 20; ++i) items.push_back("item " + std::to_string(i));
+  const json set = c.Call("set_context", {{"items", items}});
+  EXPECT_TRUE(set.value("isError", false)) << set.dump();
+  EXPECT_NE(set.dump().find("--context-max-items is 32"), std::string::npos) << set.dump();
+  const json infer = c.Call("infer", {{"text", "hello"}});
+  EXPECT_TRUE(infer.value("isError", false)) << "ran on a trimmed context: " << infer.dump();
+  EXPECT_NE(infer.dump().find("kept 16 of the 20 items"), std::string::npos) << infer.dump();
+
+  const json features = c.Call("set_context", {{"features", std::vector<double>(5000, 0.5)}});
+  EXPECT_TRUE(features.value("isError", false)) << features.dump();
+  const json refused = c.Call("infer", {{"text", "hello"}});
+  EXPECT_TRUE(refused.value("isError", false)) << refused.dump();
+  const std::string text = refused.dump();
+  EXPECT_NE(text.find("INVALID_ARGUMENT"), std::string::npos) << text;
+  EXPECT_NE(text.find("4096"), std::string::npos) << "the worker's limit: " << text;
+  EXPECT_NE(text.find("--context-max-features 8192"), std::string::npos) << text;
+  // A context that fits both is served again.
+  ASSERT_FALSE(c.Call("set_context", {{"items", {"fits"}}}).value("isError", true));
+  EXPECT_FALSE(c.Call("infer", {{"text", "hello"}}).value("isError", true));
+}
+
 TEST_F(BridgeHttpTest, LongLearnStreamsProgressOverSse) {
   McpHttp c(Start({"--learn-chunk", "8"}));
   ASSERT_FALSE(c.Initialize().empty());
