@@ -250,7 +250,10 @@ onlineps::Status Finish(Flags* f) {
   f->context.ttl_ms = f->context_ttl_s * 1000;
   // One identity's contexts (its MCP sessions' and its named handles') are capped alike.
   f->context.max_per_identity = f->mcp.max_sessions_per_client;
-  f->router.max_sessions = std::max<size_t>(f->mcp.max_sessions, f->context.max_sessions) * 2;
+  // MCP sessions and named handles are placed apart: handles clients never end cannot
+  // fill the router and shut new MCP sessions out.
+  f->router.max_sessions = f->mcp.max_sessions * 2;
+  f->router.max_handles = std::max<size_t>(f->mcp.max_sessions, f->context.max_sessions) * 2;
   return onlineps::Status::Ok();
 }
 

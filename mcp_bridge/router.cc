@@ -8,6 +8,11 @@
 
 namespace onlineps::bridge {
 
+bool IsNamedHandle(const std::string& key) {
+  const size_t slash = key.find('/');  // identities hold none
+  return key.compare(slash == std::string::npos ? 0 : slash + 1, 2, "s:") == 0;
+}
+
 Router::Router(RouterOptions options)
     : Router(options, [] { return static_cast<int64_t>(NowMs()); }) {}
 
@@ -58,6 +63,7 @@ std::string Router::Place(const std::string& session, uint64_t h, size_t cap) {
 
 void Router::Assign(const std::string& session, const std::string& worker) {
   auto [it, inserted] = owner_.try_emplace(session, worker);
+  if (inserted && IsNamedHandle(session)) ++handles_;
   if (!inserted) {
     if (it->second == worker) return;
     if (auto old = loads_.find(it->second); old != loads_.end() && old->second > 0) --old->second;
@@ -73,8 +79,15 @@ StatusOr<std::string> Router::Route(const std::string& session) {
     return it->second;
   }
   if (loads_.empty()) return Unavailable("no healthy worker to route session to");
-  if (owner_.size() >= options_.max_sessions) {
-    return ResourceExhausted("router holds " + std::to_string(owner_.size()) +
+  if (IsNamedHandle(session)) {
+    if (handles_ >= options_.max_handles) {
+      return ResourceExhausted(
+          "router holds " + std::to_string(handles_) +
+          " named session handles, the limit (twice the larger of --max-sessions and "
+          "--context-max-sessions); a handle unused for --session-idle-s is released");
+    }
+  } else if (owner_.size() - handles_ >= options_.max_sessions) {
+    return ResourceExhausted("router holds " + std::to_string(owner_.size() - handles_) +
                              " sessions, the limit (--max-sessions)");
   }
   const std::string worker = Place(session, HashString(session), Cap(owner_.size() + 1));
@@ -98,6 +111,7 @@ bool Router::Release(const std::string& session) {
   }
   if (auto l = loads_.find(it->second); l != loads_.end() && l->second > 0) --l->second;
   owner_.erase(it);
+  if (IsNamedHandle(session)) --handles_;
   used_ms_.erase(session);
   return true;
 }
@@ -168,7 +182,8 @@ bool Router::RemoveWorker(const std::string& worker) {
   }
   for (const auto& [h, s] : orphans) {
     owner_.erase(s);
-    if (loads_.empty()) continue;  // the last worker left: its sessions are unplaced
+    if (IsNamedHandle(s)) --handles_;  // Assign counts it again
+    if (loads_.empty()) continue;      // the last worker left: its sessions are unplaced
     const std::string dest = Place(s, h, Cap(owner_.size() + 1));
     Assign(s, dest);
     ++moves_;

@@ -24,8 +24,16 @@ namespace onlineps::bridge {
 struct RouterOptions {
   double load_factor = 1.25;  // c >= 1: no worker above ceil(c * mean) sessions
   int virtual_nodes = 160;    // ring points per worker
+  // Placed keys of each kind (IsNamedHandle): MCP sessions, and the named handles that
+  // clients choose (a tool's `session` argument), bounded apart so that handles cannot
+  // shut new MCP sessions out.
   size_t max_sessions = 100000;
+  size_t max_handles = 100000;
 };
+
+// Whether a routing key is a named handle ("[identity/]s:NAME", a tool's `session`
+// argument) rather than an MCP session ("[identity/]m:ID", SessionTable::KeyOf).
+bool IsNamedHandle(const std::string& key);
 
 struct RouterStats {
   size_t sessions = 0;
@@ -47,7 +55,7 @@ class Router {
   bool HasWorker(const std::string& worker) const;
 
   // The worker owning `session`, placing it first if needed. kUnavailable when there
-  // is no worker; kResourceExhausted past max_sessions.
+  // is no worker; kResourceExhausted past max_sessions (max_handles for a handle).
   StatusOr<std::string> Route(const std::string& session);
   // The owner without placing; "" when the session is not placed.
   std::string OwnerOf(const std::string& session) const;
@@ -79,6 +87,7 @@ class Router {
   std::vector<Point> ring_ GUARDED_BY(mu_);  // sorted
   std::map<std::string, size_t> loads_ GUARDED_BY(mu_);
   std::unordered_map<std::string, std::string> owner_ GUARDED_BY(mu_);
+  size_t handles_ GUARDED_BY(mu_) = 0;  // the keys of owner_ that are named handles
   std::unordered_map<std::string, int64_t> used_ms_ GUARDED_BY(mu_);  // last Route
   const std::function<int64_t()> now_ms_;
   uint64_t moves_ GUARDED_BY(mu_) = 0;

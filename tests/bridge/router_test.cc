@@ -198,6 +198,38 @@ TEST(RouterTest, SessionLimitIsAClearError) {
   EXPECT_TRUE(r.Route(Session(0)).ok());  // placed sessions still route
 }
 
+// Named handles (a tool's `session` argument, chosen by clients: a new one per call
+// costs nothing) have a bound of their own. Before, they shared the router's one bound
+// with MCP sessions, and a client making up handles shut new MCP sessions out.
+TEST(RouterTest, NamedHandlesCannotFillTheRouterForMcpSessions) {
+  RouterOptions o;
+  o.max_sessions = 3;
+  o.max_handles = 3;
+  Router r(o);
+  r.AddWorker("tcp://a:1");
+  EXPECT_TRUE(IsNamedHandle("s:x"));
+  EXPECT_TRUE(IsNamedHandle("alice/s:x"));
+  EXPECT_FALSE(IsNamedHandle("m:x"));
+  EXPECT_FALSE(IsNamedHandle("alice/m:s:x"));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(r.Route("alice/s:handle-" + std::to_string(i)).ok());
+  auto handle = r.Route("alice/s:one-more");
+  ASSERT_FALSE(handle.ok());
+  EXPECT_EQ(handle.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(handle.status().message().find("named session handles"), std::string::npos)
+      << handle.status().ToString();
+  for (int i = 0; i < 3; ++i) {
+    auto w = r.Route(Session(i));
+    EXPECT_TRUE(w.ok()) << "an MCP session shut out by handles: " << w.status().ToString();
+  }
+  EXPECT_FALSE(r.Route(Session(3)).ok());  // its own bound holds
+  // A released handle makes room for another; a worker leaving and joining keeps the count.
+  EXPECT_TRUE(r.Release("alice/s:handle-0"));
+  r.AddWorker("tcp://b:1");
+  r.RemoveWorker("tcp://a:1");
+  EXPECT_TRUE(r.Route("alice/s:one-more").ok());
+  EXPECT_FALSE(r.Route("alice/s:two-more").ok());
+}
+
 TEST(RouterTest, IdleSessionsAreReleased) {
   int64_t now = 0;
   Router r({}, [&now] { return now; });
