@@ -127,6 +127,24 @@ std::string Header(const HttpRequest& req, beast::string_view name) {
 
 bool Has(const HttpRequest& req, beast::string_view name) { return req.find(name) != req.end(); }
 
+// The first transfer coding of `req` other than chunked (the only one served), lower-cased
+// without its parameters; "" when there is none.
+std::string UnknownTransferCoding(const HttpRequest& req) {
+  const auto fields = req.equal_range(http::field::transfer_encoding);
+  for (auto field = fields.first; field != fields.second; ++field) {
+    std::istringstream list{std::string(field->value())};
+    std::string coding;
+    while (std::getline(list, coding, ',')) {
+      coding = Lower(coding.substr(0, coding.find(';')));
+      const size_t first = coding.find_first_not_of(" \t");
+      if (first == std::string::npos) continue;  // an empty element (RFC 9110 5.6.1)
+      coding = coding.substr(first, coding.find_last_not_of(" \t") + 1 - first);
+      if (coding != "chunked") return coding;
+    }
+  }
+  return "";
+}
+
 // The status line and headers of a response; `length` nullopt: chunked (HTTP/1.1) or
 // until close (HTTP/1.0).
 std::string Head(const Answer& a, unsigned version, bool keep_alive, std::optional<size_t> length) {
@@ -420,6 +438,16 @@ void Connection::OnHeader(beast::error_code ec) {
               std::string("Bad Request: malformed HTTP (") + malformed + ")");
     owner_->Responded(a.status);
     return Push(Frame(a, parser_->get().version(), false), true, true);
+  }
+  // RFC 9112 6.1: a transfer coding the server does not know (gzip before the chunked)
+  // is answered 501, never read as chunked alone and its coded body taken for the body.
+  if (const std::string coding = UnknownTransferCoding(head); !coding.empty()) {
+    Answer a;
+    SendError(a, 501, kInvalidRequest,
+              "Not Implemented: Transfer-Encoding '" + coding +
+                  "' is not supported; send the body with chunked alone, or Content-Length");
+    owner_->Responded(a.status);
+    return Push(Frame(a, head.version(), false), true, true);
   }
   // A large body is read only for a caller the checks admit: up to --max-request-bytes
   // (and about twice that to parse) is otherwise anyone's to make the bridge hold. Small

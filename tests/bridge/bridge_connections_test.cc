@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -240,6 +241,36 @@ TEST_F(BridgeConnectionsTest, ATransferEncodingNotEndingInChunkedIsRefused) {
         << coding << ": " << reply->body;
     EXPECT_EQ(reply->Header("connection"), "close") << coding;
     EXPECT_FALSE(c->Read(milliseconds(500))) << coding << ": the body ran as a request";
+  }
+}
+
+// A transfer coding the bridge does not know, before the final chunked, is answered 501
+// (RFC 9112 6.1) naming it, and the connection closed. Before, the body was read as
+// chunked alone: its gzip bytes were taken for the JSON (400 "not valid JSON", or worse,
+// a body that happens to parse).
+TEST_F(BridgeConnectionsTest, AnUnknownTransferCodingBeforeChunkedIsNotImplemented) {
+  const int port = Start();
+  for (const std::string coding :
+       {"gzip, chunked", "GZIP,chunked", "chunked", "chunked ,chunked"}) {
+    SCOPED_TRACE(coding);
+    auto c = RawClient::Connect(port);
+    ASSERT_TRUE(c);
+    // The body is a valid ping, so only the coding can be refused.
+    char size[16];
+    std::snprintf(size, sizeof size, "%zx", kPing.size());
+    ASSERT_TRUE(
+        c->Send("POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                "Accept: application/json, text/event-stream\r\nTransfer-Encoding: " +
+                coding + "\r\n\r\n" + size + "\r\n" + kPing + "\r\n0\r\n\r\n"));
+    const auto reply = c->Read(milliseconds(5000));
+    ASSERT_TRUE(reply);
+    if (coding.find("gzip") == std::string::npos && coding.find("GZIP") == std::string::npos) {
+      EXPECT_EQ(reply->status, 400) << reply->body;  // the ping's own: no session
+      continue;
+    }
+    EXPECT_EQ(reply->status, 501) << reply->body;
+    EXPECT_NE(reply->body.find("'gzip'"), std::string::npos) << reply->body;
+    EXPECT_EQ(reply->Header("connection"), "close");
   }
 }
 
