@@ -247,6 +247,10 @@ StatusOr<std::map<std::string, std::string>> LoadTokens(const std::string& path)
 // Bodies larger than this are read only after the request's Host, Origin and token
 // checks pass.
 constexpr uint64_t kAdmitBeforeBodyBytes = 64 << 10;
+// How long a connection refused at the caps is drained before it closes, and how many
+// are drained at once (each holds a file descriptor meanwhile).
+constexpr auto kLingerRefused = std::chrono::seconds(1);
+constexpr int kMaxLingeringRefused = 256;
 // Beast reads at most this much at once. Its parser bounds neither a chunk header (its
 // extensions) nor the trailers: the input buffer is, to the headers' limit and one read.
 constexpr size_t kReadBytes = 64 << 10;
@@ -358,6 +362,11 @@ class HttpTransport::Impl {
   void OnAccept(beast::error_code ec, tcp::socket socket);
   // "" when `client` may open one more connection (then counted); else why not.
   std::string Admit(const std::string& client);
+  // Closes a connection refused at the caps (its 503 written) without a reset: shuts
+  // down the sending side and drains it for at most kLingerRefused.
+  void CloseRefused(tcp::socket socket);
+  void DrainRefused(std::shared_ptr<beast::tcp_stream> stream,
+                    std::shared_ptr<std::array<char, 4096>> buffer);
   void RunRequests();
   // Answers `req` on `conn`; false, having done nothing, for a request that would stream
   // while running on an I/O thread (its events must not wait for this handler to return).
@@ -382,7 +391,8 @@ class HttpTransport::Impl {
   std::array<std::atomic<uint64_t>, 500> responses_{};  // by status - 100
   std::atomic<int64_t> answering_{0};  // requests read whose answers are not all written
   std::atomic<bool> draining_{false};
-  std::atomic<int> inline_running_{0};  // requests running on I/O threads
+  std::atomic<int> inline_running_{0};     // requests running on I/O threads
+  std::atomic<int> lingering_refused_{0};  // refused connections being drained (CloseRefused)
 
   Mutex work_mu_;
   CondVar work_cv_;
@@ -701,11 +711,39 @@ void HttpTransport::Impl::OnAccept(beast::error_code ec, tcp::socket socket) {
       const std::string bytes = Frame(a, 11, false);
       socket.non_blocking(true, peer_ec);
       socket.send(asio::buffer(bytes), 0, peer_ec);
-      socket.shutdown(tcp::socket::shutdown_both, peer_ec);
-      socket.close(peer_ec);
+      CloseRefused(std::move(socket));
     }
   }
   Accept();
+}
+
+void HttpTransport::Impl::CloseRefused(tcp::socket socket) {
+  beast::error_code ec;
+  socket.shutdown(tcp::socket::shutdown_send, ec);
+  // Closed with the client's request unread, the socket would answer it with a reset,
+  // which can destroy the 503 before the client reads it (or fail the client's write
+  // of its body first): read and drop what it sends for up to kLingerRefused, as a
+  // Connection does after an answer that closes. Past kMaxLingeringRefused at once (a
+  // flood), the rest are closed at once.
+  if (lingering_refused_.fetch_add(1, std::memory_order_relaxed) >= kMaxLingeringRefused) {
+    lingering_refused_.fetch_sub(1, std::memory_order_relaxed);
+    socket.close(ec);
+    return;
+  }
+  auto stream = std::make_shared<beast::tcp_stream>(std::move(socket));
+  stream->expires_after(kLingerRefused);
+  DrainRefused(std::move(stream), std::make_shared<std::array<char, 4096>>());
+}
+
+void HttpTransport::Impl::DrainRefused(std::shared_ptr<beast::tcp_stream> stream,
+                                       std::shared_ptr<std::array<char, 4096>> buffer) {
+  stream->async_read_some(asio::buffer(*buffer),
+                          [this, stream, buffer](beast::error_code ec, size_t) mutable {
+                            if (!ec) return DrainRefused(std::move(stream), std::move(buffer));
+                            beast::error_code ignored;
+                            stream->socket().close(ignored);
+                            lingering_refused_.fetch_sub(1, std::memory_order_relaxed);
+                          });
 }
 
 void HttpTransport::Impl::Dispatch(std::shared_ptr<Connection> conn, HttpRequest req) {

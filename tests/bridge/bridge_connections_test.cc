@@ -127,6 +127,30 @@ TEST_F(BridgeConnectionsTest, ConnectionsPastThePerAddressCapAreAnswered503) {
   EXPECT_EQ(served->status, 400) << served->body;  // no session
 }
 
+// A client refused at the cap that sends its request at once (as every client does: it
+// cannot know) gets its whole request taken and reads the 503. Before, the bridge closed
+// the connection with the request unread, the kernel answered with a reset, and the
+// client's write of its body failed (and the 503 could be lost with it).
+TEST_F(BridgeConnectionsTest, ARefusedClientSendingItsRequestStillReadsThe503) {
+  const int port = cluster_.StartBridge({worker_}, {"--max-connections-per-address", "1"});
+  ASSERT_GT(port, 0);
+  auto held = RawClient::Connect(port, "127.0.0.2");
+  ASSERT_TRUE(held);
+  std::this_thread::sleep_for(milliseconds(200));
+  const std::string body = R"({"jsonrpc":"2.0","id":1,"method":"ping","params":{"pad":")" +
+                           std::string(1 << 20, 'x') + "\"}}";
+  for (int trial = 0; trial < 3; ++trial) {
+    SCOPED_TRACE(trial);
+    auto extra = RawClient::Connect(port, "127.0.0.2");
+    ASSERT_TRUE(extra);
+    EXPECT_TRUE(extra->Send(PostRequest(body))) << "the write of the request was reset";
+    const auto refused = extra->Read(milliseconds(5000));
+    ASSERT_TRUE(refused) << "no answer: the 503 was lost";
+    EXPECT_EQ(refused->status, 503);
+    EXPECT_TRUE(extra->WaitClosed(milliseconds(5000)));
+  }
+}
+
 // A connection that sends nothing is closed after --first-request-timeout-ms; one that
 // has made a request may stay idle for the (longer) keep-alive time and is served again.
 TEST_F(BridgeConnectionsTest, FirstRequestTimeoutIsSeparateFromKeepAlive) {
