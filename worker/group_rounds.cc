@@ -26,6 +26,7 @@ void WorkerService::GroupTick() {
     Status st = FlushDue(/*force=*/false);
     if (!st.ok()) spdlog::warn("flush of accumulated gradients failed: {}", st.ToString());
   }
+  static_cast<void>(RetryHeld());  // every round: group_round_ms is the retry period
 }
 
 Status WorkerService::GroupRound() {
@@ -40,7 +41,7 @@ Status WorkerService::GroupRound() {
     std::optional<Accumulator::Batch> mine =
         group_acc_[i]->TakeIfDue(static_cast<int64_t>(NowMs()), /*force=*/true);
     if (!failed.ok()) {  // the group broke earlier in this round: push directly
-      if (mine) PushDense(i, std::move(*mine), &pushes);
+      if (mine) PushDense(i, std::move(*mine), &pushes, /*answered=*/true);
       continue;
     }
     // Members without gradients still take part, with zeros: the collective needs all.
@@ -70,7 +71,7 @@ Status WorkerService::GroupRound() {
             "is unknown",
             params[i].name, st.ToString(), mine->examples);
       } else if (mine) {
-        PushDense(i, std::move(*mine), &pushes);
+        PushDense(i, std::move(*mine), &pushes, /*answered=*/true);
       }
       continue;
     }
@@ -80,7 +81,7 @@ Status WorkerService::GroupRound() {
     for (uint64_t& b : base) b = b == kNoBase ? 0 : b;
     all.base = std::move(base);
     all.examples = static_cast<uint64_t>(examples);
-    PushDense(i, std::move(all), &pushes);
+    PushDense(i, std::move(all), &pushes, /*answered=*/true);
   }
   LearnReply ignored;
   Status pushed = FinishPushes(pushes, ReplyWhen::kApplied, &ignored);

@@ -157,6 +157,13 @@ void AddLearnFlags(CLI::App& app, Flags* f) {
   app.add_option("--max-inflight-pushes", s.max_inflight_pushes,
                  "Pushes not yet acknowledged (learn waits beyond)")
       ->capture_default_str();
+  app.add_option("--max-held-bytes", s.max_held_bytes,
+                 "Accumulated pushes that failed are held and pushed again; learns are "
+                 "refused while more than this many bytes are held")
+      ->capture_default_str();
+  app.add_option("--held-retry-ms", s.held_retry_ms, "How often held pushes are pushed again")
+      ->check(CLI::Range(int64_t{1}, int64_t{3600000}))
+      ->capture_default_str();
   app.add_flag("!--no-batch-pushes", s.batch_pushes,
                "Push each table in a message of its own (one per table and shard) "
                "instead of one push_batch per shard for all of a learn's tables");

@@ -55,6 +55,11 @@ WorkerMetrics::WorkerMetrics(const WorkerService* service, const WorkerServer* s
   inflight_ = NewGauge(r, "onlineps_worker_inflight_pushes", "pushes not yet acknowledged");
   sessions_ = NewGauge(r, "onlineps_worker_context_sessions", "sessions holding context");
   sparse_rows_ = NewGauge(r, "onlineps_worker_cached_sparse_rows", "sparse rows in the cache");
+  held_pushes_ = NewGauge(r, "onlineps_worker_held_pushes",
+                          "accumulated pushes that failed, held to be pushed again");
+  held_bytes_ = NewGauge(r, "onlineps_worker_held_bytes", "bytes of the held pushes");
+  held_lost_.c = NewCounter(r, "onlineps_worker_held_lost_learns_total",
+                            "accumulated learns lost: their push was refused for good");
   latency_family_ = &prometheus::BuildHistogram()
                          .Name("onlineps_worker_request_duration_seconds")
                          .Help(
@@ -110,6 +115,9 @@ void WorkerMetrics::Update() {
   inflight_->Set(static_cast<double>(s.inflight_pushes));
   sessions_->Set(static_cast<double>(s.context.sessions));
   sparse_rows_->Set(static_cast<double>(s.cache.sparse_rows));
+  held_pushes_->Set(static_cast<double>(s.held.pushes));
+  held_bytes_->Set(static_cast<double>(s.held.bytes));
+  held_lost_.Set(static_cast<double>(s.held.dropped_calls));
 }
 
 }  // namespace onlineps::worker

@@ -35,7 +35,8 @@ std::function<void(const ps::PushReply&)> WorkerService::OnceForget(
 void WorkerService::StartPush(
     const std::string& table, uint64_t bytes, Pushes* pushes,
     std::function<void(const ps::PushReply&)> forget,
-    const std::function<ps::Ticket(ps::PushReply*, ps::PsClient::Callback)>& send) {
+    const std::function<ps::Ticket(ps::PushReply*, ps::PsClient::Callback)>& send,
+    std::shared_ptr<const HeldPushes::Push> held) {
   ReservePushes(1, bytes);
   forget = OnceForget(std::move(forget));
   auto reply = std::make_shared<ps::PushReply>();
@@ -43,31 +44,79 @@ void WorkerService::StartPush(
   std::shared_ptr<LearnRun> run = pushes->run;
   if (run) run->AddPending();
   if (InstallsPushedValues()) cache_.BeginOwnPush(table);  // ended by OnPushDone
-  ps::Ticket t = send(reply.get(), [this, table, reply, forget, run](const Status& st) {
+  ps::Ticket t = send(reply.get(), [this, table, reply, forget, run, held](const Status& st) {
+    // Held before OnPushDone counts it done: Stop, waiting for that, then sees it held.
+    const bool kept = held != nullptr && HeldDone(*held, st);
     OnPushDone(table, *reply, st, forget);
     if (!run) return;
     {
       MutexLock lock(&run->mu);
-      FoldPush(table, *reply, st, /*batched=*/false, &run->reply, &run->first);
+      if (kept) {
+        run->held = true;
+        run->reply.landed.insert(table);
+      } else {
+        FoldPush(table, *reply, st, /*batched=*/false, &run->reply, &run->first);
+      }
     }
     LearnPartDone(run);
   });
-  pushes->items.push_back({table, std::move(t), std::move(reply), std::move(forget)});
+  pushes->items.push_back(
+      {table, std::move(t), std::move(reply), std::move(forget), false, std::move(held)});
+}
+
+bool WorkerService::HeldDone(const HeldPushes::Push& p, const Status& st) {
+  if (!st.ok()) return held_.Failed(p, st);
+  held_.Succeeded(p);
+  return false;
+}
+
+bool WorkerService::MayHold() const {
+  return !ps::HoldsReplies(options_.table_template) &&
+         !ps::RecordsPullBackups(options_.table_template);
+}
+
+Status WorkerService::RetryHeld() {
+  std::vector<HeldPushes::Push> due = held_.TakeForRetry();
+  if (due.empty()) return Status::Ok();
+  Pushes pushes;
+  for (HeldPushes::Push& p : due) {
+    Pushes::Dense d;
+    d.push.table = p.table;
+    d.push.values = p.values;
+    d.push.base = p.base;
+    // The first attempt's (sender, seq): a shard that applied it answers a duplicate.
+    d.push.opts.sender = held_sender_;
+    d.push.opts.seq = p.seq;
+    d.forget = ForgetDense(p.table);
+    d.held = std::make_shared<const HeldPushes::Push>(std::move(p));
+    pushes.dense.push_back(std::move(d));
+  }
+  LearnReply ignored;
+  return FinishPushes(pushes, ReplyWhen::kApplied, &ignored);
 }
 
 bool WorkerService::BatchesPushes() const {
   return options_.batch_pushes && !ps::HoldsReplies(options_.table_template);
 }
 
+void WorkerService::StartDense(Pushes::Dense* d, Pushes* pushes) {
+  StartPush(
+      d->push.table, d->push.values.size(), pushes, std::move(d->forget),
+      [&](ps::PushReply* r, ps::PsClient::Callback done) {
+        return client_->PushDense(d->push.table, std::move(d->push.values), d->push.base, r,
+                                  d->push.opts, std::move(done));
+      },
+      std::move(d->held));
+}
+
 void WorkerService::SendQueued(Pushes* pushes) {
+  // A push with a fixed (sender, seq) goes alone (PsClient::PushBatch).
+  auto alone = std::stable_partition(pushes->dense.begin(), pushes->dense.end(),
+                                     [](const Pushes::Dense& d) { return d.held == nullptr; });
+  for (auto it = alone; it != pushes->dense.end(); ++it) StartDense(&*it, pushes);
+  pushes->dense.erase(alone, pushes->dense.end());
   if (!BatchesPushes() || pushes->dense.size() + pushes->sparse.size() < 2) {
-    for (Pushes::Dense& d : pushes->dense) {
-      StartPush(d.push.table, d.push.values.size(), pushes, std::move(d.forget),
-                [&](ps::PushReply* r, ps::PsClient::Callback done) {
-                  return client_->PushDense(d.push.table, std::move(d.push.values), d.push.base, r,
-                                            d.push.opts, std::move(done));
-                });
-    }
+    for (Pushes::Dense& d : pushes->dense) StartDense(&d, pushes);
     for (Pushes::Sparse& sp : pushes->sparse) StartSparse(&sp, pushes);
     pushes->dense.clear();
     pushes->sparse.clear();
@@ -121,7 +170,8 @@ void WorkerService::SendQueued(Pushes* pushes) {
         }
         LearnPartDone(run);
       });
-  for (const Part& p : *parts) pushes->items.push_back({p.table, t, p.reply, p.forget, true});
+  for (const Part& p : *parts)
+    pushes->items.push_back({p.table, t, p.reply, p.forget, true, nullptr});
 }
 
 void WorkerService::StartSparse(Pushes::Sparse* sp, Pushes* pushes) {
@@ -203,7 +253,8 @@ void WorkerService::PushSparse(const std::vector<ps::VersionVector>& base, const
   }
 }
 
-void WorkerService::PushDense(size_t param, Accumulator::Batch batch, Pushes* pushes) {
+void WorkerService::PushDense(size_t param, Accumulator::Batch batch, Pushes* pushes,
+                              bool answered) {
   const std::string& table = model_->params()[param].name;
   Pushes::Dense d;
   d.push.table = table;
@@ -218,6 +269,20 @@ void WorkerService::PushDense(size_t param, Accumulator::Batch batch, Pushes* pu
     };
   }
   d.push.values = Frame::FromVector(std::move(batch.sum));
+  if (answered && MayHold()) {
+    auto held = std::make_shared<HeldPushes::Push>();
+    held->table = table;
+    held->values = d.push.values;
+    held->base = d.push.base;
+    held->seq = ++held_seq_;
+    held->examples = batch.examples;
+    held->calls = batch.calls;
+    // Fixed from the first attempt on: a retry after an attempt some shard applied
+    // without answering in time is answered as a duplicate there.
+    d.push.opts.sender = held_sender_;
+    d.push.opts.seq = held->seq;
+    d.held = std::move(held);
+  }
   pushes->dense.push_back(std::move(d));
 }
 
@@ -242,6 +307,13 @@ Status WorkerService::FinishPushes(Pushes& pushes, ReplyWhen when, LearnReply* o
   Status first;
   for (auto& p : pushes.items) {
     Status st = p.ticket.Wait();
+    if (!st.ok() && p.held && HeldPushes::MayPassOnRetry(st)) {
+      // Held by its callback (HeldDone): its learns stay taken, and a retry of a learn
+      // that failed on another push must not send this one's part again.
+      pushes.held = true;
+      out->landed.insert(p.table);
+      continue;
+    }
     if (st.ok()) {
       // The callback may still be running: do its work here too, so the caller's next
       // read sees this push (read-your-writes).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <thread>
 
 #include "common/clock.h"
@@ -24,6 +25,13 @@ bool AllFinite(const std::vector<float>& v) {
 
 Status NonFinite(const std::string& what) {
   return onlineps::NonFinite(what + " is NaN or Inf; nothing was pushed");
+}
+
+// Random, so that a restarted worker's held pushes (seqs from 1 again) are not taken by
+// the shards for duplicates of the last run's.
+uint64_t NewHeldSender() {
+  std::random_device rd;
+  return ((uint64_t{rd()} << 32) ^ rd()) | 1;
 }
 
 }  // namespace
@@ -57,7 +65,9 @@ WorkerService::WorkerService(ps::PsClient* client, Model* model, WorkerServiceOp
       model_(model),
       options_(std::move(options)),
       cache_(client, options_.cache),
-      context_(options_.context) {
+      context_(options_.context),
+      held_(options_.max_held_bytes),
+      held_sender_(NewHeldSender()) {
   if (options_.infer_passes > 0) {
     max_passes_ = options_.infer_passes;
   } else if (model_->device().rfind("cuda", 0) == 0) {
@@ -168,10 +178,13 @@ Status WorkerService::Start() {
     flusher_.Start(
         std::chrono::milliseconds(std::max<int64_t>(options_.group_round_ms, 1)),
         [this] { GroupTick(); }, /*tick_first=*/false);
-  } else if (options_.accumulate_ms > 0) {
+  } else if (options_.accumulate_ms > 0 || options_.accumulate_examples > 1) {
+    // Also without a time trigger: held pushes are retried from here.
+    const int64_t period =
+        options_.accumulate_ms > 0 ? options_.accumulate_ms / 4 : options_.held_retry_ms;
     flusher_.Start(
-        std::chrono::milliseconds(std::max<int64_t>(options_.accumulate_ms / 4, 1)),
-        [this] { TimedFlush(); }, /*tick_first=*/false);
+        std::chrono::milliseconds(std::max<int64_t>(period, 1)), [this] { TimedFlush(); },
+        /*tick_first=*/false);
   }
   return Status::Ok();
 }
@@ -211,6 +224,18 @@ Status WorkerService::Stop() {
     MutexLock lock(&mu_);
     inflight_cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return inflight_ == 0; });
   }
+  // One more try (bounded by the push timeout) for what a shard did not take before.
+  static_cast<void>(RetryHeld());
+  if (const HeldPushes::Stats held = held_.stats(); held.pushes > 0) {
+    spdlog::error(
+        "stopping with {} accumulated pushes ({} learns answered 'accumulated') the PS has "
+        "not taken: they are lost",
+        held.pushes, held.calls);
+    if (st.ok()) {
+      st = Unavailable("stopped with " + std::to_string(held.calls) +
+                       " accumulated learns the PS did not take");
+    }
+  }
   cache_.Stop();
   return st;
 }
@@ -218,6 +243,10 @@ Status WorkerService::Stop() {
 void WorkerService::TimedFlush() {
   Status st = FlushDue(/*force=*/false);
   if (!st.ok()) spdlog::warn("timed flush of accumulated gradients failed: {}", st.ToString());
+  if (Now() - last_retry_ms_ >= options_.held_retry_ms) {
+    last_retry_ms_ = Now();
+    static_cast<void>(RetryHeld());
+  }
 }
 
 Status WorkerService::Flush() { return FlushDue(/*force=*/true); }
@@ -227,11 +256,12 @@ Status WorkerService::FlushDue(bool force) {
   for (size_t i = 0; i < accumulators_.size(); ++i) {
     if (accumulators_[i] == nullptr) continue;
     auto batch = accumulators_[i]->TakeIfDue(Now(), force);
-    if (batch) PushDense(i, std::move(*batch), &pushes);
+    // Every learn in it was answered "accumulated" already.
+    if (batch) PushDense(i, std::move(*batch), &pushes, /*answered=*/true);
     // What a left or broken group did not aggregate goes out directly.
     if (i < group_acc_.size() && group_acc_[i] && !group_active_) {
       if (auto left = group_acc_[i]->TakeIfDue(Now(), true))
-        PushDense(i, std::move(*left), &pushes);
+        PushDense(i, std::move(*left), &pushes, /*answered=*/true);
     }
   }
   LearnReply ignored;
@@ -492,6 +522,8 @@ Status WorkerService::StartLearn(const std::string& session,
                                  const std::vector<Example>& batch, Pushes* pushes,
                                  LearnReply* reply, bool* kept) {
   ONLINEPS_RETURN_IF_ERROR(CheckBatch(batch, /*need_labels=*/true));
+  // Bounded: while the PS has not taken what is held, new learns would only add to it.
+  ONLINEPS_RETURN_IF_ERROR(held_.CheckRoom());
   ONLINEPS_ASSIGN_OR_RETURN(const ContextInput ctx, ContextOf(session, context_revision));
   ONLINEPS_ASSIGN_OR_RETURN(Read read, ReadParams(batch, ctx));
   if (local_) ONLINEPS_RETURN_IF_ERROR(local_->Substitute(&read.view, &read.base));
@@ -517,7 +549,8 @@ Status WorkerService::StartLearn(const std::string& session,
       continue;
     }
     auto ready = accumulators_[i]->Add(grads.dense[i], read.base[i], batch.size(), Now());
-    if (ready) PushDense(i, std::move(*ready), pushes);
+    // More than this call in it: learns answered "accumulated" before ride on this push.
+    if (ready) PushDense(i, std::move(*ready), pushes, /*answered=*/ready->calls > 1);
     *kept |= !ready.has_value();
   }
   reply->dense_pushed = !pushes->dense.empty();  // sent by FinishPushes or LearnAsync
@@ -544,6 +577,7 @@ StatusOr<LearnReply> WorkerService::Learn(const std::string& session,
   bool kept = false;
   ONLINEPS_RETURN_IF_ERROR(StartLearn(session, context_revision, batch, &pushes, &reply, &kept));
   const Status pushed = FinishPushes(pushes, options_.reply_when, &reply);
+  kept |= pushes.held;  // its gradient is held with the learns before it
   // A delta sent is never sent again, whatever came of it: on a failure (outcome unknown)
   // shards that answered have applied it, and the next delta, measured from the same
   // anchor, would apply its steps there twice. The local copy starts over from the PS.
@@ -572,11 +606,13 @@ void WorkerService::LearnAsync(const std::string& session, const std::vector<Exa
 void WorkerService::LearnPartDone(const std::shared_ptr<LearnRun>& run) {
   LearnReply reply;
   Status first;
+  bool held = false;
   {
     MutexLock lock(&run->mu);
     if (--run->pending > 0) return;
     reply = std::move(run->reply);
     first = std::move(run->first);
+    held = run->held;
   }
   if (!first.ok()) return run->done(PartlyApplied(first, reply.landed));
   // The starter's fields with the pushes' (the version: the newer of the read and the
@@ -587,7 +623,7 @@ void WorkerService::LearnPartDone(const std::shared_ptr<LearnRun>& run) {
   reply.version = std::max(reply.version, head.version);
   reply.sparse_rows_pushed = head.sparse_rows_pushed;
   reply.dense_pushed = head.dense_pushed;
-  run->done(EndLearn(std::move(reply), run->kept));
+  run->done(EndLearn(std::move(reply), run->kept || held));
 }
 
 WorkerStats WorkerService::stats() const {
@@ -600,6 +636,7 @@ WorkerStats WorkerService::stats() const {
   }
   s.cache = cache_.stats();
   s.context = context_.stats();
+  s.held = held_.stats();
   return s;
 }
 

@@ -27,6 +27,7 @@
 #include "worker/accumulator.h"
 #include "worker/context_store.h"
 #include "worker/group_reducer.h"
+#include "worker/held_pushes.h"
 #include "worker/local_steps.h"
 #include "worker/model.h"
 #include "worker/param_cache.h"
@@ -80,6 +81,11 @@ struct WorkerServiceOptions {
   // GPU, 1 gathers the largest batches.
   int infer_passes = 0;
   std::chrono::milliseconds push_timeout{5000};
+  // Accumulated learns whose push failed (a shard down or slow) are held and pushed again
+  // every held_retry_ms with the same (sender, seq), so none is lost or applied twice.
+  // While more than max_held_bytes are held, learns are refused (RESOURCE_EXHAUSTED).
+  size_t max_held_bytes = size_t{256} << 20;
+  int64_t held_retry_ms = 1000;
   // Table template for CreateTables (optimizer, staleness policy, bounds); name, kind,
   // shape, dim and init come from the model.
   ps::TableSpec table_template;
@@ -136,6 +142,7 @@ struct WorkerStats {
   uint64_t group_rounds = 0;  // local-group rounds completed (0 without a group)
   bool group_active = false;
   size_t inflight_pushes = 0;
+  HeldPushes::Stats held;  // accumulated pushes that failed, held to be pushed again
   ParamCacheStats cache;
   ContextStoreStats context;
 };
@@ -172,6 +179,8 @@ class WorkerService {
                   std::optional<uint64_t> context_revision = std::nullopt);
   // Pushes whatever the accumulators hold now.
   Status Flush();
+  // Pushes again the held pushes no attempt is in flight for, and waits for them.
+  Status RetryHeld();
 
   ContextStore& context() { return context_; }
   const Model& model() const { return *model_; }
@@ -218,6 +227,7 @@ class WorkerService {
     size_t pending GUARDED_BY(mu) = 1;  // pushes not done, plus one until all are started
     LearnReply head;                    // the starter's part: written before its count is released
     bool kept = false;
+    bool held GUARDED_BY(mu) = false;  // a failed push of it was held (HeldPushes)
     LearnDone done;
     // One more push to wait for; counted before it is sent (its reply may come first).
     void AddPending() {
@@ -234,12 +244,15 @@ class WorkerService {
       // After the push is acknowledged: makes our cached copy show it (read-your-writes).
       std::function<void(const ps::PushReply&)> forget;
       bool batched = false;  // shares its ticket with the other tables of a push_batch
+      // Set for an accumulated push of learns answered before: held when it fails.
+      std::shared_ptr<const HeldPushes::Push> held;
     };
     std::vector<One> items;
     // Dense pushes not sent yet: FinishPushes sends them, batched when it may.
     struct Dense {
       ps::DensePush push;
       std::function<void(const ps::PushReply&)> forget;
+      std::shared_ptr<const HeldPushes::Push> held;  // goes alone, with its fixed seq
     };
     std::vector<Dense> dense;
     // Sparse pushes not sent yet (batched pushes only: otherwise they go at once).
@@ -251,6 +264,7 @@ class WorkerService {
     // LearnAsync: each push's callback reports to it once its own work is done (null:
     // FinishPushes waits for the tickets).
     std::shared_ptr<LearnRun> run;
+    bool held = false;  // FinishPushes: a failed push was held (its learns stay taken)
   };
   // Learn up to its pushes: reads, gradients, and the pushes queued in `pushes` (sparse
   // ones started at once when pushes are not batched; local-steps mode: under the
@@ -282,16 +296,26 @@ class WorkerService {
                             bool* cache_failed = nullptr);
   void PushSparse(const std::vector<ps::VersionVector>& base, const GradOutput& grads,
                   Pushes* pushes, LearnReply* out);
-  void PushDense(size_t param, Accumulator::Batch batch, Pushes* pushes);
+  // `answered`: the batch sums learns answered "accumulated" before this push: it is
+  // held when it fails (HeldPushes), so it carries a fixed (sender, seq).
+  void PushDense(size_t param, Accumulator::Batch batch, Pushes* pushes, bool answered);
+  // Whether held pushes may use their own sender: not for tables whose shards key state
+  // by sender (block bound mode's held replies, DC-ASGD's backups).
+  bool MayHold() const;
   void PushDelta(size_t param, std::vector<float> delta, Pushes* pushes);
   void StartPush(const std::string& table, uint64_t bytes, Pushes* pushes,
                  std::function<void(const ps::PushReply&)> forget,
-                 const std::function<ps::Ticket(ps::PushReply*, ps::PsClient::Callback)>& send);
+                 const std::function<ps::Ticket(ps::PushReply*, ps::PsClient::Callback)>& send,
+                 std::shared_ptr<const HeldPushes::Push> held = nullptr);
+  // A holdable push is done: held (returns true) when it failed in a way a retry mends.
+  bool HeldDone(const HeldPushes::Push& p, const Status& st);
   // Sends pushes->dense: one push_batch per shard, or one push per table.
   // Sends the queued dense and sparse pushes: one push_batch per shard when batching is
   // on and there are two or more, else one push each.
   void SendQueued(Pushes* pushes);
   bool BatchesPushes() const;
+  // Starts one dense push now, alone (its forget and held moved into the push's item).
+  void StartDense(Pushes::Dense* d, Pushes* pushes);
   // Starts one sparse push now (its forget moved into the push's item).
   void StartSparse(Pushes::Sparse* sp, Pushes* pushes);
   // Waits until `n` more pushes may be in flight (max_inflight_pushes), then counts them.
@@ -332,6 +356,10 @@ class WorkerService {
   // Group mode: dense gradients wait here for the next round (never pushed by count).
   std::vector<std::unique_ptr<Accumulator>> group_acc_;
   std::atomic<bool> group_active_{false};
+  HeldPushes held_;
+  const uint64_t held_sender_;  // the sender of held-able pushes: random per service
+  std::atomic<uint64_t> held_seq_{0};
+  int64_t last_retry_ms_ = 0;  // the flusher's (and Stop's, once it is stopped)
 
   Mutex batch_mu_;  // never held while a pass runs
   std::deque<InferSlot*> batch_queue_ GUARDED_BY(batch_mu_);

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <msgpack.hpp>
@@ -22,6 +23,7 @@
 #include "common/clock.h"
 #include "ps/ps_client.h"
 #include "ps/shard_server.h"
+#include "tests/etcd_server.h"
 #include "worker/local_group.h"
 #include "worker/model.h"
 #include "worker/worker_client.h"
@@ -939,6 +941,106 @@ TEST_F(WorkerServiceTest, AFailedLocalStepsDeltaIsNotPushedAgain) {
   EXPECT_EQ(on0->version(), after_failed)
       << "the failed delta was pushed again: shard 0 applied its steps twice";
   StopWithAShardDown();
+}
+
+// Accumulated learns were answered "accumulated" (taken); when the push of their sum
+// failed (a shard down) the sum was dropped and they were lost. It is held and pushed
+// again with the same (sender, seq) once the shard is back: the shard that applied it
+// at the first attempt does not apply it twice. While held bytes are over the cap, new
+// learns are refused.
+TEST_F(WorkerServiceTest, AccumulatedLearnsWhosePushFailedArePushedOnceTheShardIsBack) {
+  // Shard 1 restarts from its checkpoint, on a port no one else takes meanwhile.
+  const std::string dir = ::testing::TempDir() + "/held-pushes-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  ps::ShardServerOptions o1;
+  o1.shard = 1;
+  o1.num_shards = 2;
+  o1.listen = "tcp://127.0.0.1:" + std::to_string(testing::FreeLoopbackPort());
+  o1.checkpoint_dir = dir;
+  auto start_shard1 = [&] {
+    StatusOr<std::string> started = Unavailable("not started");
+    for (int attempt = 0; attempt < 60 && !started.ok(); ++attempt) {
+      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      shards_[1] = std::make_unique<ps::ShardServer>(o1, std::make_shared<prometheus::Registry>());
+      started = shards_[1]->Start();
+    }
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+  };
+  shards_[1]->Stop();
+  start_shard1();
+  endpoints_[1] = o1.listen;
+  peek_ = Client(endpoints_);
+
+  WorkerServiceOptions o;
+  o.accumulate_examples = 2;
+  o.held_retry_ms = 50;
+  o.max_held_bytes = 1;  // one held push is over it
+  o.cache.notices = false;
+  o.cache.refresh_interval_ms = 0;
+  o.cache.dense.max_age_ms = 600000;  // learns read the cached copy, not a pull
+  StartWorker(Mlp(), o, /*tap=*/false, std::chrono::milliseconds(1000));
+  // Two examples at once: pushed at once, and the cache holds what it pushed.
+  ASSERT_TRUE(service_->Learn("", Feats({{1, 1, 0, 0}, {0, 0, 1, 1}}, {0, 2})).ok());
+  const auto& params = model_->params();
+  std::vector<std::vector<float>> w0;
+  std::vector<uint64_t> v0_on0;
+  for (const auto& p : params) {
+    w0.push_back(PullDense(p.name));
+    v0_on0.push_back(shards_[0]->FindTable(p.name)->version());
+  }
+  ParamView view;
+  for (auto& w : w0) view.dense.push_back(w.data());
+  view.sparse.assign(w0.size(), nullptr);
+  const auto batch = Feats({{1, -1, 2, 0}, {0, 2, -1, 1}}, {1, 0});
+  std::vector<std::vector<float>> sum;  // what the accumulator sums: one gradient per learn
+  for (const Example& e : batch) {
+    auto g = model_->Gradients({e}, {}, view);
+    ASSERT_TRUE(g.ok());
+    if (sum.empty()) sum.assign(g->dense.size(), {});
+    for (size_t i = 0; i < sum.size(); ++i) {
+      sum[i].resize(g->dense[i].size(), 0.0f);
+      for (size_t j = 0; j < sum[i].size(); ++j) sum[i][j] += g->dense[i][j];
+    }
+  }
+
+  shards_[1]->Stop();  // writes its checkpoint
+  auto first = service_->Learn("", {batch[0]});
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->outcome, LearnOutcome::kAccumulated);
+  // The second fills the accumulator: the push of both fails on shard 1.
+  auto second = service_->Learn("", {batch[1]});
+  ASSERT_TRUE(second.ok()) << "the push of learns answered 'accumulated' failed and the "
+                              "learn that made it reads as failed: "
+                           << second.status().ToString();
+  EXPECT_EQ(second->outcome, LearnOutcome::kAccumulated);
+  const HeldPushes::Stats held = service_->stats().held;
+  EXPECT_GT(held.pushes, 0u);
+  EXPECT_EQ(held.calls, 2 * held.pushes);
+  auto refused = service_->Learn("", {batch[0]});
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("--max-held-bytes"), std::string::npos)
+      << refused.status().ToString();
+
+  start_shard1();
+  const uint64_t deadline = NowMs() + 20000;
+  while (service_->stats().held.pushes > 0 && NowMs() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(service_->stats().held.pushes, 0u) << "the held pushes were never taken";
+  for (size_t i = 0; i < params.size(); ++i) {
+    // Shard 0 took the first attempt; the retries were duplicates there.
+    EXPECT_EQ(shards_[0]->FindTable(params[i].name)->version(), v0_on0[i] + 1) << params[i].name;
+    const std::vector<float> w1 = PullDense(params[i].name);
+    for (size_t j = 0; j < w1.size(); ++j) {
+      EXPECT_NEAR(w1[j], w0[i][j] - 0.5f * sum[i][j], 1e-5) << params[i].name << "[" << j << "]";
+    }
+  }
+  EXPECT_TRUE(service_->Learn("", {batch[0]}).ok()) << "nothing held: learns are taken again";
+  server_->Stop();
+  EXPECT_TRUE(service_->Stop().ok());
+  service_.reset();
+  shards_[1]->Stop();
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(WorkerServiceTest, ALearnRefusedByOneShardAfterAnotherAppliedSaysSo) {
