@@ -3,11 +3,11 @@
 #include <spdlog/spdlog.h>
 
 #include "common/wire.h"
+#include "worker/guarded.h"
 #include "worker/request_limits.h"
 #include "worker/worker_rpc.h"
 
 namespace onlineps::worker {
-
 // A request as queued: its body still encoded (checked by CheckBody), decoded by the
 // handler thread that runs it.
 struct WorkerServer::Job {
@@ -67,10 +67,27 @@ void WorkerServer::Stop() {
 
 void WorkerServer::Reply(const std::string& peer, const Header& reply, const std::string& body) {
   if (reply.code != StatusCode::kOk) errors_.fetch_add(1, std::memory_order_relaxed);
-  Frames frames{Frame::FromString(EncodeHeader(reply))};
-  if (!body.empty()) frames.push_back(Frame::FromString(body));
-  Status st = transport_ ? transport_->Send(peer, std::move(frames)) : Status::Ok();
+  Status st = Guarded("sending the reply", [&] {
+    Frames frames{Frame::FromString(EncodeHeader(reply))};
+    if (!body.empty()) frames.push_back(Frame::FromString(body));
+    return transport_ ? transport_->Send(peer, std::move(frames)) : Status::Ok();
+  });
   if (!st.ok()) spdlog::debug("reply not sent: {}", st.ToString());
+}
+
+void WorkerServer::Answer(const Job& job, const StatusOr<nlohmann::json>& out) {
+  if (!out.ok()) {
+    spdlog::debug("{} failed: {}", OpName(job.header.op), out.status().ToString());
+    Reply(job.peer, MakeReply(job.header, out.status()), "");
+    return;
+  }
+  StatusOr<std::string> body =
+      Guarded("encoding the reply", [&]() -> StatusOr<std::string> { return EncodeBody(*out); });
+  if (!body.ok()) {
+    Reply(job.peer, MakeReply(job.header, body.status()), "");
+    return;
+  }
+  Reply(job.peer, MakeReply(job.header, Status::Ok()), *body);
 }
 
 void WorkerServer::OnMessage(Incoming&& in) {
@@ -161,22 +178,21 @@ void WorkerServer::Handle(Job&& job) {
       return;
     }
   }
-  StatusOr<nlohmann::json> body =
-      job.frames.size() > 1
-          ? DecodeBody(job.frames[1].data(), job.frames[1].size(), service_->limits())
-          : StatusOr<nlohmann::json>(nlohmann::json::object());
+  // Past here the request is answered and its session's turn passed on, whatever throws.
+  const std::string_view op_name = OpName(job.header.op);
+  StatusOr<nlohmann::json> body = Guarded(op_name, [&]() -> StatusOr<nlohmann::json> {
+    if (job.frames.size() < 2) return nlohmann::json::object();
+    return DecodeBody(job.frames[1].data(), job.frames[1].size(), service_->limits());
+  });
   job.frames.clear();  // the decoded body holds what the request needs
   queued_bytes_.fetch_sub(job.bytes);
   if (job.header.op == Op::kLearn && body.ok())
     return HandleLearn(std::move(job), std::move(*body));
-  StatusOr<nlohmann::json> out =
-      body.ok() ? HandleWorkerOp(service_, job.header.op, *body) : body.status();
-  if (!out.ok()) {
-    spdlog::debug("{} failed: {}", OpName(job.header.op), out.status().ToString());
-    Reply(job.peer, MakeReply(job.header, out.status()), "");
-  } else {
-    Reply(job.peer, MakeReply(job.header, Status::Ok()), EncodeBody(*out));
-  }
+  StatusOr<nlohmann::json> out = Guarded(op_name, [&]() -> StatusOr<nlohmann::json> {
+    if (!body.ok()) return body.status();
+    return HandleWorkerOp(service_, job.header.op, *body);
+  });
+  Answer(job, out);
   const size_t op = static_cast<size_t>(job.header.op);
   if (op < latency_.size()) {
     latency_[op].Observe(
@@ -186,41 +202,40 @@ void WorkerServer::Handle(Job&& job) {
 }
 
 void WorkerServer::HandleLearn(Job&& job, nlohmann::json body) {
-  StatusOr<LearnRequest> req = LearnRequestOf(service_, body);
+  StatusOr<LearnRequest> req =
+      Guarded("learn", [&]() -> StatusOr<LearnRequest> { return LearnRequestOf(service_, body); });
   if (!req.ok()) {
     Reply(job.peer, MakeReply(job.header, req.status()), "");
     if (job.resumed) NextOfSession(job.session);
     return;
   }
+  const std::string session = job.session;
+  auto answered = std::make_shared<std::atomic<bool>>(false);
+  // Built before the session is parked: nothing that may throw lies between the two.
+  WorkerService::LearnDone done = [this, answered, job = std::move(job)](StatusOr<LearnReply> r) {
+    if (answered->exchange(true)) return;
+    Answer(job, r.ok() ? Guarded("learn", [&]() -> StatusOr<nlohmann::json> { return ToJson(*r); })
+                       : StatusOr<nlohmann::json>(r.status()));
+    latency_[static_cast<size_t>(Op::kLearn)].Observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - job.received).count());
+    NextOfSession(job.session);
+    MutexLock lock(&parked_mu_);
+    if (--learns_in_flight_ == 0) learns_cv_.SignalAll();
+  };
   {
     MutexLock lock(&parked_mu_);
     ++learns_in_flight_;
     // Later requests of this session wait for this learn's answer (read-your-writes).
-    if (!job.session.empty()) parked_.try_emplace(job.session);
+    if (!session.empty()) parked_.try_emplace(session);
   }
-  auto answered = std::make_shared<std::atomic<bool>>(false);
-  WorkerService::LearnDone done = [this, answered, peer = std::move(job.peer), header = job.header,
-                                   received = job.received,
-                                   session = std::move(job.session)](StatusOr<LearnReply> r) {
-    if (answered->exchange(true)) return;
-    if (!r.ok()) {
-      spdlog::debug("learn failed: {}", r.status().ToString());
-      Reply(peer, MakeReply(header, r.status()), "");
-    } else {
-      Reply(peer, MakeReply(header, Status::Ok()), EncodeBody(ToJson(*r)));
-    }
-    latency_[static_cast<size_t>(Op::kLearn)].Observe(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - received).count());
-    NextOfSession(session);
-    MutexLock lock(&parked_mu_);
-    if (--learns_in_flight_ == 0) learns_cv_.SignalAll();
-  };
   try {
     service_->LearnAsync(req->session, req->batch, done, req->context_revision);
   } catch (const std::exception& e) {
     // Before any push (the model's pass): answered here, so the session is not left
     // waiting for an answer that will never come.
     done(Internal(std::string("learn failed: ") + e.what()));
+  } catch (...) {
+    done(Internal("learn failed: a non-standard exception"));
   }
 }
 

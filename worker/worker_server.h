@@ -65,6 +65,8 @@ class WorkerServer {
   // lane (or the session is free again).
   void NextOfSession(const std::string& session);
   void Reply(const std::string& peer, const Header& reply, const std::string& body);
+  // Replies to `job` with `out` (an error, or the body encoded).
+  void Answer(const Job& job, const StatusOr<nlohmann::json>& out);
 
   WorkerService* const service_;
   const WorkerServerOptions options_;

@@ -9,6 +9,7 @@
 
 #include "common/clock.h"
 #include "common/partition.h"
+#include "worker/guarded.h"
 #include "worker/local_steps.h"
 
 namespace onlineps::worker {
@@ -299,7 +300,8 @@ StatusOr<WorkerService::Read> WorkerService::ReadParams(const std::vector<Exampl
                                                         const ContextInput& ctx,
                                                         bool* cache_failed) {
   const auto& params = model_->params();
-  ONLINEPS_ASSIGN_OR_RETURN(auto keys, model_->SparseKeys(batch, ctx));
+  ONLINEPS_ASSIGN_OR_RETURN(auto keys,
+                            Guarded("the model", [&] { return model_->SparseKeys(batch, ctx); }));
   // From here on an error is the cache's (a pull), not the model's about an example.
   if (cache_failed != nullptr) *cache_failed = true;
   Read r;
@@ -344,7 +346,8 @@ StatusOr<WorkerService::InferRun> WorkerService::RunInfer(const std::vector<Exam
                                                           const ContextInput& ctx,
                                                           bool* read_failed) {
   ONLINEPS_ASSIGN_OR_RETURN(Read read, ReadParams(batch, ctx, read_failed));
-  ONLINEPS_ASSIGN_OR_RETURN(InferOutput out, model_->Infer(batch, ctx, read.view));
+  ONLINEPS_ASSIGN_OR_RETURN(
+      InferOutput out, Guarded("the model", [&] { return model_->Infer(batch, ctx, read.view); }));
   InferRun run;
   run.out = std::move(out);
   run.version = read.version;
@@ -390,7 +393,14 @@ Status WorkerService::CombineInfer(InferSlot* me) {
       continue;
     }
     lock.Unlock();
-    RunInferPass(slots);
+    // Whatever throws, the pass ends below: its calls are answered and the pass is free.
+    const Status threw = Guarded("infer", [&] {
+      RunInferPass(slots);
+      return Status::Ok();
+    });
+    for (InferSlot* s : slots) {
+      if (!threw.ok() && s->run == nullptr && s->status.ok()) s->status = threw;
+    }
     lock.Lock();
     passes_running_--;
     for (InferSlot* s : slots) {
@@ -467,7 +477,8 @@ StatusOr<InferReply> WorkerService::Infer(const std::string& session,
   if (run->out.scores.size() != batch.size()) {
     // A pass shared with other calls: a sparse table's versions are the oldest rows the
     // whole pass read; a shard none of this call's rows came from is 0 for it.
-    ONLINEPS_ASSIGN_OR_RETURN(auto keys, model_->SparseKeys(batch, ContextInput{}));
+    ONLINEPS_ASSIGN_OR_RETURN(
+        auto keys, Guarded("the model", [&] { return model_->SparseKeys(batch, ContextInput{}); }));
     const auto& params = model_->params();
     const auto shards = static_cast<uint32_t>(client_->num_shards());
     reply.version = 0;
@@ -527,7 +538,9 @@ Status WorkerService::StartLearn(const std::string& session,
   ONLINEPS_ASSIGN_OR_RETURN(const ContextInput ctx, ContextOf(session, context_revision));
   ONLINEPS_ASSIGN_OR_RETURN(Read read, ReadParams(batch, ctx));
   if (local_) ONLINEPS_RETURN_IF_ERROR(local_->Substitute(&read.view, &read.base));
-  ONLINEPS_ASSIGN_OR_RETURN(GradOutput grads, model_->Gradients(batch, ctx, read.view));
+  ONLINEPS_ASSIGN_OR_RETURN(GradOutput grads, Guarded("the model", [&] {
+                              return model_->Gradients(batch, ctx, read.view);
+                            }));
   ONLINEPS_RETURN_IF_ERROR(CheckFinite(grads));
 
   reply->loss = grads.loss;

@@ -99,6 +99,39 @@ class Tap {
   std::thread thread_;
 };
 
+// A model that throws from its forward pass (as libtorch throws bad_alloc or c10::Error)
+// for examples whose first feature is kThrowOn; otherwise the wrapped model.
+class ThrowingModel : public Model {
+ public:
+  static constexpr float kThrowOn = 999;
+  explicit ThrowingModel(std::unique_ptr<Model> inner) : inner_(std::move(inner)) {}
+  const std::vector<ParamInfo>& params() const override { return inner_->params(); }
+  const std::vector<std::string>& labels() const override { return inner_->labels(); }
+  std::string device() const override { return inner_->device(); }
+  StatusOr<std::vector<std::vector<uint64_t>>> SparseKeys(
+      const std::vector<Example>& batch, const ContextInput& context) const override {
+    return inner_->SparseKeys(batch, context);
+  }
+  StatusOr<InferOutput> Infer(const std::vector<Example>& batch, const ContextInput& context,
+                              const ParamView& params) override {
+    Throw(batch);
+    return inner_->Infer(batch, context, params);
+  }
+  StatusOr<GradOutput> Gradients(const std::vector<Example>& batch, const ContextInput& context,
+                                 const ParamView& params) override {
+    Throw(batch);
+    return inner_->Gradients(batch, context, params);
+  }
+
+ private:
+  static void Throw(const std::vector<Example>& batch) {
+    for (const Example& e : batch) {
+      if (!e.features.empty() && e.features[0] == kThrowOn) throw std::bad_alloc();
+    }
+  }
+  std::unique_ptr<Model> inner_;
+};
+
 // Two shard servers on loopback; a worker (service + RPC server) in front of them.
 class WorkerServiceTest : public ::testing::Test {
  protected:
@@ -173,6 +206,7 @@ class WorkerServiceTest : public ::testing::Test {
     auto model = CreateModel(m);
     ASSERT_TRUE(model.ok()) << model.status().ToString();
     model_ = std::move(*model);
+    if (throwing_model_) model_ = std::make_unique<ThrowingModel>(std::move(model_));
     std::vector<std::string> shards = endpoints_;
     if (tap) {
       shards.clear();
@@ -315,6 +349,7 @@ class WorkerServiceTest : public ::testing::Test {
   std::unique_ptr<WorkerServer> server_;
   std::unique_ptr<WorkerClient> rpc_;
   std::string worker_endpoint_;
+  bool throwing_model_ = false;  // StartWorker wraps the model in a ThrowingModel
 };
 
 TEST_F(WorkerServiceTest, AccumulationOfKExamplesEqualsOnePushOfTheSum) {
@@ -674,6 +709,55 @@ TEST_F(WorkerServiceTest, RpcPipelinedCallsOfOneSessionRunInOrderAndReadTheirLea
       }
     }
   }
+}
+
+// A call whose model pass throws (bad_alloc) is answered with an error, and leaves
+// nothing behind: before, a call of a session resumed after its learn threw out of
+// Handle, its session stayed parked and every later call of it was never answered; the
+// infer batcher's pass stayed counted as running, so with one pass at a time no infer
+// ran again.
+TEST_F(WorkerServiceTest, ACallWhoseModelThrowsIsAnsweredAndItsSessionGoesOn) {
+  WorkerServiceOptions o;
+  o.infer_passes = 1;
+  o.cache.notices = false;
+  o.cache.refresh_interval_ms = 0;
+  o.cache.dense.max_age_ms = 600000;  // infers read the cached copy with shard 1 down
+  throwing_model_ = true;
+  StartWorker(Mlp(), o, /*tap=*/false, std::chrono::milliseconds(1000));
+  ASSERT_TRUE(rpc_->Call(Op::kInfer, {{"features", {1, 0, 0, 1}}}).ok());  // warms the cache
+  // Shard 1 down: the learn's push waits out its timeout, and the session's next calls
+  // park behind it; they run (resumed) once it is answered.
+  shards_[1]->Stop();
+  std::mutex mu;
+  std::vector<StatusOr<json>> got(3, Internal("no answer"));
+  std::atomic<int> answered{0};
+  const std::vector<std::pair<Op, json>> calls = {
+      {Op::kLearn, {{"session", "s"}, {"features", {1, 0, 0, 1}}, {"label", "a"}}},
+      {Op::kInfer, {{"session", "s"}, {"features", {ThrowingModel::kThrowOn, 0, 0, 1}}}},
+      {Op::kInfer, {{"session", "s"}, {"features", {1, 0, 0, 1}}}}};
+  for (size_t i = 0; i < calls.size(); ++i) {
+    rpc_->CallAsync(calls[i].first, calls[i].second, std::chrono::seconds(8),
+                    [&, i](StatusOr<json> r) {
+                      std::lock_guard<std::mutex> lock(mu);
+                      got[i] = std::move(r);
+                      ++answered;
+                    });
+  }
+  for (int i = 0; i < 1000 && answered.load() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(answered.load(), 3);
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_FALSE(got[0].ok()) << "the learn's push cannot reach shard 1";
+  EXPECT_EQ(got[1].status().code(), StatusCode::kInternal) << got[1].status().ToString();
+  EXPECT_NE(got[1].status().message().find("bad_alloc"), std::string::npos)
+      << got[1].status().ToString();
+  EXPECT_TRUE(got[2].ok()) << "the session's call after the one that threw: "
+                           << got[2].status().ToString();
+  // One pass at a time: the pass that threw must have ended.
+  auto later = rpc_->Call(Op::kInfer, {{"features", {0, 1, 1, 0}}}, std::chrono::seconds(5));
+  EXPECT_TRUE(later.ok()) << later.status().ToString();
+  StopWithAShardDown();
 }
 
 // PS requests of each op the worker has sent so far, through the taps.
