@@ -80,6 +80,13 @@ Status ContextStore::Set(const std::string& session, std::vector<std::string> it
         "context has " + std::to_string(features.size()) +
         " features, over the limit max_features = " + std::to_string(options_.max_features));
   }
+  // Refused here, not by every later pass of the session.
+  if (options_.model_features > 0 && !features.empty() &&
+      features.size() != options_.model_features) {
+    return InvalidArgument("context has " + std::to_string(features.size()) +
+                           " features; the model takes " + std::to_string(options_.model_features) +
+                           " (its context_dim) or none");
+  }
   const int64_t now = now_();
   SessionContext c;
   c.items.assign(std::make_move_iterator(items.begin()), std::make_move_iterator(items.end()));

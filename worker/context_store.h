@@ -26,6 +26,9 @@ struct ContextStoreOptions {
   size_t max_items = 16;            // text items kept per session (oldest dropped first)
   size_t max_bytes = 16 * 1024;     // text bytes kept per session (oldest dropped first)
   size_t max_features = 4096;       // feature values per session (longer is refused)
+  // The model's context feature count (Model::context_features): a context with
+  // features must have exactly this many. 0: any count up to max_features.
+  size_t model_features = 0;
   size_t max_session_id_bytes = 256;
 };
 
@@ -49,7 +52,8 @@ class ContextStore {
   ContextStore(ContextStoreOptions options, std::function<int64_t()> now);
 
   // Replaces the session's context. Errors: kInvalidArgument (empty or too long session
-  // id, too many features), kTooLarge never: text over the bounds keeps its newest part.
+  // id, too many features, not the model's count), kTooLarge never: text over the bounds
+  // keeps its newest part.
   Status Set(const std::string& session, std::vector<std::string> items,
              std::vector<float> features, uint64_t revision = 0);
   // Appends one text item, dropping the oldest items past the bounds.

@@ -26,6 +26,7 @@ class MlpModel : public Model {
   const std::vector<ParamInfo>& params() const override { return params_; }
   const std::vector<std::string>& labels() const override { return options_.labels; }
   std::string device() const override { return options_.device; }
+  size_t context_features() const override { return options_.context_dim; }
 
   StatusOr<std::vector<std::vector<uint64_t>>> SparseKeys(
       const std::vector<Example>& batch, const ContextInput& context) const override {

@@ -127,6 +127,9 @@ class Model {
   // The same hash over the frozen values in memory now: equal to base() unless something
   // wrote to the frozen part. Costs a pass over it (model_info with verify).
   virtual StatusOr<std::string> BaseNow() const { return base(); }
+  // The feature values a session context must have when it has any (ContextInput::
+  // features), or 0 when the model reads none.
+  virtual size_t context_features() const { return 0; }
 
   // Sparse keys the batch (and context) touches, deduplicated, per param index (empty
   // for dense params). Errors: kInvalidArgument naming the bad example.

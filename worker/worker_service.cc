@@ -28,6 +28,11 @@ Status NonFinite(const std::string& what) {
   return onlineps::NonFinite(what + " is NaN or Inf; nothing was pushed");
 }
 
+ContextStoreOptions WithModelFeatures(ContextStoreOptions o, const Model& model) {
+  o.model_features = model.context_features();
+  return o;
+}
+
 // Random, so that a restarted worker's held pushes (seqs from 1 again) are not taken by
 // the shards for duplicates of the last run's.
 uint64_t NewHeldSender() {
@@ -66,7 +71,7 @@ WorkerService::WorkerService(ps::PsClient* client, Model* model, WorkerServiceOp
       model_(model),
       options_(std::move(options)),
       cache_(client, options_.cache),
-      context_(options_.context),
+      context_(WithModelFeatures(options_.context, *model)),
       held_(options_.max_held_bytes),
       held_sender_(NewHeldSender()) {
   if (options_.infer_passes > 0) {

@@ -896,6 +896,26 @@ bool OnlyPsHeaderKeys(const std::string& frame, bool allow_spec, std::string* ba
   return true;
 }
 
+// Context features of another length than the model's context_dim were taken, and
+// every later call of the session failed ("context has 3 features, model context_dim
+// is 2"). They are refused when set, naming the count the model takes.
+TEST_F(WorkerServiceTest, ContextFeaturesOfTheWrongLengthAreRefusedWhenSet) {
+  ModelOptions m = Mlp();
+  m.context_dim = 2;
+  StartWorker(m, WorkerServiceOptions());
+  auto wrong = rpc_->Call(Op::kContextSet, {{"session", "s"}, {"features", {1, 2, 3}}});
+  EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidArgument) << wrong.status().ToString();
+  EXPECT_NE(wrong.status().message().find("the model takes 2"), std::string::npos)
+      << wrong.status().ToString();
+  EXPECT_FALSE(service_->context().Get("s").has_value()) << "the refused context was kept";
+  EXPECT_FALSE(service_->context().Set("s", {}, {1, 2, 3}).ok()) << "in-process callers too";
+  // The session goes on without it; the right length, or none, is taken.
+  EXPECT_TRUE(rpc_->Call(Op::kInfer, {{"session", "s"}, {"features", {1, 0, 0, 1}}}).ok());
+  ASSERT_TRUE(rpc_->Call(Op::kContextSet, {{"session", "s"}, {"features", {1, 2}}}).ok());
+  EXPECT_TRUE(rpc_->Call(Op::kInfer, {{"session", "s"}, {"features", {1, 0, 0, 1}}}).ok());
+  EXPECT_TRUE(rpc_->Call(Op::kContextSet, {{"session", "t"}, {"text", "no features"}}).ok());
+}
+
 TEST_F(WorkerServiceTest, PushesCarryOnlyParameterGradientsNeverContext) {
   StartWorker(Text(), WorkerServiceOptions(), /*tap=*/true);
   const std::string marker = "zebracontextmarker";
