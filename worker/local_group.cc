@@ -475,7 +475,7 @@ void LocalGroupImpl::AwaitAcks() {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<GroupReducer>> NewLocalGroup(const LocalGroupOptions& options) {
+Status CheckLocalGroupOptions(const LocalGroupOptions& options) {
   if (options.size < 1) {
     return InvalidArgument("local group: size must be >= 1, got " + std::to_string(options.size));
   }
@@ -484,11 +484,16 @@ StatusOr<std::unique_ptr<GroupReducer>> NewLocalGroup(const LocalGroupOptions& o
                            " out of range [0, " + std::to_string(options.size) + ")");
   }
   if (options.timeout.count() <= 0) return InvalidArgument("local group: timeout must be > 0");
-  auto group = std::make_unique<LocalGroupImpl>(options);
-  if (options.size > 1) {
-    if (options.endpoint.empty()) return InvalidArgument("local group: empty endpoint");
-    ONLINEPS_RETURN_IF_ERROR(group->Start(options));
+  if (options.size > 1 && options.endpoint.empty()) {
+    return InvalidArgument("local group: empty endpoint");
   }
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<GroupReducer>> NewLocalGroup(const LocalGroupOptions& options) {
+  ONLINEPS_RETURN_IF_ERROR(CheckLocalGroupOptions(options));
+  auto group = std::make_unique<LocalGroupImpl>(options);
+  if (options.size > 1) ONLINEPS_RETURN_IF_ERROR(group->Start(options));
   return std::unique_ptr<GroupReducer>(std::move(group));
 }
 

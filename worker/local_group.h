@@ -46,6 +46,9 @@ struct LocalGroupOptions {
 // while the leader was still waiting; MayHaveCompleted() says when it may), and a member
 // that skips a call stays out of step: after a failed call, recreate the group.
 StatusOr<std::unique_ptr<GroupReducer>> NewLocalGroup(const LocalGroupOptions& options);
+// NewLocalGroup's checks of `options` alone (rank, size, timeout, endpoint), without
+// binding or connecting anything: kInvalidArgument naming the bad one.
+Status CheckLocalGroupOptions(const LocalGroupOptions& options);
 
 }  // namespace onlineps::worker
 

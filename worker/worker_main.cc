@@ -271,26 +271,52 @@ void AddGroupFlags(CLI::App& app, Flags* f) {
       ->capture_default_str();
 }
 
+onlineps::StatusOr<worker::LocalGroupOptions> LocalGroupOptionsOf(const Flags& f) {
+  worker::LocalGroupOptions o;
+  o.rank = f.group_rank;
+  o.size = f.group_size;
+  o.endpoint = f.group_endpoint;
+  o.timeout = std::chrono::milliseconds(f.group_timeout_ms);
+  if (f.curve_options.enabled()) {
+    o.curve.public_key = f.curve_options.public_key;
+    o.curve.secret_key = f.curve_options.secret_key;
+    std::vector<std::string> keys{f.curve_options.public_key};
+    if (!f.group_curve_keys.empty()) {
+      ONLINEPS_ASSIGN_OR_RETURN(keys, onlineps::ReadCurvePublicKeys(f.group_curve_keys));
+    }
+    o.curve.server_public_key = keys.front();
+    o.curve.allowed_clients = keys;
+  } else if (!f.group_curve_keys.empty()) {
+    return onlineps::InvalidArgument("--group-curve-keys needs --curve-cert");
+  }
+  return o;
+}
+
+// The group flags alone, before the wait for the shards (which may take its whole
+// timeout): a bad one is reported at once. Joining the group (MakeGroup) comes after.
+Status CheckGroupFlags(const Flags& f) {
+  if (f.group == "none") return Status::Ok();
+  if (f.group == "local") {
+    ONLINEPS_ASSIGN_OR_RETURN(worker::LocalGroupOptions o, LocalGroupOptionsOf(f));
+    return worker::CheckLocalGroupOptions(o);
+  }
+#if ONLINEPS_HAVE_NCCL
+  if (f.group_size < 1 || f.group_rank < 0 || f.group_rank >= f.group_size) {
+    return onlineps::InvalidArgument("NCCL group: rank " + std::to_string(f.group_rank) +
+                                     " out of range [0, " + std::to_string(f.group_size) + ")");
+  }
+  return Status::Ok();
+#else
+  return onlineps::Unavailable(
+      "--group nccl: this build has no NCCL support (CUDA and NCCL were not found "
+      "at configure time); use --group local");
+#endif
+}
+
 onlineps::StatusOr<std::unique_ptr<worker::GroupReducer>> MakeGroup(const Flags& f) {
   if (f.group == "none") return std::unique_ptr<worker::GroupReducer>();
   if (f.group == "local") {
-    worker::LocalGroupOptions o;
-    o.rank = f.group_rank;
-    o.size = f.group_size;
-    o.endpoint = f.group_endpoint;
-    o.timeout = std::chrono::milliseconds(f.group_timeout_ms);
-    if (f.curve_options.enabled()) {
-      o.curve.public_key = f.curve_options.public_key;
-      o.curve.secret_key = f.curve_options.secret_key;
-      std::vector<std::string> keys{f.curve_options.public_key};
-      if (!f.group_curve_keys.empty()) {
-        ONLINEPS_ASSIGN_OR_RETURN(keys, onlineps::ReadCurvePublicKeys(f.group_curve_keys));
-      }
-      o.curve.server_public_key = keys.front();
-      o.curve.allowed_clients = keys;
-    } else if (!f.group_curve_keys.empty()) {
-      return onlineps::InvalidArgument("--group-curve-keys needs --curve-cert");
-    }
+    ONLINEPS_ASSIGN_OR_RETURN(worker::LocalGroupOptions o, LocalGroupOptionsOf(f));
     return worker::NewLocalGroup(o);
   }
 #if ONLINEPS_HAVE_NCCL
@@ -512,6 +538,10 @@ int Run(Flags& f) {
   auto model = worker::CreateModel(f.model);
   if (!model.ok()) {
     spdlog::error("model: {}", model.status().ToString());
+    return 2;
+  }
+  if (Status st = CheckGroupFlags(f); !st.ok()) {
+    spdlog::error("--group {}: {}", f.group, st.ToString());
     return 2;
   }
   if (auto st = (*client)->WaitForShards(std::chrono::seconds(30)); !st.ok()) {

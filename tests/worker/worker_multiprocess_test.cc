@@ -825,6 +825,22 @@ TEST(WorkerMultiProcessTest, SparseTablesOfAWorkerAreCappedByItsFlags) {
   cluster.StopAll();
 }
 
+// A bad group flag is refused before the wait for the shards: before, the worker waited
+// out that wait (30 s, with no shard there) before saying what was wrong.
+TEST(WorkerMultiProcessTest, ABadGroupFlagIsRefusedBeforeWaitingForTheShards) {
+  const auto start = std::chrono::steady_clock::now();
+  Subprocess w({ONLINEPS_BIN_DIR "/onlineps_worker", "--ps", "tcp://127.0.0.1:9", "--listen",
+                "tcp://127.0.0.1:0", "--admin-port", "-1", "--group", "local", "--group-size", "2",
+                "--group-rank", "2", "--group-endpoint", "ipc:///tmp/onlineps-bad-group-test"},
+               /*with_stderr=*/true);
+  ASSERT_TRUE(w.started());
+  const std::string said = w.ReadToEnd(std::chrono::seconds(20));
+  EXPECT_EQ(w.Wait(std::chrono::seconds(1)), 2) << said;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << said;
+  EXPECT_NE(said.find("rank 2 out of range [0, 2)"), std::string::npos) << said;
+  EXPECT_EQ(said.find("not reachable"), std::string::npos) << said;
+}
+
 TEST(WorkerMultiProcessTest, SigtermWhileWaitingForShardsExitsAtOnce) {
   Subprocess w({ONLINEPS_BIN_DIR "/onlineps_worker", "--ps", "tcp://127.0.0.1:9", "--listen",
                 "tcp://127.0.0.1:0", "--admin-port", "-1", "--log-level", "warn"});
