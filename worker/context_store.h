@@ -71,6 +71,7 @@ class ContextStore {
   // Drops sessions idle past the TTL. Called by reads and periodically by the owner.
   void Expire();
   ContextStoreStats stats() const;
+  const ContextStoreOptions& options() const { return options_; }
 
  private:
   Status CheckSession(const std::string& session) const;

@@ -343,6 +343,11 @@ void AddServingFlags(CLI::App& app, Flags* f) {
   app.add_option("--handler-threads", f->server.handler_threads, "Threads running infer/learn")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
+  app.add_option("--max-unsent-reply-bytes", f->server.max_unsent_reply_bytes,
+                 "Replies a peer has not read, per peer, in bytes (as a count of the largest "
+                 "reply); more are dropped")
+      ->check(CLI::Range(size_t{1} << 20, size_t{1} << 40))
+      ->capture_default_str();
   app.add_flag("!--no-infer-batching", f->service.batch_infer,
                "Run every infer call in its own forward pass (default: calls that arrive "
                "while the model is busy share the next pass)");

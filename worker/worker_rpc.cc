@@ -1,5 +1,6 @@
 #include "worker/worker_rpc.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -187,6 +188,20 @@ StatusOr<json> DecodeBody(const void* data, size_t size, const RequestLimits& li
   if (!body.ok()) return Malformed("body is not valid msgpack: " + body.status().message());
   if (!body->is_object()) return Malformed("body must be a msgpack map");
   return body;
+}
+
+size_t MaxReplyBytes(WorkerService& service) {
+  constexpr size_t kNumber = 9;  // msgpack: a float64 or uint64 with its tag
+  const RequestLimits& l = service.limits();
+  const ContextStoreOptions& c = service.context().options();
+  const auto& labels = service.model().labels();
+  size_t longest = 0;
+  for (const std::string& label : labels) longest = std::max(longest, label.size());
+  // Per prediction its scores, label and index; the versions map and the rest are below
+  // 64 KiB (model_info and worker_stats too, for the built-in models).
+  const size_t infer = l.max_batch * (labels.size() * kNumber + longest + 64);
+  const size_t context = c.max_features * kNumber + c.max_bytes + c.max_items * 8;
+  return std::max(infer, context) + (size_t{64} << 10);
 }
 
 std::string EncodeBody(const json& body) {

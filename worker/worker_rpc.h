@@ -30,6 +30,9 @@ Status CheckBody(const void* data, size_t size, const RequestLimits& limits,
 StatusOr<nlohmann::json> DecodeBody(const void* data, size_t size,
                                     const RequestLimits& limits = RequestLimits());
 std::string EncodeBody(const nlohmann::json& body);
+// An upper bound on the encoded body of any reply `service` may send under its limits:
+// an infer of max_batch examples, a context_get of the largest context, model_info.
+size_t MaxReplyBytes(WorkerService& service);
 
 // "session": optional string (default ""), at most `max_bytes`.
 StatusOr<std::string> SessionOf(const nlohmann::json& body, size_t max_bytes);

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "common/wire.h"
 #include "worker/guarded.h"
 #include "worker/request_limits.h"
@@ -34,6 +36,17 @@ StatusOr<std::string> WorkerServer::Start() {
   // Between the limit and twice it a request gets a TOO_LARGE reply; beyond, ZeroMQ
   // stops reading it instead of buffering it whole (as the shards do).
   t.max_message_bytes = 2 * service_->limits().max_request_bytes;
+  // A count bounds ZeroMQ's queue of unread replies per peer: the count that keeps it
+  // under the byte bound however large the replies (up to 10,000 context_get replies of
+  // ~50 KB were half a gigabyte).
+  const size_t largest = MaxReplyBytes(*service_);
+  const size_t hwm = std::clamp<size_t>(options_.max_unsent_reply_bytes / largest, 16,
+                                        static_cast<size_t>(std::max(t.send_hwm, 16)));
+  t.send_hwm = static_cast<int>(hwm);
+  spdlog::info(
+      "a peer that does not read its replies gets at most {} of them queued (--max-unsent-"
+      "reply-bytes {} over the largest reply, {} bytes); ZeroMQ drops the rest",
+      hwm, options_.max_unsent_reply_bytes, largest);
   transport_ = NewServerTransport(options_.listen, t);
   return transport_->Start(options_.listen, [this](Incoming&& in) { OnMessage(std::move(in)); });
 }

@@ -30,6 +30,11 @@ struct WorkerServerOptions {
   std::string listen = "tcp://127.0.0.1:0";
   int handler_threads = 2;  // threads running infer / learn
   size_t max_queue = 1024;  // requests waiting per handler thread
+  // Replies to one peer that it has not read, in bytes: a peer that sends requests and
+  // never reads the replies pins at most this much. Enforced as ZeroMQ's send high-water
+  // mark (transport.send_hwm, a count, lowered to this divided by the largest reply
+  // MaxReplyBytes allows, at least 16); replies beyond it are dropped.
+  size_t max_unsent_reply_bytes = size_t{64} << 20;
   // max_message_bytes is set to twice the service's limits().max_request_bytes: larger
   // frames are dropped by ZeroMQ, smaller ones over the limit get TOO_LARGE undecoded.
   TransportOptions transport;

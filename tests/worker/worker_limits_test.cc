@@ -14,7 +14,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include <zmq.hpp>
 
+#include "common/wire.h"
 #include "tests/subprocess.h"
 #include "worker/request_limits.h"
 #include "worker/worker_client.h"
@@ -88,6 +90,7 @@ class WorkerLimitsTest : public ::testing::Test {
         std::make_unique<Subprocess>(testing::WorkerArgv(ONLINEPS_BIN_DIR, shard_endpoint_, flags));
     const std::string ep = worker_->WaitForLine("LISTENING ", kStartTimeout);
     ASSERT_FALSE(ep.empty()) << "worker did not start";
+    client_endpoint_ = ep;
     WorkerClientOptions o;
     o.endpoint = ep;
     o.timeout = milliseconds(60000);
@@ -122,6 +125,7 @@ class WorkerLimitsTest : public ::testing::Test {
   std::unique_ptr<Subprocess> shard_, worker_;
   std::string shard_endpoint_;
   std::unique_ptr<WorkerClient> client_;
+  std::string client_endpoint_;  // the worker's RPC endpoint
 };
 
 // The largest text request the default limits allow at once: --max-batch examples, each
@@ -305,6 +309,55 @@ TEST_F(WorkerLimitsTest, MlpWorkerServesTheLargestAllowedRequestsWithinTheBound)
                                {{"examples", wide}}),
                        "--max-features");
   ExpectServesNormalInfer(normal);
+}
+
+// A peer that sends requests and never reads the replies: the worker kept up to 10,000
+// unread replies for it (ZeroMQ's send high-water mark counts messages), half a gigabyte
+// of context_get replies of ~37 KB. The replies it keeps are bounded by bytes
+// (--max-unsent-reply-bytes, 64 MiB), and it goes on serving everyone else.
+TEST_F(WorkerLimitsTest, APeerThatNeverReadsItsRepliesPinsABoundedAmount) {
+  StartWorker({"--model", "text"});
+  // The largest context: 4096 features (float64 on the wire) and 16 KiB of text.
+  json features = json::array();
+  for (int i = 0; i < 4096; ++i) features.push_back(0.1 + i);
+  std::string text;
+  while (text.size() + 2 <= 16 * 1024) text += "c ";
+  ASSERT_TRUE(
+      client_->Call(Op::kContextSet, {{"session", "s"}, {"text", text}, {"features", features}})
+          .ok());
+  auto one = client_->Call(Op::kContextGet, {{"session", "s"}});
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  const size_t reply_bytes = json::to_msgpack(*one).size();
+  ASSERT_GT(reply_bytes, 32u << 10);
+  const int64_t idle = ProcStatus(worker_->pid(), "VmRSS");
+  zmq::context_t ctx;
+  zmq::socket_t peer(ctx, zmq::socket_type::dealer);
+  peer.set(zmq::sockopt::rcvhwm, 1);
+  peer.set(zmq::sockopt::rcvbuf, 4096);
+  peer.connect(client_endpoint_);
+  const std::vector<uint8_t> packed = json::to_msgpack(json{{"session", "s"}});
+  const std::string body(packed.begin(), packed.end());
+  constexpr int kRounds = 16, kPerRound = 500;  // under the worker's queue of 1024
+  for (int round = 0; round < kRounds; ++round) {
+    for (int i = 0; i < kPerRound; ++i) {
+      Header h;
+      h.op = Op::kContextGet;
+      h.request_id = static_cast<uint32_t>(round * kPerRound + i + 1);
+      const std::string header = EncodeHeader(h);
+      peer.send(zmq::buffer(header), zmq::send_flags::sndmore);
+      peer.send(zmq::buffer(body), zmq::send_flags::none);
+    }
+    // The session's requests run in order: once this one is answered, the round's are.
+    auto sync = client_->Call(Op::kContextGet, {{"session", "s"}});
+    ASSERT_TRUE(sync.ok()) << sync.status().ToString();
+  }
+  const int64_t after = ProcStatus(worker_->pid(), "VmRSS");
+  std::printf("MEM %d unread context_get replies of %zu bytes: idle %lld MiB, after %lld MiB\n",
+              kRounds * kPerRound, reply_bytes, static_cast<long long>(idle / kMiB),
+              static_cast<long long>(after / kMiB));
+  EXPECT_LT(after - idle, 100 * kMiB)
+      << "replies nobody reads are kept: " << (after - idle) / kMiB << " MiB";
+  ExpectServesNormalInfer({{"text", "a perfectly normal sentence"}});
 }
 
 }  // namespace
