@@ -26,7 +26,7 @@ void WorkerService::GroupTick() {
     Status st = FlushDue(/*force=*/false);
     if (!st.ok()) spdlog::warn("flush of accumulated gradients failed: {}", st.ToString());
   }
-  static_cast<void>(RetryHeld());  // every round: group_round_ms is the retry period
+  RetryHeldIfDue();
 }
 
 Status WorkerService::GroupRound() {

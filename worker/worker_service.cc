@@ -249,10 +249,13 @@ Status WorkerService::Stop() {
 void WorkerService::TimedFlush() {
   Status st = FlushDue(/*force=*/false);
   if (!st.ok()) spdlog::warn("timed flush of accumulated gradients failed: {}", st.ToString());
-  if (Now() - last_retry_ms_ >= options_.held_retry_ms) {
-    last_retry_ms_ = Now();
-    static_cast<void>(RetryHeld());
-  }
+  RetryHeldIfDue();
+}
+
+void WorkerService::RetryHeldIfDue() {
+  if (Now() - last_retry_ms_ < options_.held_retry_ms) return;
+  last_retry_ms_ = Now();
+  static_cast<void>(RetryHeld());
 }
 
 Status WorkerService::Flush() { return FlushDue(/*force=*/true); }

@@ -341,6 +341,8 @@ class WorkerService {
   Status FlushDue(bool force);
   // The flusher's periodic work: a flush of what is due, or a local-group round.
   void TimedFlush();
+  // RetryHeld, at most every held_retry_ms (the flusher's ticks may come more often).
+  void RetryHeldIfDue();
   void GroupTick();
   Status GroupRound();
 
