@@ -16,7 +16,8 @@
 namespace {
 
 void AddFlags(CLI::App& app, onlineps::ps::ShardServerOptions* o, std::string* admin_host,
-              int* admin_port, size_t* max_message_mb, std::string* replication_mode) {
+              int* admin_port, size_t* max_message_mb, int64_t* max_memory_mb,
+              std::string* replication_mode) {
   app.add_option("--shard-index", o->shard, "Index of this shard, 0 <= index < num-shards")
       ->capture_default_str();
   app.add_option("--num-shards", o->num_shards, "Number of shards in the cluster")
@@ -31,6 +32,13 @@ void AddFlags(CLI::App& app, onlineps::ps::ShardServerOptions* o, std::string* a
   app.add_option("--max-message-mb", *max_message_mb,
                  "Largest request accepted, in MiB (larger ones get TOO_LARGE)")
       ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--max-memory-mb", *max_memory_mb,
+                 "Table state this shard may hold, in MiB (the tables' memory_bytes, summed): "
+                 "past it, creating a table or a sparse push creating rows is refused "
+                 "(RESOURCE_EXHAUSTED); pushes to existing rows and pulls go on. -1: half the "
+                 "cgroup memory limit when one is set, else none; 0: none")
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 30))
       ->capture_default_str();
   app.add_option("--checkpoint-dir", o->checkpoint_dir,
                  "Directory for checkpoints (empty: none); restored at start")
@@ -183,9 +191,11 @@ int main(int argc, char** argv) {
   std::string admin_host = "127.0.0.1";
   int admin_port = 9100;
   size_t max_message_mb = options.max_message_bytes >> 20;
+  int64_t max_memory_mb = -1;
   CLI::App app("onlineps parameter-server shard");
   std::string replication_mode = "sync";
-  AddFlags(app, &options, &admin_host, &admin_port, &max_message_mb, &replication_mode);
+  AddFlags(app, &options, &admin_host, &admin_port, &max_message_mb, &max_memory_mb,
+           &replication_mode);
   onlineps::AddLoggingFlags(app, &log);
   onlineps::CurveFlags curve;
   onlineps::AddCurveFlags(app, &curve, /*server=*/true, /*client=*/false);
@@ -204,6 +214,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.max_message_bytes = max_message_mb << 20;
+  const onlineps::ps::MemoryBudgetChoice budget =
+      onlineps::ps::ChooseMemoryBudget(max_memory_mb, onlineps::ps::DefaultCgroupMemoryFiles());
+  options.max_memory_bytes = budget.bytes;
   options.replication.sync = replication_mode == "sync";
   if (auto st = CheckReplication(options); !st.ok()) {
     std::cerr << "onlineps_ps: " << st.message() << "\n";
@@ -242,6 +255,12 @@ int main(int argc, char** argv) {
             : std::to_string(options.curve.allowed_clients.size()) + " client key(s) allowed");
   }
   spdlog::info("effective config:\n{}", onlineps::EffectiveConfig(app));
+  if (budget.bytes == 0) {
+    spdlog::info("memory budget: none ({}): table state may grow until the process is killed",
+                 budget.source);
+  } else {
+    spdlog::info("memory budget: {} MiB of table state ({})", budget.bytes >> 20, budget.source);
+  }
 
   auto admin = std::make_unique<onlineps::AdminServer>();
   onlineps::ps::ShardServer server(options, admin->registry());

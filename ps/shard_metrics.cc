@@ -72,6 +72,25 @@ ShardServer::Metrics::Metrics(prometheus::Registry& r)
                  .Help("1 when the shard has restored its checkpoint and is serving")
                  .Register(r)
                  .Add({})),
+      memory_budget_(BuildGauge()
+                         .Name("onlineps_ps_memory_budget_bytes")
+                         .Help("--max-memory-mb: table state past which new tables and pushes "
+                               "creating sparse rows are refused (0: no budget)")
+                         .Register(r)
+                         .Add({})),
+      memory_used_(BuildGauge()
+                       .Name("onlineps_ps_memory_used_bytes")
+                       .Help("Table state counted against the memory budget: the tables' "
+                             "memory bytes, summed (0 without a budget)")
+                       .Register(r)
+                       .Add({})),
+      memory_refusals_(BuildCounter()
+                           .Name("onlineps_ps_memory_budget_refusals_total")
+                           .Help("Requests refused RESOURCE_EXHAUSTED for the memory budget, by "
+                                 "op (create_table, push_sparse)")
+                           .Register(r)),
+      refused_create_(memory_refusals_.Add({{"op", "create_table"}})),
+      refused_push_(memory_refusals_.Add({{"op", "push_sparse"}})),
       table_version_(BuildGauge()
                          .Name("onlineps_ps_table_version")
                          .Help("Updates applied to the table on this shard")
@@ -167,6 +186,15 @@ void ShardServer::Metrics::CountCheckpoint(bool ok, double seconds, uint64_t byt
     checkpoint_seconds_.Set(seconds);
     checkpoint_bytes_.Set(static_cast<double>(bytes));
   }
+}
+
+void ShardServer::Metrics::SetMemory(uint64_t budget, uint64_t used) {
+  memory_budget_.Set(static_cast<double>(budget));
+  memory_used_.Set(static_cast<double>(used));
+}
+
+void ShardServer::Metrics::CountMemoryRefusal(Op op) {
+  (op == Op::kCreateTable ? refused_create_ : refused_push_).Increment();
 }
 
 void ShardServer::Metrics::UpdateTable(const std::string& name, const TableStats& s) {

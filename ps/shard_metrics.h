@@ -46,6 +46,10 @@ class ShardServer::Metrics {
   void SetDedupSenders(size_t n) { dedup_senders_.Set(static_cast<double>(n)); }
   void SetReady(bool ready) { ready_.Set(ready ? 1 : 0); }
   void UpdateTable(const std::string& name, const TableStats& s);
+  // The memory budget (0: none) and the table state counted against it.
+  void SetMemory(uint64_t budget, uint64_t used);
+  // A create_table or push_sparse refused for the memory budget.
+  void CountMemoryRefusal(Op op);
   // Replicated shards only: role, epoch, log positions, in-sync backups and the
   // promotion / step-down / snapshot counters (first call registers them).
   void UpdateReplica(const ReplicaStats& s);
@@ -65,6 +69,11 @@ class ShardServer::Metrics {
   prometheus::Gauge& held_;
   prometheus::Gauge& dedup_senders_;
   prometheus::Gauge& ready_;
+  prometheus::Gauge& memory_budget_;
+  prometheus::Gauge& memory_used_;
+  prometheus::Family<prometheus::Counter>& memory_refusals_;
+  prometheus::Counter& refused_create_;
+  prometheus::Counter& refused_push_;
   prometheus::Family<prometheus::Gauge>& table_version_;
   prometheus::Family<prometheus::Gauge>& table_rows_;
   prometheus::Family<prometheus::Gauge>& table_memory_;

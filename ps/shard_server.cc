@@ -88,7 +88,9 @@ ShardServer::ShardServer(ShardServerOptions options, std::shared_ptr<prometheus:
       registry_(std::move(registry)),
       metrics_(std::make_unique<Metrics>(*registry_)),
       dedup_(options_.max_senders),
+      memory_(options_.max_memory_bytes),
       tables_(std::make_shared<const TableMap>()) {
+  metrics_->SetMemory(memory_.limit(), 0);
   WatchersOptions wopts;
   wopts.max_watches = options_.max_watches;
   watchers_ = std::make_unique<Watchers>(
@@ -219,6 +221,17 @@ StatusOr<std::string> ShardServer::Start() {
     metrics_->SetCheckpointDeltas(restored->deltas);
     std::atomic_store(&tables_, std::shared_ptr<const TableMap>(
                                     std::make_shared<TableMap>(std::move(restored->tables))));
+  }
+  if (memory_.enabled()) {
+    memory_.Measure([this] { return TableBytes(); });
+    metrics_->SetMemory(memory_.limit(), memory_.used());
+    if (!memory_.Fits(0)) {
+      spdlog::warn(
+          "the restored tables hold {} bytes, over the memory budget of {} bytes "
+          "(--max-memory-mb): new tables and pushes creating sparse rows are refused until "
+          "rows expire or the budget is raised",
+          memory_.used(), memory_.limit());
+    }
   }
   if (options_.replication.members.size() >= 2) {
     ONLINEPS_RETURN_IF_ERROR(MakeReplica(restored, tip));
@@ -630,7 +643,7 @@ Status ShardServer::Dispatch(const Header& h, const Frames& frames, Header* repl
     case Op::kCreateTable: {
       if (!replica_) return CreateTable(h, reply).status();
       MutexLock order(&order_mu_);
-      ONLINEPS_ASSIGN_OR_RETURN(const Created created, CreateTable(h, reply));
+      ONLINEPS_ASSIGN_OR_RETURN(const Created created, CreateTable(h, reply, /*from_log=*/false));
       *commit_lsn = created == Created::kNew ? replica_->Append(frames) : replica_->last_lsn();
       return Status::Ok();
     }
@@ -825,7 +838,8 @@ Status ShardServer::DispatchBatch(const Header& h, const Frames& frames, Header*
   return Status::Ok();
 }
 
-StatusOr<ShardServer::Created> ShardServer::CreateTable(const Header& h, Header* reply) {
+StatusOr<ShardServer::Created> ShardServer::CreateTable(const Header& h, Header* reply,
+                                                        bool from_log) {
   auto spec = DecodeSpec(h.spec);
   if (!spec.ok()) return spec.status();
   MutexLock lock(&tables_mu_);
@@ -853,6 +867,29 @@ StatusOr<ShardServer::Created> ShardServer::CreateTable(const Header& h, Header*
     }
     return AlreadyExists("table '" + spec->name + "' exists with a different spec");
   }
+  // A dense table is allocated whole (and filled) here: past the budget it is refused
+  // before, not found out by the kernel's OOM killer later. A sparse table starts empty
+  // (its rows are refused instead); a backup creates what its primary created.
+  uint64_t initial = 0;
+  if (memory_.enabled()) {
+    ONLINEPS_ASSIGN_OR_RETURN(initial,
+                              Table::InitialBytes(*spec, options_.shard, options_.num_shards));
+  }
+  if (memory_.enabled() && !from_log && initial != 0) {
+    if (!memory_.Fits(initial) && memory_.stale()) {
+      memory_.Measure([this] { return TableBytes(); });
+    }
+    if (!memory_.Fits(initial)) {
+      metrics_->CountMemoryRefusal(Op::kCreateTable);
+      return ResourceExhausted(
+          "table '" + spec->name + "' would hold " + std::to_string(initial) +
+          " bytes on this shard from its creation, past the shard's memory budget of " +
+          std::to_string(memory_.limit()) + " bytes (--max-memory-mb), of which " +
+          std::to_string(memory_.used()) +
+          " are in use; not created. Raise --max-memory-mb (or the memory limit it is derived "
+          "from), or spread the table over more shards");
+    }
+  }
   StatusOr<std::unique_ptr<Table>> table = Internal("not created");
   try {
     table = Table::Create(*spec, options_.shard, options_.num_shards);
@@ -863,6 +900,7 @@ StatusOr<ShardServer::Created> ShardServer::CreateTable(const Header& h, Header*
   auto next = std::make_shared<TableMap>(*current);
   (*next)[spec->name] = std::shared_ptr<Table>(std::move(table).value());
   updates_.fetch_add(1);  // before the table is seen: a checkpoint that misses it is not idle
+  memory_.Add(initial);
   std::atomic_store(&tables_, std::shared_ptr<const TableMap>(next));
   reply->message = "created";
   spdlog::info("created {} table '{}' (optimizer {}, staleness {})",
@@ -940,7 +978,7 @@ Status ShardServer::PullMaybeLogged(const Header& h, const Frames& frames, Table
 
 Status ShardServer::ApplyReplicated(const Header& h, const Frames& frames) {
   Header reply = MakeReply(h, Status::Ok());
-  if (h.op == Op::kCreateTable) return CreateTable(h, &reply).status();
+  if (h.op == Op::kCreateTable) return CreateTable(h, &reply, /*from_log=*/true).status();
   if (h.op == Op::kPullDense || h.op == Op::kPullSparse) {
     std::shared_ptr<Table> t = FindTable(h.table);
     if (t == nullptr) return NotFound("unknown table '" + h.table + "'");
@@ -1050,6 +1088,19 @@ Status ShardServer::PushGated(const Header& h, std::shared_ptr<Table> t, const P
     case Dedup::Verdict::kNew:
       break;
   }
+  // Checked at the primary only: a backup applies what its primary accepted (and counts
+  // it, as if every key made a row, until the next measure).
+  uint64_t growth = 0;
+  if (memory_.enabled() && from_log) {
+    growth = req.num_keys * t->BytesPerNewRow();
+  } else if (memory_.enabled() && !dense) {
+    StatusOr<uint64_t> admitted = AdmitGrowth(h.table, *t, req);
+    if (!admitted.ok()) {
+      dedup_.Abort(h.sender, h.seq);  // nothing applied: a retry may be
+      return admitted.status();
+    }
+    growth = *admitted;
+  }
   auto apply = [&]() -> StatusOr<PushResult> {
     try {
       return t->Push(req);
@@ -1065,6 +1116,7 @@ Status ShardServer::PushGated(const Header& h, std::shared_ptr<Table> t, const P
     return res.ok() ? WouldBlock() : res.status();
   }
   dedup_.Commit(h.sender, h.seq);
+  if (growth != 0) memory_.Add(growth);
   *applied = true;
   *values_read = res->values_read;
   if (evicted != nullptr) *evicted = !res->evicted.empty();
@@ -1075,6 +1127,39 @@ Status ShardServer::PushGated(const Header& h, std::shared_ptr<Table> t, const P
   *hold = res->hold;
   ReleaseHeld(/*all=*/false);
   return Status::Ok();
+}
+
+StatusOr<uint64_t> ShardServer::AdmitGrowth(const std::string& table, Table& t,
+                                            const PushRequest& req) {
+  const uint64_t row_bytes = t.BytesPerNewRow();
+  if (row_bytes == 0 || req.num_keys == 0) return 0;  // dense: sized at creation
+  // Far from the budget no key is looked up: the push is counted as if every key made
+  // a row, until the next measure (the maintenance thread's, every tick).
+  const uint64_t most = req.num_keys * row_bytes;
+  if (memory_.Fits(most)) return most;
+  if (req.no_wait) return WouldBlock();  // the count below waits for the stripes' locks
+  const uint64_t rows = t.NewRows(req.keys, req.num_keys);
+  if (rows == 0) return 0;  // existing rows only: always applied
+  const uint64_t bytes = rows * row_bytes;
+  // The count may still hold pushes' upper bounds: measure before refusing.
+  if (!memory_.Fits(bytes) && memory_.stale()) memory_.Measure([this] { return TableBytes(); });
+  if (memory_.Fits(bytes)) return bytes;
+  metrics_->CountMemoryRefusal(Op::kPushSparse);
+  return ResourceExhausted(
+      "table '" + table + "': this push would create " + std::to_string(rows) + " row(s) (about " +
+      std::to_string(bytes) + " bytes), past the shard's memory budget of " +
+      std::to_string(memory_.limit()) + " bytes (--max-memory-mb), of which " +
+      std::to_string(memory_.used()) +
+      " are in use; nothing of it was applied. Pushes to existing rows and pulls go on. Raise "
+      "--max-memory-mb (or the memory limit it is derived from), or give the table max_rows "
+      "or ttl_ms (the worker's --sparse-max-rows, --sparse-ttl-ms)");
+}
+
+uint64_t ShardServer::TableBytes() const {
+  const std::shared_ptr<const TableMap> snapshot = tables();  // owns the map while looped
+  uint64_t sum = 0;
+  for (const auto& [name, t] : *snapshot) sum += t->Stats().memory_bytes;
+  return sum;
 }
 
 Status ShardServer::AppendValues(const Header& h, const Frames& frames, Table& t, Frames* out) {
@@ -1181,6 +1266,11 @@ void ShardServer::MaintenanceTick(uint64_t* last_ckpt, uint64_t* last_stats) {
   const uint64_t now = NowMs();
   ReleaseHeld(/*all=*/false);
   watchers_->Expire(now);  // heartbeats: a watcher knows its notices still flow
+  if (memory_.enabled()) {
+    // Every tick: pushes far from the budget count their upper bound until then.
+    memory_.Measure([this] { return TableBytes(); });
+    metrics_->SetMemory(memory_.limit(), memory_.used());
+  }
   if (now - *last_stats >= 1000) {
     *last_stats = now;
     // Held for the loop: a range-for over *tables() would keep only the map, not the

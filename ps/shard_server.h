@@ -21,6 +21,7 @@
 #include "common/wire.h"
 #include "ps/checkpoint_queue.h"
 #include "ps/dedup.h"
+#include "ps/memory_budget.h"
 #include "ps/replication.h"
 #include "ps/table.h"
 #include "ps/watchers.h"
@@ -56,6 +57,11 @@ struct ShardServerOptions {
   size_t max_held_replies = 65536;  // block mode: replies waiting for slow workers
   size_t max_watches = 4096;        // table-change watches held at once (op watch)
   uint64_t maintenance_interval_ms = 50;
+  // Bytes of table state (the tables' stat.memory_bytes, summed) past which creating a
+  // table, or a sparse push creating rows, is refused RESOURCE_EXHAUSTED; pushes to
+  // existing rows and pulls go on. A backup applies its primary's log regardless.
+  // 0: no budget. (onlineps_ps derives it from the cgroup limit: ps/memory_budget.h.)
+  uint64_t max_memory_bytes = 0;
   // Primary/backup replication of this shard (ps/replication.h); off with < 2 members.
   ReplicationOptions replication;
   // With CURVE: public keys, besides this shard's own, allowed to send replication
@@ -115,7 +121,13 @@ class ShardServer {
   // Whether CreateTable made the table or found an equal one (the reply's "created" or
   // "exists", docs/protocol.md).
   enum class Created { kNew, kExisted };
-  StatusOr<Created> CreateTable(const Header& h, Header* reply);
+  // `from_log`: a backup applying its primary's log (never refused for the budget).
+  StatusOr<Created> CreateTable(const Header& h, Header* reply, bool from_log = false);
+  // The tables' memory_bytes, summed (MemoryBudget::Measure).
+  uint64_t TableBytes() const;
+  // The bytes a sparse push of `req` may add (counted against the budget once it is
+  // applied), or RESOURCE_EXHAUSTED when the rows it would create pass the budget.
+  StatusOr<uint64_t> AdmitGrowth(const std::string& table, Table& t, const PushRequest& req);
   // Replicated shards: builds replica_ from the options and the checkpoint's sidecar.
   Status MakeReplica(bool restored, const std::string& tip);
   // The sidecar describes `file`, the last file of the checkpoint chain, of that size,
@@ -187,6 +199,7 @@ class ShardServer {
   // Replicated shards apply and log updates one at a time, so backups see the same order.
   Mutex order_mu_ ACQUIRED_BEFORE(apply_gate_);
   Dedup dedup_;
+  MemoryBudget memory_;
   std::atomic<bool> ready_{false};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> final_checkpoint_failed_{false};

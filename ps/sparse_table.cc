@@ -740,6 +740,26 @@ TableStats SparseTable::Stats() const {
   return st;
 }
 
+uint64_t SparseTable::BytesPerNewRow() const {
+  // The record, its index entry (8 bytes at a load of 3/4 or less: 16), and with
+  // accumulation its pending sum until applied (as Stats counts it).
+  const uint64_t record = layout_.header_bytes + uint64_t{row_floats_} * sizeof(float);
+  return record + 16 + (spec_.accumulate > 1 ? uint64_t{dim_} * 4 + 64 : 0);
+}
+
+uint64_t SparseTable::NewRows(const uint64_t* keys, size_t n) {
+  uint64_t missing[kMaxStripes] = {};
+  ForEachKeyByStripe(keys, n, [&](Stripe& s, uint32_t i) {
+    if (s.rows.Find(keys[i]) != RowStore::kNoSlot) return;
+    uint64_t& m = missing[StripeIndex(keys[i])];
+    // A capped stripe that is full evicts a row for each new one: it grows no more.
+    if (rows_per_stripe_ == 0 || s.rows.size() + m < rows_per_stripe_) ++m;
+  });
+  uint64_t rows = 0;
+  for (size_t si = 0; si < num_stripes_; ++si) rows += missing[si];
+  return rows;
+}
+
 void SparseTable::Save(ByteWriter* w) const {
   w->Put<uint64_t>(version_.load());
   for (size_t si = 0; si < num_stripes_; ++si) {

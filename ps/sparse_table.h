@@ -36,6 +36,8 @@ class SparseTable : public Table {
   bool Releasable(uint64_t sender, uint64_t now_ms) override;
   void Maintain(uint64_t now_ms) override;
   TableStats Stats() const override;
+  uint64_t BytesPerNewRow() const override;
+  uint64_t NewRows(const uint64_t* keys, size_t n) override;
   void Save(ByteWriter* w) const override;
   Status Load(ByteReader* r) override;
   std::unique_ptr<TableSnapshot> BeginSnapshot(SnapshotKind kind) override;

@@ -1,5 +1,6 @@
 #include "ps/table.h"
 
+#include "common/partition.h"
 #include "ps/dense_table.h"
 #include "ps/rule_set.h"
 #include "ps/sparse_table.h"
@@ -15,6 +16,17 @@ StatusOr<std::unique_ptr<Table>> Table::Create(const TableSpec& spec, uint32_t s
         std::make_unique<DenseTable>(spec, std::move(rules).value(), shard, num_shards));
   }
   return std::unique_ptr<Table>(std::make_unique<SparseTable>(spec, std::move(rules).value()));
+}
+
+StatusOr<uint64_t> Table::InitialBytes(const TableSpec& spec, uint32_t shard, uint32_t num_shards) {
+  if (spec.kind != TableKind::kDense) return 0;
+  auto rules = RuleSet::Create(spec);
+  if (!rules.ok()) return rules.status().WithContext("table '" + spec.name + "'");
+  // DenseTable's vectors: weights, optimizer and policy slots, Polyak average, sum.
+  const uint64_t n = DenseLayout(spec.name, spec.size(), num_shards).ElemsOf(shard);
+  const uint64_t copies = 1 + rules->optimizer_slots() + rules->policy_slots() +
+                          (spec.polyak ? 1 : 0) + (spec.accumulate > 1 ? 1 : 0);
+  return n * copies * sizeof(float);  // n <= 2^36: no overflow
 }
 
 }  // namespace onlineps::ps

@@ -131,6 +131,17 @@ class Table {
 
   virtual TableStats Stats() const = 0;
 
+  // Memory budget (ps/memory_budget.h). The bytes a table of `spec` holds on `shard`
+  // from its creation: a dense table's whole state; 0 for sparse (it grows by rows).
+  static StatusOr<uint64_t> InitialBytes(const TableSpec& spec, uint32_t shard,
+                                         uint32_t num_shards);
+  // About the bytes one more row costs (record, index entry, pending sum); 0: dense.
+  virtual uint64_t BytesPerNewRow() const { return 0; }
+  // Rows a push of `keys` would create now: keys without a row, up to the room a row cap
+  // leaves (a key repeated in the push counts each time; with admit_after, a key counts
+  // before it is admitted). Takes the stripes' locks. 0 for dense tables.
+  virtual uint64_t NewRows(const uint64_t* keys, size_t n) { return 0; }
+
   // Checkpoint: parameters, optimizer and policy state, version. Restore requires an
   // equal spec and layout (kDataLoss otherwise).
   virtual void Save(ByteWriter* w) const = 0;

@@ -81,6 +81,12 @@ class ShardServerTestPeer {
     uint64_t lsn = 0;
     return s->Snapshot(&lsn);
   }
+  // A backup applying an entry of its primary's log (replication hooks.apply).
+  static Status ApplyReplicated(ShardServer* s, const Frames& frames) {
+    auto h = DecodeHeader(frames[0].data(), frames[0].size());
+    if (!h.ok()) return h.status();
+    return s->ApplyReplicated(*h, frames);
+  }
   // A push_batch handled on the caller's thread, as a handler thread handles it.
   static Status DispatchBatch(ShardServer* s, const Frames& frames, Header* reply, Frames* out) {
     auto h = DecodeHeader(frames[0].data(), frames[0].size());
@@ -2095,6 +2101,194 @@ TEST(ShardServerMetricsTest, CheckpointAgeFailuresAndClippedPushes) {
   std::filesystem::remove(dir);
   server->Stop();  // its final checkpoint fails too (logged)
 }
+
+// ------------------------------------------------------ memory budget
+
+// A shard with a budget of 1 MiB of table state (--max-memory-mb).
+class ShardServerMemoryBudgetTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  static constexpr uint64_t kBudget = 1 << 20;
+
+  void SetUp() override {
+    registry_ = std::make_shared<prometheus::Registry>();
+    ShardServerOptions o;
+    o.listen = ListenEndpoint(GetParam(), "memory-budget-test");
+    o.max_memory_bytes = kBudget;
+    server_ = StartServer(o, registry_, &endpoint_);
+    ASSERT_NE(server_, nullptr);
+    raw_ = std::make_unique<RawClient>(endpoint_);
+  }
+  void TearDown() override {
+    raw_.reset();
+    if (server_) server_->Stop();
+  }
+
+  Header Create(const TableSpec& spec) {
+    Header h = Request(Op::kCreateTable, spec.name);
+    h.spec = EncodeSpec(spec);
+    auto r = raw_->Call({HeaderFrame(h)});
+    EXPECT_TRUE(r.has_value());
+    return r ? r->first : Header{};
+  }
+  static TableSpec Sparse(const std::string& name, uint64_t max_rows = 0) {
+    TableSpec s;
+    s.name = name;
+    s.kind = TableKind::kSparse;
+    s.dim = 64;
+    s.max_rows = max_rows;
+    s.optimizer_params = {{"lr", 1.0}};
+    return s;
+  }
+  // Keys [first, first + n), each pushed with gradient `g` everywhere.
+  Header Push(const std::string& table, uint64_t first, size_t n, float g) {
+    std::vector<uint64_t> keys(n);
+    for (size_t i = 0; i < n; ++i) keys[i] = first + i;
+    auto r = raw_->Call({HeaderFrame(PushHeader(Op::kPushSparse, table, 1, ++seq_)),
+                         Keys(std::move(keys)), Floats(std::vector<float>(n * 64, g))});
+    EXPECT_TRUE(r.has_value());
+    return r ? r->first : Header{};
+  }
+  std::vector<float> Pull(const std::string& table, uint64_t first, size_t n) {
+    std::vector<uint64_t> keys(n);
+    for (size_t i = 0; i < n; ++i) keys[i] = first + i;
+    auto r = raw_->Call({HeaderFrame(Request(Op::kPullSparse, table)), Keys(std::move(keys))});
+    EXPECT_TRUE(r.has_value());
+    if (!r || r->first.code != StatusCode::kOk || r->second.size() != 2) return {};
+    const float* v = r->second[1].As<float>();
+    return std::vector<float>(v, v + n * 64);
+  }
+  std::map<std::string, std::string> Info(const std::string& table) {
+    auto r = raw_->Call({HeaderFrame(Request(Op::kTableInfo, table))});
+    EXPECT_TRUE(r.has_value());
+    return r ? r->first.spec : std::map<std::string, std::string>{};
+  }
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<ShardServer> server_;
+  std::string endpoint_;
+  std::unique_ptr<RawClient> raw_;
+  uint64_t seq_ = 0;
+};
+
+TEST_P(ShardServerMemoryBudgetTest, APushCreatingRowsPastTheBudgetIsRefusedWhole) {
+  ASSERT_EQ(Create(Sparse("grow")).code, StatusCode::kOk);
+  ASSERT_EQ(Create(Sparse("capped", /*max_rows=*/8)).code, StatusCode::kOk);
+  ASSERT_EQ(Push("capped", 1u << 30, 8, 1.0f).code, StatusCode::kOk);  // full: evicts from now
+  // Always-new keys, 256 rows (~70 KB) a push: refused once the budget is reached.
+  uint64_t next = 0;
+  Header refused;
+  for (int i = 0; i < 100 && refused.code == StatusCode::kOk; ++i, next += 256) {
+    refused = Push("grow", next, 256, 1.0f);
+  }
+  ASSERT_EQ(refused.code, StatusCode::kResourceExhausted)
+      << "no push refused after " << next << " new rows (" << Info("grow")["stat.memory_bytes"]
+      << " bytes): the shard has no memory budget";
+  EXPECT_THAT(refused.message, HasSubstr("table 'grow'"));
+  EXPECT_THAT(refused.message, HasSubstr("memory budget of 1048576 bytes (--max-memory-mb)"));
+  EXPECT_THAT(refused.message, HasSubstr("nothing of it was applied"));
+  EXPECT_THAT(refused.message, HasSubstr("max_rows"));
+  // Then one row a push, up to the last that fits.
+  next -= 256;
+  refused = {};
+  for (int i = 0; i < 1000 && refused.code == StatusCode::kOk; ++i)
+    refused = Push("grow", next++, 1, 1.0f);
+  ASSERT_EQ(refused.code, StatusCode::kResourceExhausted) << refused.message;
+  const uint64_t held = next - 1;  // the rows of the pushes accepted
+  std::map<std::string, std::string> before = Info("grow");
+  EXPECT_EQ(before["stat.rows"], std::to_string(held));
+  EXPECT_LE(std::stoull(before["stat.memory_bytes"]), kBudget + 2 * 256 * 300)
+      << "the pushes accepted stay about within the budget";
+
+  // A push of existing rows and one new key is refused whole: the existing rows it
+  // names are not changed either.
+  const std::vector<float> old_rows = Pull("grow", 0, 4);
+  ASSERT_EQ(old_rows.size(), 4u * 64);
+  EXPECT_EQ(old_rows[0], -1.0f);
+  std::vector<uint64_t> mixed = {0, 1, 2, 3, next + 1000};
+  auto r = raw_->Call({HeaderFrame(PushHeader(Op::kPushSparse, "grow", 1, ++seq_)), Keys(mixed),
+                       Floats(std::vector<float>(5 * 64, 5.0f))});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.code, StatusCode::kResourceExhausted) << r->first.message;
+  EXPECT_EQ(Pull("grow", 0, 4), old_rows);
+  std::map<std::string, std::string> after = Info("grow");
+  EXPECT_EQ(after["stat.rows"], before["stat.rows"]);
+  EXPECT_EQ(after["stat.version"], before["stat.version"]);
+
+  // Existing rows only: applied. Pulls go on. A capped table that is full evicts for
+  // each new row and grows no more: its new rows go on too.
+  Header ok = Push("grow", 0, 4, 1.0f);
+  EXPECT_EQ(ok.code, StatusCode::kOk) << ok.message;
+  EXPECT_EQ(Pull("grow", 0, 1)[0], -2.0f);
+  ok = Push("capped", 1u << 31, 8, 1.0f);
+  EXPECT_EQ(ok.code, StatusCode::kOk) << ok.message;
+  EXPECT_EQ(Info("grow")["stat.rows"], std::to_string(held));
+
+  EXPECT_GE(
+      MetricValue(*registry_, "onlineps_ps_memory_budget_refusals_total", {"op=\"push_sparse\""}),
+      2);
+  EXPECT_EQ(MetricValue(*registry_, "onlineps_ps_memory_budget_bytes"), kBudget);
+}
+
+TEST_P(ShardServerMemoryBudgetTest, ATableTooLargeForTheBudgetIsNotCreated) {
+  TableSpec big = DenseSpec();
+  big.name = "big";
+  big.shape = {1 << 20};  // 4 MiB of weights
+  Header h = Create(big);
+  ASSERT_EQ(h.code, StatusCode::kResourceExhausted) << h.message;
+  EXPECT_THAT(h.message, HasSubstr("table 'big' would hold 4194304 bytes"));
+  EXPECT_THAT(h.message, HasSubstr("memory budget of 1048576 bytes (--max-memory-mb)"));
+  auto r = raw_->Call({HeaderFrame(Request(Op::kTableInfo, "big"))});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.code, StatusCode::kNotFound);
+  // At the 2^36-element cap: refused from its size, nothing allocated.
+  big.name = "huge";
+  big.shape = {uint64_t{1} << 36};
+  big.optimizer = "adam";
+  h = Create(big);
+  EXPECT_EQ(h.code, StatusCode::kResourceExhausted) << h.message;
+  EXPECT_THAT(h.message, HasSubstr("table 'huge' would hold 824633720832 bytes"));
+  // One that fits is created and served; then the budget counts it.
+  big.name = "small";
+  big.shape = {163840};  // 640 KiB
+  big.optimizer = "sgd";
+  h = Create(big);
+  ASSERT_EQ(h.code, StatusCode::kOk) << h.message;
+  big.name = "small2";
+  h = Create(big);
+  EXPECT_EQ(h.code, StatusCode::kResourceExhausted) << h.message;
+  EXPECT_THAT(h.message, HasSubstr("of which 655360 are in use"));
+  r = raw_->Call({HeaderFrame(Request(Op::kPullDense, "small"))});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  EXPECT_EQ(
+      MetricValue(*registry_, "onlineps_ps_memory_budget_refusals_total", {"op=\"create_table\""}),
+      3);
+}
+
+TEST_P(ShardServerMemoryBudgetTest, ABackupAppliesWhatItsPrimaryAcceptedPastTheBudget) {
+  // The budget is enforced at the primary: a backup replaying its log (whose count may
+  // differ a little) must not refuse an update the primary acknowledged.
+  TableSpec big = DenseSpec();
+  big.name = "big";
+  big.shape = {1 << 20};
+  Header h = Request(Op::kCreateTable, "big");
+  h.spec = EncodeSpec(big);
+  Status st = ShardServerTestPeer::ApplyReplicated(server_.get(), {HeaderFrame(h)});
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_EQ(Create(Sparse("grow")).code, StatusCode::kOk);
+  std::vector<uint64_t> keys(4096);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i;
+  st = ShardServerTestPeer::ApplyReplicated(
+      server_.get(), {HeaderFrame(PushHeader(Op::kPushSparse, "grow", 2, 1)), Keys(keys),
+                      Floats(std::vector<float>(keys.size() * 64, 1.0f))});
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(Info("grow")["stat.rows"], "4096");
+  // A client's push of a new row is refused here (this shard is not a backup).
+  EXPECT_EQ(Push("grow", 100000, 1, 1.0f).code, StatusCode::kResourceExhausted);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ShardServerMemoryBudgetTest, ::testing::Values("mem", "tcp"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace onlineps::ps
