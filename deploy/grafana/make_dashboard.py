@@ -39,6 +39,12 @@ ROWS = [
            "{{pod}} {{result}}")]),
         ("Rows and memory by table", "bytes", "Approximate bytes of parameters and optimizer state",
          [(f'sum by (table) (onlineps_ps_table_memory_bytes{{job="onlineps-ps", {NS}}})', "{{table}}")]),
+        ("Memory budget by shard", "bytes",
+         "Table state counted against --max-memory-mb, and the budget (0: none); at the budget, "
+         "new sparse rows and dense tables are refused",
+         [(f'sum by (pod) (onlineps_ps_memory_used_bytes{{job="onlineps-ps", {NS}}})', "{{pod}} used"),
+          (f'sum by (pod) (onlineps_ps_memory_budget_bytes{{job="onlineps-ps", {NS}}})',
+           "{{pod}} budget")]),
     ]),
     ("Workers", [
         ("Requests/s by op", "reqps", "infer and learn calls served, all workers",
