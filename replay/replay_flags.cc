@@ -450,7 +450,7 @@ Status WriteOutputs(const Flags& f, const nlohmann::json& manifest, const Replay
   ONLINEPS_RETURN_IF_ERROR(WriteStalenessCsv(f.out + "/staleness.csv", run, r));
   ONLINEPS_RETURN_IF_ERROR(WriteHistogramCsv(f.out + "/tau_histogram.csv", run, r));
   if (!f.no_plots) {
-    Status st = Plot(f.out);
+    Status st = Plot(f.out, r);
     if (!st.ok()) std::fprintf(stderr, "onlineps_replay: %s\n", st.message().c_str());
   }
   return Status::Ok();

@@ -90,23 +90,49 @@ Status WriteJson(const std::string& path, const nlohmann::json& j) {
   return WriteText(path, j.dump(2) + "\n");
 }
 
-Status Plot(const std::string& dir) {
+Status Plot(const std::string& dir, const ReplayResult& r) {
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
     return NotFound("gnuplot is not installed (apt-get install gnuplot-nox); plots skipped");
   }
+  // gnuplot stops at a plot whose column holds no number ("x range is invalid"), losing
+  // every later figure: a run without a test split (a trace, --dataset none) leaves the
+  // test columns empty, so only the series that hold values are plotted.
+  bool accuracy = false, test_loss = false, train_loss = false, staleness = false;
+  for (const EvalRow& e : r.curve) {
+    accuracy |= std::isfinite(e.test_accuracy);
+    test_loss |= std::isfinite(e.test_loss);
+    train_loss |= std::isfinite(e.train_loss);
+  }
+  for (uint64_t count : r.overall.histogram()) staleness |= count > 0;
+  const bool loss = test_loss || train_loss;
+  const std::string curve = "'" + dir + "/curve.csv'";
   std::string gp = "set datafile separator ','\nset key autotitle columnhead\nset grid\n";
   for (const char* term : {"pngcairo size 900,600", "svg size 900,600"}) {
     const std::string ext = std::string(term).rfind("png", 0) == 0 ? "png" : "svg";
     gp += std::string("set terminal ") + term + "\n";
-    gp += "set output '" + dir + "/curve." + ext + "'\n";
-    gp += "set multiplot layout 1,2\nset xlabel 'updates'\nset ylabel 'test accuracy'\n";
-    gp += "plot '" + dir + "/curve.csv' using 2:8 with linespoints title 'test accuracy'\n";
-    gp += "set ylabel 'loss'\nplot '" + dir +
-          "/curve.csv' using 2:7 with linespoints title "
-          "'test loss', '' using 2:6 with lines title 'train loss'\nunset multiplot\n";
-    gp += "set output '" + dir + "/staleness." + ext + "'\n";
-    gp += "set xlabel 'staleness tau'\nset ylabel 'pushes'\nset style fill solid 0.6\n";
-    gp += "plot '" + dir + "/tau_histogram.csv' using 2:3 with boxes title 'pushes'\n";
+    if (accuracy || loss) {
+      gp += "set output '" + dir + "/curve." + ext + "'\n";
+      gp += "set multiplot layout 1," + std::to_string(int{accuracy} + int{loss}) + "\n";
+      gp += "set xlabel 'updates'\n";
+    }
+    if (accuracy) {
+      gp += "set ylabel 'test accuracy'\n";
+      gp += "plot " + curve + " using 2:8 with linespoints title 'test accuracy'\n";
+    }
+    if (loss) {
+      std::string series;
+      if (test_loss) series = curve + " using 2:7 with linespoints title 'test loss'";
+      if (train_loss) {
+        series += (series.empty() ? "" : ", ") + curve + " using 2:6 with lines title 'train loss'";
+      }
+      gp += "set ylabel 'loss'\nplot " + series + "\n";
+    }
+    if (accuracy || loss) gp += "unset multiplot\n";
+    if (staleness) {
+      gp += "set output '" + dir + "/staleness." + ext + "'\n";
+      gp += "set xlabel 'staleness tau'\nset ylabel 'pushes'\nset style fill solid 0.6\n";
+      gp += "plot '" + dir + "/tau_histogram.csv' using 2:3 with boxes title 'pushes'\n";
+    }
   }
   ONLINEPS_RETURN_IF_ERROR(WriteText(dir + "/plot.gp", gp));
   const std::string cmd = "gnuplot '" + dir + "/plot.gp' 2>'" + dir + "/plot.log'";

@@ -26,8 +26,10 @@ Status WriteStalenessCsv(const std::string& path, const std::string& run, const 
 Status WriteHistogramCsv(const std::string& path, const std::string& run, const ReplayResult& r);
 Status WriteJson(const std::string& path, const nlohmann::json& j);
 // Renders accuracy and loss against updates and the staleness histogram from the CSVs
-// in `dir` into DIR/{curve,staleness}.{png,svg}. kNotFound when gnuplot is missing.
-Status Plot(const std::string& dir);
+// in `dir` into DIR/{curve,staleness}.{png,svg}. A series `r` holds no value of (test
+// accuracy and loss without a test split) is left out; a figure with none is not written.
+// kNotFound when gnuplot is missing.
+Status Plot(const std::string& dir, const ReplayResult& r);
 // Versions of the libraries linked in, for the manifest.
 nlohmann::json LibraryVersions();
 

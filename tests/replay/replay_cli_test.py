@@ -22,6 +22,10 @@
   queued-tail   with --sync and 4 workers, --updates 6 leaves the last 2 pushes in the
                 shard's accumulator: the manifest's result says queued_at_end 2 and the
                 summary says they are not in the final parameters; --updates 8 leaves none.
+  plots         a run without a test split (--dataset none; a trace is the same) writes
+                every figure docs/replay.md names, curve and staleness in PNG and SVG, with
+                no "gnuplot failed" (its empty test-accuracy column once stopped gnuplot at
+                the first plot: a half-drawn curve.png and nothing else).
   resume        (given --experiments-dir, an `experiments/run.py all --quick` output) the
                 same grid again with --resume reuses every run, and each summary says so
                 instead of "N runs in 0 s".
@@ -265,11 +269,30 @@ def queued_tail():
     print("replay_cli_test: queued-tail PASS")
 
 
+def plots():
+    if subprocess.run(["sh", "-c", "command -v gnuplot"], capture_output=True).returncode != 0:
+        fail("gnuplot is not installed (scripts/setup.sh installs gnuplot-nox)")
+    with tempfile.TemporaryDirectory() as out:
+        r = subprocess.run([REPLAY, "--dataset", "none", "--model", "quadratic", "--updates",
+                            "60", "--workers", "3", "--log-level", "warn", "--out", out],
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            fail(f"--dataset none: exit {r.returncode}:\n{r.stderr[-1000:]}")
+        if "gnuplot failed" in r.stderr:
+            fail(f"--dataset none: {r.stderr.strip()[-500:]}")
+        figures = [f"{name}.{ext}" for name in ("curve", "staleness") for ext in ("png", "svg")]
+        missing = [f for f in figures if not os.path.exists(os.path.join(out, f))
+                   or os.path.getsize(os.path.join(out, f)) == 0]
+        if missing:
+            fail(f"--dataset none: no {', '.join(missing)} in {sorted(os.listdir(out))}")
+    print("replay_cli_test: plots PASS")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("check",
                     choices=["none-dataset", "csv-quoting", "libsvm", "torchscript", "bad-specs",
-                             "queued-tail", "resume"])
+                             "queued-tail", "plots", "resume"])
     ap.add_argument("--experiments-dir", help="resume: an experiments/run.py all --quick output")
     args = ap.parse_args()
     if args.check == "none-dataset":
@@ -284,6 +307,8 @@ def main():
         bad_specs()
     elif args.check == "queued-tail":
         queued_tail()
+    elif args.check == "plots":
+        plots()
     else:
         if not args.experiments_dir:
             ap.error("resume needs --experiments-dir")
