@@ -865,7 +865,8 @@ StatusOr<ShardServer::Created> ShardServer::CreateTable(const Header& h, Header*
       spdlog::warn("create_table '{}': {}", spec->name, reply->message);
       return Created::kExisted;
     }
-    return AlreadyExists("table '" + spec->name + "' exists with a different spec");
+    return AlreadyExists("table '" + spec->name +
+                         "' exists with a different spec: " + DescribeSpecDifference(have, *spec));
   }
   // A dense table is allocated whole (and filled) here: past the budget it is refused
   // before, not found out by the kernel's OOM killer later. A sparse table starts empty

@@ -4,6 +4,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdlib>
+#include <set>
 #include <sstream>
 
 namespace onlineps::ps {
@@ -207,6 +208,26 @@ bool EqualExceptCaps(const TableSpec& a, const TableSpec& b) {
   b_with_caps_of_a.ttl_ms = a.ttl_ms;
   b_with_caps_of_a.max_rows = a.max_rows;
   return a == b_with_caps_of_a;
+}
+
+std::string DescribeSpecDifference(const TableSpec& have, const TableSpec& asked) {
+  const std::map<std::string, std::string> h = EncodeSpec(have);
+  const std::map<std::string, std::string> a = EncodeSpec(asked);
+  auto value = [](const std::map<std::string, std::string>& m, const std::string& key) {
+    auto it = m.find(key);
+    return it == m.end() ? std::string("(none)") : it->second;
+  };
+  std::set<std::string> keys;
+  for (const auto& [k, v] : h) keys.insert(k);
+  for (const auto& [k, v] : a) keys.insert(k);
+  std::string out;
+  for (const std::string& k : keys) {
+    const std::string hv = value(h, k), av = value(a, k);
+    if (hv == av) continue;
+    if (!out.empty()) out += ", ";
+    out += k + "=" + hv + " (asked " + av + ")";
+  }
+  return out;
 }
 
 std::string DescribeBase(const std::string& base) { return base.empty() ? "none" : base; }

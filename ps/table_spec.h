@@ -79,6 +79,9 @@ inline bool RecordsPullBackups(const TableSpec& s) { return s.staleness.rfind("d
 bool EqualExceptCaps(const TableSpec& a, const TableSpec& b);
 // "max_rows=N ttl_ms=N admit_after=N".
 std::string DescribeCaps(const TableSpec& spec);
+// Each wire field in which `asked` differs from `have`, as "key=have (asked value)",
+// comma-separated ("(none)" for a field one of them does not hold); "" when equal.
+std::string DescribeSpecDifference(const TableSpec& have, const TableSpec& asked);
 // "none" for a table with no frozen base, else the base itself.
 std::string DescribeBase(const std::string& base);
 

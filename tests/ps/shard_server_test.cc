@@ -494,6 +494,25 @@ TEST_P(ShardServerTest, CreateTableWithDifferentSpecIsAlreadyExists) {
   EXPECT_EQ(r->second[1].As<float>()[5], -12.0f);  // lr still 1
 }
 
+// A worker started with other table flags than the one that created the table (a changed
+// ONLINEPS_LR in a rollout) is refused; the refusal names each field that differs, with
+// the table's value and the asked one, so the operator knows which flag to revert.
+TEST_P(ShardServerTest, CreateTableWithDifferentSpecNamesWhatDiffers) {
+  TableSpec spec = DenseSpec();
+  Header h = Request(Op::kCreateTable, "d");
+  spec.optimizer_params = {{"lr", 0.5}};
+  spec.staleness = "lr_over_tau";
+  h.spec = EncodeSpec(spec);
+  ExpectError({HeaderFrame(h)}, StatusCode::kAlreadyExists,
+              "table 'd' exists with a different spec: opt.lr=1 (asked 0.5), staleness=none "
+              "(asked lr_over_tau)");
+  spec = DenseSpec();
+  spec.clip_norm = 2.0;  // a field the table does not hold at all
+  h.spec = EncodeSpec(spec);
+  ExpectError({HeaderFrame(h)}, StatusCode::kAlreadyExists, "clip_norm=(none) (asked 2)");
+  ExpectStillServing();
+}
+
 // The caps of a sparse table are fixed at creation: a create_table that differs only in
 // them joins the table (so workers with other cap flags can share it) and says which
 // caps the table kept.
