@@ -475,13 +475,19 @@ void PrintSummary(const Flags& f, const ReplayResult& r) {
               static_cast<unsigned long long>(r.overall.Max()));
   if (!r.curve.empty()) {
     const EvalRow& e = r.curve.back();
-    std::printf("final test accuracy %.4f, test loss %.4f", e.test_accuracy, e.test_loss);
+    // A trace or --dataset none has no test split: "test accuracy nan" read as a failure.
+    if (std::isfinite(e.test_accuracy)) {
+      std::printf("final test accuracy %.4f, test loss %.4f", e.test_accuracy, e.test_loss);
+    } else {
+      std::printf("final train loss %.4f (no test split to evaluate)", e.train_loss);
+    }
     if (e.progressive_accuracy >= 0)
       std::printf(", progressive accuracy %.4f", e.progressive_accuracy);
     std::printf("\n");
   }
-  std::printf("params sha256 %s\nwrote %s/{manifest.json,curve.csv,staleness.csv}\n",
-              r.params_sha256.c_str(), f.out.c_str());
+  std::printf(
+      "params sha256 %s\nwrote %s/{manifest.json,curve.csv,staleness.csv,tau_histogram.csv}\n",
+      r.params_sha256.c_str(), f.out.c_str());
 }
 
 }  // namespace onlineps::replay

@@ -2,7 +2,8 @@
 """onlineps_replay through its command line (issue 23 regressions), real binary:
 
   none-dataset  `--dataset none --model quadratic --updates N` runs N pushes and the loss
-                falls (it used to fail: "dataset '' has no training rows"); without
+                falls (it used to fail: "dataset '' has no training rows"), and the summary
+                gives the final train loss (it printed "final test accuracy nan"); without
                 --updates it is refused with a message naming the flag.
   csv-quoting   a --run-name holding a comma and a quote is written as one quoted CSV
                 field in curve.csv, staleness.csv and tau_histogram.csv, which every row
@@ -70,6 +71,9 @@ def none_dataset():
     first, last = float(curve[0]["train_loss"]), float(curve[-1]["train_loss"])
     if not last < first:
         fail(f"quadratic loss did not fall: {first} -> {last}")
+    # No test split: the summary gives the train loss, not "test accuracy nan".
+    if "nan" in r.stdout or "final train loss" not in r.stdout:
+        fail(f"--dataset none summary:\n{r.stdout}")
     r = replay("--dataset", "none", "--model", "quadratic", "--out", out)
     if r.returncode == 0 or "--updates" not in r.stderr:
         fail(f"--dataset none without --updates: exit {r.returncode}, said {r.stderr[-300:]!r}")
