@@ -1,6 +1,7 @@
 #include "mcp_bridge/tool_call_adapter.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 
 #include "common/sha256.h"
@@ -65,7 +66,6 @@ Outcome ToolOutcome(ToolResult&& result, bool stateless) {
   return o;
 }
 
-
 ToolCallAdapter::ToolCallAdapter(ToolCallAdapterOptions options, Tools* tools, Recorder* recorder)
     : options_(options), tools_(tools), recorder_(recorder) {}
 
@@ -113,11 +113,7 @@ void ToolCallAdapter::Call(const std::string& name, const json& arguments, const
   // Stateless handles are chosen by the client: a new one per call must not dodge the
   // limit, so stateless calls are limited per identity.
   if (!Allow(req.stateless ? "identity|" + req.principal : "session|" + req.session_id)) {
-    return respond(
-        Outcome::Error(kServerError,
-                       "rate limit: more than " + std::to_string(options_.rate_limit) +
-                           " calls/s on this session (--rate-limit); slow down and retry",
-                       nullptr, 429));
+    return respond(Outcome::Error(kServerError, RateLimitMessage(req.stateless), nullptr, 429));
   }
   const json token = ctx.progress_token;
   if (req.notify && IsProgressToken(token)) {
@@ -216,6 +212,20 @@ void ToolCallAdapter::Trace(const ToolCall& call, const ToolResult& result, Cloc
   rec.run_us = Micros(released - admitted);
   if (recorder_) recorder_->Record(rec);
   if (observer_) observer_(rec);
+}
+
+std::string ToolCallAdapter::RateLimitMessage(bool stateless) const {
+  // %g: the limit as the operator wrote it ("2", "0.5"), not std::to_string's "2.000000".
+  char flags[96];
+  std::snprintf(flags, sizeof(flags), "--rate-limit %g, --rate-burst %g", options_.rate_limit,
+                options_.rate_burst);
+  char rate[32];
+  std::snprintf(rate, sizeof(rate), "%g", options_.rate_limit);
+  const std::string whose =
+      stateless ? " calls/s from this client, whose stateless calls share one bucket"
+                : " calls/s on this session";
+  return "rate limit: more than " + std::string(rate) + whose + " (" + flags +
+         "); slow down and retry";
 }
 
 bool ToolCallAdapter::Allow(const std::string& key) {

@@ -66,6 +66,8 @@ class ToolCallAdapter {
   // Tools::CallAsync behind the exception barrier; `done` runs once.
   void Run(const ToolCall& call, Tools::ToolDone done);
   bool Allow(const std::string& key);
+  // The 429's message: the limit as given, and whose bucket it is.
+  std::string RateLimitMessage(bool stateless) const;
   void Trace(const ToolCall& call, const ToolResult& result,
              std::chrono::steady_clock::time_point start,
              std::chrono::steady_clock::time_point admitted,

@@ -479,6 +479,35 @@ httplib::Headers ModernHeaders(const std::string& method, const std::string& nam
   return h;
 }
 
+// The 429 names the limit as the operator wrote it ("2", not "2.000000"), and says whose
+// bucket ran dry: a stateful session's, or, for stateless calls (whose handles the client
+// chooses), the one bucket of the client's identity.
+TEST_F(BridgeHttpTest, RateLimitMessageNamesTheLimitAndTheBucket) {
+  const int port = Start({"--rate-limit", "2", "--rate-burst", "1"});
+  McpHttp c(port);
+  ASSERT_FALSE(c.Initialize().empty());
+  std::string stateful;
+  for (int i = 0; i < 5 && stateful.empty(); ++i) {
+    int status = 0;
+    json r = c.Call("get_context", json::object(), &status);
+    if (status == 429) stateful = r["error"]["message"];
+  }
+  EXPECT_EQ(stateful,
+            "rate limit: more than 2 calls/s on this session (--rate-limit 2, --rate-burst 1); "
+            "slow down and retry");
+  McpHttp m(port);
+  std::string stateless;
+  for (int i = 0; i < 5 && stateless.empty(); ++i) {
+    json call =
+        Modern(10 + i, "tools/call", {{"name", "model_info"}, {"arguments", json::object()}});
+    HttpReply r = m.Post(call.dump(), ModernHeaders("tools/call", "model_info"));
+    if (r.status == 429) stateless = r.body["error"]["message"];
+  }
+  EXPECT_EQ(stateless,
+            "rate limit: more than 2 calls/s from this client, whose stateless calls share one "
+            "bucket (--rate-limit 2, --rate-burst 1); slow down and retry");
+}
+
 TEST_F(BridgeHttpTest, StatelessRevisionRoutesOnTheSessionHeader) {
   const int port = Start();
   McpHttp c(port);
