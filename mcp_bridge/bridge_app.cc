@@ -83,7 +83,9 @@ void AddFlags(CLI::App& app, Flags* f) {
   app.add_option("--tokens-file", f->tokens_file,
                  "Bearer tokens, one 'identity token' per line; enables auth (sessions are "
                  "bound to the identity)");
+  // A size of 0 would start a bridge that refuses every request: refused at start instead.
   app.add_option("--max-request-bytes", f->http.max_request_bytes, "Largest request body")
+      ->check(CLI::Range(size_t{1024}, size_t{1} << 31))
       ->capture_default_str();
   app.add_option("--http-threads", f->http.threads,
                  "MCP requests that may block run at once (context tools, initialize, "
@@ -118,6 +120,7 @@ void AddFlags(CLI::App& app, Flags* f) {
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
   app.add_option("--max-sessions", f->mcp.max_sessions, "MCP sessions held at once")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 30))
       ->capture_default_str();
   app.add_option("--max-sessions-per-client", f->mcp.max_sessions_per_client,
                  "MCP sessions one client holds at once: one token's identity, or without "
@@ -132,6 +135,7 @@ void AddFlags(CLI::App& app, Flags* f) {
       ->capture_default_str();
   app.add_option("--rate-limit", f->mcp.rate_limit,
                  "tools/call per second per session (0: unlimited)")
+      ->check(onlineps::NumberIn(0, HUGE_VAL))
       ->capture_default_str();
   // A bucket that never holds a whole token would refuse every call as rate-limited.
   app.add_option("--rate-burst", f->mcp.rate_burst, "Calls a session may make at once")
@@ -171,6 +175,7 @@ void AddRoutingFlags(CLI::App& app, Flags* f) {
 
 void AddToolFlags(CLI::App& app, Flags* f) {
   app.add_option("--context-max-sessions", f->context.max_sessions, "Session contexts held")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 30))
       ->capture_default_str();
   app.add_option("--context-max-items", f->context.max_items, "Text items per context")
       ->capture_default_str();
@@ -196,6 +201,7 @@ void AddToolFlags(CLI::App& app, Flags* f) {
   app.add_option("--max-examples", f->tools.max_examples,
                  "Examples per infer or learn call (an infer goes to the worker in one call: keep "
                  "it at most the worker's --max-batch)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20))
       ->capture_default_str();
   app.add_option("--max-text-bytes", f->tools.max_text_bytes,
                  "Bytes of the text of one example (at most the worker's --max-text-bytes)")

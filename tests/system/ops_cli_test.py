@@ -17,7 +17,8 @@
                docs/configuration.md, and so is each ONLINEPS_* env name the code reads
                outside the flag parser.
   bad-flags    each binary (and each bench/ program) answers --help with exit 0, names an
-               unknown flag (exit 2), refuses out-of-range ports, and the worker refuses a
+               unknown flag (exit 2), refuses out-of-range ports, the bridge refuses sizes
+               of 0 that would refuse every request and a negative --rate-limit, and the worker refuses a
                bad --optimizer / --lr / --device before waiting for its shards (they are
                unreachable here); all within seconds.
   ports-taken  a worker whose --listen port, and a bridge whose --port or --admin-port,
@@ -350,6 +351,17 @@ def bad_flags():
         expect([f"{BIN}/onlineps_mcp_bridge", "--workers", dead, "--rate-limit", "5",
                 "--rate-burst", burst], 2, r"--rate-burst: must be a number >= 1, not '"
                + re.escape(burst) + "'", 10)
+    # Bridge sizes of 0 (and a negative rate) started a bridge that refused everything
+    # (every body 413, every initialize 503, every context or infer refused) or, for
+    # --rate-limit -1, silently did not limit at all.
+    for flag, value, message in [
+            ("--max-request-bytes", "0", r"--max-request-bytes: Value 0 not in range 1024 to"),
+            ("--max-sessions", "0", r"--max-sessions: Value 0 not in range 1 to"),
+            ("--context-max-sessions", "0", r"--context-max-sessions: Value 0 not in range 1 to"),
+            ("--max-examples", "0", r"--max-examples: Value 0 not in range 1 to"),
+            ("--rate-limit", "-1", r"--rate-limit: must be a number >= 0, not '-1'")]:
+        expect([f"{BIN}/onlineps_mcp_bridge", "--workers", dead, "--admin-port", "-1", flag,
+                value], 2, message, 10)
     expect([f"{BIN}/onlineps_worker", "--ps", "tcp://127.0.0.1:123456", "--admin-port", "-1"], 1,
            r"port '123456' is not in 0\.\.65535", 15)
     # The worker's learning and model flags fail at once, not after its 30 s wait for
