@@ -408,7 +408,11 @@ int Main(int argc, char** argv) {
     h.source = "onlineps_replay";
     h.commit = ONLINEPS_GIT_COMMIT;
     h.model = {{"labels", (*model)->labels()}, {"tables", ParamsJson(**model)}};
-    h.dataset = workload->describe;
+    // docs/trace.md: a header's `dataset` is Dataset::Describe() (name, package, files,
+    // split, ...), which the `ref`s of the records point into; a trace replay has no
+    // dataset, and its refs point into the trace its description names.
+    h.dataset =
+        workload->describe.contains("dataset") ? workload->describe["dataset"] : workload->describe;
     h.seeds = {{"seed", f.seed}};
     auto w = TraceWriter::Create(f.out + "/events.jsonl", h, /*overwrite=*/true);
     if (!w.ok()) return Fail(w.status());

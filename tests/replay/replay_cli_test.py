@@ -27,6 +27,9 @@
                 every figure docs/replay.md names, curve and staleness in PNG and SVG, with
                 no "gnuplot failed" (its empty test-accuracy column once stopped gnuplot at
                 the first plot: a half-drawn curve.png and nothing else).
+  events-header with --events, events.jsonl's header `dataset` is the dataset's description
+                as docs/trace.md defines it (name, files, split, sizes), not wrapped in
+                {"dataset": ..., "updates": N}.
   resume        (given --experiments-dir, an `experiments/run.py all --quick` output) the
                 same grid again with --resume reuses every run, and each summary says so
                 instead of "N runs in 0 s".
@@ -292,11 +295,30 @@ def plots():
     print("replay_cli_test: plots PASS")
 
 
+def events_header():
+    data = tempfile.mkdtemp(prefix="replay-events-")
+    with open(os.path.join(data, "d.csv"), "w") as f:
+        f.write("a,b,label\n" + "".join(f"{i % 7},{i % 3},{i % 2}\n" for i in range(40)))
+    out = os.path.join(data, "run")
+    r = replay("--dataset", f"csv:{data}/d.csv", "--model", "mlp", "--hidden", "4", "--updates",
+               "6", "--batch", "4", "--events", "--out", out)
+    if r.returncode != 0:
+        fail(f"--events: exit {r.returncode}: {r.stderr[-500:]}")
+    with open(os.path.join(out, "events.jsonl")) as f:
+        header = json.loads(f.readline())
+    dataset = header.get("dataset", {})
+    if dataset.get("name") != f"csv:{data}/d.csv" or dataset.get("train_size", 0) <= 0 \
+            or len(dataset.get("files", [])) != 1:
+        fail(f"events.jsonl header dataset is not the dataset's description (docs/trace.md: "
+             f"name, package, files, split, ...): {json.dumps(dataset)[:400]}")
+    print("replay_cli_test: events-header PASS")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("check",
                     choices=["none-dataset", "csv-quoting", "libsvm", "torchscript", "bad-specs",
-                             "queued-tail", "plots", "resume"])
+                             "queued-tail", "plots", "events-header", "resume"])
     ap.add_argument("--experiments-dir", help="resume: an experiments/run.py all --quick output")
     args = ap.parse_args()
     if args.check == "none-dataset":
@@ -313,6 +335,8 @@ def main():
         queued_tail()
     elif args.check == "plots":
         plots()
+    elif args.check == "events-header":
+        events_header()
     else:
         if not args.experiments_dir:
             ap.error("resume needs --experiments-dir")
