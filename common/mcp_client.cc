@@ -115,7 +115,11 @@ StatusOr<json> McpHttpClient::Rpc(const json& message, McpHttpReply* reply) {
   r = Send(message);
   const std::string where = url_.scheme_host_port + url_.path;
   if (r.status == 0) {
-    const std::string what = httplib::to_string(r.error);
+    // httplib names a refused or unreachable connect only "Connection".
+    const std::string what = r.error == httplib::Error::Connection
+                                 ? "cannot connect (nothing listening there, or the host is "
+                                   "unreachable)"
+                                 : httplib::to_string(r.error);
     if (r.error == httplib::Error::Read || r.error == httplib::Error::Write) {
       return DeadlineExceeded(where + ": " + what + " (no reply within " +
                               std::to_string(options_.timeout_ms) + " ms?)");

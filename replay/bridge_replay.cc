@@ -90,7 +90,7 @@ class Run {
     // Reach the bridge once before pacing starts, so a wrong URL fails fast and clearly.
     {
       McpHttpClient probe(url_, ClientOptions());
-      ONLINEPS_RETURN_IF_ERROR(probe.Initialize().WithContext("bridge " + o_.url));
+      ONLINEPS_RETURN_IF_ERROR(probe.Initialize().WithContext("bridge"));
       probe.Close();
     }
     const std::vector<double> offsets = PacedOffsets(calls_, o_.speed, o_.max_gap_ms);

@@ -238,6 +238,11 @@ TEST(McpHttpClientTest, NoServerIsUnavailableAndASilentOneADeadline) {
   }
   McpHttpClient none = Client(free_port);
   EXPECT_EQ(none.Initialize().code(), StatusCode::kUnavailable);
+  // The message says what went wrong in words (httplib's own name for it is the bare
+  // "Connection") and names the URL once.
+  const std::string url = "http://127.0.0.1:" + std::to_string(free_port) + "/mcp";
+  EXPECT_EQ(none.Initialize().message(),
+            url + ": cannot connect (nothing listening there, or the host is unreachable)");
   EXPECT_EQ(none.Send(json::object()).status, 0);
 
   FakeMcpServer slow(Scripted([](const json& req, httplib::Response& res) {
