@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 namespace onlineps::worker {
 
 bool HeldPushes::MayPassOnRetry(const Status& st) {
@@ -17,10 +19,17 @@ bool HeldPushes::MayPassOnRetry(const Status& st) {
   }
 }
 
+void HeldPushes::Started(const Push& p) {
+  MutexLock lock(&mu_);
+  untaken_.emplace(p.seq, p.table);
+  newest_ = std::max(newest_, p.seq);
+}
+
 bool HeldPushes::Failed(const Push& p, const Status& st) {
   MutexLock lock(&mu_);
   auto it = held_.find(p.seq);
   if (!MayPassOnRetry(st)) {
+    untaken_.erase(p.seq);
     if (it != held_.end()) {
       stats_.bytes -= it->second.push.values.size();
       held_.erase(it);
@@ -49,6 +58,7 @@ bool HeldPushes::Failed(const Push& p, const Status& st) {
 
 void HeldPushes::Succeeded(const Push& p) {
   MutexLock lock(&mu_);
+  untaken_.erase(p.seq);
   auto it = held_.find(p.seq);
   if (it == held_.end()) return;  // a first attempt that passed: never held
   spdlog::info(
@@ -73,6 +83,18 @@ std::vector<HeldPushes::Push> HeldPushes::TakeForRetry() {
 
 Status HeldPushes::CheckRoom() const {
   MutexLock lock(&mu_);
+  if (!untaken_.empty() && newest_ - untaken_.begin()->first >= kMaxSeqSpan) {
+    const auto& [seq, table] = *untaken_.begin();
+    auto it = held_.find(seq);
+    return ResourceExhausted(
+        "learn refused: the oldest accumulated push this worker has not got the PS to take "
+        "(table '" +
+        table + "', " + std::to_string(newest_ - seq) +
+        " pushes ago; last error: " + (it == held_.end() ? "none yet" : it->second.last_error) +
+        ") would be past the shards' dedup window (" + std::to_string(ps::Dedup::kWindow) +
+        " pushes) if more followed, and could no longer be told from a new push; it takes "
+        "learns again once that push is taken");
+  }
   if (stats_.bytes <= max_bytes_) return Status::Ok();
   uint64_t calls = 0;
   for (const auto& [seq, e] : held_) calls += e.push.calls;

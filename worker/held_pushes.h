@@ -3,8 +3,10 @@
 // push is not dropped: it is held, with the (sender, seq) of its first attempt, and
 // retried until a shard takes it; a shard that applied it before answers the retry as a
 // duplicate, so nothing is applied twice. Bounded by bytes: past max_bytes, CheckRoom
-// refuses new learns. Pushes whose error no retry can mend are dropped, with an error
-// log naming the learns lost. Thread-safe.
+// refuses new learns; and by seqs: a shard remembers the last ps::Dedup::kWindow seqs of
+// a sender, so CheckRoom also refuses learns while a push not yet taken is kMaxSeqSpan
+// seqs behind the newest started. Pushes whose error no retry can mend are dropped, with
+// an error log naming the learns lost. Thread-safe.
 #ifndef ONLINEPS_WORKER_HELD_PUSHES_H_
 #define ONLINEPS_WORKER_HELD_PUSHES_H_
 
@@ -16,6 +18,7 @@
 #include "common/frame.h"
 #include "common/mutex.h"
 #include "common/status.h"
+#include "ps/dedup.h"
 #include "ps/ps_client.h"
 
 namespace onlineps::worker {
@@ -40,11 +43,20 @@ class HeldPushes {
     uint64_t dropped_calls = 0;  // learns lost: their push failed for good
   };
 
+  // How far the newest push started may be ahead of the oldest not yet taken: half the
+  // shards' dedup window, leaving room for the pushes of learns already past CheckRoom.
+  // Further, a shard that took the newer ones would answer a retry of the old one "below
+  // the dedup window" (a refusal for good), and the old push would be lost.
+  static constexpr uint64_t kMaxSeqSpan = ps::Dedup::kWindow / 2;
+
   explicit HeldPushes(size_t max_bytes) : max_bytes_(max_bytes) {}
 
   // Whether a push that failed with `st` may be taken by a retry (a shard down, slow or
   // not primary), rather than refused for good (bad shape, no such table, too stale).
   static bool MayPassOnRetry(const Status& st);
+  // `p`'s push (first attempt or retry) is sent: not taken until Succeeded, or Failed
+  // for good.
+  void Started(const Push& p);
   // `p`'s push (first attempt or retry) failed with `st`. Returns whether it is held
   // (MayPassOnRetry); otherwise it is dropped, logged as lost.
   bool Failed(const Push& p, const Status& st);
@@ -53,7 +65,8 @@ class HeldPushes {
   // The held pushes no retry is in flight for, marked in flight (Failed or Succeeded
   // ends each).
   std::vector<Push> TakeForRetry();
-  // RESOURCE_EXHAUSTED naming what is held while more than max_bytes are; else OK.
+  // RESOURCE_EXHAUSTED naming what is held while more than max_bytes are, or while the
+  // oldest push not yet taken is kMaxSeqSpan seqs behind the newest; else OK.
   Status CheckRoom() const;
   Stats stats() const;
 
@@ -67,6 +80,9 @@ class HeldPushes {
   const size_t max_bytes_;
   mutable Mutex mu_;
   std::map<uint64_t, Entry> held_ GUARDED_BY(mu_);  // by seq: oldest first
+  // Seqs of pushes started and not yet taken (nor dropped), held or not, by seq.
+  std::map<uint64_t, std::string> untaken_ GUARDED_BY(mu_);  // seq -> table
+  uint64_t newest_ GUARDED_BY(mu_) = 0;                      // the highest seq started
   Stats stats_ GUARDED_BY(mu_);
 };
 

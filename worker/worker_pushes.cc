@@ -44,6 +44,7 @@ void WorkerService::StartPush(
   std::shared_ptr<LearnRun> run = pushes->run;
   if (run) run->AddPending();
   if (InstallsPushedValues()) cache_.BeginOwnPush(table);  // ended by OnPushDone
+  if (held) held_.Started(*held);                          // taken or dropped by HeldDone
   ps::Ticket t = send(reply.get(), [this, table, reply, forget, run, held](const Status& st) {
     // Held before OnPushDone counts it done: Stop, waiting for that, then sees it held.
     const bool kept = held != nullptr && HeldDone(*held, st);

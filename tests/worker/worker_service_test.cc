@@ -21,6 +21,7 @@
 #include <zmq_addon.hpp>
 
 #include "common/clock.h"
+#include "ps/dedup.h"
 #include "ps/ps_client.h"
 #include "ps/shard_server.h"
 #include "tests/etcd_server.h"
@@ -1145,6 +1146,48 @@ TEST_F(WorkerServiceTest, AccumulatedLearnsWhosePushFailedArePushedOnceTheShardI
   service_.reset();
   shards_[1]->Stop();
   std::filesystem::remove_all(dir);
+}
+
+// Held pushes share one sender, and a shard remembers the last ps::Dedup::kWindow seqs of
+// a sender. With shard 1 down, every accumulated push was held while shard 0 took each:
+// once 4096 newer ones had passed there, shard 0 answered a retry of the oldest "below the
+// dedup window" (FAILED_PRECONDITION, a refusal for good), and it was dropped, lost on
+// shard 1 too. Learns are now refused before the newest push gets that far ahead.
+TEST_F(WorkerServiceTest, AHeldPushIsNotDroppedWhenNewerPushesPassTheDedupWindow) {
+  WorkerServiceOptions o;
+  o.accumulate_examples = 2;
+  o.reply_when = ReplyWhen::kQueued;  // learns do not wait out the failed pushes
+  o.max_inflight_pushes = 100000;
+  o.held_retry_ms = 50;
+  o.cache.notices = false;
+  o.cache.refresh_interval_ms = 0;
+  o.cache.dense.max_age_ms = 600000;  // learns read the cached copy, not a pull
+  StartWorker(Mlp(), o, /*tap=*/false, std::chrono::milliseconds(200));
+  ASSERT_TRUE(service_->Learn("", Feats({{1, 1, 0, 0}, {0, 0, 1, 1}}, {0, 2})).ok());
+  size_t dense = 0;
+  for (const auto& p : model_->params()) dense += p.kind == ParamKind::kDense ? 1 : 0;
+  ASSERT_GT(dense, 0u);
+
+  shards_[1]->Stop();
+  const auto one = Feats({{1, -1, 2, 0}}, {1});
+  // Two learns make one push per dense table: enough for 4096 + 256 pushes.
+  const size_t learns = 2 * (ps::Dedup::kWindow + 256) / dense + 2;
+  Status refused;
+  for (size_t i = 0; i < learns && refused.ok(); ++i) {
+    auto r = service_->Learn("", one);
+    if (!r.ok()) refused = r.status();
+  }
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.ToString();
+  EXPECT_NE(refused.message().find("dedup window"), std::string::npos) << refused.ToString();
+  // Retries of the held pushes go on meanwhile, to shard 0 as well.
+  const uint64_t deadline = NowMs() + 2000;
+  while (service_->stats().held.dropped_calls == 0 && NowMs() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const HeldPushes::Stats held = service_->stats().held;
+  EXPECT_GT(held.pushes, 0u);
+  EXPECT_EQ(held.dropped_calls, 0u) << "held pushes were dropped: shard 0 no longer knew them";
+  StopWithAShardDown();
 }
 
 TEST_F(WorkerServiceTest, ALearnRefusedByOneShardAfterAnotherAppliedSaysSo) {
