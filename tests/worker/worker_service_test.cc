@@ -1190,6 +1190,48 @@ TEST_F(WorkerServiceTest, AHeldPushIsNotDroppedWhenNewerPushesPassTheDedupWindow
   StopWithAShardDown();
 }
 
+// A shard past its memory budget refuses a sparse push creating rows, whole, with
+// RESOURCE_EXHAUSTED naming the budget. The learn that sent it (in the service and over
+// the worker RPC) gets that error, naming the budget's flag and the tables that took
+// their part: not a timeout, not an outcome unknown, and nothing of it held or retried.
+TEST_F(WorkerServiceTest, ALearnPastAShardsMemoryBudgetSaysSo) {
+  for (uint32_t i = 0; i < 2; ++i) {
+    shards_[i]->Stop();
+    ps::ShardServerOptions o;
+    o.shard = i;
+    o.num_shards = 2;
+    o.listen = "tcp://127.0.0.1:0";
+    o.max_memory_bytes = 256 << 10;
+    shards_[i] = std::make_unique<ps::ShardServer>(o, std::make_shared<prometheus::Registry>());
+    auto ep = shards_[i]->Start();
+    ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+    endpoints_[i] = *ep;
+  }
+  peek_ = Client(endpoints_);
+  WorkerServiceOptions o;
+  StartWorker(Text(), o, /*tap=*/false, std::chrono::milliseconds(2000));
+  Status refused;
+  int learns = 0;
+  for (; learns < 1000 && refused.ok(); ++learns) {
+    std::string text;
+    for (int w = 0; w < 200; ++w) text += "w" + std::to_string(learns * 200 + w) + " ";
+    auto r = service_->Learn("", {Example{text, {}, 1}});
+    if (!r.ok()) refused = r.status();
+  }
+  ASSERT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.ToString();
+  EXPECT_NE(refused.message().find("--max-memory-mb"), std::string::npos) << refused.ToString();
+  EXPECT_NE(refused.message().find(kPartlyApplied), std::string::npos) << refused.ToString();
+  auto rpc = rpc_->Call(Op::kLearn, {{"text", "fresh new words nobody used"}, {"label", "pos"}},
+                        std::chrono::seconds(20));
+  ASSERT_FALSE(rpc.ok());
+  EXPECT_EQ(rpc.status().code(), StatusCode::kResourceExhausted) << rpc.status().ToString();
+  EXPECT_NE(rpc.status().message().find("--max-memory-mb"), std::string::npos)
+      << rpc.status().ToString();
+  EXPECT_EQ(service_->stats().held.pushes, 0u);
+  EXPECT_TRUE(service_->Learn("", {Example{"w1 w2 w3", {}, 1}}).ok())
+      << "a learn of existing rows goes on";
+}
+
 TEST_F(WorkerServiceTest, ALearnRefusedByOneShardAfterAnotherAppliedSaysSo) {
   WorkerServiceOptions o;
   o.cache.notices = false;
