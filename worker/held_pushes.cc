@@ -69,13 +69,14 @@ void HeldPushes::Succeeded(const Push& p) {
   held_.erase(it);
 }
 
-std::vector<HeldPushes::Push> HeldPushes::TakeForRetry() {
+std::vector<HeldPushes::Push> HeldPushes::TakeForRetry(bool oldest_only) {
   MutexLock lock(&mu_);
   std::vector<Push> out;
   for (auto& [seq, e] : held_) {
     if (e.in_flight) continue;
     e.in_flight = true;
     out.push_back(e.push);
+    if (oldest_only) break;
   }
   stats_.retries += out.size();
   return out;

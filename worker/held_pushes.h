@@ -62,9 +62,9 @@ class HeldPushes {
   bool Failed(const Push& p, const Status& st);
   // `p`'s push was taken: no longer held.
   void Succeeded(const Push& p);
-  // The held pushes no retry is in flight for, marked in flight (Failed or Succeeded
-  // ends each).
-  std::vector<Push> TakeForRetry();
+  // The held pushes no retry is in flight for (only the oldest of them with
+  // `oldest_only`), marked in flight (Failed or Succeeded ends each).
+  std::vector<Push> TakeForRetry(bool oldest_only = false);
   // RESOURCE_EXHAUSTED naming what is held while more than max_bytes are, or while the
   // oldest push not yet taken is kMaxSeqSpan seqs behind the newest; else OK.
   Status CheckRoom() const;

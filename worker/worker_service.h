@@ -179,7 +179,8 @@ class WorkerService {
                   std::optional<uint64_t> context_revision = std::nullopt);
   // Pushes whatever the accumulators hold now.
   Status Flush();
-  // Pushes again the held pushes no attempt is in flight for, and waits for them.
+  // Pushes again the held pushes no attempt is in flight for, and waits for them: the
+  // oldest alone first, the others only once a shard took it.
   Status RetryHeld();
 
   ContextStore& context() { return context_; }
@@ -343,6 +344,8 @@ class WorkerService {
   void TimedFlush();
   // RetryHeld, at most every held_retry_ms (the flusher's ticks may come more often).
   void RetryHeldIfDue();
+  // Pushes `due` again and waits; `*still_held`: one of them failed again and is held.
+  Status RetryHeld(std::vector<HeldPushes::Push> due, bool* still_held);
   void GroupTick();
   Status GroupRound();
 

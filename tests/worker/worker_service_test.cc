@@ -1190,6 +1190,39 @@ TEST_F(WorkerServiceTest, AHeldPushIsNotDroppedWhenNewerPushesPassTheDedupWindow
   StopWithAShardDown();
 }
 
+// While a shard stayed down, every retry round pushed every held push again (256 at a
+// time), each waiting out its timeout: with up to 2,048 held and a 5 s timeout, 40 s of
+// the flusher's thread per round, and as long for Stop's last try. The oldest now goes
+// alone first; the others follow once a shard took it.
+TEST_F(WorkerServiceTest, WhileAShardStaysDownARetryRoundPushesOnlyTheOldestHeldPush) {
+  WorkerServiceOptions o;
+  o.accumulate_examples = 2;
+  o.reply_when = ReplyWhen::kQueued;  // learns do not wait out the failed pushes
+  o.held_retry_ms = 50;
+  o.cache.notices = false;
+  o.cache.refresh_interval_ms = 0;
+  o.cache.dense.max_age_ms = 600000;  // learns read the cached copy, not a pull
+  StartWorker(Mlp(), o, /*tap=*/false, std::chrono::milliseconds(200));
+  ASSERT_TRUE(service_->Learn("", Feats({{1, 1, 0, 0}, {0, 0, 1, 1}}, {0, 2})).ok());
+  shards_[1]->Stop();
+  const auto one = Feats({{1, -1, 2, 0}}, {1});
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(service_->Learn("", one).ok());
+  uint64_t deadline = NowMs() + 5000;
+  while (service_->stats().held.pushes < 20 && NowMs() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const HeldPushes::Stats before = service_->stats().held;
+  ASSERT_GE(before.pushes, 20u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  const HeldPushes::Stats after = service_->stats().held;
+  EXPECT_GT(after.retries, before.retries) << "no retry ran";
+  // About four rounds of one push each (200 ms timeout, every 50 ms).
+  EXPECT_LT(after.retries - before.retries, before.pushes)
+      << "every held push was pushed again while the shard stayed down";
+  EXPECT_EQ(after.dropped_calls, 0u);
+  StopWithAShardDown();
+}
+
 // A shard past its memory budget refuses a sparse push creating rows, whole, with
 // RESOURCE_EXHAUSTED naming the budget. The learn that sent it (in the service and over
 // the worker RPC) gets that error, naming the budget's flag and the tables that took
