@@ -231,7 +231,13 @@ Status WorkerService::Stop() {
     inflight_cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return inflight_ == 0; });
   }
   // One more try (bounded by the push timeout) for what a shard did not take before.
+  // A ticket's Wait returns before its callback has run: wait for those too, or one
+  // would run on this service destroyed.
   static_cast<void>(RetryHeld());
+  {
+    MutexLock lock(&mu_);
+    inflight_cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return inflight_ == 0; });
+  }
   if (const HeldPushes::Stats held = held_.stats(); held.pushes > 0) {
     spdlog::error(
         "stopping with {} accumulated pushes ({} learns answered 'accumulated') the PS has "
