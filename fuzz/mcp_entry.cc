@@ -102,11 +102,13 @@ std::string CheckReply(const Reply& r) {
   if (r.http_status < 200 || r.http_status > 599) {
     return "HTTP status " + std::to_string(r.http_status);
   }
-  if (r.body.is_null()) return r.http_status == 202 ? "" : "no body with a status other than 202";
+  if (!r.has_body()) return r.http_status == 202 ? "" : "no body with a status other than 202";
+  // A tool result may come serialized (Reply::body_text): checked as the document it is.
+  const json body = r.Document();
   if (r.http_status >= 500 && r.http_status != 503) {
-    return "HTTP " + std::to_string(r.http_status) + ": " + Dump(r.body);
+    return "HTTP " + std::to_string(r.http_status) + ": " + Dump(body);
   }
-  return CheckMessage(r.body);
+  return CheckMessage(body);
 }
 
 std::string Initialize(Bridge* b, const std::string& principal, std::string* session) {
@@ -155,7 +157,7 @@ std::string Http(uint8_t flags, const std::string& body) {
   for (const json& n : sent) {
     if (std::string p = CheckMessage(n); !p.empty()) return "notification: " + p;
   }
-  (void)Dump(reply.body);
+  (void)reply.Text();
   return CheckReply(reply);
 }
 

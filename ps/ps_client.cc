@@ -406,6 +406,15 @@ void PsClientImpl::OnReply(size_t target, Frames&& frames) {
                  hint >= 0 ? DeadlineExceeded(st.message()) : Unavailable(st.message()));
   }
   if (st.code() == StatusCode::kUnavailable) return Retry(std::move(p), Clock::now(), st);
+  if (st.code() == StatusCode::kFailedPrecondition && p->attempts > 1 && p->header.seq != 0) {
+    // A resend refused below the sender's dedup window (the window moved on past it): an
+    // earlier attempt may have been applied and only its answer lost, so the outcome is
+    // unknown, not "not applied" (a caller that took it for that and sent it again would
+    // apply it twice).
+    st = DeadlineExceeded("outcome unknown: a resend of this push was refused (" +
+                          std::string(st.message()) +
+                          ") and an earlier attempt may have been applied");
+  }
   if (st.ok()) {
     try {
       st = p->on_reply(*h, frames);

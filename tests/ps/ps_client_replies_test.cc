@@ -105,6 +105,43 @@ TEST(PsClientRepliesTest, AMalformedPushBatchReplyEndsTheCall) {
   std::printf("push_batch with a malformed reply: %s\n", st.ToString().c_str());
 }
 
+// A push whose first attempt got no answer (applied, its answer lost) and whose resend a
+// shard refuses below the sender's dedup window (4,096 newer pushes moved it on) was
+// reported FAILED_PRECONDITION, which callers read as "not applied": a retry would apply
+// it twice. It is DEADLINE_EXCEEDED (outcome unknown); a first attempt refused so stays
+// FAILED_PRECONDITION (it reached no shard before).
+TEST(PsClientRepliesTest, AResendRefusedBelowTheDedupWindowIsOutcomeUnknown) {
+  std::atomic<int> push_attempts{0};
+  FakeShard fake([&](FakeShard& f, const std::string& peer, const Header& req, const Frames&) {
+    if (req.op != Op::kPushSparse) return f.Reply(peer, MakeReply(req, Status::Ok()));
+    if (push_attempts++ == 0) return;  // applied; its answer lost
+    f.Reply(peer, MakeReply(req, FailedPrecondition("push seq " + std::to_string(req.seq) +
+                                                    " is below the dedup window; cannot tell "
+                                                    "if it was applied")));
+  });
+  TableSpec sparse;
+  sparse.name = "emb";
+  sparse.kind = TableKind::kSparse;
+  sparse.dim = 1;
+  sparse.optimizer_params = {{"lr", 1.0}};
+  PsClientOptions o;
+  o.shards = {fake.endpoint};
+  o.attempt_timeout = milliseconds(200);
+  o.timeout = milliseconds(3000);
+  auto client = PsClient::Connect(o);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->CreateTable(sparse).ok());
+  const uint64_t key = 1;
+  const float g = -1;
+  Status resent = (*client)->PushSparse("emb", &key, 1, &g, {}, nullptr).Wait();
+  EXPECT_EQ(resent.code(), StatusCode::kDeadlineExceeded) << resent.ToString();
+  EXPECT_NE(resent.message().find("outcome unknown"), std::string::npos) << resent.ToString();
+  EXPECT_EQ(push_attempts.load(), 2);
+  // Refused at its first attempt: not applied, said as it is.
+  Status first = (*client)->PushSparse("emb", &key, 1, &g, {}, nullptr).Wait();
+  EXPECT_EQ(first.code(), StatusCode::kFailedPrecondition) << first.ToString();
+}
+
 // Request ids are (16-bit generation << 16 | slot). With slots reused last freed first, a
 // caller making one call at a time reused one slot, and a reply late by 65,535 calls (two
 // seconds here) carried the id of the call then in that slot and was taken as its answer:
