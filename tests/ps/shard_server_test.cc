@@ -1481,6 +1481,31 @@ TEST_P(ShardServerClientTest, ConcurrentClientsSumExactlyAndMetricsCountPushes) 
   for (auto& server : servers) server->Stop();
 }
 
+// Sparse table "big" (dim 32) of kBigBatches x kBigBatch = 1M rows, each 0.5 (sender 3,
+// seqs 1..kBigBatches): about 150 MB serialized, a snapshot or checkpoint of a second or
+// more here.
+constexpr size_t kBigBatch = 1 << 16;
+constexpr uint64_t kBigBatches = 16;
+void FillBigTable(RawClient* client) {
+  TableSpec spec = SparseSpec();
+  spec.name = "big";
+  spec.dim = 32;
+  Header create = Request(Op::kCreateTable, spec.name);
+  create.spec = EncodeSpec(spec);
+  auto created = client->Call({HeaderFrame(create)});
+  ASSERT_TRUE(created.has_value());
+  ASSERT_EQ(created->first.code, StatusCode::kOk) << created->first.message;
+  for (uint64_t b = 0; b < kBigBatches; ++b) {
+    std::vector<uint64_t> keys(kBigBatch);
+    for (size_t i = 0; i < kBigBatch; ++i) keys[i] = b * kBigBatch + i + 1;
+    auto r =
+        client->Call({HeaderFrame(PushHeader(Op::kPushSparse, "big", 3, b + 1)),
+                      Keys(std::move(keys)), Floats(std::vector<float>(kBigBatch * 32, 0.5f))});
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  }
+}
+
 // A primary's snapshot for a re-syncing backup held every update of the shard while it
 // serialized the whole shard (seconds on a large one: every client's pushes waited). It
 // is now cut in O(stripes) and serialized while pushes go on, and still holds exactly
@@ -1493,26 +1518,10 @@ TEST(ShardServerSnapshotTest, AReplicaSnapshotIsSerializedWhilePushesGoOn) {
   auto server = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
   ASSERT_NE(server, nullptr);
   RawClient client(endpoint);
-  TableSpec spec = SparseSpec();
-  spec.name = "big";
-  spec.dim = 32;
-  Header create = Request(Op::kCreateTable, spec.name);
-  create.spec = EncodeSpec(spec);
-  auto created = client.Call({HeaderFrame(create)});
-  ASSERT_TRUE(created.has_value());
-  ASSERT_EQ(created->first.code, StatusCode::kOk) << created->first.message;
-  // 1M rows of 32 floats (~150 MB serialized): a serialization long enough to push
-  // during it.
-  constexpr size_t kBatch = 1 << 16;
-  constexpr uint64_t kBatches = 16;
-  for (uint64_t b = 0; b < kBatches; ++b) {
-    std::vector<uint64_t> keys(kBatch);
-    for (size_t i = 0; i < kBatch; ++i) keys[i] = b * kBatch + i + 1;
-    auto r = client.Call({HeaderFrame(PushHeader(Op::kPushSparse, "big", 3, b + 1)),
-                          Keys(std::move(keys)), Floats(std::vector<float>(kBatch * 32, 0.5f))});
-    ASSERT_TRUE(r.has_value());
-    ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
-  }
+  // A serialization long enough to push during it.
+  ASSERT_NO_FATAL_FAILURE(FillBigTable(&client));
+  constexpr size_t kBatch = kBigBatch;
+  constexpr uint64_t kBatches = kBigBatches;
   // Every push adds 1 (lr 1, gradient -1) to 256 rows spread over the whole table, so
   // the writer meets rows changed both before and after the cut.
   std::vector<uint64_t> hot(256);
@@ -1634,24 +1643,8 @@ TEST(ShardServerSnapshotTest, ASnapshotLoadedDuringACheckpointWriteLeavesTheWrit
   auto server = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
   ASSERT_NE(server, nullptr);
   RawClient client(endpoint);
-  TableSpec spec = SparseSpec();
-  spec.name = "big";
-  spec.dim = 32;
-  Header create = Request(Op::kCreateTable, spec.name);
-  create.spec = EncodeSpec(spec);
-  auto created = client.Call({HeaderFrame(create)});
-  ASSERT_TRUE(created.has_value());
-  ASSERT_EQ(created->first.code, StatusCode::kOk) << created->first.message;
-  // 1M rows: a checkpoint write long enough to load a snapshot while it runs.
-  constexpr size_t kBatch = 1 << 16;
-  for (uint64_t b = 0; b < 16; ++b) {
-    std::vector<uint64_t> keys(kBatch);
-    for (size_t i = 0; i < kBatch; ++i) keys[i] = b * kBatch + i + 1;
-    auto r = client.Call({HeaderFrame(PushHeader(Op::kPushSparse, "big", 3, b + 1)),
-                          Keys(std::move(keys)), Floats(std::vector<float>(kBatch * 32, 0.5f))});
-    ASSERT_TRUE(r.has_value());
-    ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
-  }
+  // A checkpoint write long enough to load a snapshot while it runs.
+  ASSERT_NO_FATAL_FAILURE(FillBigTable(&client));
   std::weak_ptr<Table> old = server->FindTable("big");
   std::atomic<bool> writing{true};
   std::thread ckpt([&] {
