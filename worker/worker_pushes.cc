@@ -168,11 +168,10 @@ void WorkerService::SendQueued(Pushes* pushes) {
   // The callback owns the replies: in queued mode nobody else waits for them.
   ps::Ticket t =
       client_->PushBatch(std::move(dense), std::move(sparse), [this, parts, run](const Status& st) {
-        bool warn = true;
-        for (const Part& p : *parts) {
-          OnPushDone(p.table, *p.reply, st, p.forget, warn);
-          warn = false;
-        }
+        // One warning for the batch: its error names the table it is about (the first
+        // part's name would mislead).
+        if (!st.ok()) spdlog::warn("push of {} tables failed: {}", parts->size(), st.ToString());
+        for (const Part& p : *parts) OnPushDone(p.table, *p.reply, st, p.forget, /*warn=*/false);
         if (!run) return;
         {
           MutexLock lock(&run->mu);
