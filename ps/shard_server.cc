@@ -468,10 +468,7 @@ StatusOr<std::string> ShardServer::Checkpoint(bool skip_if_unchanged) {
   ChangeStats changes;
   uint64_t updates = 0;
   std::pair<uint64_t, uint64_t> position;  // the replica's, at the cut
-  {
-    const std::shared_ptr<const TableMap> before = tables();  // owns the map while looped
-    for (const auto& [name, t] : *before) t->PrepareSnapshot();
-  }
+  PrepareSnapshots();
   {
     // Pushes pause only while the snapshot is cut (O(stripes), not O(rows)): the file
     // then holds exactly the pushes its dedup windows say were applied, and is written
@@ -996,14 +993,16 @@ Status ShardServer::ApplyReplicated(const Header& h, const Frames& frames) {
               /*from_log=*/true);
 }
 
+void ShardServer::PrepareSnapshots() {
+  const std::shared_ptr<const TableMap> before = tables();  // owns the map while looped
+  for (const auto& [name, t] : *before) t->PrepareSnapshot();
+}
+
 StatusOr<std::string> ShardServer::Snapshot(uint64_t* lsn) {
   // A table has one snapshot at a time: a checkpoint being written ends first (and a
   // checkpoint waits for this one; neither holds updates meanwhile).
   MutexLock ckpt(&ckpt_mu_);
-  {
-    const std::shared_ptr<const TableMap> before = tables();  // owns the map while looped
-    for (const auto& [name, t] : *before) t->PrepareSnapshot();
-  }
+  PrepareSnapshots();
   ShardSnapshot snap;
   {
     // Updates pause only while the state is cut (O(stripes)), not while it is

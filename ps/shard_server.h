@@ -137,6 +137,8 @@ class ShardServer {
   // Whether the checkpoint cut now, with the tables' `changes`, is a full one (else a
   // delta).
   bool WantFullCheckpoint(const ChangeStats& changes) REQUIRES(ckpt_mu_);
+  // Table::PrepareSnapshot of every table, before a snapshot's cut (outside the gate).
+  void PrepareSnapshots();
   // The change sets of every table, summed.
   static ChangeStats ChangesOf(const TableMap& tables);
   bool ReplicationAllowed(const std::string& client_key) const;

@@ -1575,20 +1575,35 @@ TEST(ShardServerSnapshotTest, AReplicaSnapshotIsSerializedWhilePushesGoOn) {
   server->Stop();
 }
 
+// A shard on an in-process endpoint named `name` that checkpoints (on request only) to
+// a temporary directory, removed with it.
+struct CheckpointingServer {
+  explicit CheckpointingServer(const std::string& name)
+      : dir((std::filesystem::temp_directory_path() / "onlineps-ckpt-XXXXXX").string()) {
+    if (::mkdtemp(dir.data()) == nullptr) return;
+    ShardServerOptions o;
+    o.listen = ListenEndpoint("mem", name);
+    o.checkpoint_dir = dir;
+    o.checkpoint_interval_s = 0;
+    server = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
+  }
+  ~CheckpointingServer() {
+    if (server != nullptr) server->Stop();
+    std::filesystem::remove_all(dir);
+  }
+  std::string dir;
+  std::string endpoint;
+  std::unique_ptr<ShardServer> server;  // null if the directory or the start failed
+};
+
 // A replica's snapshot must leave the checkpoint chain whole: the rows changed before it
 // belong in the next delta checkpoint (a snapshot that started a new change set, as a
 // checkpoint's does, would leave them out of every file).
 TEST(ShardServerSnapshotTest, AReplicaSnapshotLeavesTheNextDeltaCheckpointWhole) {
-  std::string dir = (std::filesystem::temp_directory_path() / "onlineps-copy-XXXXXX").string();
-  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
-  ShardServerOptions o;
-  o.listen = ListenEndpoint("mem", "snapshot-then-delta");
-  o.checkpoint_dir = dir;
-  o.checkpoint_interval_s = 0;
-  std::string endpoint;
-  auto server = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
-  ASSERT_NE(server, nullptr);
-  RawClient client(endpoint);
+  CheckpointingServer s("snapshot-then-delta");
+  ASSERT_NE(s.server, nullptr);
+  ShardServer* server = s.server.get();
+  RawClient client(s.endpoint);
   TableSpec spec = SparseSpec();
   Header create = Request(Op::kCreateTable, spec.name);
   create.spec = EncodeSpec(spec);
@@ -1607,7 +1622,7 @@ TEST(ShardServerSnapshotTest, AReplicaSnapshotLeavesTheNextDeltaCheckpointWhole)
   auto full = server->Checkpoint();
   ASSERT_TRUE(full.ok()) << full.status().ToString();
   push(5000, 10);  // before the replica's snapshot
-  ASSERT_TRUE(ShardServerTestPeer::Snapshot(server.get()).ok());
+  ASSERT_TRUE(ShardServerTestPeer::Snapshot(server).ok());
   push(6000, 10);  // after it
   auto delta = server->Checkpoint();
   ASSERT_TRUE(delta.ok()) << delta.status().ToString();
@@ -1626,23 +1641,16 @@ TEST(ShardServerSnapshotTest, AReplicaSnapshotLeavesTheNextDeltaCheckpointWhole)
     ASSERT_TRUE(got.ok());
     EXPECT_FLOAT_EQ(got->values[0], 1.0f) << "key " << k;
   }
-  std::filesystem::remove_all(dir);
 }
 
 // A replica that re-syncs from its primary (loads its snapshot) while it writes a
 // checkpoint replaces the tables the writer is reading: they were destroyed under it
 // (a crash, use after free). The snapshot being written keeps its tables alive.
 TEST(ShardServerSnapshotTest, ASnapshotLoadedDuringACheckpointWriteLeavesTheWriterItsTables) {
-  std::string dir = (std::filesystem::temp_directory_path() / "onlineps-load-XXXXXX").string();
-  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
-  ShardServerOptions o;
-  o.listen = ListenEndpoint("mem", "load-during-ckpt");
-  o.checkpoint_dir = dir;
-  o.checkpoint_interval_s = 0;
-  std::string endpoint;
-  auto server = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
-  ASSERT_NE(server, nullptr);
-  RawClient client(endpoint);
+  CheckpointingServer s("load-during-ckpt");
+  ASSERT_NE(s.server, nullptr);
+  ShardServer* server = s.server.get();
+  RawClient client(s.endpoint);
   // A checkpoint write long enough to load a snapshot while it runs.
   ASSERT_NO_FATAL_FAILURE(FillBigTable(&client));
   std::weak_ptr<Table> old = server->FindTable("big");
@@ -1652,11 +1660,10 @@ TEST(ShardServerSnapshotTest, ASnapshotLoadedDuringACheckpointWriteLeavesTheWrit
     EXPECT_TRUE(st.ok()) << st.status().ToString();
     writing = false;
   });
-  const std::string tmp = dir + "/shard-0-of-1.ckpt.tmp";
+  const std::string tmp = s.dir + "/shard-0-of-1.ckpt.tmp";
   while (!std::filesystem::exists(tmp) && writing) std::this_thread::yield();
   // The primary's snapshot: no tables at all.
-  ASSERT_TRUE(
-      ShardServerTestPeer::LoadSnapshot(server.get(), SerializeShard({0, 1}, {}, Dedup())).ok());
+  ASSERT_TRUE(ShardServerTestPeer::LoadSnapshot(server, SerializeShard({0, 1}, {}, Dedup())).ok());
   const bool still_writing = writing.load();
   EXPECT_EQ(server->FindTable("big"), nullptr);
   if (still_writing) {
@@ -1665,8 +1672,6 @@ TEST(ShardServerSnapshotTest, ASnapshotLoadedDuringACheckpointWriteLeavesTheWrit
   ckpt.join();
   EXPECT_TRUE(old.expired()) << "the written snapshot still holds the replaced table";
   if (!still_writing) std::printf("the write ended before the load: the race was not hit\n");
-  server->Stop();
-  std::filesystem::remove_all(dir);
 }
 
 TEST(ShardServerLateStartTest, PushQueuedBeforeServerStartsIsAppliedOnce) {
