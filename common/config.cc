@@ -535,6 +535,16 @@ std::string UnknownArgument(CLI::App& app, int argc, const char* const* argv) {
   return "";
 }
 
+// Whether --print-config is among the arguments (before a "--").
+bool HasPrintConfig(int argc, const char* const* argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") break;
+    if (a == kPrintConfigFlag) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 StatusOr<ParseResult> ParseFlags(CLI::App& app, int argc, const char* const* argv,
@@ -555,6 +565,15 @@ StatusOr<ParseResult> ParseFlags(CLI::App& app, int argc, const char* const* arg
     return result;
   } catch (const CLI::ParseError& e) {
     if (!file_status.ok()) return file_status;
+    // --print-config shows the configuration without what a run needs besides it: a
+    // subcommand (onlineps_ps_cli) or a required argument (onlineps_worker_cli's op).
+    // CLI11 checks requirements after it has set every value.
+    if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr && HasPrintConfig(argc, argv) &&
+        UnknownArgument(app, argc, argv).empty()) {
+      out << EffectiveConfig(app);
+      result.exit_now = true;
+      return result;
+    }
     // A misspelt flag is named the same way whether CLI11 saw it as extra or first
     // missed a required option because of it.
     if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr ||

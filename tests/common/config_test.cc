@@ -303,6 +303,29 @@ TEST_F(ConfigTest, PrintConfigShowsEffectiveValues) {
   EXPECT_EQ(out, EffectiveConfig(app_));
 }
 
+// A CLI that needs a subcommand (onlineps_ps_cli) printed "A subcommand is required"
+// for --print-config alone; the top-level configuration is printed, and the
+// requirement still holds for everything else.
+TEST_F(ConfigTest, PrintConfigNeedsNoSubcommand) {
+  app_.add_subcommand("pull", "Pull");
+  app_.require_subcommand(1);
+  StatusOr<ParseResult> r = Parse({"--num-shards", "4", "--print-config"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->exit_now);
+  EXPECT_NE(out_.str().find("num-shards = 4\n"), std::string::npos) << out_.str();
+  CLI::App other("other");
+  Flags flags;
+  AddTestFlags(other, &flags);
+  other.add_subcommand("pull", "Pull");
+  other.require_subcommand(1);
+  const char* argv[] = {"prog", "--num-shards", "4"};
+  std::ostringstream out;
+  StatusOr<ParseResult> without = ParseFlags(other, 3, argv, out);
+  ASSERT_FALSE(without.ok());
+  EXPECT_NE(without.status().message().find("subcommand"), std::string::npos)
+      << without.status().ToString();
+}
+
 TEST_F(ConfigTest, PrintedConfigReadsBack) {
   ASSERT_TRUE(Parse({"--num-shards", "9", "--host", "my host", "--peers", "a", "b"}).ok());
   CLI::App again("again");
