@@ -340,10 +340,10 @@ Status ApplyConfigFile(CLI::App& app, const std::string& path) {
   return Status::Ok();
 }
 
-void AddBuiltinOptions(CLI::App& app) {
+void AddBuiltinOptions(CLI::App& app, const std::string& env_prefix) {
   if (app.get_option_no_throw(kConfigFlag) == nullptr) {
     app.add_option(kConfigFlag, "Config file of `key = value` lines (flags and env override it)")
-        ->envname("ONLINEPS_CONFIG")
+        ->envname(env_prefix + "CONFIG")
         ->type_name("FILE");
   }
   if (app.get_option_no_throw(kPrintConfigFlag) == nullptr) {
@@ -422,7 +422,7 @@ void PrepareOptions(CLI::App& app, const std::string& env_prefix) {
 
 // The file must be known before CLI11 parses argv, so look for --config by hand;
 // CLI11 still parses it later and rejects a malformed use.
-std::string FindConfigPath(int argc, const char* const* argv) {
+std::string FindConfigPath(int argc, const char* const* argv, const std::string& env_prefix) {
   std::string path;
   const std::string prefix = std::string(kConfigFlag) + "=";
   for (int i = 1; i < argc; ++i) {
@@ -432,7 +432,7 @@ std::string FindConfigPath(int argc, const char* const* argv) {
     if (arg.rfind(prefix, 0) == 0) path = arg.substr(prefix.size());
   }
   if (path.empty()) {
-    const char* env = std::getenv("ONLINEPS_CONFIG");
+    const char* env = std::getenv((env_prefix + "CONFIG").c_str());
     if (env != nullptr) path = env;
   }
   return path;
@@ -552,9 +552,9 @@ StatusOr<ParseResult> ParseFlags(CLI::App& app, int argc, const char* const* arg
   ParseResult result;
   Status file_status;
   try {
-    AddBuiltinOptions(app);
+    AddBuiltinOptions(app, env_prefix);
     PrepareOptions(app, env_prefix);
-    result.config_file = FindConfigPath(argc, argv);
+    result.config_file = FindConfigPath(argc, argv, env_prefix);
     if (!result.config_file.empty()) file_status = ApplyConfigFile(app, result.config_file);
     NegatedFlagEnv negated(app);  // after the file: env wins over it
     if (!negated.error().ok()) return negated.error();

@@ -30,7 +30,8 @@ struct ParseResult {
 // --print-config text goes to `out`. Never exits the process. Errors:
 // kInvalidArgument (bad flag, value or file line, naming it), kNotFound (no file).
 // Top-level options only; subcommand options get env names from CLI11 as usual.
-// --config keeps ONLINEPS_CONFIG whatever the prefix.
+// --config is read from `env_prefix`CONFIG (ONLINEPS_CONFIG with the default prefix; a
+// binary with its own prefix, onlineps_replay, does not read the cluster's file).
 StatusOr<ParseResult> ParseFlags(CLI::App& app, int argc, const char* const* argv,
                                  std::ostream& out = std::cout,
                                  const std::string& env_prefix = "ONLINEPS_");

@@ -124,6 +124,20 @@ TEST_F(ConfigTest, EnvBeatsFile) {
   EXPECT_EQ(flags_.num_shards, 5);
 }
 
+// A binary with its own env prefix (onlineps_replay: ONLINEPS_REPLAY_) read the
+// cluster's ONLINEPS_CONFIG, a file of other binaries' keys, and exited on its first
+// key. It reads `prefix`CONFIG.
+TEST_F(ConfigTest, TheConfigFileEnvFollowsThePrefix) {
+  setenv("ONLINEPS_CONFIG", WriteFile("no-such-key = 1\n").c_str(), 1);
+  setenv("ONLINEPS_TEST_CONFIG", WriteFile("num-shards = 6\n").c_str(), 1);
+  const char* argv[] = {"prog"};
+  StatusOr<ParseResult> r = ParseFlags(app_, 1, argv, out_, "ONLINEPS_TEST_");
+  unsetenv("ONLINEPS_TEST_CONFIG");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(flags_.num_shards, 6);
+  EXPECT_NE(r->config_file.find("config_test_"), std::string::npos) << r->config_file;
+}
+
 TEST_F(ConfigTest, FlagBeatsEnv) {
   setenv("ONLINEPS_NUM_SHARDS", "5", 1);
   std::string path = WriteFile("num-shards = 3\n");
