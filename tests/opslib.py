@@ -130,9 +130,14 @@ class Proc:
     def alive(self):
         return self.p.poll() is None
 
-    def stop(self, sig=signal.SIGTERM, timeout=20):
-        """Sends `sig`, waits; returns the exit code (SIGKILLs and returns None on timeout)."""
+    def send(self, sig):
         if self.p.poll() is None:
+            self.p.send_signal(sig)
+
+    def stop(self, sig=signal.SIGTERM, timeout=20):
+        """Sends `sig` (None: sends nothing, e.g. after `signal`), waits; returns the exit
+        code (SIGKILLs and returns None on timeout)."""
+        if sig is not None and self.p.poll() is None:
             self.p.send_signal(sig)
         try:
             return self.p.wait(timeout)
