@@ -1,5 +1,6 @@
 #include "ps/memory_budget.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <fstream>
@@ -55,11 +56,54 @@ MemoryBudgetChoice ChooseMemoryBudget(int64_t flag_mb,
   return {0, "no cgroup memory limit (" + why.str() + ")"};
 }
 
+uint64_t MemoryBudget::used() const {
+  MutexLock lock(&mu_);
+  return measured_ + admitted_ + reserved_;
+}
+
+bool MemoryBudget::Fits(uint64_t bytes) const {
+  const uint64_t u = used();
+  return u <= limit_ && bytes <= limit_ - u;
+}
+
+bool MemoryBudget::TryReserve(uint64_t bytes) {
+  MutexLock lock(&mu_);
+  const uint64_t u = measured_ + admitted_ + reserved_;
+  if (u > limit_ || bytes > limit_ - u) return false;
+  reserved_ += bytes;
+  return true;
+}
+
+void MemoryBudget::Settle(uint64_t reserved, uint64_t admitted) {
+  MutexLock lock(&mu_);
+  reserved_ -= std::min(reserved, reserved_);
+  admitted_ += admitted;
+}
+
+void MemoryBudget::Add(uint64_t bytes) {
+  MutexLock lock(&mu_);
+  admitted_ += bytes;
+}
+
+bool MemoryBudget::stale() const {
+  MutexLock lock(&mu_);
+  return admitted_ != 0;
+}
+
 void MemoryBudget::Measure(const std::function<uint64_t()>& sum) {
-  MutexLock lock(&measure_mu_);
-  const uint64_t before = admitted_.load();
-  measured_.store(sum());
-  admitted_.fetch_sub(before);
+  MutexLock serial(&measure_mu_);
+  uint64_t before = 0;
+  {
+    MutexLock lock(&mu_);
+    before = admitted_;
+  }
+  // Without mu_: the sum takes every table's locks, and updates settle meanwhile. An
+  // update settled after `before` was read stays counted, even if the sum has its rows
+  // too (counted twice until the next Measure, never missed).
+  const uint64_t now = sum();
+  MutexLock lock(&mu_);
+  measured_ = now;
+  admitted_ -= before;
 }
 
 }  // namespace onlineps::ps

@@ -1,11 +1,11 @@
 // MemoryBudget: the bytes of table state a shard may hold (--max-memory-mb), and the
 // cgroup memory limit its default is derived from. The count is the tables' own
 // TableStats::memory_bytes, summed (Measure), plus what was admitted since the last sum
-// (Add): deterministic, unlike the RSS. Thread-safe.
+// (Add, Settle), plus what updates being applied reserved (TryReserve): deterministic,
+// unlike the RSS. Thread-safe.
 #ifndef ONLINEPS_PS_MEMORY_BUDGET_H_
 #define ONLINEPS_PS_MEMORY_BUDGET_H_
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -41,26 +41,35 @@ class MemoryBudget {
 
   bool enabled() const { return limit_ != 0; }
   uint64_t limit() const { return limit_; }
-  // The last sum plus what was admitted since.
-  uint64_t used() const { return measured_.load() + admitted_.load(); }
+  // The last sum, plus what was admitted since, plus what is reserved.
+  uint64_t used() const;
   // Whether `bytes` more stay within the limit.
-  bool Fits(uint64_t bytes) const {
-    const uint64_t u = used();
-    return u <= limit_ && bytes <= limit_ - u;
-  }
-  // Counts bytes admitted (a push's new rows, a created table) until the next Measure.
-  void Add(uint64_t bytes) { admitted_.fetch_add(bytes); }
+  bool Fits(uint64_t bytes) const;
+  // Reserves `bytes` when they fit beside everything counted and reserved (checked and
+  // taken at once: updates applied together never pass the limit together); false,
+  // reserving nothing, otherwise. Each reservation is ended by one Settle.
+  bool TryReserve(uint64_t bytes);
+  // Ends a reservation of `reserved` bytes: `admitted` of them (0: the update was not
+  // applied) are counted until the next Measure, the rest released.
+  void Settle(uint64_t reserved, uint64_t admitted);
+  // Counts bytes admitted without a reservation (a backup applying its primary's log)
+  // until the next Measure.
+  void Add(uint64_t bytes);
   // Something was admitted since the last Measure (which may then count less).
-  bool stale() const { return admitted_.load() != 0; }
+  bool stale() const;
   // Replaces the count by `sum()`, the tables' memory_bytes now: what was admitted
-  // before the call is in it. Blocks while another Measure runs.
+  // before the call is in it (reservations are not: their updates settle later). Blocks
+  // while another Measure runs.
   void Measure(const std::function<uint64_t()>& sum);
 
  private:
   const uint64_t limit_;
-  std::atomic<uint64_t> measured_{0};
-  std::atomic<uint64_t> admitted_{0};
-  Mutex measure_mu_;  // one Measure at a time: each takes back only what it saw admitted
+  Mutex measure_mu_ ACQUIRED_BEFORE(mu_);  // one Measure at a time: each takes back
+                                           // only what it saw admitted
+  mutable Mutex mu_;
+  uint64_t measured_ GUARDED_BY(mu_) = 0;
+  uint64_t admitted_ GUARDED_BY(mu_) = 0;
+  uint64_t reserved_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace onlineps::ps

@@ -873,11 +873,12 @@ StatusOr<ShardServer::Created> ShardServer::CreateTable(const Header& h, Header*
     ONLINEPS_ASSIGN_OR_RETURN(initial,
                               Table::InitialBytes(*spec, options_.shard, options_.num_shards));
   }
-  if (memory_.enabled() && !from_log && initial != 0) {
-    if (!memory_.Fits(initial) && memory_.stale()) {
-      memory_.Measure([this] { return TableBytes(); });
-    }
-    if (!memory_.Fits(initial)) {
+  // Reserved until the table is in the map, so that pushes creating rows meanwhile do
+  // not count on the same bytes. A backup counts what its primary created.
+  const uint64_t reserved = from_log ? 0 : initial;
+  if (reserved != 0 && !memory_.TryReserve(reserved)) {
+    if (memory_.stale()) memory_.Measure([this] { return TableBytes(); });
+    if (!memory_.TryReserve(reserved)) {
       metrics_->CountMemoryRefusal(Op::kCreateTable);
       return ResourceExhausted(
           "table '" + spec->name + "' would hold " + std::to_string(initial) +
@@ -892,14 +893,17 @@ StatusOr<ShardServer::Created> ShardServer::CreateTable(const Header& h, Header*
   try {
     table = Table::Create(*spec, options_.shard, options_.num_shards);
   } catch (const std::bad_alloc&) {
-    return ResourceExhausted("not enough memory for table '" + spec->name + "'");
+    table = ResourceExhausted("not enough memory for table '" + spec->name + "'");
   }
-  if (!table.ok()) return table.status();
+  if (!table.ok()) {
+    memory_.Settle(reserved, 0);
+    return table.status();
+  }
   auto next = std::make_shared<TableMap>(*current);
   (*next)[spec->name] = std::shared_ptr<Table>(std::move(table).value());
   updates_.fetch_add(1);  // before the table is seen: a checkpoint that misses it is not idle
-  memory_.Add(initial);
   std::atomic_store(&tables_, std::shared_ptr<const TableMap>(next));
+  memory_.Settle(reserved, initial);
   reply->message = "created";
   spdlog::info("created {} table '{}' (optimizer {}, staleness {})",
                spec->kind == TableKind::kDense ? "dense" : "sparse", spec->name, spec->optimizer,
@@ -1090,7 +1094,7 @@ Status ShardServer::PushGated(const Header& h, std::shared_ptr<Table> t, const P
   }
   // Checked at the primary only: a backup applies what its primary accepted (and counts
   // it, as if every key made a row, until the next measure).
-  uint64_t growth = 0;
+  uint64_t growth = 0, reserved = 0;
   if (memory_.enabled() && from_log) {
     growth = req.num_keys * t->BytesPerNewRow();
   } else if (memory_.enabled() && !dense) {
@@ -1099,7 +1103,7 @@ Status ShardServer::PushGated(const Header& h, std::shared_ptr<Table> t, const P
       dedup_.Abort(h.sender, h.seq);  // nothing applied: a retry may be
       return admitted.status();
     }
-    growth = *admitted;
+    growth = reserved = *admitted;
   }
   auto apply = [&]() -> StatusOr<PushResult> {
     try {
@@ -1112,11 +1116,16 @@ Status ShardServer::PushGated(const Header& h, std::shared_ptr<Table> t, const P
   StatusOr<PushResult> res =
       dense ? apply() : watchers_->ApplySparse(h.table, req.keys, req.num_keys, apply);
   if (!res.ok() || res->would_block) {
+    memory_.Settle(reserved, 0);
     dedup_.Abort(h.sender, h.seq);  // not applied: a retry (or the handler thread) may
     return res.ok() ? WouldBlock() : res.status();
   }
   dedup_.Commit(h.sender, h.seq);
-  if (growth != 0) memory_.Add(growth);
+  if (reserved != 0) {
+    memory_.Settle(reserved, growth);
+  } else if (growth != 0) {
+    memory_.Add(growth);
+  }
   *applied = true;
   *values_read = res->values_read;
   if (evicted != nullptr) *evicted = !res->evicted.empty();
@@ -1133,17 +1142,20 @@ StatusOr<uint64_t> ShardServer::AdmitGrowth(const std::string& table, Table& t,
                                             const PushRequest& req) {
   const uint64_t row_bytes = t.BytesPerNewRow();
   if (row_bytes == 0 || req.num_keys == 0) return 0;  // dense: sized at creation
-  // Far from the budget no key is looked up: the push is counted as if every key made
-  // a row, until the next measure (the maintenance thread's, every tick).
+  // Far from the budget no key is looked up: the push reserves as if every key made a
+  // row, and is counted so until the next measure (the maintenance thread's, every
+  // tick). The reservation is taken before the rows are made: pushes applied at once
+  // cannot each count on the same room.
   const uint64_t most = req.num_keys * row_bytes;
-  if (memory_.Fits(most)) return most;
+  if (memory_.TryReserve(most)) return most;
   if (req.no_wait) return WouldBlock();  // the count below waits for the stripes' locks
   const uint64_t rows = t.NewRows(req.keys, req.num_keys);
   if (rows == 0) return 0;  // existing rows only: always applied
   const uint64_t bytes = rows * row_bytes;
+  if (memory_.TryReserve(bytes)) return bytes;
   // The count may still hold pushes' upper bounds: measure before refusing.
-  if (!memory_.Fits(bytes) && memory_.stale()) memory_.Measure([this] { return TableBytes(); });
-  if (memory_.Fits(bytes)) return bytes;
+  if (memory_.stale()) memory_.Measure([this] { return TableBytes(); });
+  if (memory_.TryReserve(bytes)) return bytes;
   metrics_->CountMemoryRefusal(Op::kPushSparse);
   return ResourceExhausted(
       "table '" + table + "': this push would create " + std::to_string(rows) + " row(s) (about " +

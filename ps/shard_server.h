@@ -125,8 +125,9 @@ class ShardServer {
   StatusOr<Created> CreateTable(const Header& h, Header* reply, bool from_log = false);
   // The tables' memory_bytes, summed (MemoryBudget::Measure).
   uint64_t TableBytes() const;
-  // The bytes a sparse push of `req` may add (counted against the budget once it is
-  // applied), or RESOURCE_EXHAUSTED when the rows it would create pass the budget.
+  // Reserves the bytes a sparse push of `req` may add and returns them (the caller
+  // settles the reservation: MemoryBudget::Settle), or RESOURCE_EXHAUSTED, nothing
+  // reserved, when the rows it would create pass the budget.
   StatusOr<uint64_t> AdmitGrowth(const std::string& table, Table& t, const PushRequest& req);
   // Replicated shards: builds replica_ from the options and the checkpoint's sidecar.
   Status MakeReplica(bool restored, const std::string& tip);

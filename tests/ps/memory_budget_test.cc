@@ -7,9 +7,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace onlineps::ps {
 namespace {
@@ -100,6 +103,30 @@ TEST(MemoryBudgetCountTest, AMeasureReplacesWhatWasAdmittedBeforeIt) {
   EXPECT_FALSE(b.stale());
   EXPECT_FALSE(b.Fits(0));  // over: nothing more fits (no wrap-around)
   EXPECT_FALSE(MemoryBudget(0).enabled());
+}
+
+// Updates applied at once each reserve before they apply: together they never take
+// the count past the limit, and what they settle is counted until the next measure.
+TEST(MemoryBudgetCountTest, ReservationsTakenAtOnceNeverTogetherPassTheLimit) {
+  MemoryBudget b(1000);
+  std::atomic<int> granted{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&] { granted += b.TryReserve(300) ? 1 : 0; });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(granted.load(), 3);
+  EXPECT_EQ(b.used(), 900u);
+  EXPECT_FALSE(b.stale()) << "a reservation is not admitted yet";
+  b.Settle(300, 120);  // applied: 120 of its 300 bytes were new rows
+  b.Settle(300, 0);    // not applied: all released
+  EXPECT_EQ(b.used(), 420u);
+  EXPECT_TRUE(b.stale());
+  b.Measure([] { return uint64_t{100}; });  // the sum: the settled rows, say
+  EXPECT_EQ(b.used(), 400u) << "the reservation still open stays counted";
+  EXPECT_FALSE(b.TryReserve(601));
+  EXPECT_TRUE(b.TryReserve(600));
+  EXPECT_FALSE(b.TryReserve(1)) << "at the limit";
 }
 
 }  // namespace

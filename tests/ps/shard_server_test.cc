@@ -2246,6 +2246,60 @@ TEST_P(ShardServerMemoryBudgetTest, APushCreatingRowsPastTheBudgetIsRefusedWhole
   EXPECT_EQ(MetricValue(*registry_, "onlineps_ps_memory_budget_bytes"), kBudget);
 }
 
+// Regression: the budget was checked, then the rows created, with nothing counted in
+// between: pushes applied at once each saw the count without the others' rows and all
+// passed, together past the budget. Each push now reserves its rows' bytes before it
+// applies them.
+TEST_P(ShardServerMemoryBudgetTest, ConcurrentPushesOfNewRowsDoNotTogetherPassTheBudget) {
+  ShardServerOptions o;
+  o.listen = ListenEndpoint(GetParam(), "memory-budget-race");
+  o.max_memory_bytes = kBudget;
+  o.handler_threads = 16;  // the pushes below wait in the apply at once, on their own threads
+  std::string endpoint;
+  auto server = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
+  ASSERT_NE(server, nullptr);
+  RawClient admin(endpoint);
+  Header h = Request(Op::kCreateTable, "grow");
+  h.spec = EncodeSpec(Sparse("grow"));
+  auto created = admin.Call({HeaderFrame(h)});
+  ASSERT_TRUE(created.has_value());
+  ASSERT_EQ(created->first.code, StatusCode::kOk) << created->first.message;
+  std::shared_ptr<Table> t = server->FindTable("grow");
+  ASSERT_NE(t, nullptr);
+  // Eight pushes of 1000 new rows (~280 KB each): three fit in 1 MiB, four do not. On 16
+  // handler threads at least four of them wait at once (each thread takes a peer's).
+  constexpr size_t kRows = 1000, kPushes = 8;
+  ASSERT_LE(3 * kRows * t->BytesPerNewRow(), kBudget);
+  ASSERT_GT(4 * kRows * t->BytesPerNewRow(), kBudget);
+  std::vector<std::unique_ptr<RawClient>> pushers;
+  TableTestPeer::Lock(t.get());  // every push waits to apply, as behind a long apply
+  for (uint64_t p = 0; p < kPushes; ++p) {
+    pushers.push_back(std::make_unique<RawClient>(endpoint));
+    std::vector<uint64_t> keys(kRows);
+    for (size_t i = 0; i < kRows; ++i) keys[i] = p * kRows + i;
+    pushers.back()->Send({HeaderFrame(PushHeader(Op::kPushSparse, "grow", 100 + p, 1)),
+                          Keys(std::move(keys)), Floats(std::vector<float>(kRows * 64, 1.0f))});
+  }
+  std::this_thread::sleep_for(300ms);  // every push reached its handler thread
+  TableTestPeer::Unlock(t.get());
+  int accepted = 0;
+  for (auto& p : pushers) {
+    auto r = p->Receive(10000ms);
+    ASSERT_TRUE(r.has_value()) << "a push was never answered";
+    if (r->first.code == StatusCode::kOk) {
+      ++accepted;
+    } else {
+      EXPECT_EQ(r->first.code, StatusCode::kResourceExhausted) << r->first.message;
+      EXPECT_THAT(r->first.message, HasSubstr("nothing of it was applied"));
+    }
+  }
+  EXPECT_LE(accepted, 3) << accepted << " pushes of " << kRows
+                         << " new rows were accepted, together past the budget";
+  EXPECT_GE(accepted, 1);
+  EXPECT_EQ(t->Stats().rows, uint64_t(accepted) * kRows) << "a refused push applied rows";
+  server->Stop();
+}
+
 TEST_P(ShardServerMemoryBudgetTest, ATableTooLargeForTheBudgetIsNotCreated) {
   TableSpec big = DenseSpec();
   big.name = "big";
