@@ -20,6 +20,9 @@ constexpr uint32_t kNil = UINT32_MAX;
 constexpr size_t kMaxStripes = 16;
 constexpr size_t kBackupRowsPerWorker = 4096;
 constexpr size_t kMaxAdmissionCandidates = 1 << 20;
+// The bytes of one admission candidate (LruMap<uint64_t, uint32_t>): a list node (48 as
+// glibc allocates it), a hash node (32) and its share of the buckets (8-16), measured.
+constexpr uint64_t kCandidateBytes = 96;
 // Least bound on an accumulated sum's pending values (SparseTable::PendingBytesCap), so
 // that a small row cap still lets a sum of K pushes build up.
 constexpr uint64_t kMinPendingCapBytes = uint64_t{16} << 20;
@@ -730,7 +733,8 @@ TableStats SparseTable::Stats() const {
     st.rows += s.rows.size();
     st.evicted_rows += s.evicted;
     st.backups += s.backups.size();
-    st.memory_bytes += s.rows.memory_bytes() + s.backups.size() * (dim_ * 4 + 48);
+    st.memory_bytes += s.rows.memory_bytes() + s.backups.size() * (dim_ * 4 + 48) +
+                       s.admission.size() * kCandidateBytes;
   }
   {
     MutexLock lock(&acc_mu_);  // the pending sum of accumulation, per key
@@ -742,9 +746,11 @@ TableStats SparseTable::Stats() const {
 
 uint64_t SparseTable::BytesPerNewRow() const {
   // The record, its index entry (8 bytes at a load of 3/4 or less: 16), and with
-  // accumulation its pending sum until applied (as Stats counts it).
+  // accumulation its pending sum until applied (as Stats counts it). With admission a
+  // new key is a candidate first, which a small row can cost more than.
   const uint64_t record = layout_.header_bytes + uint64_t{row_floats_} * sizeof(float);
-  return record + 16 + (spec_.accumulate > 1 ? uint64_t{dim_} * 4 + 64 : 0);
+  const uint64_t row = record + 16 + (spec_.accumulate > 1 ? uint64_t{dim_} * 4 + 64 : 0);
+  return spec_.admit_after > 1 ? std::max(row, kCandidateBytes) : row;
 }
 
 uint64_t SparseTable::NewRows(const uint64_t* keys, size_t n) {

@@ -135,7 +135,8 @@ class Table {
   // from its creation: a dense table's whole state; 0 for sparse (it grows by rows).
   static StatusOr<uint64_t> InitialBytes(const TableSpec& spec, uint32_t shard,
                                          uint32_t num_shards);
-  // About the bytes one more row costs (record, index entry, pending sum); 0: dense.
+  // About the bytes one more row (or admission candidate) costs: record, index entry,
+  // pending sum; 0: dense.
   virtual uint64_t BytesPerNewRow() const { return 0; }
   // Rows a push of `keys` would create now: keys without a row, up to the room a row cap
   // leaves (a key repeated in the push counts each time; with admit_after, a key counts

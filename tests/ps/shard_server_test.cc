@@ -2300,6 +2300,34 @@ TEST_P(ShardServerMemoryBudgetTest, ConcurrentPushesOfNewRowsDoNotTogetherPassTh
   server->Stop();
 }
 
+// Regression: with admit_after, a key pushed fewer times than that is an admission
+// candidate (a touch count, not a row yet). Candidates were counted neither in
+// stat.memory_bytes nor against the budget: up to 2^20 per table (~90 MB) went unseen,
+// and always-new keys were never refused.
+TEST_P(ShardServerMemoryBudgetTest, AdmissionCandidatesAreCountedAndBoundedByTheBudget) {
+  TableSpec spec = Sparse("admit");
+  spec.admit_after = 3;
+  ASSERT_EQ(Create(spec).code, StatusCode::kOk);
+  const uint64_t empty = std::stoull(Info("admit")["stat.memory_bytes"]);
+  ASSERT_EQ(Push("admit", 0, 2000, 1.0f).code, StatusCode::kOk);
+  std::map<std::string, std::string> info = Info("admit");
+  EXPECT_EQ(info["stat.rows"], "0") << "a key pushed once is not a row yet";
+  EXPECT_GE(std::stoull(info["stat.memory_bytes"]), empty + 2000 * 64)
+      << "2000 admission candidates are not in stat.memory_bytes";
+  // Always-new keys, each pushed once: candidates only, yet refused at the budget.
+  uint64_t next = 2000;
+  Header refused;
+  for (int i = 0; i < 100 && refused.code == StatusCode::kOk; ++i, next += 2000) {
+    refused = Push("admit", next, 2000, 1.0f);
+  }
+  ASSERT_EQ(refused.code, StatusCode::kResourceExhausted)
+      << "no push refused after " << next << " candidates";
+  EXPECT_THAT(refused.message, HasSubstr("nothing of it was applied"));
+  info = Info("admit");
+  EXPECT_EQ(info["stat.rows"], "0");
+  EXPECT_LE(std::stoull(info["stat.memory_bytes"]), kBudget) << "candidates past the budget";
+}
+
 TEST_P(ShardServerMemoryBudgetTest, ATableTooLargeForTheBudgetIsNotCreated) {
   TableSpec big = DenseSpec();
   big.name = "big";
