@@ -13,6 +13,8 @@ constexpr char kWaitKey[] = "wait_ms";
 constexpr char kTablePrefix[] = "t.";
 constexpr char kKeysPrefix[] = "k.";
 constexpr char kIncarnationKey[] = "inc";
+// A watch names at most this many tables, or as many as the shard holds when it holds
+// more (a worker names every table it holds of the shard in one watch).
 constexpr size_t kMaxTablesPerWatch = 1024;
 constexpr size_t kMaxTableNameBytes = 128;  // as TableSpec's names
 
@@ -63,12 +65,14 @@ Status Watchers::Watch(const std::string& peer, const Header& req, uint64_t now_
   }
   if (w.known.empty()) return InvalidArgument("watch names no table (spec keys t.<table>)");
   w.req.spec.clear();  // parsed into `known`: a held watch keeps its names once
-  if (w.known.size() > kMaxTablesPerWatch) {
+  const std::shared_ptr<const TableMap> tables = tables_();
+  const size_t most = std::max(kMaxTablesPerWatch, tables->size());
+  if (w.known.size() > most) {
     return InvalidArgument("watch names " + std::to_string(w.known.size()) + " tables; at most " +
-                           std::to_string(kMaxTablesPerWatch));
+                           std::to_string(most) + " (1,024, or the " +
+                           std::to_string(tables->size()) + " tables this shard holds)");
   }
   w.deadline_ms = now_ms + std::min(wait_ms, options_.max_wait_ms);
-  const std::shared_ptr<const TableMap> tables = tables_();
   // From now on the keys of pushes to the named sparse tables are remembered.
   for (const auto& [name, version] : w.known) {
     auto it = tables->find(name);
@@ -93,6 +97,16 @@ Status Watchers::Watch(const std::string& peer, const Header& req, uint64_t now_
         return ResourceExhausted("this shard holds " + std::to_string(held_.size()) +
                                  " watches already; poll by age instead");
       }
+      // Held watches name at most as many tables in all as max_watches of 1,024 each:
+      // watches of more tables each leave room for fewer of them.
+      const size_t most_names = options_.max_watches * kMaxTablesPerWatch;
+      if (held_names_ + w.known.size() > most_names) {
+        return ResourceExhausted("the watches this shard holds name " +
+                                 std::to_string(held_names_) + " tables in all; this one's " +
+                                 std::to_string(w.known.size()) + " would pass " +
+                                 std::to_string(most_names) + "; poll by age instead");
+      }
+      held_names_ += w.known.size();
       held_.push_back(std::move(w));
       num_held_.store(held_.size());
       return Status::Ok();
@@ -202,6 +216,7 @@ void Watchers::AnswerHeld(const std::function<bool(const Held&)>& due) {
     MutexLock lock(&mu_);
     for (size_t i = 0; i < held_.size();) {
       if (due(held_[i])) {
+        held_names_ -= held_[i].known.size();
         ready.push_back(std::move(held_[i]));
         held_[i] = std::move(held_.back());
         held_.pop_back();

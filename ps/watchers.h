@@ -28,7 +28,9 @@
 namespace onlineps::ps {
 
 struct WatchersOptions {
-  size_t max_watches = 4096;       // held at once; past it a watch gets RESOURCE_EXHAUSTED
+  // Held at once; past it a watch gets RESOURCE_EXHAUSTED, as past max_watches x 1,024
+  // tables named by the held watches in all.
+  size_t max_watches = 4096;
   size_t max_logged_keys = 65536;  // per sparse table: keys of recent pushes remembered
   uint64_t max_wait_ms = 60000;    // a longer requested wait is cut to this
 };
@@ -44,7 +46,8 @@ class Watchers {
 
   // A watch from `peer`: answered at once when a named table differs, else held until
   // one does or its wait ends. Errors (the caller answers them): kInvalidArgument for a
-  // bad field, kResourceExhausted past max_watches, kUnavailable once stopped.
+  // bad field or more tables than allowed, kResourceExhausted past max_watches (or their
+  // tables in all), kUnavailable once stopped.
   Status Watch(const std::string& peer, const Header& req, uint64_t now_ms);
 
   // Wraps the apply of a sparse push to `table`: a watch answer never reads the version
@@ -107,6 +110,7 @@ class Watchers {
 
   mutable Mutex mu_;
   std::vector<Held> held_ GUARDED_BY(mu_);
+  size_t held_names_ GUARDED_BY(mu_) = 0;  // the tables held_ names, summed
   bool stopped_ GUARDED_BY(mu_) = false;
   std::atomic<size_t> num_held_{0};  // held_.size(), read without mu_ on every push
 };

@@ -2058,6 +2058,51 @@ TEST_P(ShardServerClientTest, WatchThroughTheClientReportsVersionsAndKeys) {
   server->Stop();
 }
 
+// Regression: a watch named at most 1,024 tables, and a worker names every table it
+// holds of the shard in one watch: past 1,024 tables its watch was refused
+// INVALID_ARGUMENT, and no notice came for any table (copies fresh by age bounds only).
+// A watch may now name every table the shard holds; what held watches name in all stays
+// bounded as before (max_watches x 1,024).
+TEST_P(ShardServerClientTest, AWatchOfMoreThan1024TablesGetsNoticesOfEach) {
+  std::string endpoint;
+  ShardServerOptions o;
+  o.listen = ListenEndpoint(GetParam(), "watch-many");
+  o.max_watches = 2;  // held watches name at most 2 x 1,024 tables in all
+  auto server = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
+  ASSERT_NE(server, nullptr);
+  auto a = ConnectClient({endpoint}), b = ConnectClient({endpoint});
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  constexpr int kTables = 1100;
+  std::map<std::string, uint64_t> known;
+  for (int i = 0; i < kTables; ++i) {
+    TableSpec spec = SparseSpec();
+    spec.name = "s" + std::to_string(i);
+    ASSERT_TRUE(a->CreateTable(spec).ok()) << spec.name;
+    known[spec.name] = 0;
+  }
+  WatchReply got;
+  Ticket t = b->Watch(0, known, 5000ms, &got);
+  std::this_thread::sleep_for(100ms);
+  ASSERT_FALSE(t.Ready()) << "the watch was answered at once: " << t.Wait().ToString();
+  // A second watch of them all would take held names past 2 x 1,024.
+  WatchReply refused;
+  Status st = a->Watch(0, known, 5000ms, &refused).Wait();
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.ToString();
+  EXPECT_THAT(st.message(), HasSubstr("tables"));
+  const std::vector<uint64_t> keys = {3, 5};
+  const std::vector<float> g = {1, 1, 1, 1};
+  ASSERT_TRUE(a->PushSparse("s1050", keys.data(), 2, g.data(), {}, nullptr).Wait().ok());
+  ASSERT_TRUE(t.Wait().ok()) << t.Wait().ToString();
+  EXPECT_EQ(got.versions.size(), static_cast<size_t>(kTables));
+  EXPECT_EQ(got.versions["s1050"], 1u);
+  EXPECT_EQ(got.keys["s1050"], keys);
+  // Answered: its names no longer count, and a new watch of them all is held again.
+  Ticket again = a->Watch(0, got.versions, 200ms, &refused);
+  EXPECT_TRUE(again.Wait().ok()) << again.Wait().ToString();
+  server->Stop();
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, ShardServerClientTest, ::testing::Values("mem", "tcp"),
                          [](const auto& info) { return info.param; });
 
