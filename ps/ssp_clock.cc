@@ -5,13 +5,18 @@
 
 namespace onlineps::ps {
 
+bool SspClock::Counts(const Entry& e, uint64_t now_ms) const {
+  // Handler threads read the clock at slightly different times: a sender seen "later"
+  // than now_ms is live, not 2^64 ms old.
+  const bool live = e.last_ms >= now_ms || now_ms - e.last_ms <= lease_ms_;
+  const bool new_reader = e.since_ms >= now_ms || now_ms - e.since_ms <= lease_ms_;
+  return live && (e.pushed || new_reader);
+}
+
 uint64_t SspClock::MinLiveClock(uint64_t now_ms) {
   uint64_t min_clock = std::numeric_limits<uint64_t>::max();
   for (const auto& [id, e] : senders_) {
-    // Handler threads read the clock at slightly different times: a sender seen "later"
-    // than now_ms is live, not 2^64 ms old.
-    const bool live = e.last_ms >= now_ms || now_ms - e.last_ms <= lease_ms_;
-    if (live && e.clock < min_clock) min_clock = e.clock;
+    if (Counts(e, now_ms) && e.clock < min_clock) min_clock = e.clock;
   }
   return min_clock;
 }
@@ -26,6 +31,8 @@ void SspClock::Touch(uint64_t sender, uint64_t now_ms) {
       // sender until it has made up the pushes it missed meanwhile.
       const uint64_t min_live = MinLiveClock(now_ms);
       if (min_live != std::numeric_limits<uint64_t>::max()) e.clock = std::max(e.clock, min_live);
+      e.since_ms = now_ms;
+      e.pushed = false;
     }
     e.last_ms = now_ms;
     return;
@@ -41,13 +48,21 @@ void SspClock::Touch(uint64_t sender, uint64_t now_ms) {
   // A newcomer starts at the slowest live clock so it neither blocks nor is blocked.
   uint64_t start = MinLiveClock(now_ms);
   if (start == std::numeric_limits<uint64_t>::max()) start = 0;
-  senders_[sender] = Entry{start, now_ms};
+  senders_[sender] = Entry{start, now_ms, now_ms, false};
 }
 
 void SspClock::Tick(uint64_t sender, uint64_t now_ms) {
   Touch(sender, now_ms);
   MutexLock lock(&mu_);
-  senders_[sender].clock++;
+  Entry& e = senders_[sender];
+  if (!e.pushed) {
+    // A reader's first push: it joins at the slowest live clock, as a newcomer does,
+    // not at the clock it was registered with (the others went on meanwhile).
+    const uint64_t min_live = MinLiveClock(now_ms);
+    if (min_live != std::numeric_limits<uint64_t>::max()) e.clock = std::max(e.clock, min_live);
+    e.pushed = true;
+  }
+  e.clock++;
 }
 
 bool SspClock::Releasable(uint64_t sender, uint64_t now_ms) {

@@ -3,7 +3,10 @@
 // table; a sender more than s pushes ahead of the slowest live sender is held. A sender
 // silent for longer than the lease stops counting, so a dead worker never blocks the
 // others for good; when it comes back it rejoins at the slowest live clock, as a
-// newcomer does. Bounded: at most max_senders clocks (oldest dropped). Thread-safe.
+// newcomer does. A sender that has only pulled is waited for during one lease from its
+// registration (a worker about to push), then not until it pushes: a reader that never
+// pushes would otherwise hold every pusher for good. Bounded: at most max_senders clocks
+// (oldest dropped). Thread-safe.
 #ifndef ONLINEPS_PS_SSP_CLOCK_H_
 #define ONLINEPS_PS_SSP_CLOCK_H_
 
@@ -31,7 +34,11 @@ class SspClock {
   struct Entry {
     uint64_t clock = 0;
     uint64_t last_ms = 0;
+    uint64_t since_ms = 0;  // registered (new, or back after its lease)
+    bool pushed = false;    // since registered
   };
+  // Whether `e` is waited for at `now_ms`.
+  bool Counts(const Entry& e, uint64_t now_ms) const;
   uint64_t MinLiveClock(uint64_t now_ms) REQUIRES(mu_);
 
   const uint64_t bound_, lease_ms_;

@@ -1316,6 +1316,47 @@ TEST_P(ShardServerClientTest, AHugeBlockTimeoutStillHoldsTheReply) {
   server->Stop();
 }
 
+// Regression: a client that only pulls a block-mode table (a reader) stayed live at the
+// clock of its first pull: every push reply past s was held until block_timeout_ms, for
+// as long as the reader went on pulling. A reader is waited for during its first lease.
+TEST_P(ShardServerClientTest, BlockModeDoesNotHoldPushersForAClientThatOnlyPulls) {
+  std::string endpoint;
+  ShardServerOptions o;
+  o.listen = ListenEndpoint(GetParam(), "block-reader");
+  auto server = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
+  ASSERT_NE(server, nullptr);
+  auto reader = ConnectClient({endpoint}), pusher = ConnectClient({endpoint});
+  ASSERT_NE(reader, nullptr);
+  ASSERT_NE(pusher, nullptr);
+  TableSpec spec = DenseSpec();
+  spec.max_staleness = 0;
+  spec.bound_mode = BoundMode::kBlock;
+  spec.block_timeout_ms = 300;
+  ASSERT_TRUE(pusher->CreateTable(spec).ok());
+  std::atomic<bool> stop{false};
+  std::thread reading([&] {
+    std::vector<float> w(6);
+    while (!stop) {
+      EXPECT_TRUE(reader->PullDense("d", w.data(), nullptr).Wait().ok());
+      std::this_thread::sleep_for(50ms);
+    }
+  });
+  std::this_thread::sleep_for(400ms);  // past the reader's first lease
+  std::vector<float> w(6);
+  VersionVector v;
+  ASSERT_TRUE(pusher->PullDense("d", w.data(), &v).Wait().ok());
+  const std::vector<float> g(6, 1.0f);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(pusher->PushDense("d", g.data(), v, nullptr).Wait().ok());
+  const auto took = Clock::now() - t0;
+  stop = true;
+  reading.join();
+  EXPECT_LT(took, 250ms) << "the pushes were held for a client that never pushes ("
+                         << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                         << " ms for 3)";
+  server->Stop();
+}
+
 TEST_P(ShardServerClientTest, HeldPushReplyIsNotReleasedByClientRetry) {
   std::string endpoint;
   ShardServerOptions o;

@@ -543,6 +543,39 @@ TEST_P(TableKindTest, BlockModeSenderIsReleasableOnceNoSenderIsLive) {
   EXPECT_TRUE(t->Releasable(1, 2000));
 }
 
+// Regression: a client that only pulls (a reader: an inference client, a dashboard)
+// joined the clocks at its first pull and, pulling on, stayed live at that clock for
+// good: every pusher was held after s pushes, each reply until block_timeout_ms. A
+// sender that has only pulled is now waited for during one lease from its first pull.
+TEST_P(TableKindTest, BlockModeDoesNotWaitForAReaderThatNeverPushes) {
+  TableSpec spec = Spec();
+  spec.max_staleness = 0;
+  spec.bound_mode = BoundMode::kBlock;
+  spec.block_timeout_ms = 100;
+  auto t = NewTable(spec);
+  ASSERT_NE(t, nullptr);
+  Pull(*t, 9, nullptr, false, 1000);  // the reader, from now on every 50 ms
+  Pull(*t, 1, nullptr, false, 1000);
+  // Within the reader's first lease it may be a worker about to push: waited for.
+  EXPECT_TRUE(MustPush(*t, 1, 0, kG1, false, 1050).hold);
+  for (uint64_t now = 1050; now <= 1400; now += 50) {
+    Pull(*t, 9, nullptr, false, now);
+    if (now < 1150) continue;
+    // Past its first lease, still pulling, never pushed: not waited for.
+    EXPECT_TRUE(t->Releasable(1, now)) << "at " << now;
+    EXPECT_FALSE(MustPush(*t, 1, t->version(), kG1, false, now).hold)
+        << "a push at " << now << " was held for a sender that only pulls";
+  }
+  // Its first push: it joins at the pusher's clock (not its own, 0), so it is one ahead;
+  // from then on it is waited for like every pusher.
+  EXPECT_TRUE(MustPush(*t, 9, t->version(), kG2, false, 1450).hold);
+  EXPECT_TRUE(t->Releasable(1, 1450));
+  EXPECT_FALSE(t->Releasable(9, 1450));
+  EXPECT_FALSE(MustPush(*t, 1, t->version(), kG1, false, 1450).hold);
+  EXPECT_TRUE(t->Releasable(9, 1450));
+  EXPECT_TRUE(MustPush(*t, 1, t->version(), kG1, false, 1460).hold) << "9 is waited for";
+}
+
 TEST_P(TableKindTest, BlockModeCountsSenderSeenAMillisecondLaterAsLive) {
   TableSpec spec = Spec();
   spec.max_staleness = 0;
