@@ -225,13 +225,7 @@ StatusOr<std::string> ShardServer::Start() {
   if (memory_.enabled()) {
     memory_.Measure([this] { return TableBytes(); });
     metrics_->SetMemory(memory_.limit(), memory_.used());
-    if (!memory_.Fits(0)) {
-      spdlog::warn(
-          "the restored tables hold {} bytes, over the memory budget of {} bytes "
-          "(--max-memory-mb): new tables and pushes creating sparse rows are refused until "
-          "rows expire or the budget is raised",
-          memory_.used(), memory_.limit());
-    }
+    if (!memory_.Fits(0)) WarnOverBudget();
   }
   if (options_.replication.members.size() >= 2) {
     ONLINEPS_RETURN_IF_ERROR(MakeReplica(restored, tip));
@@ -296,6 +290,31 @@ StatusOr<std::string> ShardServer::Start() {
   metrics_->SetReady(true);
   spdlog::info("shard {}/{} serving on {}", options_.shard, options_.num_shards, *bound);
   return bound;
+}
+
+void ShardServer::WarnOverBudget() const {
+  // Started rather than refused: the state is intact and every pull and push to an
+  // existing row can be served, where a refusal would leave the workers nothing (and,
+  // with the budget from the cgroup limit, a pod whose limit was lowered would restart
+  // for ever). What the operator must do is named here and alerted on (the gauges).
+  std::string largest;
+  uint64_t largest_bytes = 0;
+  const std::shared_ptr<const TableMap> snapshot = tables();
+  for (const auto& [name, t] : *snapshot) {
+    const uint64_t bytes = t->Stats().memory_bytes;
+    if (bytes <= largest_bytes) continue;
+    largest = name;
+    largest_bytes = bytes;
+  }
+  spdlog::warn(
+      "the restored tables hold {} bytes ({} MiB), over the memory budget of {} bytes ({} MiB, "
+      "--max-memory-mb) by {} bytes; the largest is '{}' with {} bytes. Serving: pulls and "
+      "pushes to existing rows go on, but new tables and pushes creating sparse rows are "
+      "refused until rows expire or are evicted, or the budget is raised "
+      "(onlineps_ps_memory_used_bytes > onlineps_ps_memory_budget_bytes: alert "
+      "OnlinepsShardOverMemoryBudget)",
+      memory_.used(), memory_.used() >> 20, memory_.limit(), memory_.limit() >> 20,
+      memory_.used() - memory_.limit(), largest, largest_bytes);
 }
 
 Status ShardServer::MakeReplica(bool restored, const std::string& tip) {

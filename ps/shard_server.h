@@ -101,6 +101,8 @@ class ShardServer {
 
   // No checkpoint of this shard count: warns of one written with another count.
   void WarnOfOtherShardCounts() const;
+  // Start: the restored tables are over the memory budget. Says by how much, and which.
+  void WarnOverBudget() const;
   struct Held {
     std::shared_ptr<Table> table;
     uint64_t sender;

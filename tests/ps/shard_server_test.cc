@@ -12,6 +12,8 @@
 #include <netinet/in.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -2470,6 +2472,73 @@ TEST_P(ShardServerMemoryBudgetTest, ABackupAppliesWhatItsPrimaryAcceptedPastTheB
   EXPECT_EQ(Info("grow")["stat.rows"], "4096");
   // A client's push of a new row is refused here (this shard is not a backup).
   EXPECT_EQ(Push("grow", 100000, 1, 1.0f).code, StatusCode::kResourceExhausted);
+}
+
+// A shard restored over its budget starts (its state is intact, and pulls and pushes to
+// existing rows can be served) and says so: a warning naming the figures and the
+// largest table, and the gauges the alert OnlinepsShardOverMemoryBudget compares.
+TEST(ShardServerMemoryBudgetRestoreTest, ARestoreOverTheBudgetStartsWarnsAndRefusesNewRows) {
+  const int port = FreeTcpPort();
+  ASSERT_GT(port, 0);
+  std::string dir = (std::filesystem::temp_directory_path() / "onlineps-over-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  ShardServerOptions o;
+  o.listen = "tcp://127.0.0.1:" + std::to_string(port);
+  o.checkpoint_dir = dir;
+  std::string endpoint;
+  auto first = StartServer(o, std::make_shared<prometheus::Registry>(), &endpoint);
+  ASSERT_NE(first, nullptr);
+  {
+    RawClient raw(endpoint);
+    TableSpec spec = SparseSpec();
+    spec.name = "big";
+    spec.dim = 64;
+    Header h = Request(Op::kCreateTable, "big");
+    h.spec = EncodeSpec(spec);
+    auto r = raw.Call({HeaderFrame(h)});
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->first.code, StatusCode::kOk);
+    std::vector<uint64_t> keys(8000);  // ~2.2 MB of rows
+    for (size_t i = 0; i < keys.size(); ++i) keys[i] = i;
+    r = raw.Call({HeaderFrame(PushHeader(Op::kPushSparse, "big", 1, 1)), Keys(keys),
+                  Floats(std::vector<float>(keys.size() * 64, 1.0f))});
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  }
+  first->Stop();  // its final checkpoint holds the rows
+  first.reset();
+
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  o.max_memory_bytes = 1 << 20;
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto second = StartServer(o, registry, &endpoint);
+  ASSERT_NE(second, nullptr) << "a shard restored over its budget must still start";
+  const uint64_t held = second->FindTable("big")->Stats().memory_bytes;
+  EXPECT_THAT(log.str(), HasSubstr("the restored tables hold " + std::to_string(held) + " bytes"));
+  EXPECT_THAT(log.str(), HasSubstr("over the memory budget of 1048576 bytes (1 MiB"));
+  EXPECT_THAT(log.str(), HasSubstr("by " + std::to_string(held - (1 << 20)) + " bytes"));
+  EXPECT_THAT(log.str(), HasSubstr("the largest is 'big'"));
+  EXPECT_GT(MetricValue(*registry, "onlineps_ps_memory_used_bytes"),
+            MetricValue(*registry, "onlineps_ps_memory_budget_bytes"));
+  RawClient raw(endpoint);
+  auto r = raw.Call({HeaderFrame(PushHeader(Op::kPushSparse, "big", 2, 1)), Keys({100000}),
+                     Floats(std::vector<float>(64, 1.0f))});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.code, StatusCode::kResourceExhausted) << r->first.message;
+  r = raw.Call({HeaderFrame(PushHeader(Op::kPushSparse, "big", 2, 2)), Keys({7}),
+                Floats(std::vector<float>(64, 1.0f))});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  r = raw.Call({HeaderFrame(Request(Op::kPullSparse, "big")), Keys({7})});
+  ASSERT_TRUE(r.has_value());
+  ASSERT_EQ(r->first.code, StatusCode::kOk) << r->first.message;
+  EXPECT_EQ(r->second[1].As<float>()[0], -2.0f);
+  second->Stop();
+  auto& sinks = spdlog::default_logger()->sinks();
+  sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
+  std::filesystem::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ShardServerMemoryBudgetTest, ::testing::Values("mem", "tcp"),
