@@ -5,11 +5,17 @@
 # out-of-memory, naming the reproducer; 77 (a skip for ctest) when clang or its libFuzzer
 # runtime is missing. docs/reliability.md, "Fuzzing".
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET]   (default 30)
+#        scripts/fuzz.sh --build-only            (builds the targets and stops)
 # Env: ONLINEPS_FUZZ_BUILD_DIR (build-fuzz), ONLINEPS_FUZZ_TARGETS ("wire_fuzz mcp_fuzz
 #      trace_fuzz"), ONLINEPS_FUZZ_OUT (kept work dir; default a fresh temp dir),
 #      ONLINEPS_JOBS (2), CXX (clang++).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+build_only=0
+if [[ ${1:-} == --build-only ]]; then
+  build_only=1
+  shift
+fi
 seconds=${1:-30}
 if ! [[ $seconds =~ ^[0-9]+$ ]] || ((seconds < 1)); then
   echo "fuzz: SECONDS_PER_TARGET must be a positive integer, not '$seconds'" >&2
@@ -58,6 +64,11 @@ cmake --build "$build" -j "$jobs" --target $targets >"$work/build.log" 2>&1 || {
   echo "fuzz: build failed (log: $work/build.log)" >&2
   exit 2
 }
+if ((build_only)); then
+  [[ -n ${ONLINEPS_FUZZ_OUT:-} ]] || rm -rf "$work"
+  echo "fuzz: built $targets in $build"
+  exit 0
+fi
 
 # ASan must not mask a leak or an out-of-memory as success.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=0}
