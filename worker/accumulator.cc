@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <utility>
 
+#include "ps/optimizers.h"
+
 namespace onlineps::worker {
 namespace {
 
@@ -45,7 +47,10 @@ std::optional<Accumulator::Batch> Accumulator::Add(const std::vector<float>& gra
   } else {
     MergeBase(base, &cur_.base);
   }
-  for (size_t i = 0; i < size_; ++i) cur_.sum[i] += grad[i];
+  // Saturated, as the shards' own accumulation is: gradients each finite (CheckFinite) may
+  // sum past the float range, and a push holding Inf is refused for good (NON_FINITE),
+  // losing every learn answered "accumulated" in it.
+  for (size_t i = 0; i < size_; ++i) cur_.sum[i] = ps::internal::Saturate(cur_.sum[i] + grad[i]);
   cur_.examples += examples;
   cur_.calls += 1;
   const bool full = cur_.examples >= examples_;

@@ -1,7 +1,7 @@
 // Accumulator: sums the dense gradients of several learn calls before one push, so the
 // PS sees one push of the sum instead of k small ones. The batch carries, per shard, the
 // oldest base version among the summed gradients (the staleness the PS should measure).
-// Thread-safe.
+// The sum saturates at +-FLT_MAX: finite gradients never sum to Inf. Thread-safe.
 #ifndef ONLINEPS_WORKER_ACCUMULATOR_H_
 #define ONLINEPS_WORKER_ACCUMULATOR_H_
 

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "common/clock.h"
+#include "ps/optimizers.h"
 #include "worker/worker_service.h"
 
 namespace onlineps::worker {
@@ -76,6 +77,9 @@ Status WorkerService::GroupRound() {
       continue;
     }
     if (!group.leader() || examples <= 0) continue;
+    // Saturated as the accumulator's sums are: members' finite gradients may sum past the
+    // float range, and a push holding Inf is refused for good (NON_FINITE).
+    for (float& x : sum) x = ps::internal::Saturate(x);
     Accumulator::Batch all;
     all.sum = std::move(sum);
     for (uint64_t& b : base) b = b == kNoBase ? 0 : b;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -40,6 +41,19 @@ TEST(AccumulatorTest, ReadyWhenOldestGradientReachesMaxAge) {
   ASSERT_TRUE(batch.has_value());
   EXPECT_EQ(batch->sum, (std::vector<float>{3, 3}));
   EXPECT_EQ(batch->calls, 3u);
+}
+
+// Finite gradients past half the float range summed to Inf, a push every shard refuses.
+TEST(AccumulatorTest, TheSumSaturatesAtTheFloatRangeInsteadOfOverflowing) {
+  const float big = std::numeric_limits<float>::max() * 0.75f;
+  Accumulator acc(3, /*examples=*/3, /*max_ms=*/0);
+  EXPECT_FALSE(acc.Add({big, -big, 1}, {}, 1, 0).has_value());
+  EXPECT_FALSE(acc.Add({big, -big, 1}, {}, 1, 0).has_value());
+  auto batch = acc.Add({-big, big, 1}, {}, 1, 0);
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_EQ(batch->sum[0], std::numeric_limits<float>::max() - big);
+  EXPECT_EQ(batch->sum[1], -(std::numeric_limits<float>::max() - big));
+  EXPECT_EQ(batch->sum[2], 3.0f);
 }
 
 TEST(AccumulatorTest, TakeIfDueWaitsForTheAgeOfTheFirstAdd) {

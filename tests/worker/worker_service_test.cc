@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <msgpack.hpp>
 #include <mutex>
@@ -276,6 +277,28 @@ class WorkerServiceTest : public ::testing::Test {
         << "a learn part of which was applied reads as not applied: " << st.ToString();
   }
 
+  // One example whose gradient at `w` is finite with some element past half the float
+  // range (two of them sum past it); empty if no feature value makes one.
+  static std::vector<Example> HugeExample(Model& model, std::vector<std::vector<float>>& w) {
+    ParamView view;
+    for (auto& x : w) view.dense.push_back(x.data());
+    view.sparse.assign(w.size(), nullptr);
+    for (float v = 1e30f; v < 3e38f; v *= 1.5f) {
+      const auto batch = Feats({{v, 0, 0, 0}}, {1});
+      auto g = model.Gradients(batch, {}, view);
+      if (!g.ok()) return {};
+      bool finite = std::isfinite(g->loss), over_half = false;
+      for (const auto& d : g->dense) {
+        for (float x : d) {
+          finite &= std::isfinite(x);
+          over_half |= std::fabs(x) > std::numeric_limits<float>::max() / 2;
+        }
+      }
+      if (finite && over_half) return batch;
+    }
+    return {};
+  }
+
   static std::vector<Example> Feats(std::vector<std::vector<float>> xs, std::vector<int> ys) {
     std::vector<Example> out(xs.size());
     for (size_t i = 0; i < xs.size(); ++i) {
@@ -465,6 +488,66 @@ TEST_F(WorkerServiceTest, LocalGroupPushesTheSumOfItsMembersOncePerRound) {
   }
   EXPECT_EQ(members[1]->stats().pushes, 0u) << "a non-leader pushed dense gradients";
   EXPECT_GT(members[1]->stats().group_rounds, 0u);
+  for (auto& m : members) EXPECT_TRUE(m->Stop().ok());
+}
+
+// The group's sum of two finite gradients past half the float range was Inf: the
+// leader's push was refused (NON_FINITE) and both members' learns, answered
+// "accumulated", were lost. The leader saturates the sum, as the accumulator does.
+TEST_F(WorkerServiceTest, ALocalGroupsSumOfHugeGradientsSaturatesInsteadOfOverflowing) {
+  std::unique_ptr<GroupReducer> groups[2];
+  LocalGroupOptions go;
+  go.size = 2;
+  go.endpoint = "inproc://worker-service-group-huge";
+  go.timeout = std::chrono::milliseconds(3000);
+  std::thread joiner([&] {
+    LocalGroupOptions o = go;
+    o.rank = 1;
+    auto g = NewLocalGroup(o);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    groups[1] = std::move(*g);
+  });
+  auto g = NewLocalGroup(go);
+  joiner.join();
+  ASSERT_TRUE(g.ok() && groups[1]) << g.status().ToString();
+  groups[0] = std::move(*g);
+  auto model = CreateModel(Mlp());
+  ASSERT_TRUE(model.ok());
+  std::unique_ptr<ps::PsClient> clients[2] = {Client(endpoints_), Client(endpoints_)};
+  std::unique_ptr<WorkerService> members[2];
+  for (int r = 0; r < 2; ++r) {
+    WorkerServiceOptions wo;
+    wo.group = groups[r].get();
+    wo.group_round_ms = 1000;  // both learns land well inside the first round
+    wo.table_template.optimizer_params["lr"] = 0.5;
+    members[r] = std::make_unique<WorkerService>(clients[r].get(), model->get(), wo);
+    ASSERT_TRUE(members[r]->Start().ok());
+  }
+  const auto& params = (*model)->params();
+  std::vector<std::vector<float>> w0;
+  for (const auto& p : params) w0.push_back(PullDense(p.name));
+  const std::vector<Example> huge = HugeExample(**model, w0);
+  ASSERT_FALSE(huge.empty()) << "no feature value makes a finite gradient past half the range";
+  for (int r = 0; r < 2; ++r) {
+    auto l = members[r]->Learn("", huge);
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    EXPECT_EQ(l->outcome, LearnOutcome::kAccumulated);
+  }
+  const uint64_t deadline = NowMs() + 5000;
+  while (members[0]->stats().pushes < params.size() && NowMs() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const WorkerStats leader = members[0]->stats();
+  EXPECT_EQ(leader.push_errors, 0u) << "the group's sum was pushed as Inf";
+  EXPECT_EQ(leader.held.dropped_calls, 0u) << "learns answered 'accumulated' were lost";
+  for (const auto& p : params) {
+    ps::VersionVector v;
+    const std::vector<float> w = PullDense(p.name, &v);
+    EXPECT_GT(*std::max_element(v.begin(), v.end()), 0u) << p.name << " was never pushed";
+    for (size_t j = 0; j < w.size(); ++j) {
+      ASSERT_TRUE(std::isfinite(w[j])) << p.name << "[" << j << "] = " << w[j];
+    }
+  }
   for (auto& m : members) EXPECT_TRUE(m->Stop().ok());
 }
 
@@ -996,6 +1079,41 @@ TEST_F(WorkerServiceTest, NonFiniteLossIsRefusedAndNothingIsPushed) {
   PullDense(table, &v1);
   EXPECT_EQ(v0, v1);
   EXPECT_EQ(service_->stats().rejected_nonfinite, 1u);
+  EXPECT_TRUE(service_->Learn("", Feats({{1, 1, 1, 1}}, {0})).ok());  // still serving
+}
+
+// Huge finite features make a finite gradient that two of overflow: the accumulator
+// summed them to Inf, the shard refused the push (NON_FINITE, a refusal for good), and
+// the first learn, answered "accumulated", was lost. The sum now saturates at the float
+// range, as the shards' own accumulation does: both learns land, the model stays finite.
+TEST_F(WorkerServiceTest, AccumulatedHugeGradientsSaturateInsteadOfOverflowing) {
+  WorkerServiceOptions o;
+  o.accumulate_examples = 2;
+  o.cache.notices = false;
+  o.cache.refresh_interval_ms = 0;
+  o.cache.dense.max_age_ms = 600000;  // both learns read the same copy
+  StartWorker(Mlp(), o);
+  const auto& params = model_->params();
+  std::vector<std::vector<float>> w0;
+  for (const auto& p : params) w0.push_back(PullDense(p.name));
+  const std::vector<Example> huge = HugeExample(*model_, w0);
+  ASSERT_FALSE(huge.empty()) << "no feature value makes a finite gradient past half the range";
+
+  auto first = service_->Learn("", huge);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->outcome, LearnOutcome::kAccumulated);
+  auto second = service_->Learn("", huge);
+  EXPECT_TRUE(second.ok()) << "the sum of two finite gradients was pushed as Inf: "
+                           << second.status().ToString();
+  EXPECT_EQ(service_->stats().held.dropped_calls, 0u) << "a learn answered 'accumulated' was lost";
+  for (const auto& p : params) {
+    ps::VersionVector v;
+    const std::vector<float> w = PullDense(p.name, &v);
+    EXPECT_GT(*std::max_element(v.begin(), v.end()), 0u) << p.name << " was never pushed";
+    for (size_t j = 0; j < w.size(); ++j) {
+      ASSERT_TRUE(std::isfinite(w[j])) << p.name << "[" << j << "] = " << w[j];
+    }
+  }
   EXPECT_TRUE(service_->Learn("", Feats({{1, 1, 1, 1}}, {0})).ok());  // still serving
 }
 
