@@ -439,6 +439,7 @@ Status Finish(Flags* f) {
   if (auto pol = onlineps::ps::CreateStalenessPolicy(t.staleness, t.staleness_params); !pol.ok()) {
     return pol.status().WithContext("--staleness " + t.staleness + " (--staleness-param)");
   }
+  ONLINEPS_RETURN_IF_ERROR(worker::CheckAccumulationRules(f->service, f->group != "none"));
   return ParseFreshness(*f, &f->service.cache.tables);
 }
 

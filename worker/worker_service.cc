@@ -85,6 +85,32 @@ WorkerService::WorkerService(ps::PsClient* client, Model* model, WorkerServiceOp
 
 WorkerService::~WorkerService() { static_cast<void>(Stop()); }
 
+Status CheckAccumulationRules(const WorkerServiceOptions& o, bool grouped) {
+  if (!grouped && o.accumulate_examples <= 1) return Status::Ok();
+  const ps::TableSpec& t = o.table_template;
+  std::string rule, fix;
+  if (ps::RecordsPullBackups(t)) {
+    rule = "--staleness-policy " + t.staleness +
+           ": a DC-ASGD table compensates each push against what its sender last pulled";
+    fix = "another --staleness-policy";
+  } else if (ps::HoldsReplies(t)) {
+    rule = "--bound-mode block (--max-staleness " + std::to_string(t.max_staleness) +
+           "): the shards hold a push's reply by its sender's push count";
+    fix = "--bound-mode reject";
+  } else {
+    return Status::Ok();
+  }
+  const std::string what = grouped
+                               ? std::string("--group")
+                               : "--accumulate-examples " + std::to_string(o.accumulate_examples);
+  return InvalidArgument(what + " with " + rule +
+                         ", and a push of accumulated learns that failed (a shard down) could "
+                         "only be pushed again under a sender of its own: learns answered "
+                         "'accumulated' would be lost. Use " +
+                         (grouped ? "no --group" : "--accumulate-examples 1") +
+                         " (each learn then waits for its own push) or " + fix);
+}
+
 ps::TableSpec TableSpecFor(const ParamInfo& p, const ps::TableSpec& table_template) {
   ps::TableSpec s = table_template;
   s.name = p.name;
@@ -130,6 +156,7 @@ void WorkerService::WarnIfCapsDiffer(const ps::TableSpec& asked) {
 
 Status WorkerService::Start() {
   if (started_.exchange(true)) return Status::Ok();
+  ONLINEPS_RETURN_IF_ERROR(CheckAccumulationRules(options_, options_.group != nullptr));
   const auto& params = model_->params();
   // A per-table freshness bound (--freshness) must name one of the model's tables: a
   // misspelt one would leave the table it meant on the default bound, unnoticed.

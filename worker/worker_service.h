@@ -151,6 +151,12 @@ struct WorkerStats {
 // name, kind, shape and initializer, and a seed of its own.
 ps::TableSpec TableSpecFor(const ParamInfo& p, const ps::TableSpec& table_template);
 
+// Accumulation in the worker (accumulate_examples > 1, or a local group when `grouped`)
+// answers learns "accumulated" before their push, and holds a push of them that fails
+// under a sender of its own (HeldPushes): wrong for tables whose shards keep state per
+// sender (block bound mode, DC-ASGD). INVALID_ARGUMENT naming the flags there; else OK.
+Status CheckAccumulationRules(const WorkerServiceOptions& o, bool grouped);
+
 class WorkerService {
  public:
   // `client` and `model` must outlive the service.

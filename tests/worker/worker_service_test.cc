@@ -185,6 +185,18 @@ class WorkerServiceTest : public ::testing::Test {
     return std::move(*c);
   }
 
+  // Mlp() with tables of their own (a table's rules are fixed at creation).
+  static ModelOptions MlpFor(const std::string& prefix) {
+    ModelOptions m = Mlp();
+    m.table_prefix = prefix + "/";
+    return m;
+  }
+  // With --accumulate-examples 2 on tables made from `table_template`, a learn answered
+  // "accumulated" whose push then fails (shard 1 down) is held, or the worker refused to
+  // start with INVALID_ARGUMENT naming `flag`.
+  void ExpectNoLearnAnsweredAccumulatedIsLost(ps::TableSpec table_template,
+                                              const std::string& flag);
+
   static ModelOptions Mlp() {
     ModelOptions m;
     m.kind = "mlp";
@@ -1264,6 +1276,57 @@ TEST_F(WorkerServiceTest, AccumulatedLearnsWhosePushFailedArePushedOnceTheShardI
   service_.reset();
   shards_[1]->Stop();
   std::filesystem::remove_all(dir);
+}
+
+// Tables whose shards keep state per sender (block bound mode's clocks, DC-ASGD's
+// backups) cannot take a held push, which has a sender of its own: with
+// --accumulate-examples > 1 a learn was answered "accumulated" and lost once the push of
+// its sum failed (a shard down). Such a worker is now refused at start, naming the flags.
+void WorkerServiceTest::ExpectNoLearnAnsweredAccumulatedIsLost(ps::TableSpec table_template,
+                                                               const std::string& flag) {
+  ModelOptions m = MlpFor(table_template.staleness + "-" + flag.substr(2));
+  auto model = CreateModel(m);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  WorkerServiceOptions o;
+  o.table_template = std::move(table_template);
+  o.table_template.optimizer_params["lr"] = 0.5;
+  o.accumulate_examples = 2;
+  o.cache.notices = false;
+  o.cache.refresh_interval_ms = 0;
+  o.cache.dense.max_age_ms = 600000;  // learns read the cached copy, not a pull
+  auto client = Client(endpoints_, std::chrono::milliseconds(400));
+  WorkerService service(client.get(), model->get(), o);
+  const Status started = service.Start();
+  if (!started.ok()) {
+    EXPECT_EQ(started.code(), StatusCode::kInvalidArgument) << started.ToString();
+    EXPECT_NE(started.message().find("--accumulate-examples"), std::string::npos)
+        << started.ToString();
+    EXPECT_NE(started.message().find(flag), std::string::npos) << started.ToString();
+    return;
+  }
+  ASSERT_TRUE(service.Learn("", Feats({{1, 1, 0, 0}, {0, 0, 1, 1}}, {0, 2})).ok());
+  const auto one = Feats({{1, -1, 2, 0}}, {1});
+  auto first = service.Learn("", one);  // pulls (DC-ASGD: not installed from the push)
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_EQ(first->outcome, LearnOutcome::kAccumulated);
+  shards_[1]->Stop();
+  auto second = service.Learn("", one);  // its push of both fails on shard 1
+  EXPECT_TRUE(second.ok() || service.stats().held.pushes > 0)
+      << "the first learn was answered 'accumulated' and is lost: " << second.status().ToString();
+  static_cast<void>(service.Stop());
+}
+
+TEST_F(WorkerServiceTest, NoLearnAnsweredAccumulatedIsLostOnADcAsgdTable) {
+  ps::TableSpec t;
+  t.staleness = "dc_constant";
+  ExpectNoLearnAnsweredAccumulatedIsLost(t, "--staleness-policy");
+}
+
+TEST_F(WorkerServiceTest, NoLearnAnsweredAccumulatedIsLostOnABlockBoundTable) {
+  ps::TableSpec t;
+  t.max_staleness = 100;
+  t.bound_mode = ps::BoundMode::kBlock;
+  ExpectNoLearnAnsweredAccumulatedIsLost(t, "--bound-mode");
 }
 
 // Held pushes share one sender, and a shard remembers the last ps::Dedup::kWindow seqs of
