@@ -45,6 +45,10 @@ struct TransportOptions {
   // ZeroMQ high-water marks (messages) on sockets that face the network.
   int send_hwm = 10000;
   int recv_hwm = 10000;
+  // Server (ZeroMQ): Send refuses a reply to a peer with send_hwm replies unread
+  // (RESOURCE_EXHAUSTED) and one to a peer no longer connected (UNAVAILABLE), instead of
+  // ZeroMQ dropping them unseen; either way the reply is not sent. Off by default.
+  bool report_unsent = false;
   // Server: requests up to this size (all frames) are handled on the I/O thread when
   // their peer's handler lane is idle, saving two thread hand-offs per round trip;
   // larger ones always go to a handler thread. 0 disables inline handling.

@@ -374,7 +374,7 @@ StatusOr<std::string> ZmqServerTransport::BindSockets(const std::string& endpoin
     wakeup_ = std::make_unique<ZmqWakeup>();
     router = zmq::socket_t(SharedContext(), zmq::socket_type::router);
     ApplyNetworkOptions(router, options_);
-    router.set(zmq::sockopt::router_mandatory, 0);
+    router.set(zmq::sockopt::router_mandatory, options_.report_unsent ? 1 : 0);
     zap_domain_ = ApplyCurve(router, options_.curve, /*server=*/true);
     router.bind(endpoint);
     router_.fd = static_cast<int>(router.get(zmq::sockopt::fd));
@@ -390,18 +390,25 @@ StatusOr<std::string> ZmqServerTransport::BindSockets(const std::string& endpoin
 Status ZmqServerTransport::Send(const std::string& peer, Frames frames) {
   if (peer.empty()) return InvalidArgument("Send: empty peer identity");
   if (frames.empty()) return InvalidArgument("Send: no frames");
-  bool readable = false;
+  bool readable = false, sent = true;
   try {
     std::vector<zmq::message_t> parts = ToParts(&peer, frames);
     MutexLock lock(&router_.mu);
     if (!router_.open) return Unavailable("server transport is stopped");
-    // The ROUTER drops what it cannot route (an unknown peer, or one send_hwm behind).
-    SendParts(router_.socket, &parts, 0);
+    // Without report_unsent the ROUTER drops what it cannot route (an unknown peer, or
+    // one send_hwm behind); with it, the first refuses with EHOSTUNREACH, the second
+    // with EAGAIN.
+    sent = SendParts(router_.socket, &parts, 0);
     readable = Readable(router_.socket);
   } catch (const zmq::error_t& e) {
+    if (e.num() == EHOSTUNREACH) return Unavailable("Send: the peer is no longer connected");
     return FromZmqError("Send", e);
   }
   if (readable) wakeup_->Wake();
+  if (!sent) {
+    return ResourceExhausted("Send: the peer has " + std::to_string(options_.send_hwm) +
+                             " replies unread (send high-water mark)");
+  }
   return Status::Ok();
 }
 

@@ -41,6 +41,9 @@ WorkerMetrics::WorkerMetrics(const WorkerService* service, const WorkerServer* s
       NewCounter(r, "onlineps_worker_rpc_errors_total", "requests answered with an error");
   rpc_dropped_.c =
       NewCounter(r, "onlineps_worker_rpc_overloaded_total", "requests refused: handler queue full");
+  rpc_unsent_.c = NewCounter(
+      r, "onlineps_worker_rpc_replies_dropped_total",
+      "replies dropped: their peer had not read those before (--max-unsent-reply-bytes)");
   dense_pulls_.c = NewCounter(r, "onlineps_worker_dense_pulls_total", "dense pulls on a read");
   sparse_pulls_.c = NewCounter(r, "onlineps_worker_sparse_pulls_total", "sparse pulls on a read");
   refresher_pulls_.c =
@@ -105,6 +108,7 @@ void WorkerMetrics::Update() {
   nonfinite_.Set(static_cast<double>(s.rejected_nonfinite));
   rpc_errors_.Set(static_cast<double>(rpc.errors));
   rpc_dropped_.Set(static_cast<double>(rpc.dropped));
+  rpc_unsent_.Set(static_cast<double>(rpc.unsent_dropped));
   dense_pulls_.Set(static_cast<double>(s.cache.dense_pulls));
   sparse_pulls_.Set(static_cast<double>(s.cache.sparse_pulls));
   refresher_pulls_.Set(static_cast<double>(s.cache.refresher_pulls));

@@ -48,9 +48,9 @@ class WorkerMetrics {
       infer_passes_ GUARDED_BY(mu_), learn_requests_ GUARDED_BY(mu_),
       learn_examples_ GUARDED_BY(mu_), pushes_ GUARDED_BY(mu_), push_bytes_ GUARDED_BY(mu_),
       push_errors_ GUARDED_BY(mu_), nonfinite_ GUARDED_BY(mu_), rpc_errors_ GUARDED_BY(mu_),
-      rpc_dropped_ GUARDED_BY(mu_), dense_pulls_ GUARDED_BY(mu_), sparse_pulls_ GUARDED_BY(mu_),
-      refresher_pulls_ GUARDED_BY(mu_), notices_ GUARDED_BY(mu_), watch_errors_ GUARDED_BY(mu_),
-      held_lost_ GUARDED_BY(mu_);
+      rpc_dropped_ GUARDED_BY(mu_), rpc_unsent_ GUARDED_BY(mu_), dense_pulls_ GUARDED_BY(mu_),
+      sparse_pulls_ GUARDED_BY(mu_), refresher_pulls_ GUARDED_BY(mu_), notices_ GUARDED_BY(mu_),
+      watch_errors_ GUARDED_BY(mu_), held_lost_ GUARDED_BY(mu_);
   prometheus::Gauge *max_tau_, *inflight_, *sessions_, *sparse_rows_, *shards_noticing_,
       *held_pushes_, *held_bytes_;
   // Request latency by op: created at an op's first request.

@@ -22,6 +22,22 @@ struct WorkerServer::Job {
   bool resumed = false;  // taken from parked_: it holds its session's turn
 };
 
+namespace {
+
+// A peer's ZeroMQ routing id, printable: its bytes in hex (the id is all the ROUTER knows
+// of the peer once its request is handled).
+std::string PeerName(const std::string& peer) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "0x";
+  for (unsigned char c : peer) {
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
+
+}  // namespace
+
 WorkerServer::WorkerServer(WorkerService* service, WorkerServerOptions options)
     : service_(service), options_(std::move(options)) {}
 
@@ -43,9 +59,11 @@ StatusOr<std::string> WorkerServer::Start() {
   const size_t hwm = std::clamp<size_t>(options_.max_unsent_reply_bytes / largest, 16,
                                         static_cast<size_t>(std::max(t.send_hwm, 16)));
   t.send_hwm = static_cast<int>(hwm);
+  send_hwm_ = hwm;
+  t.report_unsent = true;  // counted and logged in Reply, not dropped unseen
   spdlog::info(
       "a peer that does not read its replies gets at most {} of them queued (--max-unsent-"
-      "reply-bytes {} over the largest reply, {} bytes); ZeroMQ drops the rest",
+      "reply-bytes {} over the largest reply, {} bytes); the rest are dropped",
       hwm, options_.max_unsent_reply_bytes, largest);
   transport_ = NewServerTransport(options_.listen, t);
   return transport_->Start(options_.listen, [this](Incoming&& in) { OnMessage(std::move(in)); });
@@ -85,7 +103,19 @@ void WorkerServer::Reply(const std::string& peer, const Header& reply, const std
     if (!body.empty()) frames.push_back(Frame::FromString(body));
     return transport_ ? transport_->Send(peer, std::move(frames)) : Status::Ok();
   });
-  if (!st.ok()) spdlog::debug("reply not sent: {}", st.ToString());
+  if (st.code() == StatusCode::kResourceExhausted) {
+    // The peer sends and does not read: its calls time out. Bounded: the first 10, then
+    // every 1000th.
+    const uint64_t n = unsent_dropped_.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (n <= 10 || n % 1000 == 0) {
+      spdlog::warn(
+          "reply to peer {} dropped: it has not read the {} replies queued for it "
+          "(--max-unsent-reply-bytes {}); {} replies dropped so far",
+          PeerName(peer), send_hwm_, options_.max_unsent_reply_bytes, n);
+    }
+  } else if (!st.ok()) {
+    spdlog::debug("reply not sent: {}", st.ToString());
+  }
 }
 
 void WorkerServer::Answer(const Job& job, const StatusOr<nlohmann::json>& out) {
@@ -290,6 +320,7 @@ WorkerServerStats WorkerServer::stats() const {
   s.requests = requests_.load();
   s.errors = errors_.load();
   s.dropped = pool_ ? pool_->dropped() : 0;
+  s.unsent_dropped = unsent_dropped_.load();
   for (size_t op = 0; op < latency_.size(); ++op) s.latency[op] = latency_[op].Read();
   return s;
 }

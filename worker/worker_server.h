@@ -33,7 +33,8 @@ struct WorkerServerOptions {
   // Replies to one peer that it has not read, in bytes: a peer that sends requests and
   // never reads the replies pins at most this much. Enforced as ZeroMQ's send high-water
   // mark (transport.send_hwm, a count, lowered to this divided by the largest reply
-  // MaxReplyBytes allows, at least 16); replies beyond it are dropped.
+  // MaxReplyBytes allows, at least 16); replies beyond it are dropped, counted
+  // (WorkerServerStats::unsent_dropped) and logged (rate-limited).
   size_t max_unsent_reply_bytes = size_t{64} << 20;
   // max_message_bytes is set to twice the service's limits().max_request_bytes: larger
   // frames are dropped by ZeroMQ, smaller ones over the limit get TOO_LARGE undecoded.
@@ -42,6 +43,9 @@ struct WorkerServerOptions {
 
 struct WorkerServerStats {
   uint64_t requests = 0, errors = 0, dropped = 0;
+  // Replies dropped because their peer had not read the send high-water mark's worth
+  // before them (--max-unsent-reply-bytes).
+  uint64_t unsent_dropped = 0;
   // Time from a request's arrival to its reply (queueing included), by op (indexed by
   // Op); worker ops only.
   std::array<LatencyHistogram::Snapshot, static_cast<size_t>(kLastOp) + 1> latency;
@@ -82,7 +86,8 @@ class WorkerServer {
   // without bound.
   static constexpr size_t kQueuedRequests = 4;
 
-  std::atomic<uint64_t> requests_{0}, errors_{0};
+  std::atomic<uint64_t> requests_{0}, errors_{0}, unsent_dropped_{0};
+  size_t send_hwm_ = 0;  // set by Start
   std::array<LatencyHistogram, static_cast<size_t>(kLastOp) + 1> latency_;
   std::atomic<size_t> queued_bytes_{0};  // bodies of requests not yet decoded
   std::atomic<size_t> next_lane_{0};

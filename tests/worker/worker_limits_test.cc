@@ -360,5 +360,50 @@ TEST_F(WorkerLimitsTest, APeerThatNeverReadsItsRepliesPinsABoundedAmount) {
   ExpectServesNormalInfer({{"text", "a perfectly normal sentence"}});
 }
 
+// Replies past --max-unsent-reply-bytes were dropped by ZeroMQ unseen: nothing counted
+// them and nothing was logged past the start-up line, so an operator could not tell a
+// peer that does not read from a slow worker. They are now counted
+// (onlineps_worker_rpc_replies_dropped_total) and logged, rate-limited, naming the peer.
+TEST_F(WorkerLimitsTest, RepliesDroppedForAPeerThatDoesNotReadAreLogged) {
+  worker_ = std::make_unique<Subprocess>(
+      testing::WorkerArgv(ONLINEPS_BIN_DIR, shard_endpoint_,
+                          {"--model", "text", "--max-unsent-reply-bytes", "1048576"}),
+      /*with_stderr=*/true);
+  const std::string ep = worker_->WaitForLine("LISTENING ", kStartTimeout);
+  ASSERT_FALSE(ep.empty()) << "worker did not start";
+  WorkerClientOptions o;
+  o.endpoint = ep;
+  auto c = WorkerClient::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  client_ = std::move(*c);
+  json features = json::array();
+  for (int i = 0; i < 4096; ++i) features.push_back(0.1 + i);
+  ASSERT_TRUE(client_->Call(Op::kContextSet, {{"session", "s"}, {"features", features}}).ok());
+  zmq::context_t ctx;
+  zmq::socket_t peer(ctx, zmq::socket_type::dealer);
+  peer.set(zmq::sockopt::rcvhwm, 1);
+  peer.set(zmq::sockopt::rcvbuf, 4096);
+  peer.connect(ep);
+  const std::vector<uint8_t> packed = json::to_msgpack(json{{"session", "s"}});
+  const std::string body(packed.begin(), packed.end());
+  for (int i = 0; i < 1000; ++i) {
+    Header h;
+    h.op = Op::kContextGet;
+    h.request_id = static_cast<uint32_t>(i + 1);
+    const std::string header = EncodeHeader(h);
+    peer.send(zmq::buffer(header), zmq::send_flags::sndmore);
+    peer.send(zmq::buffer(body), zmq::send_flags::none);
+  }
+  // The session's requests run in order: once this one is answered, the flood's are.
+  auto sync = client_->Call(Op::kContextGet, {{"session", "s"}});
+  ASSERT_TRUE(sync.ok()) << sync.status().ToString();
+  const std::string log = worker_->ReadToEnd(milliseconds(1000));
+  EXPECT_NE(log.find("dropped: it has not read the"), std::string::npos)
+      << "no reply dropped was logged:\n"
+      << log;
+  EXPECT_NE(log.find("(--max-unsent-reply-bytes 1048576)"), std::string::npos) << log;
+  ExpectServesNormalInfer({{"text", "a perfectly normal sentence"}});
+}
+
 }  // namespace
 }  // namespace onlineps::worker
