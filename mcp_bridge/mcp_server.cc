@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/await.h"
+#include "common/mutex.h"
 #include "mcp_bridge/tool_call_adapter.h"
 
 namespace onlineps::bridge {
@@ -206,6 +207,9 @@ void McpServer::HandleAsync(Request req, ReplyDone done) {
 }
 
 bool McpServer::Blocks(const json& m) const {
+  if (m.is_array()) {
+    return std::any_of(m.begin(), m.end(), [this](const json& e) { return Blocks(e); });
+  }
   if (!m.is_object()) return false;  // refused at once
   auto method = m.find("method");
   if (method == m.end()) return m.contains("id");               // a response: the handler's
@@ -234,11 +238,7 @@ bool McpServer::Ordered(const json& m) const {
 void McpServer::HandleMessage(const RequestPtr& r, const ReplyDone& done) {
   const Request& req = *r;
   const json& m = req.message;
-  if (m.is_array()) {
-    return done(Error(400, nullptr, kInvalidRequest,
-                      "JSON-RPC batches are not supported (removed in MCP 2025-06-18): send one "
-                      "message per request"));
-  }
+  if (m.is_array()) return Batch(r, done);
   if (!m.is_object())
     return done(Error(400, nullptr, kInvalidRequest, "a message must be a JSON object"));
   json id = m.contains("id") ? m["id"] : json();
@@ -275,6 +275,99 @@ void McpServer::HandleMessage(const RequestPtr& r, const ReplyDone& done) {
   if (req.stateless) return Stateless(r, done);
   if (m["method"] == "initialize") return done(m.contains("id") ? Initialize(req) : Accepted());
   Stateful(r, done);
+}
+
+void McpServer::Batch(const RequestPtr& r, const ReplyDone& done) {
+  const Request& req = *r;
+  const json& batch = req.message;
+  if (req.stateless || req.session_id.empty()) {
+    return done(Error(400, nullptr, kInvalidRequest,
+                      std::string("JSON-RPC batches are served only on a session of revision ") +
+                          kBatchVersion +
+                          " (MCP 2025-06-18 removed them): send one message "
+                          "per request"));
+  }
+  std::optional<SessionView> session = sessions_.Use(req.session_id, req.principal);
+  if (!session) {
+    return done(
+        Error(404, nullptr, kSessionNotFound, "Session not found: initialize a new session"));
+  }
+  if (session->version != kBatchVersion) {
+    return done(Error(400, nullptr, kInvalidRequest,
+                      "JSON-RPC batches are not part of revision " + session->version +
+                          " (MCP 2025-06-18 removed them): send one message per request"));
+  }
+  if (batch.empty() || batch.size() > kMaxBatchMessages) {
+    return done(Error(400, nullptr, kInvalidRequest,
+                      "a batch holds " + std::to_string(batch.size()) +
+                          " messages; it must hold 1 to " + std::to_string(kMaxBatchMessages)));
+  }
+  // Every answer in the order of the messages, sent once the last is in.
+  struct Answers {
+    Mutex mu;
+    std::vector<std::string> texts GUARDED_BY(mu);
+    size_t left GUARDED_BY(mu);
+  };
+  auto answers = std::make_shared<Answers>();
+  {
+    MutexLock lock(&answers->mu);
+    answers->texts.resize(batch.size());
+    answers->left = batch.size();
+  }
+  auto finish = [answers, done]() {
+    std::string text;
+    {
+      MutexLock lock(&answers->mu);
+      for (const std::string& t : answers->texts) {
+        if (t.empty()) continue;
+        text += text.empty() ? "[" : ",";
+        text += t;
+      }
+    }
+    // Only notifications and responses (or requests cancelled): nothing to answer.
+    if (text.empty()) return done(Accepted());
+    Reply reply;
+    reply.body_text = text + "]";
+    done(std::move(reply));
+  };
+  for (size_t i = 0; i < batch.size(); ++i) {
+    auto one = std::make_shared<Request>();
+    one->message = batch[i];
+    one->principal = req.principal;
+    one->client_address = req.client_address;
+    one->session_id = req.session_id;
+    one->header_version = req.header_version;
+    one->http = req.http;
+    one->notify = req.notify;
+    auto answered = std::make_shared<std::atomic<bool>>(false);
+    ReplyDone element_done = [answers, answered, finish, i](Reply reply) {
+      if (answered->exchange(true)) return;
+      // A cancelled request gets no answer (as one sent alone over stdio).
+      const bool cancelled = reply.body.is_object() && reply.body.contains("error") &&
+                             reply.body["error"].value("code", 0) == kRequestCancelled;
+      bool last;
+      {
+        MutexLock lock(&answers->mu);
+        if (!cancelled) answers->texts[i] = reply.Text();
+        last = --answers->left == 0;
+      }
+      if (last) finish();
+    };
+    const json& m = one->message;
+    try {
+      if (m.is_array()) {
+        element_done(Error(400, nullptr, kInvalidRequest, "a batch must not hold a batch"));
+      } else if (m.is_object() && m.value("method", json()) == "initialize") {
+        element_done(Error(400, m.value("id", json()), kInvalidRequest,
+                           "initialize must not be part of a JSON-RPC batch"));
+      } else {
+        HandleMessage(one, element_done);
+      }
+    } catch (const std::exception& e) {
+      spdlog::error("mcp: internal error handling a message of a batch: {}", e.what());
+      element_done(Error(500, nullptr, kInternalError, std::string("internal error: ") + e.what()));
+    }
+  }
 }
 
 void McpServer::Stateful(const RequestPtr& r, const ReplyDone& done) {

@@ -197,6 +197,9 @@ class McpServer {
   using RequestPtr = std::shared_ptr<const Request>;
 
   void HandleMessage(const RequestPtr& req, const ReplyDone& done);
+  // A JSON-RPC batch: each message handled as if sent alone, the answers in one array
+  // (none: 202). Served on a session of revision 2025-03-26 only (kBatchVersion).
+  void Batch(const RequestPtr& req, const ReplyDone& done);
   Reply Initialize(const Request& req);
   void Stateful(const RequestPtr& req, const ReplyDone& done);
   void Stateless(const RequestPtr& req, const ReplyDone& done);

@@ -14,7 +14,11 @@ namespace onlineps::bridge {
 inline constexpr char kModernVersion[] = "2026-07-28";
 inline constexpr char kLatestLegacyVersion[] = "2025-11-25";
 bool IsLegacyVersion(const std::string& v);  // 2025-11-25, 2025-06-18, 2025-03-26
-nlohmann::json SupportedVersions();          // newest first, as server/discover lists them
+// The one revision with JSON-RPC batches (a receiver MUST take them; 2025-06-18 removed
+// them), and the most messages one batch may hold.
+inline constexpr char kBatchVersion[] = "2025-03-26";
+inline constexpr size_t kMaxBatchMessages = 1024;
+nlohmann::json SupportedVersions();  // newest first, as server/discover lists them
 
 // JSON-RPC 2.0 and MCP error codes.
 inline constexpr int kParseError = -32700, kInvalidRequest = -32600, kMethodNotFound = -32601,

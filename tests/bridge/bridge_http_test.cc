@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <thread>
 
@@ -108,6 +109,50 @@ TEST_F(BridgeHttpTest, StatusCodesFollowTheSpec) {
   EXPECT_EQ(raw.Delete("/mcp", c.Headers())->status, 200);
   EXPECT_EQ(c.Send(Request(13, "ping")).status, 404);
   EXPECT_EQ(raw.Delete("/mcp", c.Headers())->status, 404);
+}
+
+// Revision 2025-03-26 says a receiver MUST take JSON-RPC batches; 2025-06-18 removed
+// them. A batch was refused (400, -32600) whatever the session's revision.
+TEST_F(BridgeHttpTest, BatchesAreServedOnA20250326SessionOnly) {
+  const int port = Start();
+  McpHttp c(port);
+  ASSERT_FALSE(c.Initialize("2025-03-26").empty());
+  const json batch = {
+      Request(1, "ping"),
+      {{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}},
+      Request(2, "tools/call", {{"name", "infer"}, {"arguments", {{"text", "a"}}}}),
+      Request(3, "tools/call", {{"name", "set_context"}, {"arguments", {{"items", {"x"}}}}}),
+      Request(4, "initialize", {{"protocolVersion", "2025-03-26"}}),
+      Request(5, "no/such/method")};
+  HttpReply r = c.Post(batch.dump(), c.Headers());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  ASSERT_TRUE(r.body.is_array()) << r.raw;
+  std::map<int, json> by_id;
+  for (const json& a : r.body) by_id[a.value("id", 0)] = a;
+  ASSERT_EQ(by_id.size(), 5u) << r.raw;  // the notification has no answer
+  EXPECT_EQ(by_id[1]["result"], json::object());
+  EXPECT_EQ(by_id[2]["result"]["isError"], false) << by_id[2].dump();
+  EXPECT_EQ(by_id[3]["result"]["structuredContent"]["items"], json({"x"})) << by_id[3].dump();
+  EXPECT_EQ(by_id[4]["error"]["code"], -32600);  // initialize MUST NOT be in a batch
+  EXPECT_EQ(by_id[5]["error"]["code"], -32601);
+  // Only notifications and responses: 202, no body. An empty batch: one error.
+  const json quiet = {{{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}},
+                      {{"jsonrpc", "2.0"}, {"id", 99}, {"result", json::object()}}};
+  HttpReply q = c.Post(quiet.dump(), c.Headers());
+  EXPECT_EQ(q.status, 202);
+  EXPECT_TRUE(q.raw.empty());
+  HttpReply e = c.Post("[]", c.Headers());
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.body["error"]["code"], -32600);
+  // 2025-06-18 and later: refused, naming the revision.
+  McpHttp d(port);
+  ASSERT_FALSE(d.Initialize("2025-06-18").empty());
+  HttpReply refused = d.Post(json::array({Request(1, "ping")}).dump(), d.Headers());
+  EXPECT_EQ(refused.status, 400);
+  EXPECT_EQ(refused.body["error"]["code"], -32600);
+  EXPECT_NE(refused.raw.find("2025-06-18"), std::string::npos) << refused.raw;
+  EXPECT_EQ(c.Send(Request(6, "ping")).status, 200);  // both sessions go on
+  EXPECT_EQ(d.Send(Request(2, "ping")).status, 200);
 }
 
 TEST_F(BridgeHttpTest, ForeignHostAndOriginAreRefused) {

@@ -262,5 +262,25 @@ TEST_F(StdioTransportTest, AQueuedInitializeIsNotCancelled) {
   EXPECT_TRUE(initialized) << "the queued initialize was dropped by a cancellation";
 }
 
+// Revision 2025-03-26 has JSON-RPC batches (a receiver MUST take them): a batch line is
+// answered with one line holding the answers to its requests. It was refused.
+TEST_F(StdioTransportTest, ABatchLineIsAnsweredWithOneArrayOnA20250326Session) {
+  Send(R"({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":)"
+       R"("2025-03-26","capabilities":{}}})"
+       "\n");
+  ASSERT_TRUE(Next().contains("result"));
+  Send(R"([{"jsonrpc":"2.0","id":2,"method":"ping"},)"
+       R"({"jsonrpc":"2.0","method":"notifications/initialized"},)"
+       R"({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"local"}}])"
+       "\n");
+  const json answers = Next();
+  ASSERT_TRUE(answers.is_array()) << answers.dump();
+  ASSERT_EQ(answers.size(), 2u) << answers.dump();
+  EXPECT_EQ(answers[0]["id"], 2);
+  EXPECT_EQ(answers[0]["result"], json::object());
+  EXPECT_EQ(answers[1]["id"], 3);
+  EXPECT_EQ(answers[1]["result"]["content"][0]["text"], "here");
+}
+
 }  // namespace
 }  // namespace onlineps::bridge
