@@ -12,6 +12,7 @@
 #include <boost/beast/http.hpp>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <deque>
 #include <fstream>
 #include <optional>
@@ -34,6 +35,39 @@ constexpr char kSse[] = "text/event-stream";
 std::string Lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
   return s;
+}
+
+std::string Trim(const std::string& s) {
+  const size_t first = s.find_first_not_of(" \t");
+  if (first == std::string::npos) return "";
+  return s.substr(first, s.find_last_not_of(" \t") + 1 - first);
+}
+
+// "Application/JSON; charset=utf-8" -> "application/json".
+std::string MediaType(const std::string& value) {
+  return Trim(Lower(value.substr(0, value.find(';'))));
+}
+
+// Whether an Accept value takes `type`: listed, or covered by "major/*" or "*/*", with a
+// weight above 0 (RFC 9110 12.5.1: q=0 means "not acceptable").
+bool Accepts(const std::string& accept, const std::string& type) {
+  const std::string any_subtype = type.substr(0, type.find('/')) + "/*";
+  std::istringstream list(accept);
+  std::string range;
+  while (std::getline(list, range, ',')) {
+    const std::string media = MediaType(range);
+    if (media != type && media != any_subtype && media != "*/*") continue;
+    std::istringstream params(range);
+    std::string param;
+    std::getline(params, param, ';');  // the media range itself
+    bool refused = false;
+    while (std::getline(params, param, ';')) {
+      param = Trim(Lower(param));
+      if (param.rfind("q=", 0) == 0) refused = std::strtod(param.c_str() + 2, nullptr) <= 0;
+    }
+    if (!refused) return true;
+  }
+  return false;
 }
 
 // "example.com:8080" -> "example.com"; "[::1]:80" -> "[::1]".
@@ -926,15 +960,15 @@ void HttpTransport::Impl::Post(const HttpRequest& req, Answer& res,
                                const std::shared_ptr<Connection>& conn, bool keep_alive) {
   std::string principal;
   if (!Admit(req, res, &principal)) return;
-  const std::string ctype = Lower(Header(req, "Content-Type"));
-  if (ctype.rfind(kJson, 0) != 0) {
+  if (MediaType(Header(req, "Content-Type")) != kJson) {
     SendError(res, 415, kServerError,
               "Unsupported Media Type: Content-Type must be application/json");
     return;
   }
-  const std::string accept = Lower(Header(req, "Accept"));
-  const bool any = accept.find("*/*") != std::string::npos;
-  if (!any && (accept.find(kJson) == std::string::npos || accept.find(kSse) == std::string::npos)) {
+  // Media types, not substrings: application/json-seq is not application/json, and a
+  // type weighted q=0 is one the client refuses.
+  const std::string accept = Header(req, "Accept");
+  if (!Accepts(accept, kJson) || !Accepts(accept, kSse)) {
     SendError(res, 406, kServerError,
               "Not Acceptable: Accept must list both application/json and text/event-stream");
     return;

@@ -155,6 +155,33 @@ TEST_F(BridgeHttpTest, BatchesAreServedOnA20250326SessionOnly) {
   EXPECT_EQ(d.Send(Request(2, "ping")).status, 200);
 }
 
+// Accept and Content-Type were matched as substrings: application/json-seq passed for
+// application/json, a type the client weighted q=0 (refused) passed, application/* did
+// not, and a Content-Type of application/jsonx was read as JSON.
+TEST_F(BridgeHttpTest, AcceptAndContentTypeAreReadAsMediaTypes) {
+  const int port = Start();
+  McpHttp c(port);
+  ASSERT_FALSE(c.Initialize().empty());
+  auto status = [&](const std::string& accept, const std::string& ctype = "application/json") {
+    auto h = c.Headers();
+    h.erase("Accept");
+    h.emplace("Accept", accept);
+    return c.Post(Request(c.next_id(), "ping").dump(), h, ctype).status;
+  };
+  EXPECT_EQ(status("application/json, text/event-stream"), 200);
+  EXPECT_EQ(status("Application/JSON; q=0.5 , text/event-stream;q=1"), 200);
+  EXPECT_EQ(status("*/*"), 200);
+  EXPECT_EQ(status("application/*, text/*"), 200);
+  EXPECT_EQ(status("application/json;q=0, text/event-stream"), 406);
+  EXPECT_EQ(status("application/json, text/event-stream; q=0"), 406);
+  EXPECT_EQ(status("application/json-seq, text/event-stream"), 406);
+  EXPECT_EQ(status("application/json, text/event-stream-x"), 406);
+  const std::string both = "application/json, text/event-stream";
+  EXPECT_EQ(status(both, "application/json; charset=utf-8"), 200);
+  EXPECT_EQ(status(both, "application/jsonx"), 415);
+  EXPECT_EQ(status(both, "application/json-patch+json"), 415);
+}
+
 TEST_F(BridgeHttpTest, ForeignHostAndOriginAreRefused) {
   const int port = Start();
   McpHttp c(port);
