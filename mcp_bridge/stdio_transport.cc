@@ -131,7 +131,10 @@ size_t StdioTransport::Run() {
   while (ReadLine(in_, options_.max_line_bytes, &line, &too_long)) {
     ++messages;
     if (too_long) {
-      Write(JsonRpcError(nullptr, kInvalidRequest, "message longer than the line limit"));
+      Write(JsonRpcError(nullptr, kInvalidRequest,
+                         "Invalid Request: the line is longer than " +
+                             std::to_string(options_.max_line_bytes) +
+                             " bytes, the most one stdio message may hold"));
       continue;
     }
     if (NestsDeeperThan(line, kMaxJsonDepth)) {

@@ -182,7 +182,8 @@ TEST_F(StdioTransportTest, AMalformedPingBeforeInitializeIsRefused) {
   EXPECT_EQ(pong["result"], json::object()) << pong.dump();
 }
 
-// An over-long line is refused alone; the next line is served.
+// An over-long line is refused alone, naming the limit (it said only "the line limit");
+// the next line is served.
 TEST_F(StdioTransportTest, AnOverLongLineIsRefusedAndTheNextServed) {
   Initialize();
   std::thread writer([this] {
@@ -194,6 +195,10 @@ TEST_F(StdioTransportTest, AnOverLongLineIsRefusedAndTheNextServed) {
   writer.join();
   ASSERT_TRUE(refused.is_object() && ping.is_object());
   EXPECT_EQ(refused["error"]["code"], kInvalidRequest) << refused.dump();
+  // The error names the limit, so that a client knows what to send instead.
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("longer than 4194304 bytes"),
+            std::string::npos)
+      << refused.dump();
   EXPECT_EQ(ping["id"], 5) << ping.dump();
 }
 
