@@ -539,7 +539,8 @@ void McpServer::CallTool(const json& params, const CallContext& ctx, Respond res
   }
   Respond end = [this, &req, rid, cancelled, respond = std::move(respond)](Outcome o) {
     if (!req.stateless) sessions_.EndCall(req.session_id, rid);
-    // A cancelled request gets no response: the transports drop this error.
+    // A cancelled request gets no response: the transports drop this error (stdio writes
+    // nothing, HTTP answers an empty event stream).
     if (cancelled->load()) return respond(Outcome::Error(kRequestCancelled, "request cancelled"));
     respond(std::move(o));
   };

@@ -9,7 +9,8 @@ import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/
 import { LATEST_PROTOCOL_VERSION } from "@modelcontextprotocol/sdk/types.js";
 
 import {
-  LABELS, NEGATIVE_PROBE, NEGATIVE_TRAIN, POSITIVE_PROBE, sentimentExamples, startCluster, textJson,
+  bin, LABELS, NEGATIVE_PROBE, NEGATIVE_TRAIN, POSITIVE_PROBE, Proc, sentimentExamples, startCluster,
+  textJson,
 } from "./cluster.mjs";
 
 const TOOLS = ["infer", "learn", "set_context", "append_context", "clear_context", "get_context",
@@ -243,6 +244,35 @@ test("learn: 200 examples report increasing progress", T, async () => {
     assert.ok(p.progress > 0 && p.progress <= n);
   }
   assert.equal(progress.at(-1).progress, n, "last notification reports all examples");
+});
+
+// The SDK cancels a call it aborts (or that times out) with notifications/cancelled and
+// forgets its id. The bridge answered the cancelled call with a -32800 error, which the
+// SDK reported through onerror ("Received a response for an unknown message ID"); the
+// spec says a cancelled request gets no response.
+test("an aborted call gets no response; the session goes on", T, async () => {
+  // A bridge of its own whose learn takes one worker call per example: still running
+  // when the cancellation arrives.
+  const slow = new Proc("bridge-slow", bin("onlineps_mcp_bridge"),
+    cluster.bridgeArgs(["--port", "0", "--learn-chunk", "1", "--max-examples", "3000"]));
+  cluster.procs.push(slow);
+  const url = await slow.waitForLine("LISTENING ");
+  const errors = [];
+  const client = new Client({ name: "sdk-http-abort", version: "0.0.1" });
+  client.onerror = (err) => errors.push(err?.message ?? String(err));
+  await client.connect(new StreamableHTTPClientTransport(new URL(url)));
+  clients.push(client);
+  const examples = Array.from({ length: 3000 }, (_, i) => ({ text: `slow ${i}`, label: "positive" }));
+  const ac = new AbortController();
+  setTimeout(() => ac.abort("enough"), 300);  // a few hundred of its 3000 chunks in
+  await assert.rejects(
+    client.callTool({ name: "learn", arguments: { examples } }, undefined,
+      { signal: ac.signal, timeout: 20000 }));
+  // Long enough for the learn to stop at its next chunk and its stream to end.
+  await new Promise((resolve) => setTimeout(resolve, 500));
+  const r = await client.callTool({ name: "infer", arguments: { text: "after" } });
+  assert.notEqual(r.isError, true, JSON.stringify(r));
+  assert.deepEqual(errors, []);
 });
 
 test("invalid arguments give isError results naming the argument", T, async () => {
