@@ -1101,6 +1101,20 @@ void HttpTransport::Impl::Post(const HttpRequest& req, Answer& res,
 void HttpTransport::Impl::Delete(const HttpRequest& req, Answer& res) {
   std::string principal;
   if (!Admit(req, res, &principal)) return;
+  // Checked before anything ends, as a POST's: an unsupported revision is a 400
+  // (2025-06-18), and 2026-07-28, which has no sessions, ignores the session id.
+  const std::string version = Header(req, "MCP-Protocol-Version");
+  if (version == kModernVersion) {
+    res.headers.emplace_back("Allow", "POST");
+    SendError(res, 405, kServerError,
+              std::string("Method Not Allowed: revision ") + kModernVersion +
+                  " has no sessions to end; DELETE ends a session of an earlier revision");
+    return;
+  }
+  if (!version.empty() && !IsLegacyVersion(version)) {
+    SendError(res, 400, kServerError, "Bad Request: unsupported MCP-Protocol-Version: " + version);
+    return;
+  }
   const std::string sid = Header(req, "Mcp-Session-Id");
   if (sid.empty()) {
     SendError(res, 400, kServerError, "Bad Request: Mcp-Session-Id header is required");

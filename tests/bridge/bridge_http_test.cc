@@ -182,6 +182,35 @@ TEST_F(BridgeHttpTest, AcceptAndContentTypeAreReadAsMediaTypes) {
   EXPECT_EQ(status(both, "application/json-patch+json"), 415);
 }
 
+// DELETE ended the session whatever its MCP-Protocol-Version header said: an
+// unsupported one must be a 400 (2025-06-18), and 2026-07-28, which ignores session ids
+// and has no DELETE, ended a session of an earlier revision.
+TEST_F(BridgeHttpTest, DeleteChecksTheProtocolVersionHeader) {
+  const int port = Start();
+  McpHttp c(port);
+  ASSERT_FALSE(c.Initialize("2025-06-18").empty());
+  httplib::Client raw("127.0.0.1", port);
+  auto with_version = [&](const std::string& v) {
+    auto h = c.Headers();
+    h.erase("MCP-Protocol-Version");
+    h.emplace("MCP-Protocol-Version", v);
+    return h;
+  };
+  auto unsupported = raw.Delete("/mcp", with_version("1999-01-01"));
+  ASSERT_TRUE(unsupported);
+  EXPECT_EQ(unsupported->status, 400);
+  EXPECT_NE(unsupported->body.find("1999-01-01"), std::string::npos) << unsupported->body;
+  EXPECT_EQ(c.Send(Request(1, "ping")).status, 200);  // not ended
+  auto modern = raw.Delete("/mcp", with_version("2026-07-28"));
+  ASSERT_TRUE(modern);
+  EXPECT_EQ(modern->status, 405);
+  EXPECT_EQ(c.Send(Request(2, "ping")).status, 200);  // not ended
+  auto ok = raw.Delete("/mcp", with_version("2025-06-18"));
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_EQ(c.Send(Request(3, "ping")).status, 404);
+}
+
 TEST_F(BridgeHttpTest, ForeignHostAndOriginAreRefused) {
   const int port = Start();
   McpHttp c(port);
