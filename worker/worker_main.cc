@@ -437,7 +437,7 @@ Status Finish(Flags* f) {
     return opt.status().WithContext("--optimizer " + t.optimizer + " (--lr, --opt-param)");
   }
   if (auto pol = onlineps::ps::CreateStalenessPolicy(t.staleness, t.staleness_params); !pol.ok()) {
-    return pol.status().WithContext("--staleness " + t.staleness + " (--staleness-param)");
+    return pol.status().WithContext("--staleness-policy " + t.staleness + " (--staleness-param)");
   }
   ONLINEPS_RETURN_IF_ERROR(worker::CheckAccumulationRules(f->service, f->group != "none"));
   return ParseFreshness(*f, &f->service.cache.tables);

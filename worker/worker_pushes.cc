@@ -213,8 +213,10 @@ void WorkerService::OnPushDone(const std::string& table, const ps::PushReply& re
     stats_.pushes++;
     if (!st.ok()) stats_.push_errors++;
     if (st.ok()) stats_.max_tau = std::max(stats_.max_tau, reply.max_tau);
+    // Under the lock: once inflight_ reads 0, Stop may return and the service be
+    // destroyed, so nothing of it may be touched after the unlock.
+    inflight_cv_.SignalAll();
   }
-  inflight_cv_.SignalAll();
 }
 
 std::function<void(const ps::PushReply&)> WorkerService::ForgetDense(const std::string& table) {
