@@ -289,8 +289,9 @@ int RunBridge(int argc, char** argv, const std::function<void(McpServer*)>& exte
   AddFlags(app, &f);
   AddRoutingFlags(app, &f);
   AddToolFlags(app, &f);
-  auto parsed =
-      onlineps::ParseFlags(app, argc, argv, f.transport == "stdio" ? std::cerr : std::cout);
+  // --help and --print-config print to stdout and exit, whatever the transport: nothing
+  // of MCP has started (f.transport is not parsed yet here).
+  auto parsed = onlineps::ParseFlags(app, argc, argv);
   if (!parsed.ok()) {
     std::cerr << "onlineps_mcp_bridge: " << parsed.status().ToString() << "\n";
     return 2;
