@@ -322,7 +322,8 @@ void ReplicaCore::Register(uint64_t now) {
   call.kind = KvCall::Kind::kTxn;
   call.txn = group_.Register(
       config_.index, config_.members[config_.index],
-      Registration{config_.incarnation, log_epoch_, lsn_, need_snapshot_, has_data_, 0}, lease_);
+      Registration{config_.incarnation, log_epoch_, lsn_, need_snapshot_, has_data_, 0, epoch_},
+      lease_);
   register_id_ = Call(now, KvPurpose::kRegister, std::move(call));
   last_register_ms_ = now;
 }
@@ -444,8 +445,13 @@ void ReplicaCore::Campaign(uint64_t now, bool unclean, const std::string& why) {
   // A new group's epochs start above every epoch a replica registered (and the base
   // before, should a group have formed without writing its ISR): after etcd lost its data,
   // revisions start over, and epochs of the new history must still rank above the old.
-  uint64_t base = std::max(view_.epoch_base, log_epoch_);
-  for (const auto& [index, reg] : view_.members) base = std::max(base, reg.log_epoch);
+  // Above the epochs the replicas followed too, not only those they logged: a primary
+  // elected after the last update has a higher epoch than its log, and its clients,
+  // which saw it, took a new primary below it for a deposed one (for good).
+  uint64_t base = std::max({view_.epoch_base, log_epoch_, epoch_});
+  for (const auto& [index, reg] : view_.members) {
+    base = std::max({base, reg.log_epoch, reg.epoch});
+  }
   call.txn = group_.Campaign(view_, Member{config_.index, config_.incarnation},
                              config_.members[config_.index], lease_, base);
   role_ = Role::kCampaigning;

@@ -86,6 +86,7 @@ GroupView ReplicaGroup::Parse(const std::vector<KvEntry>& entries,
         reg.need = j.value("need", false);
         reg.data = j.value("data", false);
         reg.mod_revision = e.mod_revision;
+        reg.epoch = JsonU64(j, "epoch");
         v.members[static_cast<uint32_t>(std::stoul(idx))] = reg;
       }
     } catch (const std::exception&) {
@@ -103,7 +104,8 @@ KvTxn ReplicaGroup::Register(uint32_t index, const std::string& endpoint,
                 {"log_epoch", r.log_epoch},
                 {"lsn", r.lsn},
                 {"need", r.need},
-                {"data", r.data}};
+                {"data", r.data},
+                {"epoch", r.epoch}};
   KvTxn txn;
   txn.puts.push_back({prefix_ + "members/" + std::to_string(index), value.dump(), lease});
   return txn;

@@ -40,6 +40,9 @@ struct GroupRegistration {
   uint64_t incarnation = 0, log_epoch = 0, lsn = 0;
   bool need = false, data = false;
   uint64_t mod_revision = 0;  // when it was written (read from the store)
+  // The highest epoch it followed or led (clients may have seen it), at or above
+  // log_epoch: a group formed again numbers its epochs above it. 0 from older replicas.
+  uint64_t epoch = 0;
 };
 
 // The group as one read of its keys returned.

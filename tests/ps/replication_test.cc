@@ -719,6 +719,48 @@ TEST_F(ReplicationTest, EpochsAfterEtcdLostItsDataStayAboveTheOldOnes) {
   ExpectEveryAckOnce();
 }
 
+// etcd loses its data after failovers that logged nothing: the primary's epoch is then
+// above the epoch of its last logged update. The epoch base counted only logged epochs,
+// so the group formed again numbered its epochs below the one the clients had seen, and
+// they took its primary for a deposed one: no push acknowledged (for good: revisions grow
+// only when the group's keys change). The base now counts the epochs the replicas hold.
+TEST_F(ReplicationTest, EpochsAfterEtcdLostItsDataStayAboveEpochsThatLoggedNothing) {
+  Up(1, 2, /*checkpoints=*/true, {"--replica-unclean-wait-ms", "2000"});
+  CreateTable();
+  Traffic(2);
+  std::this_thread::sleep_for(milliseconds(500));
+  Join();
+  for (int round = 0; round < 3; ++round) {  // failovers without updates: the epoch moves on
+    ASSERT_TRUE(WaitFor([&] { return Primary(0) >= 0; }, milliseconds(15000))) << "no primary";
+    const int p = Primary(0);
+    Signal(0, p, SIGTERM);
+    ASSERT_TRUE(WaitFor([&] { return Primary(0) == 1 - p; }, milliseconds(15000)))
+        << "the other replica did not take over";
+    Start(0, p);
+    ASSERT_TRUE(WaitFor([&] { return Field(0, 1 - p, "isr_size") == 2; }, milliseconds(15000)))
+        << "the restarted replica did not rejoin";
+  }
+  const int q = Primary(0);
+  ASSERT_GE(q, 0);
+  auto client = PsClient::Connect(Options());
+  ASSERT_TRUE(client.ok());
+  const uint64_t key = 7;
+  float row = 0;
+  ASSERT_TRUE((*client)->PullSparse("rows", &key, 1, &row, nullptr).Wait().ok());  // sees the epoch
+  const double before = Field(0, q, "epoch");
+  Signal(0, 1 - q, SIGTERM);
+  ASSERT_TRUE(etcd_.Wipe()) << "etcd did not come back";
+  ASSERT_TRUE(WaitFor([&] { return Primary(0) == q && Field(0, q, "epoch") != before; },
+                      milliseconds(20000)))
+      << "the group did not form again after etcd lost its data";
+  const float grad = -1.0f;
+  Status st = (*client)->PushSparse("rows", &key, 1, &grad, {}, nullptr).Wait();
+  EXPECT_TRUE(st.ok()) << "a client that saw epoch " << before
+                       << " took the group formed after etcd lost its data for a deposed one: "
+                       << st.ToString();
+  EXPECT_GT(Field(0, q, "epoch"), before);
+}
+
 // With CURVE, replication messages from a peer without the shard's key are refused
 // before the protocol sees them.
 TEST_F(ReplicationTest, CurveRefusesReplicationFromOtherKeys) {
