@@ -320,10 +320,10 @@ void ReplicaCore::Register(uint64_t now) {
   if (lease_ == 0 || register_id_ != 0) return;
   KvCall call;
   call.kind = KvCall::Kind::kTxn;
-  call.txn = group_.Register(
-      config_.index, config_.members[config_.index],
-      Registration{config_.incarnation, log_epoch_, lsn_, need_snapshot_, has_data_, 0, epoch_},
-      lease_);
+  call.txn = group_.Register(config_.index, config_.members[config_.index],
+                             Registration{config_.incarnation, log_epoch_, lsn_, need_snapshot_,
+                                          has_data_, 0, highest_epoch()},
+                             lease_);
   register_id_ = Call(now, KvPurpose::kRegister, std::move(call));
   last_register_ms_ = now;
 }
@@ -448,7 +448,7 @@ void ReplicaCore::Campaign(uint64_t now, bool unclean, const std::string& why) {
   // Above the epochs the replicas followed too, not only those they logged: a primary
   // elected after the last update has a higher epoch than its log, and its clients,
   // which saw it, took a new primary below it for a deposed one (for good).
-  uint64_t base = std::max({view_.epoch_base, log_epoch_, epoch_});
+  uint64_t base = std::max({view_.epoch_base, log_epoch_, highest_epoch()});
   for (const auto& [index, reg] : view_.members) {
     base = std::max({base, reg.log_epoch, reg.epoch});
   }

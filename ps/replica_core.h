@@ -25,6 +25,7 @@
 #ifndef ONLINEPS_PS_REPLICA_CORE_H_
 #define ONLINEPS_PS_REPLICA_CORE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -77,6 +78,9 @@ struct ReplicaConfig {
   uint64_t incarnation = 1;
   uint64_t restored_log_epoch = 0, restored_lsn = 0;
   bool restored = false, restored_exact = false;
+  // The highest epoch it followed or led before this start (its sidecar's; 0: unknown):
+  // only for the epoch base of a group formed again (etcd lost its data).
+  uint64_t restored_epoch = 0;
 };
 
 struct ReplicaStats {
@@ -171,6 +175,8 @@ class ReplicaCore {
   uint64_t epoch() const { return epoch_; }
   uint64_t lsn() const { return lsn_; }
   uint64_t log_epoch() const { return log_epoch_; }
+  // The highest epoch this replica followed or led, this process or (restored) before.
+  uint64_t highest_epoch() const { return std::max(epoch_, config_.restored_epoch); }
   uint64_t incarnation() const { return config_.incarnation; }
   bool stopped() const { return role_ == Role::kStopped; }
   // Its state is no point of the group's history (it must reload, or its followers must).

@@ -23,6 +23,7 @@ StatusOr<ReplicaSidecar> ReadReplicaSidecar(const std::string& path) {
     s.clean = j.at("clean").get<bool>();
     s.checkpoint_bytes = j.at("checkpoint_bytes").get<uint64_t>();
     s.checkpoint_checksum = j.value("checkpoint_checksum", uint64_t{0});
+    s.epoch = j.value("epoch", uint64_t{0});
   } catch (const std::exception& e) {
     return DataLoss(path + ": not a replica sidecar: " + e.what());
   }
@@ -50,7 +51,8 @@ Status WriteReplicaSidecar(const std::string& path, const ReplicaSidecar& s) {
                       {"lsn", s.lsn},
                       {"clean", s.clean},
                       {"checkpoint_bytes", s.checkpoint_bytes},
-                      {"checkpoint_checksum", s.checkpoint_checksum}};
+                      {"checkpoint_checksum", s.checkpoint_checksum},
+                      {"epoch", s.epoch}};
   return WriteFileAtomic(path, j.dump() + "\n", /*sync=*/true, 0640);
 }
 

@@ -20,6 +20,9 @@ struct ReplicaSidecar {
   // and its trailing checksum (CheckpointTrailer): a CRC-32 for checkpoints of format 2,
   // LegacyChecksum64 for those of format 1 (ps/checkpoint.h).
   uint64_t checkpoint_checksum = 0;
+  // The highest epoch the replica followed or led when it was written (0 in sidecars of
+  // older versions): a group formed again after etcd lost its data numbers above it.
+  uint64_t epoch = 0;
 };
 
 // The checksum a checkpoint file ends with (its last 8 bytes); 0 when it cannot be read.

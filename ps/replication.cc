@@ -70,6 +70,7 @@ Replica::Replica(ReplicationOptions options, Hooks hooks, RestoredReplica restor
   c.restored_exact = restored.exact;
   c.restored_lsn = restored.lsn;
   c.restored_log_epoch = restored.log_epoch;
+  c.restored_epoch = restored.epoch;
   core_ = std::make_unique<ReplicaCore>(std::move(c), env_.get());
 }
 
@@ -206,6 +207,11 @@ uint64_t Replica::log_epoch() const {
 std::pair<uint64_t, uint64_t> Replica::position() const {
   MutexLock lock(&mu_);
   return {core_->log_epoch(), core_->lsn()};
+}
+
+uint64_t Replica::highest_epoch() const {
+  MutexLock lock(&mu_);
+  return core_->highest_epoch();
 }
 
 bool Replica::InSync() const {

@@ -61,6 +61,7 @@ struct RestoredReplica {
   bool restored = false, exact = false;
   uint64_t incarnation = 0;  // 0: a new random one
   uint64_t log_epoch = 0, lsn = 0;
+  uint64_t epoch = 0;  // the highest epoch it followed or led before (the sidecar's)
 };
 
 class Replica {
@@ -92,6 +93,8 @@ class Replica {
   uint64_t log_epoch() const;
   // (log_epoch(), last_lsn()), read together.
   std::pair<uint64_t, uint64_t> position() const;
+  // The highest epoch this replica followed or led, in this process or before it.
+  uint64_t highest_epoch() const;
   uint64_t incarnation() const { return incarnation_; }
   ReplicaStats Stats() const;
   // Primary, or named in the ISR with this incarnation (as last read from etcd).

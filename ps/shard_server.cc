@@ -329,6 +329,7 @@ Status ShardServer::MakeReplica(bool restored, const std::string& tip) {
       r.incarnation = side->incarnation;
       r.log_epoch = side->log_epoch;
       r.lsn = side->lsn;
+      r.epoch = side->epoch;  // an epoch it saw, whatever checkpoint the sidecar describes
       const bool describes_this_file = !ec && side->checkpoint_bytes == bytes &&
                                        side->checkpoint_checksum == CheckpointTrailer(tip);
       // Only a clean stop's checkpoint holds exactly what its replica acknowledged: the
@@ -409,6 +410,7 @@ void ShardServer::WriteSidecar(bool clean, const std::string& file, uint64_t che
   side.clean = clean;
   side.checkpoint_bytes = checkpoint_bytes;
   side.checkpoint_checksum = CheckpointTrailer(file);
+  side.epoch = replica_->highest_epoch();
   Status st = WriteReplicaSidecar(checkpoint_path() + ".replica", side);
   if (!st.ok()) spdlog::error("replica sidecar not written: {}", st.ToString());
 }

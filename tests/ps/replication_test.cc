@@ -761,6 +761,49 @@ TEST_F(ReplicationTest, EpochsAfterEtcdLostItsDataStayAboveEpochsThatLoggedNothi
   EXPECT_GT(Field(0, q, "epoch"), before);
 }
 
+// The same with the whole group stopped before etcd lost its data: each replica restarts
+// from its checkpoint, whose sidecar held only the epoch of its log, so the group formed
+// again numbered its epochs below the one the clients had seen (no push acknowledged, for
+// good). The sidecar now keeps the highest epoch the replica followed.
+TEST_F(ReplicationTest, EpochsAfterAGroupRestartOnAnEmptyEtcdStayAboveTheOldOnes) {
+  Up(1, 2, /*checkpoints=*/true, {"--replica-unclean-wait-ms", "2000"});
+  CreateTable();
+  Traffic(2);
+  std::this_thread::sleep_for(milliseconds(500));
+  Join();
+  for (int round = 0; round < 3; ++round) {  // failovers without updates: the epoch moves on
+    ASSERT_TRUE(WaitFor([&] { return Primary(0) >= 0; }, milliseconds(15000))) << "no primary";
+    const int p = Primary(0);
+    Signal(0, p, SIGTERM);
+    ASSERT_TRUE(WaitFor([&] { return Primary(0) == 1 - p; }, milliseconds(15000)))
+        << "the other replica did not take over";
+    Start(0, p);
+    ASSERT_TRUE(WaitFor([&] { return Field(0, 1 - p, "isr_size") == 2; }, milliseconds(15000)))
+        << "the restarted replica did not rejoin";
+  }
+  const int q = Primary(0);
+  ASSERT_GE(q, 0);
+  auto client = PsClient::Connect(Options());
+  ASSERT_TRUE(client.ok());
+  const uint64_t key = 7;
+  float row = 0;
+  ASSERT_TRUE((*client)->PullSparse("rows", &key, 1, &row, nullptr).Wait().ok());  // sees the epoch
+  const double before = Field(0, q, "epoch");
+  Signal(0, 1 - q, SIGTERM);
+  Signal(0, q, SIGTERM);
+  ASSERT_TRUE(etcd_.Wipe()) << "etcd did not come back";
+  Start(0, 0);
+  Start(0, 1);
+  ASSERT_TRUE(WaitFor([&] { return Primary(0) >= 0; }, milliseconds(20000)))
+      << "the group did not form again after etcd lost its data";
+  const float grad = -1.0f;
+  Status st = (*client)->PushSparse("rows", &key, 1, &grad, {}, nullptr).Wait();
+  EXPECT_TRUE(st.ok()) << "a client that saw epoch " << before
+                       << " took the group formed after etcd lost its data for a deposed one: "
+                       << st.ToString();
+  EXPECT_GT(Field(0, Primary(0), "epoch"), before);
+}
+
 // With CURVE, replication messages from a peer without the shard's key are refused
 // before the protocol sees them.
 TEST_F(ReplicationTest, CurveRefusesReplicationFromOtherKeys) {
