@@ -79,6 +79,8 @@ class EtcdServer {
   }
   bool ok() const { return ok_; }
   int port() const { return port_; }
+  // The etcd process (for SIGSTOP / SIGCONT), or -1 when it is not running.
+  pid_t pid() const { return proc_ ? proc_->pid() : -1; }
   std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port_); }
   // Kills etcd (SIGKILL): every call fails from now on.
   void Kill() {
