@@ -398,8 +398,12 @@ void PsClientImpl::OnReply(size_t target, Frames&& frames) {
     }
   }
   if (st.code() == StatusCode::kNotPrimary) {
-    // A deposed primary's answer names no primary; a real refusal may ("pri").
-    const int64_t hint = h->code == StatusCode::kNotPrimary && h->primary ? *h->primary : -1;
+    // A deposed primary's answer names no primary; a real refusal may ("pri"). (Both arms
+    // int64_t: with the uint32_t index as one, -1 became 4294967295, a "named primary",
+    // and every election was a resend loop without a pause.)
+    const int64_t hint = h->code == StatusCode::kNotPrimary && h->primary
+                             ? static_cast<int64_t>(*h->primary)
+                             : int64_t{-1};
     Failover(shard, target, hint);
     // Resend at once to a named primary; wait a little while an election runs.
     return Retry(std::move(p), Clock::now(),

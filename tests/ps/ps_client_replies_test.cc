@@ -376,3 +376,52 @@ TEST(PsClientRepliesTest, AResendWithoutAFreeIdIsRetriedNotReportedAsNotSent) {
 
 }  // namespace
 }  // namespace onlineps::ps
+
+namespace onlineps::ps {
+namespace {
+
+// Replicas that name no primary (an election in progress) or answer from a lower epoch
+// than the client saw (a deposed primary) are retried after a pause, not at once: the
+// "no primary named" hint was -1 converted to 4294967295, taken for a named primary, so
+// the client resent the push back and forth between the replicas thousands of times a
+// second (80,068 attempts in one 30 s call against a real group) for as long as the
+// election lasted.
+TEST(PsClientRepliesTest, ReplicasNamingNoPrimaryAreRetriedAfterAPause) {
+  std::atomic<int> attempts{0};
+  std::atomic<uint64_t> a_epoch{19};
+  FakeShard a([&](FakeShard& f, const std::string& peer, const Header& req, const Frames&) {
+    if (req.op == Op::kPushSparse) attempts++;
+    Header r = MakeReply(req, Status::Ok());
+    r.epoch = a_epoch.load();  // after the first call: an answer from a deposed primary
+    f.Reply(peer, r);
+  });
+  FakeShard b([&](FakeShard& f, const std::string& peer, const Header& req, const Frames&) {
+    if (req.op == Op::kPushSparse) attempts++;
+    Header r = MakeReply(req, NotPrimary("not primary; no primary known (election in progress)"));
+    r.epoch = 8;
+    f.Reply(peer, r);
+  });
+  TableSpec sparse;
+  sparse.name = "emb";
+  sparse.kind = TableKind::kSparse;
+  sparse.dim = 1;
+  sparse.optimizer_params = {{"lr", 1.0}};
+  PsClientOptions o;
+  o.shards = {a.endpoint + "|" + b.endpoint};
+  o.attempt_timeout = milliseconds(300);
+  o.timeout = milliseconds(1000);
+  auto client = PsClient::Connect(o);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->CreateTable(sparse).ok());  // the client sees epoch 19
+  a_epoch = 8;
+  const uint64_t key = 1;
+  const float g = -1;
+  Status st = (*client)->PushSparse("emb", &key, 1, &g, {}, nullptr).Wait();
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
+  // One attempt per 20 ms pause at most: about 50 in the second.
+  EXPECT_LE(attempts.load(), 80) << "resent without a pause";
+  EXPECT_GE(attempts.load(), 10);
+}
+
+}  // namespace
+}  // namespace onlineps::ps
