@@ -81,7 +81,10 @@ class ReplayerImpl : public Replayer {
     start_ = last_progress_ = Clock::now();
     Event ev;
     while (next(&ev)) {
-      virtual_ms_ = ev.t_ms;
+      // The time reached: a trace's steps run in the order the shard applied them, and
+      // a learn applied later may have started earlier (its t_ms), which the clock
+      // does not go back for.
+      virtual_ms_ = std::max(virtual_ms_, ev.t_ms);
       if (ev.kind == EventKind::kPull) {
         Status st = Pull(ev);
         if (!st.ok()) return st.WithContext("pull of batch " + std::to_string(ev.batch));

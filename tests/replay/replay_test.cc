@@ -9,6 +9,7 @@
 #include "replay/models.h"
 #include "replay/replayer.h"
 #include "replay/schedule.h"
+#include "replay/trace_steps.h"
 
 namespace onlineps::replay {
 namespace {
@@ -39,6 +40,40 @@ ReplayResult RunQuadratic(double lr, const ScheduleOptions& so, uint64_t eval_ev
   auto r = (*replayer)->Run([&](Event* e) { return (*scheduler)->Next(e); }, so.updates);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   return r.ok() ? *r : ReplayResult{};
+}
+
+// A trace's steps run in the order the shard applied them, and a learn applied later may
+// have started earlier: the curve's virtual time ran backwards then (seen as a flaky
+// Replay.TraceFromLiveBridge). It is the time reached, which never goes back.
+TEST(ReplayTraceTimeTest, VirtualTimeNeverRunsBackwards) {
+  TraceSteps steps;
+  for (double t : {0.0, 10.0, 5.0, 20.0, 15.0}) {
+    TraceStep s;
+    s.t_ms = t;
+    steps.steps.push_back(s);
+  }
+  steps.duration_ms = 20;
+  const std::vector<Event> events = TraceEvents(steps, std::nullopt, /*seed=*/1, /*loops=*/2);
+  auto model = MakeQuadraticModel({});
+  NoBatches batches;
+  ReplayOptions ro;
+  ro.eval_every = 1;
+  auto replayer = Replayer::Create(model.get(), &batches, {}, ro);
+  ASSERT_TRUE(replayer.ok()) << replayer.status().ToString();
+  size_t next = 0;
+  auto r = (*replayer)->Run(
+      [&](Event* e) {
+        if (next == events.size()) return false;
+        *e = events[next++];
+        return true;
+      },
+      steps.steps.size() * 2);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->curve.size(), 10u);
+  for (size_t i = 1; i < r->curve.size(); ++i) {
+    EXPECT_GE(r->curve[i].virtual_ms, r->curve[i - 1].virtual_ms) << "evaluation " << i;
+  }
+  EXPECT_DOUBLE_EQ(r->curve.back().virtual_ms, 40.0);  // the second loop, one span on
 }
 
 // Gradient descent on f(x) = h x^2 / 2 with a fixed delay tau is x' = x - a x_{t-tau}

@@ -153,6 +153,12 @@ def main():
     times = [float(r["virtual_ms"]) for r in rows]
     if len(times) < 3 or any(b < a for a, b in zip(times, times[1:])):
         fail(f"--loop 3: virtual_ms goes backwards: {times}")
+    # ...and on: the third loop runs two spans of the trace after the first (a loop
+    # replaying the first one's times would leave the clock where the first ended).
+    span_ms = max(r.get("t_us", 0) for r in lines[1:]) / 1000.0
+    if times[-1] < 2 * span_ms:
+        fail(f"--loop 3: virtual_ms ends at {times[-1]:.0f}, not past two trace spans "
+             f"({2 * span_ms:.0f} ms): {times}")
 
     # Against a running cluster, a second replay trains on: its pushes are not taken for
     # the first one's retries (each run has its own sender ids).
