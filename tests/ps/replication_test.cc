@@ -112,6 +112,26 @@ TEST(ReplicationFlagsTest, AReplicaOfAnotherGroupIsReportedAsSuch) {
 
 class ReplicationTest : public ReplicationCluster {
  protected:
+  // One shard of two replicas with checkpoints, some pushes, then three failovers that
+  // log nothing: the primary's epoch ends above the epoch of its last logged update.
+  void FailOverWithoutUpdates() {
+    Up(1, 2, /*checkpoints=*/true, {"--replica-unclean-wait-ms", "2000"});
+    CreateTable();
+    Traffic(2);
+    std::this_thread::sleep_for(milliseconds(500));
+    Join();
+    for (int round = 0; round < 3; ++round) {
+      ASSERT_TRUE(WaitFor([&] { return Primary(0) >= 0; }, milliseconds(15000))) << "no primary";
+      const int p = Primary(0);
+      Signal(0, p, SIGTERM);
+      ASSERT_TRUE(WaitFor([&] { return Primary(0) == 1 - p; }, milliseconds(15000)))
+          << "the other replica did not take over";
+      Start(0, p);
+      ASSERT_TRUE(WaitFor([&] { return Field(0, 1 - p, "isr_size") == 2; }, milliseconds(15000)))
+          << "the restarted replica did not rejoin";
+    }
+  }
+
   // 200,000 rows of one float to table "rows" (about 4 MB of state with the row index),
   // each acknowledged key recorded for ExpectEveryAckOnce.
   void PushFourMegabytes() {
@@ -725,21 +745,7 @@ TEST_F(ReplicationTest, EpochsAfterEtcdLostItsDataStayAboveTheOldOnes) {
 // they took its primary for a deposed one: no push acknowledged (for good: revisions grow
 // only when the group's keys change). The base now counts the epochs the replicas hold.
 TEST_F(ReplicationTest, EpochsAfterEtcdLostItsDataStayAboveEpochsThatLoggedNothing) {
-  Up(1, 2, /*checkpoints=*/true, {"--replica-unclean-wait-ms", "2000"});
-  CreateTable();
-  Traffic(2);
-  std::this_thread::sleep_for(milliseconds(500));
-  Join();
-  for (int round = 0; round < 3; ++round) {  // failovers without updates: the epoch moves on
-    ASSERT_TRUE(WaitFor([&] { return Primary(0) >= 0; }, milliseconds(15000))) << "no primary";
-    const int p = Primary(0);
-    Signal(0, p, SIGTERM);
-    ASSERT_TRUE(WaitFor([&] { return Primary(0) == 1 - p; }, milliseconds(15000)))
-        << "the other replica did not take over";
-    Start(0, p);
-    ASSERT_TRUE(WaitFor([&] { return Field(0, 1 - p, "isr_size") == 2; }, milliseconds(15000)))
-        << "the restarted replica did not rejoin";
-  }
+  ASSERT_NO_FATAL_FAILURE(FailOverWithoutUpdates());
   const int q = Primary(0);
   ASSERT_GE(q, 0);
   auto client = PsClient::Connect(Options());
@@ -766,21 +772,7 @@ TEST_F(ReplicationTest, EpochsAfterEtcdLostItsDataStayAboveEpochsThatLoggedNothi
 // again numbered its epochs below the one the clients had seen (no push acknowledged, for
 // good). The sidecar now keeps the highest epoch the replica followed.
 TEST_F(ReplicationTest, EpochsAfterAGroupRestartOnAnEmptyEtcdStayAboveTheOldOnes) {
-  Up(1, 2, /*checkpoints=*/true, {"--replica-unclean-wait-ms", "2000"});
-  CreateTable();
-  Traffic(2);
-  std::this_thread::sleep_for(milliseconds(500));
-  Join();
-  for (int round = 0; round < 3; ++round) {  // failovers without updates: the epoch moves on
-    ASSERT_TRUE(WaitFor([&] { return Primary(0) >= 0; }, milliseconds(15000))) << "no primary";
-    const int p = Primary(0);
-    Signal(0, p, SIGTERM);
-    ASSERT_TRUE(WaitFor([&] { return Primary(0) == 1 - p; }, milliseconds(15000)))
-        << "the other replica did not take over";
-    Start(0, p);
-    ASSERT_TRUE(WaitFor([&] { return Field(0, 1 - p, "isr_size") == 2; }, milliseconds(15000)))
-        << "the restarted replica did not rejoin";
-  }
+  ASSERT_NO_FATAL_FAILURE(FailOverWithoutUpdates());
   const int q = Primary(0);
   ASSERT_GE(q, 0);
   auto client = PsClient::Connect(Options());
