@@ -8,9 +8,13 @@ namespace onlineps::ps {
 bool SspClock::Counts(const Entry& e, uint64_t now_ms) const {
   // Handler threads read the clock at slightly different times: a sender seen "later"
   // than now_ms is live, not 2^64 ms old.
-  const bool live = e.last_ms >= now_ms || now_ms - e.last_ms <= lease_ms_;
-  const bool new_reader = e.since_ms >= now_ms || now_ms - e.since_ms <= lease_ms_;
-  return live && (e.pushed || new_reader);
+  auto within_lease = [&](uint64_t t) { return t >= now_ms || now_ms - t <= lease_ms_; };
+  return within_lease(e.last_ms) && (e.pushed || within_lease(e.since_ms));
+}
+
+void SspClock::CatchUp(Entry* e, uint64_t now_ms) {
+  const uint64_t min_live = MinLiveClock(now_ms);
+  if (min_live != std::numeric_limits<uint64_t>::max()) e->clock = std::max(e->clock, min_live);
 }
 
 uint64_t SspClock::MinLiveClock(uint64_t now_ms) {
@@ -29,8 +33,7 @@ void SspClock::Touch(uint64_t sender, uint64_t now_ms) {
     if (e.last_ms < now_ms && now_ms - e.last_ms > lease_ms_) {
       // Back after its lease: it rejoins like a newcomer, rather than hold every live
       // sender until it has made up the pushes it missed meanwhile.
-      const uint64_t min_live = MinLiveClock(now_ms);
-      if (min_live != std::numeric_limits<uint64_t>::max()) e.clock = std::max(e.clock, min_live);
+      CatchUp(&e, now_ms);
       e.since_ms = now_ms;
       e.pushed = false;
     }
@@ -58,8 +61,7 @@ void SspClock::Tick(uint64_t sender, uint64_t now_ms) {
   if (!e.pushed) {
     // A reader's first push: it joins at the slowest live clock, as a newcomer does,
     // not at the clock it was registered with (the others went on meanwhile).
-    const uint64_t min_live = MinLiveClock(now_ms);
-    if (min_live != std::numeric_limits<uint64_t>::max()) e.clock = std::max(e.clock, min_live);
+    CatchUp(&e, now_ms);
     e.pushed = true;
   }
   e.clock++;

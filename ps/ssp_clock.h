@@ -40,6 +40,8 @@ class SspClock {
   // Whether `e` is waited for at `now_ms`.
   bool Counts(const Entry& e, uint64_t now_ms) const;
   uint64_t MinLiveClock(uint64_t now_ms) REQUIRES(mu_);
+  // Raises `e`'s clock to the slowest live one (a sender joining or rejoining).
+  void CatchUp(Entry* e, uint64_t now_ms) REQUIRES(mu_);
 
   const uint64_t bound_, lease_ms_;
   const size_t max_senders_;
