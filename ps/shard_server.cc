@@ -897,18 +897,15 @@ StatusOr<ShardServer::Created> ShardServer::CreateTable(const Header& h, Header*
   // Reserved until the table is in the map, so that pushes creating rows meanwhile do
   // not count on the same bytes. A backup counts what its primary created.
   const uint64_t reserved = from_log ? 0 : initial;
-  if (reserved != 0 && !memory_.TryReserve(reserved)) {
-    if (memory_.stale()) memory_.Measure([this] { return TableBytes(); });
-    if (!memory_.TryReserve(reserved)) {
-      metrics_->CountMemoryRefusal(Op::kCreateTable);
-      return ResourceExhausted(
-          "table '" + spec->name + "' would hold " + std::to_string(initial) +
-          " bytes on this shard from its creation, past the shard's memory budget of " +
-          std::to_string(memory_.limit()) + " bytes (--max-memory-mb), of which " +
-          std::to_string(memory_.used()) +
-          " are in use; not created. Raise --max-memory-mb (or the memory limit it is derived "
-          "from), or spread the table over more shards");
-    }
+  if (reserved != 0 && !ReserveMeasured(reserved)) {
+    metrics_->CountMemoryRefusal(Op::kCreateTable);
+    return ResourceExhausted(
+        "table '" + spec->name + "' would hold " + std::to_string(initial) +
+        " bytes on this shard from its creation, past the shard's memory budget of " +
+        std::to_string(memory_.limit()) + " bytes (--max-memory-mb), of which " +
+        std::to_string(memory_.used()) +
+        " are in use; not created. Raise --max-memory-mb (or the memory limit it is derived "
+        "from), or spread the table over more shards");
   }
   StatusOr<std::unique_ptr<Table>> table = Internal("not created");
   try {
@@ -1159,6 +1156,13 @@ Status ShardServer::PushGated(const Header& h, std::shared_ptr<Table> t, const P
   return Status::Ok();
 }
 
+bool ShardServer::ReserveMeasured(uint64_t bytes) {
+  if (memory_.TryReserve(bytes)) return true;
+  // The count may still hold pushes' upper bounds: measure before refusing.
+  if (memory_.stale()) memory_.Measure([this] { return TableBytes(); });
+  return memory_.TryReserve(bytes);
+}
+
 StatusOr<uint64_t> ShardServer::AdmitGrowth(const std::string& table, Table& t,
                                             const PushRequest& req) {
   const uint64_t row_bytes = t.BytesPerNewRow();
@@ -1173,10 +1177,7 @@ StatusOr<uint64_t> ShardServer::AdmitGrowth(const std::string& table, Table& t,
   const uint64_t rows = t.NewRows(req.keys, req.num_keys);
   if (rows == 0) return 0;  // existing rows only: always applied
   const uint64_t bytes = rows * row_bytes;
-  if (memory_.TryReserve(bytes)) return bytes;
-  // The count may still hold pushes' upper bounds: measure before refusing.
-  if (memory_.stale()) memory_.Measure([this] { return TableBytes(); });
-  if (memory_.TryReserve(bytes)) return bytes;
+  if (ReserveMeasured(bytes)) return bytes;
   metrics_->CountMemoryRefusal(Op::kPushSparse);
   return ResourceExhausted(
       "table '" + table + "': this push would create " + std::to_string(rows) + " row(s) (about " +

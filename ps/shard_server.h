@@ -131,6 +131,9 @@ class ShardServer {
   // settles the reservation: MemoryBudget::Settle), or RESOURCE_EXHAUSTED, nothing
   // reserved, when the rows it would create pass the budget.
   StatusOr<uint64_t> AdmitGrowth(const std::string& table, Table& t, const PushRequest& req);
+  // Reserves `bytes` of the memory budget, measuring the tables first when a try fails
+  // and the count may hold pushes' upper bounds. False: past the budget.
+  bool ReserveMeasured(uint64_t bytes);
   // Replicated shards: builds replica_ from the options and the checkpoint's sidecar.
   Status MakeReplica(bool restored, const std::string& tip);
   // The sidecar describes `file`, the last file of the checkpoint chain, of that size,
