@@ -22,6 +22,7 @@
 
 #include "common/file_io.h"
 #include "common/mutex.h"
+#include "common/strings.h"
 
 namespace onlineps::bridge {
 
@@ -35,12 +36,6 @@ constexpr char kSse[] = "text/event-stream";
 std::string Lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
   return s;
-}
-
-std::string Trim(const std::string& s) {
-  const size_t first = s.find_first_not_of(" \t");
-  if (first == std::string::npos) return "";
-  return s.substr(first, s.find_last_not_of(" \t") + 1 - first);
 }
 
 // "Application/JSON; charset=utf-8" -> "application/json".

@@ -8,6 +8,8 @@
 #include <limits>
 #include <numeric>
 
+#include "common/strings.h"
+
 namespace onlineps::replay {
 
 struct Delay::KindInfo {
@@ -48,12 +50,6 @@ std::vector<std::string> Split(const std::string& s, char sep) {
   }
   parts.push_back(s.substr(start));
   return parts;
-}
-
-std::string Trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
 }
 
 // E[max(m, X)] for X ~ N(mu, sd).
