@@ -202,13 +202,6 @@ std::string Frame(const Answer& a, unsigned version, bool keep_alive) {
   return Head(a, version, keep_alive, a.body.size()) + a.body;
 }
 
-// Whether `r` answers a request that the client cancelled (notifications/cancelled, or a
-// 2026-07-28 client that hung up): such a request gets no response.
-bool Cancelled(const Reply& r) {
-  return r.body.is_object() && r.body.contains("error") && r.body["error"].is_object() &&
-         r.body["error"].value("code", 0) == kRequestCancelled;
-}
-
 // Per-address caps count an IPv6 client by its /64: one host usually owns a whole one.
 std::string ClientKey(const tcp::endpoint& peer) {
   const asio::ip::address a = peer.address();
@@ -952,7 +945,7 @@ bool HttpTransport::Impl::CheckModernHeaders(const HttpRequest& req, const json&
 void HttpTransport::Impl::Respond(Answer& res, const Reply& r) {
   res.status = r.http_status;
   if (!r.new_session_id.empty()) res.headers.emplace_back("Mcp-Session-Id", r.new_session_id);
-  if (Cancelled(r)) {
+  if (r.cancelled()) {  // notifications/cancelled, or a 2026-07-28 client that hung up
     // The spec: no response to a cancelled request. A request's POST must still be
     // answered with JSON or an event stream: an empty stream, which a client reads as
     // ending without a response (a JSON error would reach it as a response to an id it
@@ -1088,7 +1081,7 @@ void HttpTransport::Impl::Post(const HttpRequest& req, Answer& res,
     res.status = 0;  // answered
     return;
   }
-  if (reply.has_body() && !Cancelled(reply)) send_text(reply.Text());
+  if (reply.has_body() && !reply.cancelled()) send_text(reply.Text());
   conn->Send(chunked ? "0\r\n\r\n" : "", true, !keep);
   res.status = 0;  // answered
 }

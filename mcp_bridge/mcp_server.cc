@@ -83,6 +83,11 @@ std::string Reply::Text() const {
   return body.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+bool Reply::cancelled() const {
+  return body.is_object() && body.contains("error") && body["error"].is_object() &&
+         body["error"].value("code", 0) == kRequestCancelled;
+}
+
 json Reply::Document() const {
   if (!body_text.empty()) return json::parse(body_text);
   return body;
@@ -342,13 +347,11 @@ void McpServer::Batch(const RequestPtr& r, const ReplyDone& done) {
     auto answered = std::make_shared<std::atomic<bool>>(false);
     ReplyDone element_done = [answers, answered, finish, i](Reply reply) {
       if (answered->exchange(true)) return;
-      // A cancelled request gets no answer (as one sent alone over stdio).
-      const bool cancelled = reply.body.is_object() && reply.body.contains("error") &&
-                             reply.body["error"].value("code", 0) == kRequestCancelled;
       bool last;
       {
         MutexLock lock(&answers->mu);
-        if (!cancelled) answers->texts[i] = reply.Text();
+        // A cancelled request gets no answer (as one sent alone).
+        if (!reply.cancelled()) answers->texts[i] = reply.Text();
         last = --answers->left == 0;
       }
       if (last) finish();

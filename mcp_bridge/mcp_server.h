@@ -79,6 +79,9 @@ struct Reply {
   std::string Text() const;
   // The body as a document (body_text parsed); null when none.
   nlohmann::json Document() const;
+  // Whether it answers a request its client cancelled (error -32800): the transports
+  // send no response for it.
+  bool cancelled() const;
 };
 
 // The JSON-RPC outcome of a method or tool handler: a result, or an error.

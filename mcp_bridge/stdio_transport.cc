@@ -107,9 +107,7 @@ size_t StdioTransport::Run() {
       }
       if (!previous.empty()) mcp_->EndSession(previous, "");  // a worker call: not under the lock
     }
-    const bool cancelled = reply.body.is_object() && reply.body.contains("error") &&
-                           reply.body["error"].value("code", 0) == kRequestCancelled;
-    if (reply.has_body() && !cancelled) WriteLine(reply.Text());
+    if (reply.has_body() && !reply.cancelled()) WriteLine(reply.Text());
   };
   auto lane = [&](int index) {
     MutexLock lock(&mu);
